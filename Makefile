@@ -1,0 +1,39 @@
+# netai-testbed: the commands the README gives.
+#   make setup        OS packages, Open vSwitch daemons, the venv (idempotent)
+#   make test         setup, then ruff, mypy and pytest (unit, integration, docker)
+#   sudo make experiment   setup, then the quick experiment (experiments/quick.yaml)
+#   make clean        remove what a crashed run left (Mininet, OVS bridges, containers)
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+NETAI := $(VENV)/bin/netai
+PYTEST_ARGS ?=
+CONFIG ?= experiments/quick.yaml
+
+.PHONY: setup test lint typecheck unit integration experiment clean benchmark
+
+setup:
+	bash scripts/provision.sh
+
+lint:
+	$(VENV)/bin/ruff check .
+
+typecheck:
+	$(VENV)/bin/mypy
+
+test: setup
+	$(MAKE) lint
+	$(MAKE) typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+unit:
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+experiment: setup
+	$(NETAI) experiment $(CONFIG)
+
+benchmark:
+	$(PY) benchmarks/bench_scheduling.py
+
+clean:
+	@if [ -x $(NETAI) ]; then $(NETAI) clean; else bash scripts/clean.sh; fi

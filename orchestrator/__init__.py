@@ -1,0 +1,1 @@
+"""The orchestrator: tasks, schedulers, network state, measurement, the runner and the CLI."""

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Provision a Debian 12 / Ubuntu 22.04 / 24.04 host (or the Vagrant VM) for netai-testbed.
+# Idempotent: a second run installs nothing and restarts nothing that already runs.
+# Run as root (it installs OS packages and starts Open vSwitch and Docker).
+#   NETAI_SKIP_DOCKER=1   do not install or start the Docker daemon
+#   NETAI_SKIP_IMAGE=1    do not build the worker image
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+VENV=${VENV:-$ROOT/.venv}
+log() { printf '[provision] %s\n' "$*"; }
+
+if [ "$(id -u)" != 0 ]; then
+    echo "provision.sh: run as root (sudo make setup): it installs OS packages and starts daemons" >&2
+    exit 2
+fi
+
+# 1. OS packages --------------------------------------------------------------------------------
+PKGS="mininet openvswitch-switch iperf3 ethtool iproute2 net-tools iputils-ping python3-venv python3-dev
+      python3-pip debootstrap procps psmisc"
+if [ -z "${NETAI_SKIP_DOCKER:-}" ]; then PKGS="$PKGS docker.io"; fi
+missing=""
+for p in $PKGS; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    log "installing OS packages:$missing"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    # shellcheck disable=SC2086
+    apt-get install -y -qq --no-install-recommends $missing >/dev/null
+else
+    log "OS packages present"
+fi
+
+# 2. Open vSwitch daemons (systemd where it runs, else the packaged ovs-ctl script) ----------------
+if ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
+    log "Open vSwitch running"
+else
+    log "starting Open vSwitch"
+    if [ -d /run/systemd/system ] && systemctl start openvswitch-switch 2>/dev/null; then :; else
+        /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null
+    fi
+    for _ in $(seq 1 50); do ovs-vsctl --timeout=3 show >/dev/null 2>&1 && break; sleep 0.2; done
+    ovs-vsctl --timeout=3 show >/dev/null || { echo "provision.sh: Open vSwitch did not start" >&2; exit 1; }
+fi
+
+# 3. Docker daemon -------------------------------------------------------------------------------
+if [ -z "${NETAI_SKIP_DOCKER:-}" ]; then
+    if docker info >/dev/null 2>&1; then
+        log "Docker daemon running"
+    else
+        log "starting the Docker daemon"
+        if [ -d /run/systemd/system ] && systemctl start docker 2>/dev/null; then :; else
+            mkdir -p /var/log/netai
+            # Not on any TCP socket: the daemon listens on its unix socket only.
+            nohup dockerd -H unix:///var/run/docker.sock >/var/log/netai/dockerd.log 2>&1 &
+        fi
+        for _ in $(seq 1 150); do docker info >/dev/null 2>&1 && break; sleep 0.2; done
+        docker info >/dev/null 2>&1 || log "WARNING: the Docker daemon did not start; the docker backend will be unavailable"
+    fi
+fi
+
+# 4. The venv: system Python (sees Debian's mininet module), torch pinned to the CPU wheel --------
+PY=/usr/bin/python3
+if [ ! -x "$VENV/bin/python" ]; then
+    log "creating the venv at $VENV"
+    "$PY" -m venv --system-site-packages "$VENV"
+fi
+stamp="$VENV/.netai-installed"
+want=$(cat setup.py | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    log "installing the project into the venv (torch CPU wheel, os-ken, test tools)"
+    "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
+    "$VENV/bin/pip" install -q -e ".[net,fl,experiment,test]"
+    echo "$want" > "$stamp"
+else
+    log "venv up to date"
+fi
+
+# 5. The worker image (when a Docker daemon runs) -------------------------------------------------
+if [ -z "${NETAI_SKIP_DOCKER:-}" ] && [ -z "${NETAI_SKIP_IMAGE:-}" ] && docker info >/dev/null 2>&1 \
+        && [ -x scripts/build_worker_image.sh ]; then
+    bash scripts/build_worker_image.sh --if-stale
+fi
+log "done"

@@ -1,0 +1,31 @@
+"""Packaging for netai-testbed: a Mininet testbed for scheduling network and
+computing resources for distributed AI (federated learning) tasks."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="netai-testbed",
+    version="0.1.0",
+    description=(
+        "Emulate a multi-hop optical-like network in Mininet and run real federated-learning "
+        "tasks on scheduler-chosen trees with in-path aggregation."
+    ),
+    python_requires=">=3.10",
+    packages=find_packages(include=["topologies*", "controller*", "workers*", "orchestrator*"]),
+    package_data={"topologies": ["data/*.yaml"], "workers": ["docker/*"]},
+    install_requires=[
+        "networkx>=3.1",
+        "topohub>=1.5",
+        "PyYAML>=6.0",
+        "numpy>=1.24",
+    ],
+    extras_require={
+        # The emulation and the controller: os-ken is Ryu's maintained fork (see PLATFORM.md).
+        "net": ["os-ken==3.1.1", "WebOb>=1.8", "Routes>=2.5"],
+        # The FL workers: the torch pin keeps pip on the CPU wheel.
+        "fl": ["torch==2.13.0", "safetensors>=0.4", "scikit-learn>=1.3"],
+        "experiment": ["matplotlib>=3.7", "rich>=13", "docker>=7.1"],
+        "test": ["pytest>=7", "hypothesis>=6", "ruff>=0.4", "mypy>=1.8", "types-PyYAML", "types-requests"],
+    },
+    entry_points={"console_scripts": ["netai = orchestrator.cli:main"]},
+)
