@@ -4,6 +4,6 @@
 Every scheduler is a pure function of the network state and the task: no I/O.
 """
 
-from orchestrator.scheduling.schedule import PROCEDURES, OverlayEdge, Procedure, Schedule
+from orchestrator.scheduling.schedule import PROCEDURES, OverlayEdge, Procedure, Schedule, task_ports
 
-__all__ = ["PROCEDURES", "OverlayEdge", "Procedure", "Schedule"]
+__all__ = ["PROCEDURES", "OverlayEdge", "Procedure", "Schedule", "task_ports"]

@@ -25,6 +25,18 @@ Procedure = Literal["broadcast", "upload"]
 PROCEDURES: tuple[Procedure, Procedure] = ("broadcast", "upload")
 DirectedLink = tuple[str, str]
 
+#: TCP ports of a task: every overlay node listens on the broadcast port for GLOBAL frames and
+#: on the upload port for UPDATE frames. Flow entries match them, so the broadcast and upload
+#: trees of one task can take different paths between the same two hosts.
+TASK_PORT_BASE = 20000
+TASK_PORT_SLOTS = 10000
+
+
+def task_ports(task_id: int) -> tuple[int, int]:
+    """(broadcast_port, upload_port) of a task; distinct for task ids within 10000 of each other."""
+    slot = task_id % TASK_PORT_SLOTS
+    return TASK_PORT_BASE + 2 * slot, TASK_PORT_BASE + 2 * slot + 1
+
 
 @dataclass(frozen=True)
 class OverlayEdge:

@@ -1,0 +1,64 @@
+"""The `netai` command line.
+
+Subcommands live in modules that expose ``register(subparsers)``; each parser sets
+``func(args) -> int``. A `UsageError` (bad input: unknown topology or scheduler, malformed file,
+an impossible task) prints one line ``netai: error: ...`` and exits with status 2, never a
+traceback; Ctrl-C exits with 130 after the subcommand's own cleanup has run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from orchestrator.errors import ConfigError
+from topologies.errors import TopologyError
+
+#: Modules that add subcommands, in help order. A module missing its optional dependencies
+#: (e.g. Mininet on a machine without it) is skipped, and says so only when asked for.
+SUBCOMMAND_MODULES = (
+    "orchestrator.cli_topo",
+    "orchestrator.cli_net",
+    "orchestrator.cli_task",
+    "orchestrator.cli_experiment",
+)
+
+USAGE_ERRORS: tuple[type[Exception], ...] = (ConfigError, TopologyError)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="netai",
+        description="Emulate an optical-like network in Mininet and run federated-learning tasks "
+        "on scheduler-chosen trees.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in SUBCOMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name == name:
+                continue  # not written yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except USAGE_ERRORS as e:
+        print(f"netai: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("netai: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
