@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from orchestrator.errors import ConfigError
 from topologies.errors import TopologyError
@@ -28,8 +29,15 @@ SUBCOMMAND_MODULES = (
 USAGE_ERRORS: tuple[type[Exception], ...] = (ConfigError, TopologyError)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line (and exit status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="netai",
         description="Emulate an optical-like network in Mininet and run federated-learning tasks "
         "on scheduler-chosen trees.",

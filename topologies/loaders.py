@@ -119,7 +119,7 @@ def load_file(path: Path) -> NetworkModel:
     except (yaml.YAMLError, json.JSONDecodeError, UnicodeDecodeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise TopologyError(f"{path}: malformed file: {first}") from e
-    except Exception as e:  # noqa: BLE001 - networkx raises many kinds on a bad GraphML
+    except Exception as e:
         if isinstance(e, TopologyError):
             raise
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -225,7 +225,7 @@ def from_node_link(data: Any, *, name: str, where: str = "node-link") -> Network
                 raise TopologyError(f"{where}: link {e['source']}-{e['target']} names unknown site {end!r}")
     try:
         g = nx.node_link_graph(dict(data), edges=edges_key)
-    except Exception as e:  # noqa: BLE001 - networkx raises KeyError, TypeError, ...
+    except Exception as e:
         raise TopologyError(f"{where}: malformed node-link document: {e}") from e
     graph_name = data.get("graph", {}).get("name") if isinstance(data.get("graph"), Mapping) else None
     return from_graph(g, name=str(graph_name or name), where=where)

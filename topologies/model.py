@@ -9,6 +9,7 @@ The model does not know about Mininet, the controller or reservations; those liv
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
@@ -231,7 +232,7 @@ class NetworkModel:
 
     def path_delay_ms(self, path: Iterable[str]) -> float:
         nodes = list(path)
-        return sum(self.link(u, v).delay_ms for u, v in zip(nodes, nodes[1:]))
+        return sum(self.link(u, v).delay_ms for u, v in itertools.pairwise(nodes))
 
     def to_dict(self) -> dict[str, Any]:
         """The project's YAML/JSON form (round-trips through `topologies.loaders.from_dict`)."""

@@ -38,7 +38,7 @@ def host_ip(index: int) -> str:
 
 def host_mac(index: int) -> str:
     n = index + 1
-    return "00:00:00:%02x:%02x:%02x" % ((n >> 16) & 0xFF, (n >> 8) & 0xFF, n & 0xFF)
+    return f"00:00:00:{(n >> 16) & 0xFF:02x}:{(n >> 8) & 0xFF:02x}:{n & 0xFF:02x}"
 
 
 @dataclass(frozen=True)

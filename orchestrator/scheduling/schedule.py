@@ -50,7 +50,7 @@ class OverlayEdge:
 
     def links(self) -> list[DirectedLink]:
         """The directed physical links the edge's traffic crosses, in order."""
-        return list(zip(self.path, self.path[1:]))
+        return list(zip(self.path, self.path[1:], strict=False))
 
 
 @dataclass(frozen=True)

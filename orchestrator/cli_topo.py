@@ -1,0 +1,238 @@
+"""`netai topo show`, `netai schedule` and `netai compare`: the network model and the schedulers,
+analytically (no emulation, no root)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.scheduling import SCHEDULERS, NetworkState, Schedule, get_scheduler
+from orchestrator.scheduling.cost import round_lower_bound
+from orchestrator.tasks import (
+    DEFAULT_DEMAND_MBPS,
+    DEFAULT_MODEL_BYTES,
+    Task,
+    generate_tasks,
+    validate_task,
+)
+from topologies.loaders import DEFAULT_TOPOLOGY, load
+from topologies.model import NetworkModel
+
+
+def parse_range(text: str) -> list[int]:
+    """``"1..13"``, ``"2,4,8"`` or ``"5"`` -> a list of positive integers."""
+    try:
+        if ".." in text:
+            lo, hi = (int(x) for x in text.split("..", 1))
+            values = list(range(lo, hi + 1))
+        else:
+            values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"bad range {text!r}: use A..B, A,B,C or N") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"bad range {text!r}: needs positive integers")
+    return values
+
+
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+def _schedulers(text: str) -> list[str]:
+    names = _csv(text)
+    for n in names:
+        get_scheduler(n)
+    return names
+
+
+# -- topo show ------------------------------------------------------------------------------------
+def cmd_topo_show(args: argparse.Namespace) -> int:
+    model = load(args.name)
+    if args.json:
+        print(json.dumps({"summary": model.summary(), **model.to_dict()}, indent=2))
+        return 0
+    s = model.summary()
+    print(f"topology {s['name']}: {s['sites']} sites ({s['compute_sites']} with compute), "
+          f"{s['links']} links, diameter {s['diameter_hops']} hops")
+    print(f"{'site':<22}{'compute':>8}{'cpu':>6}{'degree':>8}")
+    for site in model.sites.values():
+        print(f"{site.name:<22}{'yes' if site.has_compute else 'no':>8}{site.cpu:>6g}"
+              f"{model.graph.degree[site.name]:>8}")
+    print(f"{'link':<36}{'km':>9}{'delay ms':>10}{'wl':>4}{'Gbit/s':>8}")
+    for ln in model.iter_links():
+        print(f"{ln.a + ' - ' + ln.b:<36}{ln.length_km:>9.1f}{ln.delay_ms:>10.3f}{ln.wavelengths:>4}"
+              f"{ln.capacity_mbps / 1000:>8g}")
+    return 0
+
+
+# -- schedule -------------------------------------------------------------------------------------
+def _task_from_args(model: NetworkModel, args: argparse.Namespace) -> Task:
+    if args.global_site or args.local_sites:
+        if not (args.global_site and args.local_sites):
+            raise ConfigError("--global and --local-sites go together")
+        if args.locals is not None:
+            raise ConfigError("give either --locals/--seed or --global/--local-sites, not both")
+        task = Task(
+            id=args.task_id,
+            global_site=args.global_site,
+            local_sites=tuple(_csv(args.local_sites)),
+            demand_mbps=args.demand_mbps,
+            model_bytes=args.model_bytes,
+        )
+        validate_task(model, task)
+        return task
+    if args.locals is None:
+        raise ConfigError("give --locals N (with --seed K) or --global SITE --local-sites A,B,...")
+    return generate_tasks(
+        model, count=1, locals_per_task=args.locals, seed=args.seed, first_id=args.task_id,
+        demand_mbps=args.demand_mbps, model_bytes=args.model_bytes,
+    )[0]
+
+
+def schedule_report(model: NetworkModel, schedule: Schedule, model_bytes: int) -> dict[str, Any]:
+    out = schedule.to_dict()
+    if not schedule.blocked:
+        for name, pipelined in (("lower_bound", True), ("store_and_forward_bound", False)):
+            b = round_lower_bound(model, schedule, model_bytes, pipelined=pipelined)
+            out[name] = {"broadcast_s": b.broadcast_s, "upload_s": b.upload_s, "total_s": b.total_s}
+    return out
+
+
+def cmd_schedule(args: argparse.Namespace) -> int:
+    model = load(args.topology)
+    scheduler = get_scheduler(args.scheduler, **({"weight": "hops"} if args.hops else {}))
+    task = _task_from_args(model, args)
+    schedule = scheduler.schedule(NetworkState(model), task)
+    report = schedule_report(model, schedule, task.model_bytes)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"task {task.id} on {model.name}: G={task.global_site}, locals={', '.join(task.local_sites)}")
+    if schedule.blocked:
+        print(f"BLOCKED by {schedule.scheduler}: {schedule.reason}")
+        return 0
+    print(f"scheduler {schedule.scheduler}: reserved {schedule.reserved_mbps_total:g} Mbit/s, "
+          f"aggregation at {', '.join(sorted(schedule.aggregation_sites))}")
+    for e in schedule.edges:
+        print(f"  {e.procedure:<9} {e.src:>18} -> {e.dst:<18} wl {e.wavelength}  via {'-'.join(e.path)}")
+    lb = report["lower_bound"]
+    print(f"round lower bound (pipelined): {lb['total_s'] * 1e3:.3f} ms "
+          f"(broadcast {lb['broadcast_s'] * 1e3:.3f}, upload {lb['upload_s'] * 1e3:.3f}); "
+          f"store-and-forward {report['store_and_forward_bound']['total_s'] * 1e3:.3f} ms")
+    return 0
+
+
+# -- compare --------------------------------------------------------------------------------------
+def compare(
+    model: NetworkModel,
+    *,
+    schedulers: list[str],
+    locals_range: list[int],
+    tasks: int,
+    seed: int,
+    demand_mbps: float,
+    model_bytes: int,
+) -> list[dict[str, Any]]:
+    """For each scheduler and number of locals, schedule `tasks` seeded tasks one after another
+    on one network state (reservations accumulate, as in the paper's 30-task evaluation).
+
+    Returns one row per (scheduler, locals) with the mean and spread over admitted tasks of the
+    reserved bandwidth and the pipelined round lower bound, and the number of blocked tasks.
+    """
+    rows = []
+    for n in locals_range:
+        task_set = generate_tasks(
+            model, count=tasks, locals_per_task=n, seed=seed + n, demand_mbps=demand_mbps,
+            model_bytes=model_bytes,
+        )
+        for name in schedulers:
+            scheduler = get_scheduler(name)
+            state = NetworkState(model)
+            reserved, bounds, blocked = [], [], 0
+            for task in task_set:
+                s = scheduler.schedule(state, task)
+                if s.blocked:
+                    blocked += 1
+                    continue
+                state.admit(s)
+                reserved.append(s.reserved_mbps_total)
+                bounds.append(round_lower_bound(model, s, model_bytes).total_s)
+            rows.append({
+                "scheduler": name,
+                "locals": n,
+                "tasks": tasks,
+                "blocked": blocked,
+                "reserved_mbps_mean": statistics.fmean(reserved) if reserved else None,
+                "reserved_mbps_stdev": statistics.pstdev(reserved) if reserved else None,
+                "lower_bound_ms_mean": statistics.fmean(bounds) * 1e3 if bounds else None,
+                "lower_bound_ms_stdev": statistics.pstdev(bounds) * 1e3 if bounds else None,
+            })
+    return rows
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    model = load(args.topology)
+    names = _schedulers(args.schedulers)
+    rows = compare(
+        model, schedulers=names, locals_range=parse_range(args.locals), tasks=args.tasks,
+        seed=args.seed, demand_mbps=args.demand_mbps, model_bytes=args.model_bytes,
+    )
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{model.name}: {args.tasks} tasks per point, demand {args.demand_mbps:g} Mbit/s, "
+          f"model {args.model_bytes / 1e6:g} MB; reserved Gbit/s and pipelined round lower bound (ms) "
+          f"per admitted task, mean (blocked tasks)")
+    header = f"{'locals':>6}" + "".join(f"{n + ' Gbit/s':>16}{n + ' ms':>14}" for n in names)
+    print(header)
+    by = {(r["scheduler"], r["locals"]): r for r in rows}
+    for n in parse_range(args.locals):
+        line = f"{n:>6}"
+        for name in names:
+            r = by[(name, n)]
+            if r["reserved_mbps_mean"] is None:
+                line += f"{'-':>16}{'-':>14}"
+                continue
+            b = f" ({r['blocked']})" if r["blocked"] else ""
+            line += f"{r['reserved_mbps_mean'] / 1000:>16.2f}{r['lower_bound_ms_mean']:>10.3f}{b:>4}"
+        print(line)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    topo = sub.add_parser("topo", help="inspect topologies")
+    tsub = topo.add_subparsers(dest="topo_command", metavar="ACTION")
+    tsub.required = True
+    show = tsub.add_parser("show", help="print a topology's sites and links")
+    show.add_argument("name", nargs="?", default=DEFAULT_TOPOLOGY,
+                      help="TopoHub key, generator (ring:N, spine-leaf:S:L, random:N[:SEED]), built-in name or file")
+    show.add_argument("--json", action="store_true")
+    show.set_defaults(func=cmd_topo_show)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--topology", default=DEFAULT_TOPOLOGY)
+        p.add_argument("--demand-mbps", type=float, default=DEFAULT_DEMAND_MBPS,
+                       help="bandwidth reserved per overlay edge (model units)")
+        p.add_argument("--model-bytes", type=int, default=DEFAULT_MODEL_BYTES)
+        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--json", action="store_true")
+
+    sch = sub.add_parser("schedule", help="schedule one task and print its trees, paths and reservations")
+    common(sch)
+    sch.add_argument("--scheduler", default="mst", help=f"one of {', '.join(SCHEDULERS)}")
+    sch.add_argument("--locals", type=int, help="number of local models (random sites, see --seed)")
+    sch.add_argument("--global", dest="global_site", help="site of the global model")
+    sch.add_argument("--local-sites", help="comma-separated sites of the local models")
+    sch.add_argument("--task-id", type=int, default=1)
+    sch.add_argument("--hops", action="store_true", help="weigh every link 1 instead of by delay/load")
+    sch.set_defaults(func=cmd_schedule)
+
+    cmp_ = sub.add_parser("compare", help="reserved bandwidth and round lower bound vs number of locals")
+    common(cmp_)
+    cmp_.add_argument("--locals", default="1..13", help="A..B, A,B,C or N")
+    cmp_.add_argument("--tasks", type=int, default=30)
+    cmp_.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    cmp_.set_defaults(func=cmd_compare)
