@@ -1,0 +1,423 @@
+"""The controller's state and decisions, independent of the OpenFlow framework.
+
+`ControllerCore` holds the emulation plan, the connected switches, the installed tasks and
+background pairs, the port states and the port counters. It decides which flow entries each
+switch must hold and hands them to a `FlowSender` (the os-ken app in production, a fake flow table
+in tests). The northbound REST layer (`controller.rest`) calls it; so does the app's event handlers.
+
+It must not import the OpenFlow framework, block on anything but its sender, or open sockets.
+Errors carry an HTTP-like `status` so the REST layer can map them without knowing the cases.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from controller.flows import (
+    BACKGROUND_COOKIE,
+    FlowBuildError,
+    FlowEntry,
+    background_entries,
+    by_dpid,
+    normalize_pairs,
+    schedule_entries,
+    table_miss_entry,
+)
+from orchestrator.scheduling.schedule import Schedule
+from topologies.plan import HOST_PORT, EmulationPlan
+
+#: How many port-status events the controller keeps for the API.
+PORT_EVENT_HISTORY = 1000
+
+
+class ControllerError(Exception):
+    """A request the controller refuses; `status` is the HTTP status the REST layer answers with."""
+
+    status = 500
+
+
+class BadRequest(ControllerError):
+    status = 400
+
+
+class NotFound(ControllerError):
+    status = 404
+
+
+class Conflict(ControllerError):
+    status = 409
+
+
+class Unprocessable(ControllerError):
+    status = 422
+
+
+class Unavailable(ControllerError):
+    status = 503
+
+
+@dataclass(frozen=True)
+class FlowStat:
+    """A flow entry as the switch reports it, with its counters."""
+
+    entry: FlowEntry
+    packets: int
+    bytes: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class PortStat:
+    port_no: int
+    rx_bytes: int
+    tx_bytes: int
+    rx_packets: int
+    tx_packets: int
+
+
+class FlowSender(Protocol):
+    """What the core needs from the OpenFlow side. Every call may raise `Unavailable`.
+
+    `install` and `remove_cookie` return only once the switch has processed the messages (a
+    barrier), and raise `ControllerError` if the switch rejected one of them.
+    """
+
+    def install(self, dpid: int, entries: Sequence[FlowEntry]) -> None: ...
+
+    def remove_cookie(self, dpid: int, cookie: int) -> None: ...
+
+    def flow_stats(self, dpid: int, cookie: int | None) -> list[FlowStat]: ...
+
+    def port_stats(self, dpid: int) -> list[PortStat]: ...
+
+
+@dataclass
+class InstalledTask:
+    schedule: Schedule
+    entries: list[FlowEntry]
+    installed_at: float
+
+
+@dataclass
+class _PortSample:
+    t_s: float
+    tx_bytes: int
+    rx_bytes: int
+
+
+@dataclass
+class _PortCounters:
+    last: _PortSample | None = None
+    rate_tx_mbps: float = 0.0
+    rate_rx_mbps: float = 0.0
+
+
+class ControllerCore:
+    """State and decisions of the SDN app (see the module docstring).
+
+    Parameters
+    ----------
+    plan
+        The emulation plan; the single source of datapath ids and port numbers.
+    sender
+        Sends entries to switches and reads counters back.
+    clock
+        Seconds, monotonic; injectable for tests.
+    """
+
+    def __init__(
+        self, plan: EmulationPlan, sender: FlowSender, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.plan = plan
+        self.sender = sender
+        self.clock = clock
+        self.started_at = clock()
+        self.connected: dict[int, float] = {}
+        self.tasks: dict[int, InstalledTask] = {}
+        self.background_pairs: list[tuple[str, str]] = []
+        self.background: list[FlowEntry] = []
+        self.port_up: dict[tuple[int, int], bool] = {}
+        self.port_events: deque[dict[str, Any]] = deque(maxlen=PORT_EVENT_HISTORY)
+        self.errors: deque[dict[str, Any]] = deque(maxlen=PORT_EVENT_HISTORY)
+        self._ports: dict[tuple[int, int], _PortCounters] = {}
+        self._dpids = {sw.dpid for sw in plan.switches}
+        # REST greenthreads and the event loop interleave only at I/O, but a lock keeps it correct
+        # under the native hub and in threaded tests too.
+        self._lock = threading.RLock()
+
+    # -- switch life cycle -------------------------------------------------------------------------
+    def expected_entries(self, dpid: int) -> list[FlowEntry]:
+        """Everything switch `dpid` must hold now: table-miss drop, background, tasks."""
+        with self._lock:
+            entries = [table_miss_entry(dpid)]
+            entries += [e for e in self.background if e.dpid == dpid]
+            for task in self.tasks.values():
+                entries += [e for e in task.entries if e.dpid == dpid]
+            return sorted(entries, key=FlowEntry.sort_key)
+
+    def switch_connected(self, dpid: int) -> None:
+        """Record a switch that holds `expected_entries(dpid)` and is ready for requests."""
+        with self._lock:
+            if dpid not in self._dpids:
+                self.errors.append({"t_s": self.clock(), "error": f"unknown datapath id {dpid} connected"})
+            self.connected[dpid] = self.clock()
+
+    def switch_disconnected(self, dpid: int) -> None:
+        with self._lock:
+            self.connected.pop(dpid, None)
+
+    def record_port_status(self, dpid: int, port_no: int, reason: str, link_down: bool) -> None:
+        """Keep a port-status change (added/deleted/modified, link up/down) for the API."""
+        with self._lock:
+            up = reason != "delete" and not link_down
+            self.port_up[(dpid, port_no)] = up
+            self.port_events.append(
+                {
+                    "t_s": round(self.clock() - self.started_at, 3),
+                    "dpid": dpid,
+                    "switch": self._switch_name(dpid),
+                    "port": port_no,
+                    "reason": reason,
+                    "up": up,
+                    "link": self._link_of(dpid, port_no),
+                }
+            )
+
+    def record_error(self, dpid: int, message: str) -> None:
+        with self._lock:
+            self.errors.append({"t_s": round(self.clock() - self.started_at, 3), "dpid": dpid, "error": message})
+
+    def record_port_stats(self, dpid: int, stats: Iterable[PortStat], t_s: float | None = None) -> None:
+        """Update port counters and current rates (from the previous sample of each port)."""
+        now = self.clock() if t_s is None else t_s
+        with self._lock:
+            for st in stats:
+                c = self._ports.setdefault((dpid, st.port_no), _PortCounters())
+                sample = _PortSample(t_s=now, tx_bytes=st.tx_bytes, rx_bytes=st.rx_bytes)
+                if c.last is not None and now > c.last.t_s:
+                    dt = now - c.last.t_s
+                    c.rate_tx_mbps = max(0, st.tx_bytes - c.last.tx_bytes) * 8 / dt / 1e6
+                    c.rate_rx_mbps = max(0, st.rx_bytes - c.last.rx_bytes) * 8 / dt / 1e6
+                c.last = sample
+
+    # -- tasks -------------------------------------------------------------------------------------
+    def _require_connected(self, dpids: Iterable[int]) -> None:
+        missing = sorted(set(dpids) - set(self.connected))
+        if missing:
+            names = ", ".join(f"{self._switch_name(d)} (dpid {d})" for d in missing)
+            raise Unavailable(f"switch(es) not connected: {names}")
+
+    def install_task(self, schedule: Schedule) -> dict[str, Any]:
+        """Install (or replace) a task's flow entries on every switch of its paths.
+
+        Raises
+        ------
+        Unprocessable
+            If the schedule names an unknown site or cannot be turned into entries.
+        Unavailable
+            If a switch the task needs is not connected (nothing is changed then).
+        """
+        try:
+            entries = schedule_entries(schedule, self.plan)
+        except FlowBuildError as e:
+            raise Unprocessable(str(e)) from e
+        task_id = schedule.task_id
+        # The lock guards state only: sending waits for the switch, whose replies reach us through
+        # the same event loop that may need the lock.
+        with self._lock:
+            old = self.tasks.get(task_id)
+            touched = {e.dpid for e in entries} | ({e.dpid for e in old.entries} if old else set())
+            self._require_connected(touched)
+            self.tasks[task_id] = InstalledTask(schedule, entries, self.clock())
+        try:
+            if old is not None:
+                for dpid in sorted({e.dpid for e in old.entries}):
+                    self.sender.remove_cookie(dpid, task_id)
+            for dpid, dp_entries in sorted(by_dpid(entries).items()):
+                self.sender.install(dpid, dp_entries)
+        except ControllerError:
+            with self._lock:
+                self.tasks.pop(task_id, None)
+            for dpid in sorted(touched & set(self.connected)):
+                try:
+                    self.sender.remove_cookie(dpid, task_id)
+                except ControllerError as cleanup_error:
+                    self.record_error(dpid, f"rollback of task {task_id} failed: {cleanup_error}")
+            raise
+        return self._task_summary_of(task_id, schedule, entries)
+
+    def remove_task(self, task_id: int) -> dict[str, Any]:
+        """Remove a task's entries (by cookie). Raises `NotFound` for an unknown task."""
+        with self._lock:
+            task = self.tasks.pop(task_id, None)
+            if task is None:
+                raise NotFound(f"no task {task_id} is installed (installed: {sorted(self.tasks)})")
+            dpids = sorted({e.dpid for e in task.entries} & set(self.connected))
+        for dpid in dpids:
+            self.sender.remove_cookie(dpid, task_id)
+        return self._task_summary_of(task_id, task.schedule, task.entries)
+
+    def get_task(self, task_id: int) -> dict[str, Any]:
+        with self._lock:
+            if task_id not in self.tasks:
+                raise NotFound(f"no task {task_id} is installed (installed: {sorted(self.tasks)})")
+            task = self.tasks[task_id]
+            return {
+                **self._task_summary(task_id),
+                "schedule": task.schedule.to_dict(),
+                "entries": [e.to_dict() for e in task.entries],
+            }
+
+    def list_tasks(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return [self._task_summary(t) for t in sorted(self.tasks)]
+
+    def _task_summary(self, task_id: int) -> dict[str, Any]:
+        task = self.tasks[task_id]
+        return self._task_summary_of(task_id, task.schedule, task.entries)
+
+    def _task_summary_of(self, task_id: int, s: Schedule, entries: Sequence[FlowEntry]) -> dict[str, Any]:
+        return {
+            "task_id": task_id,
+            "scheduler": s.scheduler,
+            "global": s.global_site,
+            "locals": list(s.local_sites),
+            "edges": len(s.edges),
+            "entries": len(entries),
+            "switches": sorted({self._switch_name(e.dpid) for e in entries}),
+        }
+
+    # -- background --------------------------------------------------------------------------------
+    def set_background(self, pairs: Sequence[Sequence[str]]) -> dict[str, Any]:
+        """Replace the background host pairs and their shortest-path entries.
+
+        Raises
+        ------
+        Unprocessable
+            On an unknown site, a site without a host or a malformed pair.
+        Unavailable
+            If a switch is not connected.
+        """
+        try:
+            norm = normalize_pairs(pairs)
+            entries = background_entries(self.plan, norm)
+        except FlowBuildError as e:
+            raise Unprocessable(str(e)) from e
+        with self._lock:
+            old = self.background
+            touched = {e.dpid for e in entries} | {e.dpid for e in old}
+            self._require_connected(touched)
+            self.background_pairs, self.background = norm, entries
+        for dpid in sorted({e.dpid for e in old}):
+            self.sender.remove_cookie(dpid, BACKGROUND_COOKIE)
+        for dpid, dp_entries in sorted(by_dpid(entries).items()):
+            self.sender.install(dpid, dp_entries)
+        return self.get_background()
+
+    def get_background(self) -> dict[str, Any]:
+        with self._lock:
+            return {"pairs": [list(p) for p in self.background_pairs], "entries": len(self.background)}
+
+    # -- reading back ------------------------------------------------------------------------------
+    def flows(self, task_id: int | None = None) -> list[dict[str, Any]]:
+        """Entries read live from every connected switch (optionally one task's), with counters."""
+        if task_id is not None and task_id not in self.tasks:
+            raise NotFound(f"no task {task_id} is installed (installed: {sorted(self.tasks)})")
+        out = []
+        for dpid in sorted(self.connected):
+            for st in self.sender.flow_stats(dpid, task_id):
+                d = st.entry.to_dict()
+                d.update(
+                    switch=self._switch_name(dpid),
+                    site=self._site_name(dpid),
+                    task=st.entry.cookie if 0 < st.entry.cookie < BACKGROUND_COOKIE else None,
+                    packets=st.packets,
+                    bytes=st.bytes,
+                    duration_s=st.duration_s,
+                )
+                out.append(d)
+        return out
+
+    def link_stats(self) -> list[dict[str, Any]]:
+        """Per directed link: bytes sent so far, current rate and utilisation of the shaped rate."""
+        with self._lock:
+            rows = []
+            for ln in self.plan.links:
+                for src, dst, port in ((ln.a, ln.b, ln.port_a), (ln.b, ln.a, ln.port_b)):
+                    dpid = self.plan.switch(src).dpid
+                    c = self._ports.get((dpid, port))
+                    rate = c.rate_tx_mbps if c else 0.0
+                    rows.append(
+                        {
+                            "link": [src, dst],
+                            "switch": self._switch_name(dpid),
+                            "port": port,
+                            "tx_bytes": c.last.tx_bytes if c and c.last else 0,
+                            "rate_mbps": round(rate, 3),
+                            "emulated_mbps": ln.emulated_mbps,
+                            "utilisation": round(rate / ln.emulated_mbps, 4) if ln.emulated_mbps else 0.0,
+                            "up": self.port_up.get((dpid, port), True),
+                        }
+                    )
+            return rows
+
+    def topology(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "plan": self.plan.to_dict(),
+                "connected": sorted(self.connected),
+                "ports_down": [
+                    {"switch": self._switch_name(d), "port": p, "link": self._link_of(d, p)}
+                    for (d, p), up in sorted(self.port_up.items())
+                    if not up
+                ],
+                "port_events": list(self.port_events),
+            }
+
+    def health(self) -> dict[str, Any]:
+        with self._lock:
+            expected = sorted(self._dpids)
+            missing = [d for d in expected if d not in self.connected]
+            return {
+                "status": "ok" if not missing else "waiting",
+                "topology": self.plan.topology,
+                "switches_expected": len(expected),
+                "switches_connected": len([d for d in expected if d in self.connected]),
+                "missing": [self._switch_name(d) for d in missing],
+                "tasks": sorted(self.tasks),
+                "background_pairs": len(self.background_pairs),
+                "port_events": len(self.port_events),
+                "errors": list(self.errors)[-10:],
+                "uptime_s": round(self.clock() - self.started_at, 3),
+            }
+
+    # -- names -------------------------------------------------------------------------------------
+    def _switch_name(self, dpid: int) -> str:
+        for sw in self.plan.switches:
+            if sw.dpid == dpid:
+                return sw.name
+        return f"dpid{dpid}"
+
+    def _site_name(self, dpid: int) -> str | None:
+        for sw in self.plan.switches:
+            if sw.dpid == dpid:
+                return sw.site
+        return None
+
+    def _link_of(self, dpid: int, port: int) -> list[str] | None:
+        site = self._site_name(dpid)
+        if site is None:
+            return None
+        if port == HOST_PORT:
+            return [site, "host"]
+        for ln in self.plan.links:
+            if ln.a == site and ln.port_a == port:
+                return [ln.a, ln.b]
+            if ln.b == site and ln.port_b == port:
+                return [ln.b, ln.a]
+        return None

@@ -1,0 +1,144 @@
+"""The controller's northbound REST API: a plain WSGI app (WebOb) over a `ControllerCore`.
+
+Routes (JSON in and out; errors are ``{"error": message}`` with a 4xx/5xx status)::
+
+    GET    /health                 switches expected/connected, tasks, recent errors
+    GET    /topology               the emulation plan, connected switches, port-status events
+    GET    /tasks                  installed tasks (summaries)
+    GET    /tasks/{id}             one task: schedule and entries
+    PUT    /tasks/{id}             body = Schedule JSON: install (or replace) the task's paths
+    DELETE /tasks/{id}             remove the task's entries
+    GET    /flows[?task=ID]        entries read live from the switches, with packet/byte counters
+    GET    /stats/ports            per directed link: bytes, current rate, utilisation
+    GET    /background             background host pairs
+    PUT    /background             body = {"pairs": [[site, site], ...]}: replace them
+    DELETE /background             remove all background routes
+
+The app serves whatever socket it is given; binding (to 127.0.0.1 only) is the caller's job. It
+must not reach into the OpenFlow framework: everything goes through the core.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from webob import Request, Response
+
+from controller.core import BadRequest, Conflict, ControllerCore, ControllerError, NotFound
+from orchestrator.scheduling.schedule import Schedule
+
+LOG = logging.getLogger(__name__)
+
+_TASK_RE = re.compile(r"^/tasks/([^/]+)/?$")
+MAX_BODY_BYTES = 10 * 1024 * 1024
+
+WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _json_response(body: Any, status: int = 200) -> Response:
+    return Response(
+        body=json.dumps(body, indent=None, sort_keys=False).encode() + b"\n",
+        status=status,
+        content_type="application/json",
+        charset=None,
+    )
+
+
+def _task_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise BadRequest(f"task id must be a positive integer, got {text!r}") from None
+    if not 0 < value < 2**63:
+        raise BadRequest(f"task id must be a positive integer below 2**63, got {value}")
+    return value
+
+
+def _body(req: Request) -> Any:
+    if req.content_length is not None and req.content_length > MAX_BODY_BYTES:
+        raise BadRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
+    raw = req.body
+    if not raw:
+        raise BadRequest("request body is empty; expected JSON")
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"malformed JSON: {e}") from e
+
+
+class RestApi:
+    """WSGI callable routing the module docstring's endpoints to `core`."""
+
+    def __init__(self, core: ControllerCore) -> None:
+        self.core = core
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        req = Request(environ)
+        try:
+            resp = self.dispatch(req)
+        except ControllerError as e:
+            resp = _json_response({"error": str(e)}, status=e.status)
+        except Exception as e:  # the controller must survive any bad request
+            LOG.exception("REST %s %s failed", req.method, req.path)
+            resp = _json_response({"error": f"internal error: {type(e).__name__}: {e}"}, status=500)
+        result: Iterable[bytes] = resp(environ, start_response)
+        return result
+
+    def dispatch(self, req: Request) -> Response:
+        path, method = req.path_info.rstrip("/") or "/", req.method
+        core = self.core
+        if path == "/health" and method == "GET":
+            return _json_response(core.health())
+        if path == "/topology" and method == "GET":
+            return _json_response(core.topology())
+        if path == "/tasks" and method == "GET":
+            return _json_response({"tasks": core.list_tasks()})
+        if path == "/flows" and method == "GET":
+            task = req.GET.get("task")
+            return _json_response({"flows": core.flows(_task_id(task) if task else None)})
+        if path == "/stats/ports" and method == "GET":
+            return _json_response({"links": core.link_stats()})
+        if path == "/background":
+            if method == "GET":
+                return _json_response(core.get_background())
+            if method == "PUT":
+                body = _body(req)
+                if not isinstance(body, dict) or not isinstance(body.get("pairs"), list):
+                    raise BadRequest('expected {"pairs": [[site, site], ...]}')
+                return _json_response(core.set_background(body["pairs"]))
+            if method == "DELETE":
+                return _json_response(core.set_background([]))
+            return self._method_not_allowed(method, path, "GET, PUT, DELETE")
+        m = _TASK_RE.match(path)
+        if m:
+            task_id = _task_id(m.group(1))
+            if method == "GET":
+                return _json_response(core.get_task(task_id))
+            if method == "PUT":
+                body = _body(req)
+                if not isinstance(body, dict):
+                    raise BadRequest("expected a Schedule JSON object")
+                try:
+                    schedule = Schedule.from_dict(body)
+                except ValueError as e:
+                    raise BadRequest(str(e)) from e
+                if schedule.task_id != task_id:
+                    raise Conflict(f"URL names task {task_id} but the schedule is for task {schedule.task_id}")
+                return _json_response(core.install_task(schedule), status=201)
+            if method == "DELETE":
+                return _json_response(core.remove_task(task_id))
+            return self._method_not_allowed(method, path, "GET, PUT, DELETE")
+        known = {"/health", "/topology", "/tasks", "/flows", "/stats/ports"}
+        if path in known:
+            return self._method_not_allowed(method, path, "GET")
+        raise NotFound(f"no such endpoint {method} {path}")
+
+    @staticmethod
+    def _method_not_allowed(method: str, path: str, allowed: str) -> Response:
+        resp = _json_response({"error": f"{method} not allowed on {path} (allowed: {allowed})"}, status=405)
+        resp.headers["Allow"] = allowed
+        return resp

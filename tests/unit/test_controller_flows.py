@@ -1,0 +1,187 @@
+"""Flow building from a Schedule + EmulationPlan, checked on a fake flow table (no switch)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from controller.flows import (
+    BACKGROUND_COOKIE,
+    BACKGROUND_PRIORITY,
+    TASK_PRIORITY,
+    FlowBuildError,
+    FlowEntry,
+    background_entries,
+    diff_entries,
+    parse_ofctl_dump,
+    schedule_entries,
+    table_miss_entries,
+    tcp_match,
+)
+from orchestrator.scheduling.schedule import OverlayEdge, task_ports
+from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
+from topologies.loaders import load
+from topologies.plan import HOST_PORT, EmulationPlan
+
+
+@pytest.fixture
+def plan() -> EmulationPlan:
+    return EmulationPlan.from_model(load("triangle"))
+
+
+@pytest.fixture
+def fake(plan: EmulationPlan) -> FakeSwitches:
+    fake = FakeSwitches(plan)
+    fake.connect_all()
+    for e in table_miss_entries(plan):
+        fake.install(e.dpid, [e])
+    return fake
+
+
+def _install(fake: FakeSwitches, entries: list[FlowEntry]) -> None:
+    for e in entries:
+        fake.install(e.dpid, [e])
+
+
+def test_each_edge_forwards_along_its_path_and_acks_return_on_the_reverse(
+    plan: EmulationPlan, fake: FakeSwitches
+) -> None:
+    schedule = handmade_schedule(plan)
+    bport, uport = task_ports(schedule.task_id)
+    _install(fake, schedule_entries(schedule, plan))
+
+    for edge in schedule.edges:
+        port = bport if edge.procedure == "broadcast" else uport
+        dst_ip, src_ip = plan.host(edge.dst).ip, plan.host(edge.src).ip
+        assert fake.send(edge.src, dst_ip, tcp_src=40000, tcp_dst=port) == list(edge.path)
+        assert fake.send(edge.dst, src_ip, tcp_src=port, tcp_dst=40000) == list(reversed(edge.path))
+
+
+def test_broadcast_and_upload_between_the_same_hosts_take_their_own_paths(
+    plan: EmulationPlan, fake: FakeSwitches
+) -> None:
+    schedule = handmade_schedule(plan)
+    schedule = dataclasses.replace(
+        schedule, edges=(*schedule.edges, OverlayEdge("broadcast", "A", "C", ("A", "C")))
+    )
+    bport, uport = task_ports(schedule.task_id)
+    _install(fake, schedule_entries(schedule, plan))
+
+    c_ip, a_ip = plan.host("C").ip, plan.host("A").ip
+    assert fake.send("A", c_ip, tcp_src=40000, tcp_dst=bport) == ["A", "C"]
+    assert fake.send("C", a_ip, tcp_src=40000, tcp_dst=uport) == ["C", "B", "A"]
+
+
+def test_everything_else_is_dropped(plan: EmulationPlan, fake: FakeSwitches) -> None:
+    schedule = handmade_schedule(plan)
+    bport, _ = task_ports(schedule.task_id)
+    _install(fake, schedule_entries(schedule, plan))
+
+    # The wrong port, another task's port, and a pair with no edge (C -> B upload) are dropped.
+    assert fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=5201) is None
+    assert fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=task_ports(8)[0]) is None
+    assert fake.send("C", plan.host("B").ip, tcp_src=40000, tcp_dst=task_ports(7)[1]) is None
+    assert fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=bport) == ["A", "B"]
+
+
+def test_entries_carry_the_task_cookie_priority_and_ports(plan: EmulationPlan) -> None:
+    schedule = handmade_schedule(plan, task_id=42)
+    bport, _ = task_ports(42)
+
+    entries = schedule_entries(schedule, plan)
+
+    assert {e.cookie for e in entries} == {42}
+    assert {e.priority for e in entries} == {TASK_PRIORITY}
+    # 4 edges; forward + reverse entries on every switch of each path: 2*(2+2+3+2).
+    assert len(entries) == 18
+    first = FlowEntry(
+        dpid=plan.switch("A").dpid,
+        priority=TASK_PRIORITY,
+        cookie=42,
+        match=tcp_match(plan.host("A").ip, plan.host("B").ip, tcp_dst=bport),
+        out_port=plan.port_towards("A", "B"),
+    )
+    last = dataclasses.replace(first, dpid=plan.switch("B").dpid, out_port=HOST_PORT)
+    assert first in entries and last in entries
+
+
+def test_unknown_site_and_broken_paths_are_rejected(plan: EmulationPlan) -> None:
+    good = handmade_schedule(plan)
+    unknown = dataclasses.replace(good, edges=(OverlayEdge("broadcast", "A", "Z", ("A", "Z")),))
+    with pytest.raises(FlowBuildError, match="unknown site 'Z'") as info:
+        schedule_entries(unknown, plan)
+    assert info.value.unknown_site == "Z"
+
+    two = EmulationPlan.from_model(load("ring:4"))
+    names = [sw.site for sw in two.switches]
+    no_link = dataclasses.replace(
+        good,
+        global_site=names[0],
+        local_sites=(names[2],),
+        edges=(OverlayEdge("broadcast", names[0], names[2], (names[0], names[2])),),
+    )
+    with pytest.raises(FlowBuildError, match="no link"):
+        schedule_entries(no_link, two)
+
+    blocked = dataclasses.replace(good, blocked=True, reason="no capacity")
+    with pytest.raises(FlowBuildError, match="blocked"):
+        schedule_entries(blocked, plan)
+
+
+def test_background_pairs_get_lower_priority_shortest_paths_both_ways(
+    plan: EmulationPlan, fake: FakeSwitches
+) -> None:
+    entries = background_entries(plan, [["A", "C"], ["C", "A"]])
+    _install(fake, entries)
+
+    assert {e.priority for e in entries} == {BACKGROUND_PRIORITY}
+    assert {e.cookie for e in entries} == {BACKGROUND_COOKIE}
+    assert fake.send("A", plan.host("C").ip, tcp_src=1, tcp_dst=5201) == ["A", "C"]
+    assert fake.send("C", plan.host("A").ip, tcp_src=5201, tcp_dst=1) == ["C", "A"]
+    assert fake.send("A", plan.host("B").ip, tcp_src=1, tcp_dst=5201) is None
+
+
+def test_task_entries_win_over_background(plan: EmulationPlan, fake: FakeSwitches) -> None:
+    schedule = handmade_schedule(plan)
+    _, uport = task_ports(schedule.task_id)
+    _install(fake, background_entries(plan, [["C", "A"]]))
+    _install(fake, schedule_entries(schedule, plan))
+
+    assert fake.send("C", plan.host("A").ip, tcp_src=40000, tcp_dst=uport) == ["C", "B", "A"]
+    assert fake.send("C", plan.host("A").ip, tcp_src=40000, tcp_dst=80) == ["C", "A"]
+
+
+@pytest.mark.parametrize("pair", [["A"], ["A", "A"], ["A", 3]])
+def test_malformed_background_pairs_are_rejected(plan: EmulationPlan, pair: list) -> None:
+    with pytest.raises(FlowBuildError):
+        background_entries(plan, [pair])
+
+
+OFCTL_DUMP = """\
+ cookie=0x2a, duration=3.1s, table=0, n_packets=12, n_bytes=3400, priority=200,tcp,nw_src=10.0.0.1,nw_dst=10.0.0.2,tp_dst=20084 actions=output:2
+ cookie=0x2a, duration=3.1s, table=0, n_packets=9, n_bytes=600, priority=200,tcp,nw_src=10.0.0.2,nw_dst=10.0.0.1,tp_src=20084 actions=output:1
+ cookie=0x8000000000000000, duration=3.1s, table=0, n_packets=0, n_bytes=0, priority=100,ip,nw_src=10.0.0.1,nw_dst=10.0.0.3 actions=output:3
+ cookie=0x0, duration=9.0s, table=0, n_packets=4, n_bytes=280, priority=0 actions=drop
+"""
+
+
+def test_ofctl_dump_parses_into_the_builders_entries() -> None:
+    entries = parse_ofctl_dump(1, OFCTL_DUMP)
+
+    expected = [
+        FlowEntry(1, 200, 42, tcp_match("10.0.0.1", "10.0.0.2", tcp_dst=20084), 2),
+        FlowEntry(1, 200, 42, tcp_match("10.0.0.2", "10.0.0.1", tcp_src=20084), 1),
+    ]
+    assert diff_entries(expected, entries[:2]) == {"missing": [], "unexpected": []}
+    assert entries[2].cookie == BACKGROUND_COOKIE and entries[2].out_port == 3
+    assert entries[3].match == () and entries[3].out_port is None and entries[3].priority == 0
+
+
+def test_diff_reports_missing_and_unexpected_entries() -> None:
+    a = FlowEntry(1, 200, 7, tcp_match("10.0.0.1", "10.0.0.2", tcp_dst=1), 2)
+    b = dataclasses.replace(a, out_port=3)
+
+    diff = diff_entries([a], [b])
+
+    assert diff == {"missing": [a], "unexpected": [b]}

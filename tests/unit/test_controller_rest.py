@@ -1,0 +1,233 @@
+"""The controller's core and REST layer, through its WSGI app, with the switches faked."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from webob import Request
+
+from controller.core import ControllerCore, PortStat
+from controller.flows import BACKGROUND_COOKIE, table_miss_entry
+from controller.rest import RestApi
+from orchestrator.scheduling.schedule import task_ports
+from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
+from topologies.loaders import load
+from topologies.plan import EmulationPlan
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def plan() -> EmulationPlan:
+    return EmulationPlan.from_model(load("triangle"))
+
+
+@pytest.fixture
+def fake(plan: EmulationPlan) -> FakeSwitches:
+    return FakeSwitches(plan)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def core(plan: EmulationPlan, fake: FakeSwitches, clock: Clock) -> ControllerCore:
+    core = ControllerCore(plan, fake, clock=clock)
+    fake.connect_all()
+    for sw in plan.switches:
+        fake.install(sw.dpid, core.expected_entries(sw.dpid))
+        core.switch_connected(sw.dpid)
+    return core
+
+
+@pytest.fixture
+def api(core: ControllerCore) -> RestApi:
+    return RestApi(core)
+
+
+def call(api: RestApi, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, Any]:
+    req = Request.blank(path, method=method)
+    if raw is not None:
+        req.body = raw
+    elif body is not None:
+        req.body = json.dumps(body).encode()
+        req.content_type = "application/json"
+    resp = req.get_response(api)
+    return resp.status_int, json.loads(resp.body)
+
+
+def test_health_counts_connected_switches(plan: EmulationPlan, fake: FakeSwitches, clock: Clock) -> None:
+    core = ControllerCore(plan, fake, clock=clock)
+    api = RestApi(core)
+
+    status, before = call(api, "GET", "/health")
+    core.switch_connected(1)
+    _, after = call(api, "GET", "/health")
+
+    assert status == 200
+    assert (before["switches_connected"], before["switches_expected"], before["status"]) == (0, 3, "waiting")
+    assert after["switches_connected"] == 1
+    assert after["missing"] == ["s2", "s3"]
+
+
+def test_put_task_installs_its_entries_and_traffic_follows(
+    api: RestApi, plan: EmulationPlan, fake: FakeSwitches
+) -> None:
+    schedule = handmade_schedule(plan, task_id=7)
+    bport, _ = task_ports(7)
+
+    status, body = call(api, "PUT", "/tasks/7", schedule.to_dict())
+
+    assert status == 201
+    assert body["entries"] == 18 and body["switches"] == ["s1", "s2", "s3"]
+    assert fake.send("B", plan.host("C").ip, tcp_src=40000, tcp_dst=bport) == ["B", "C"]
+    _, listing = call(api, "GET", "/tasks")
+    assert [t["task_id"] for t in listing["tasks"]] == [7]
+    _, one = call(api, "GET", "/tasks/7")
+    assert one["schedule"]["global"] == "A" and len(one["entries"]) == 18
+
+
+def test_flows_report_counters_by_task(api: RestApi, plan: EmulationPlan, fake: FakeSwitches) -> None:
+    schedule = handmade_schedule(plan, task_id=7)
+    bport, _ = task_ports(7)
+    call(api, "PUT", "/tasks/7", schedule.to_dict())
+    for _ in range(5):
+        fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=bport, nbytes=1000)
+
+    status, body = call(api, "GET", "/flows?task=7")
+
+    assert status == 200
+    assert {f["task"] for f in body["flows"]} == {7}
+    a_to_b = [f for f in body["flows"] if f["switch"] == "s1" and f["match"].get("tcp_dst") == bport
+              and f["match"]["ipv4_dst"] == plan.host("B").ip]
+    assert [(f["packets"], f["bytes"]) for f in a_to_b] == [(5, 5000)]
+    _, everything = call(api, "GET", "/flows")
+    assert len(everything["flows"]) == 18 + 3  # + one table-miss entry per switch
+
+
+def test_replacing_and_deleting_a_task_removes_its_entries(
+    api: RestApi, plan: EmulationPlan, fake: FakeSwitches
+) -> None:
+    schedule = handmade_schedule(plan, task_id=7)
+    call(api, "PUT", "/tasks/7", schedule.to_dict())
+    status_again, _ = call(api, "PUT", "/tasks/7", schedule.to_dict())
+    count_after_replace = sum(len(fake.entries(sw.dpid)) for sw in plan.switches)
+
+    status, body = call(api, "DELETE", "/tasks/7")
+
+    assert status_again == 201
+    assert count_after_replace == 18 + 3
+    assert status == 200 and body["task_id"] == 7
+    for sw in plan.switches:
+        assert fake.entries(sw.dpid) == [table_miss_entry(sw.dpid)]
+    status, body = call(api, "DELETE", "/tasks/7")
+    assert status == 404 and "no task 7" in body["error"]
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "payload", "raw", "status", "fragment"),
+    [
+        ("PUT", "/tasks/7", None, b"{not json", 400, "malformed JSON"),
+        ("PUT", "/tasks/7", None, b"", 400, "empty"),
+        ("PUT", "/tasks/7", [1, 2], None, 400, "Schedule JSON object"),
+        ("PUT", "/tasks/7", {"task_id": 7}, None, 400, "malformed schedule"),
+        ("PUT", "/tasks/x", {"task_id": 7}, None, 400, "positive integer"),
+        ("GET", "/tasks/99", None, None, 404, "no task 99"),
+        ("DELETE", "/tasks/99", None, None, 404, "no task 99"),
+        ("GET", "/flows?task=99", None, None, 404, "no task 99"),
+        ("GET", "/nowhere", None, None, 404, "no such endpoint"),
+        ("POST", "/tasks/7", {}, None, 405, "not allowed"),
+        ("PUT", "/background", {"pairs": "A-B"}, None, 400, "pairs"),
+        ("PUT", "/background", {"pairs": [["A", "Q"]]}, None, 422, "unknown site 'Q'"),
+    ],
+)
+def test_bad_requests_get_a_4xx_with_a_message_and_the_controller_keeps_running(
+    api: RestApi, method: str, path: str, payload: Any, raw: bytes | None, status: int, fragment: str
+) -> None:
+    got_status, body = call(api, method, path, payload, raw)
+
+    assert got_status == status
+    assert fragment in body["error"]
+    assert call(api, "GET", "/health")[0] == 200
+
+
+def test_schedule_naming_an_unknown_site_is_refused_and_changes_nothing(
+    api: RestApi, plan: EmulationPlan, fake: FakeSwitches
+) -> None:
+    bad = handmade_schedule(plan, task_id=7).to_dict()
+    bad["paths"][1]["to"] = "Atlantis"
+    bad["paths"][1]["nodes"] = ["B", "Atlantis"]
+    before = {sw.dpid: fake.entries(sw.dpid) for sw in plan.switches}
+
+    status, body = call(api, "PUT", "/tasks/7", bad)
+
+    assert status == 422 and "Atlantis" in body["error"]
+    assert {sw.dpid: fake.entries(sw.dpid) for sw in plan.switches} == before
+    assert call(api, "GET", "/tasks")[1] == {"tasks": []}
+
+
+def test_task_id_mismatch_is_a_conflict(api: RestApi, plan: EmulationPlan) -> None:
+    status, body = call(api, "PUT", "/tasks/8", handmade_schedule(plan, task_id=7).to_dict())
+
+    assert status == 409 and "task 7" in body["error"]
+
+
+def test_install_needs_every_switch_of_the_task(plan: EmulationPlan, fake: FakeSwitches, clock: Clock) -> None:
+    core = ControllerCore(plan, fake, clock=clock)
+    fake.connect_all()
+    core.switch_connected(1)
+    api = RestApi(core)
+
+    status, body = call(api, "PUT", "/tasks/7", handmade_schedule(plan, task_id=7).to_dict())
+
+    assert status == 503 and "s2" in body["error"]
+    assert core.tasks == {}
+
+
+def test_background_routes_and_isolation(api: RestApi, plan: EmulationPlan, fake: FakeSwitches) -> None:
+    status, body = call(api, "PUT", "/background", {"pairs": [["A", "C"]]})
+
+    assert status == 200 and body == {"pairs": [["A", "C"]], "entries": 4}
+    assert fake.send("A", plan.host("C").ip, tcp_src=1, tcp_dst=2) == ["A", "C"]
+    assert fake.send("A", plan.host("B").ip, tcp_src=1, tcp_dst=2) is None
+    call(api, "DELETE", "/background")
+    assert all(e.cookie != BACKGROUND_COOKIE for sw in plan.switches for e in fake.entries(sw.dpid))
+
+
+def test_port_stats_give_rates_per_directed_link(core: ControllerCore, api: RestApi, plan: EmulationPlan) -> None:
+    ln = plan.links[0]
+    dpid_a = plan.switch(ln.a).dpid
+    core.record_port_stats(dpid_a, [PortStat(ln.port_a, 0, 1_000_000, 0, 0)], t_s=10.0)
+    core.record_port_stats(dpid_a, [PortStat(ln.port_a, 0, 3_500_000, 0, 0)], t_s=12.0)
+
+    status, body = call(api, "GET", "/stats/ports")
+
+    row = next(r for r in body["links"] if r["link"] == [ln.a, ln.b])
+    assert status == 200
+    assert row["tx_bytes"] == 3_500_000
+    assert row["rate_mbps"] == pytest.approx(10.0)
+    assert row["utilisation"] == pytest.approx(10.0 / ln.emulated_mbps)
+    assert len(body["links"]) == 2 * len(plan.links)
+
+
+def test_port_status_changes_are_visible(core: ControllerCore, api: RestApi, plan: EmulationPlan) -> None:
+    ln = plan.links[0]
+    core.record_port_status(plan.switch(ln.a).dpid, ln.port_a, "modify", link_down=True)
+
+    _, topo = call(api, "GET", "/topology")
+    _, links = call(api, "GET", "/stats/ports")
+
+    assert topo["port_events"][-1]["link"] == [ln.a, ln.b]
+    assert topo["ports_down"] == [{"switch": plan.switch(ln.a).name, "port": ln.port_a, "link": [ln.a, ln.b]}]
+    assert next(r for r in links["links"] if r["link"] == [ln.a, ln.b])["up"] is False
+    assert topo["plan"]["topology"] == plan.topology
