@@ -6,11 +6,11 @@ import pytest
 
 pytest.importorskip("os_ken")
 
-from os_ken.ofproto import ofproto_v1_3, ofproto_v1_3_parser  # noqa: E402
-from os_ken.ofproto.ofproto_protocol import ProtocolDesc  # noqa: E402
+from os_ken.ofproto import ofproto_v1_3, ofproto_v1_3_parser
+from os_ken.ofproto.ofproto_protocol import ProtocolDesc
 
-from controller.app import entry_from_stats, flow_add, flow_delete  # noqa: E402
-from controller.flows import COOKIE_MASK_ALL, FlowEntry, table_miss_entry, tcp_match  # noqa: E402
+from controller.app import entry_from_stats, flow_add, flow_delete
+from controller.flows import COOKIE_MASK_ALL, FlowEntry, table_miss_entry, tcp_match
 
 
 def _datapath() -> ProtocolDesc:

@@ -6,9 +6,9 @@ import pytest
 
 pytest.importorskip("mininet.topo")
 
-from topologies.loaders import load  # noqa: E402
-from topologies.mininet_topo import PlanTopo, switch_interfaces  # noqa: E402
-from topologies.plan import HOST_PORT, EmulationPlan  # noqa: E402
+from topologies.loaders import load
+from topologies.mininet_topo import PlanTopo, switch_interfaces
+from topologies.plan import HOST_PORT, EmulationPlan
 
 
 @pytest.fixture(scope="module")
