@@ -11,10 +11,18 @@ VENV=${VENV:-$ROOT/.venv}
 log() { printf '[provision] %s\n' "$*"; }
 
 if [ "$(id -u)" != 0 ]; then
-    echo "provision.sh: run as root (sudo make setup): it installs OS packages and starts daemons" >&2
-    exit 2
+    if [ -x "$VENV/bin/python" ]; then
+        log "not root: OS packages and daemons left as they are (tests that need root will be skipped)"
+        NETAI_NO_SYSTEM=1
+    else
+        echo "provision.sh: run as root once (sudo make setup): it installs OS packages and starts daemons" >&2
+        exit 2
+    fi
 fi
 
+pip_quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a directory" || true; }; }
+
+if [ -z "${NETAI_NO_SYSTEM:-}" ]; then
 # 1. OS packages --------------------------------------------------------------------------------
 PKGS="mininet openvswitch-switch iperf3 ethtool iproute2 net-tools iputils-ping python3-venv python3-dev
       python3-pip debootstrap procps psmisc"
@@ -61,6 +69,8 @@ if [ -z "${NETAI_SKIP_DOCKER:-}" ]; then
     fi
 fi
 
+fi  # NETAI_NO_SYSTEM
+
 # 4. The venv: system Python (sees Debian's mininet module), torch pinned to the CPU wheel --------
 PY=/usr/bin/python3
 if [ ! -x "$VENV/bin/python" ]; then
@@ -71,15 +81,15 @@ stamp="$VENV/.netai-installed"
 want=$(cat setup.py | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     log "installing the project into the venv (torch CPU wheel, os-ken, test tools)"
-    "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
-    "$VENV/bin/pip" install -q -e ".[net,fl,experiment,test]"
+    pip_quiet "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
+    pip_quiet "$VENV/bin/pip" install -q -e ".[net,fl,experiment,test]"
     echo "$want" > "$stamp"
 else
     log "venv up to date"
 fi
 
 # 5. The worker image (when a Docker daemon runs) -------------------------------------------------
-if [ -z "${NETAI_SKIP_DOCKER:-}" ] && [ -z "${NETAI_SKIP_IMAGE:-}" ] && docker info >/dev/null 2>&1 \
+if [ -z "${NETAI_NO_SYSTEM:-}" ] && [ -z "${NETAI_SKIP_DOCKER:-}" ] && [ -z "${NETAI_SKIP_IMAGE:-}" ] && docker info >/dev/null 2>&1 \
         && [ -x scripts/build_worker_image.sh ]; then
     bash scripts/build_worker_image.sh --if-stale
 fi

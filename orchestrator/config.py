@@ -1,0 +1,227 @@
+"""Experiment configs: a declared schema, validated before anything starts.
+
+Each section declares its keys, types and ranges (Faucet's habit); an unknown key, a value of
+the wrong type or out of range, an unknown scheduler or topology, or more locals than the
+topology's compute sites raise `ConfigError` with one line naming the key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.errors import ConfigError
+from orchestrator.scheduling import SCHEDULERS
+from orchestrator.tasks import DEFAULT_DEMAND_MBPS, max_locals
+from topologies.errors import TopologyError
+from topologies.loaders import DEFAULT_TOPOLOGY, load
+from topologies.model import NetworkModel
+from topologies.plan import MAX_EMULATED_MBPS
+
+BACKENDS = ("auto", "docker", "process")
+PATTERNS = ("constant", "poisson", "demand-matrix")
+PARTITIONS = ("iid", "dirichlet")
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    model: str = "mlp"
+    rounds: int = 3
+    demand_mbps: float = DEFAULT_DEMAND_MBPS
+    partition: str = "iid"
+    alpha: float = 0.5
+    round_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class EmulationConfig:
+    max_link_mbps: float = 100.0
+    backend: str = "auto"
+
+
+@dataclass(frozen=True)
+class BackgroundConfig:
+    enabled: bool = True
+    pattern: str = "demand-matrix"
+    load: float = 0.3
+    pairs: int = 6
+    mean_on_s: float = 2.0
+    mean_off_s: float = 2.0
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    name: str
+    topology: str = DEFAULT_TOPOLOGY
+    compute_sites: tuple[str, ...] | None = None
+    schedulers: tuple[str, ...] = ("spff", "mst", "steiner")
+    locals: tuple[int, ...] = (2, 4, 8)
+    tasks_per_point: int = 2
+    seed: int = 1
+    task: TaskConfig = field(default_factory=TaskConfig)
+    emulation: EmulationConfig = field(default_factory=EmulationConfig)
+    background: BackgroundConfig = field(default_factory=BackgroundConfig)
+
+    def network(self) -> NetworkModel:
+        return load(self.topology, compute_sites=list(self.compute_sites) if self.compute_sites else None)
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        d = asdict(self)
+        d["schedulers"] = list(self.schedulers)
+        d["locals"] = list(self.locals)
+        d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
+        return d
+
+
+Check = Callable[[str, Any], Any]
+
+
+def _int(lo: int, hi: int | None = None) -> Check:
+    def check(key: str, v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
+            rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
+            raise ConfigError(f"{key} must be an integer {rng}, got {v!r}")
+        return v
+
+    return check
+
+
+def _num(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Check:
+    def check(key: str, v: Any) -> float:
+        ok = not isinstance(v, bool) and isinstance(v, (int, float))
+        if ok:
+            ok = (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
+        if not ok:
+            bound = f"{'>' if lo_open else '>='} {lo:g}" + ("" if hi is None else f" and <= {hi:g}")
+            raise ConfigError(f"{key} must be a number {bound}, got {v!r}")
+        return float(v)
+
+    return check
+
+
+def _choice(options: tuple[str, ...]) -> Check:
+    def check(key: str, v: Any) -> str:
+        if v not in options:
+            raise ConfigError(f"{key} must be one of {', '.join(options)}, got {v!r}")
+        return str(v)
+
+    return check
+
+
+def _str(key: str, v: Any) -> str:
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{key} must be a non-empty string, got {v!r}")
+    return v
+
+
+def _bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ConfigError(f"{key} must be true or false, got {v!r}")
+    return v
+
+
+def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{prefix} must be a mapping, got {raw!r}")
+    unknown = sorted(set(raw) - set(schema))
+    if unknown:
+        raise ConfigError(f"unknown key {prefix}.{unknown[0]}; allowed in {prefix}: {', '.join(schema)}")
+    return {k: schema[k](f"{prefix}.{k}", v) for k, v in raw.items()}
+
+
+TASK_SCHEMA: dict[str, Check] = {
+    "model": _str, "rounds": _int(1, 1000), "demand_mbps": _num(0, lo_open=True),
+    "partition": _choice(PARTITIONS), "alpha": _num(0, lo_open=True), "round_timeout_s": _num(1),
+}
+EMULATION_SCHEMA: dict[str, Check] = {
+    "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),
+}
+BACKGROUND_SCHEMA: dict[str, Check] = {
+    "enabled": _bool, "pattern": _choice(PATTERNS), "load": _num(0, 1), "pairs": _int(1, 1000),
+    "mean_on_s": _num(0, lo_open=True), "mean_off_s": _num(0, lo_open=True),
+}
+TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
+            "task", "emulation", "background")
+
+
+def parse_config(raw: Any, *, where: str = "config") -> ExperimentConfig:
+    """Validate a parsed config mapping and build an `ExperimentConfig`.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the first bad key, prefixed by `where`.
+    """
+    try:
+        return _parse(raw, where)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except TopologyError as e:
+        raise ConfigError(f"{where}: topology: {e}") from None
+
+
+def _parse(raw: Any, where: str) -> ExperimentConfig:
+    if not isinstance(raw, Mapping):
+        raise ConfigError("expected a mapping of settings")
+    unknown = sorted(set(raw) - set(TOP_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")
+    name = _str("name", raw.get("name", Path(where).stem))
+    topology = _str("topology", raw.get("topology", DEFAULT_TOPOLOGY))
+    schedulers = raw.get("schedulers", ["spff", "mst", "steiner"])
+    if not isinstance(schedulers, list) or not schedulers:
+        raise ConfigError("schedulers must be a non-empty list")
+    for s in schedulers:
+        if s not in SCHEDULERS:
+            raise ConfigError(f"unknown scheduler {s!r}; choose from {', '.join(SCHEDULERS)}")
+    if len(set(schedulers)) != len(schedulers):
+        raise ConfigError("schedulers lists a scheduler twice")
+    locals_ = raw.get("locals", [2, 4, 8])
+    if not isinstance(locals_, list) or not locals_:
+        raise ConfigError("locals must be a non-empty list of integers")
+    locals_t = tuple(_int(1)("locals[]", n) for n in locals_)
+    compute = raw.get("compute_sites")
+    if compute is not None and (not isinstance(compute, list) or not all(isinstance(s, str) for s in compute)):
+        raise ConfigError("compute_sites must be a list of site names")
+    cfg = ExperimentConfig(
+        name=name,
+        topology=topology,
+        compute_sites=tuple(compute) if compute else None,
+        schedulers=tuple(schedulers),
+        locals=locals_t,
+        tasks_per_point=_int(1, 10_000)("tasks_per_point", raw.get("tasks_per_point", 2)),
+        seed=_int(0)("seed", raw.get("seed", 1)),
+        task=TaskConfig(**_section("task", raw.get("task"), TASK_SCHEMA)),
+        emulation=EmulationConfig(**_section("emulation", raw.get("emulation"), EMULATION_SCHEMA)),
+        background=BackgroundConfig(**_section("background", raw.get("background"), BACKGROUND_SCHEMA)),
+    )
+    model = cfg.network()
+    limit = max_locals(model)
+    too_many = [n for n in cfg.locals if n > limit]
+    if too_many:
+        raise ConfigError(
+            f"locals {too_many[0]} is more than topology {model.name!r} allows "
+            f"({len(model.compute_sites)} compute sites: at most {limit} locals besides G)"
+        )
+    return cfg
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate an experiment config file (YAML)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: no such config file")
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        first = str(e).splitlines()[0] if str(e) else "YAML error"
+        raise ConfigError(f"{p}: malformed YAML: {first}") from None
+    return parse_config(raw, where=str(p))

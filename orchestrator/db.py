@@ -1,0 +1,262 @@
+"""The experiment database: an embedded SQLite store (WAL) of runs, topology, tasks, schedules,
+rounds, network state and link statistics.
+
+Every write commits at once, so a run that is interrupted keeps every round that finished; the
+run's status says whether it completed, was interrupted or failed. Nothing here runs the
+experiment: the runner calls these methods.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from orchestrator.scheduling import NetworkState, Schedule
+from orchestrator.tasks import Task
+
+SCHEMA_VERSION = 1
+RUN_STATUSES = ("running", "completed", "interrupted", "failed")
+TASK_STATES = ("pending", "scheduled", "running", "done", "blocked", "failed")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    environment_json TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'interrupted', 'failed')),
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    note TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE IF NOT EXISTS topology (
+    run_id INTEGER PRIMARY KEY REFERENCES runs(id),
+    name TEXT NOT NULL,
+    model_json TEXT NOT NULL,
+    plan_json TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    n_locals INTEGER NOT NULL,
+    global_site TEXT NOT NULL,
+    local_sites_json TEXT NOT NULL,
+    model TEXT NOT NULL,
+    rounds INTEGER NOT NULL,
+    demand_mbps REAL NOT NULL,
+    model_bytes INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'scheduled', 'running', 'done', 'blocked', 'failed')),
+    reason TEXT NOT NULL DEFAULT '',
+    carried_bytes INTEGER,
+    PRIMARY KEY (run_id, scheduler, task_id)
+);
+CREATE TABLE IF NOT EXISTS schedules (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    schedule_json TEXT NOT NULL,
+    reserved_mbps REAL NOT NULL,
+    lower_bound_s REAL,
+    PRIMARY KEY (run_id, scheduler, task_id)
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    broadcast_s REAL NOT NULL,
+    train_s REAL NOT NULL,
+    upload_s REAL NOT NULL,
+    accuracy REAL,
+    lower_bound_s REAL,
+    stragglers INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (run_id, scheduler, task_id, round)
+);
+CREATE TABLE IF NOT EXISTS network_state (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    a TEXT NOT NULL,
+    b TEXT NOT NULL,
+    capacity_mbps REAL NOT NULL,
+    reserved_mbps REAL NOT NULL,
+    background_mbps REAL NOT NULL,
+    residual_mbps REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS link_stats (
+    run_id INTEGER NOT NULL,
+    ts REAL NOT NULL,
+    a TEXT NOT NULL,
+    b TEXT NOT NULL,
+    tx_bytes INTEGER NOT NULL,
+    rate_mbps REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS background (
+    run_id INTEGER NOT NULL,
+    src TEXT NOT NULL,
+    dst TEXT NOT NULL,
+    offered_mbps REAL NOT NULL,
+    achieved_mbps REAL
+);
+"""
+
+
+class ResultsDB:
+    """A connection to one experiment database file (created on first use)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=30)
+        self.conn.row_factory = sqlite3.Row
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA foreign_keys=ON")
+        self.conn.executescript(SCHEMA)
+        self.conn.execute(
+            "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+        )
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def __enter__(self) -> ResultsDB:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        self.conn.execute("BEGIN")
+        try:
+            yield self.conn
+        except BaseException:
+            self.conn.execute("ROLLBACK")
+            raise
+        self.conn.execute("COMMIT")
+
+    # -- runs ------------------------------------------------------------------------------------
+    def start_run(self, name: str, config: dict[str, Any], environment: dict[str, Any] | None = None) -> int:
+        cur = self.conn.execute(
+            "INSERT INTO runs(name, config_json, environment_json, status, started_at) VALUES (?, ?, ?, 'running', ?)",
+            (name, json.dumps(config, sort_keys=True), json.dumps(environment or {}, sort_keys=True), time.time()),
+        )
+        assert cur.lastrowid is not None
+        return int(cur.lastrowid)
+
+    def set_environment(self, run_id: int, environment: dict[str, Any]) -> None:
+        self.conn.execute(
+            "UPDATE runs SET environment_json = ? WHERE id = ?", (json.dumps(environment, sort_keys=True), run_id)
+        )
+
+    def finish_run(self, run_id: int, status: str, note: str = "") -> None:
+        if status not in RUN_STATUSES or status == "running":
+            raise ValueError(f"a run finishes as completed, interrupted or failed, not {status!r}")
+        self.conn.execute(
+            "UPDATE runs SET status = ?, finished_at = ?, note = ? WHERE id = ?", (status, time.time(), note, run_id)
+        )
+
+    def run(self, run_id: int) -> dict[str, Any]:
+        row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise KeyError(f"no run {run_id}")
+        d = dict(row)
+        d["config"] = json.loads(d.pop("config_json"))
+        d["environment"] = json.loads(d.pop("environment_json"))
+        return d
+
+    def record_topology(self, run_id: int, name: str, model: dict[str, Any], plan: dict[str, Any]) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO topology(run_id, name, model_json, plan_json) VALUES (?, ?, ?, ?)",
+            (run_id, name, json.dumps(model), json.dumps(plan)),
+        )
+
+    # -- tasks and schedules ---------------------------------------------------------------------
+    def record_task(self, run_id: int, scheduler: str, task: Task, state: str = "pending") -> None:
+        self._check_state(state)
+        self.conn.execute(
+            "INSERT OR REPLACE INTO tasks(run_id, scheduler, task_id, n_locals, global_site, local_sites_json,"
+            " model, rounds, demand_mbps, model_bytes, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, scheduler, task.id, len(task.local_sites), task.global_site, json.dumps(list(task.local_sites)),
+             task.model, task.rounds, task.demand_mbps, task.model_bytes, state),
+        )
+
+    def set_task_state(self, run_id: int, scheduler: str, task_id: int, state: str, reason: str = "") -> None:
+        self._check_state(state)
+        self.conn.execute(
+            "UPDATE tasks SET state = ?, reason = ? WHERE run_id = ? AND scheduler = ? AND task_id = ?",
+            (state, reason, run_id, scheduler, task_id),
+        )
+
+    def set_carried_bytes(self, run_id: int, scheduler: str, task_id: int, carried_bytes: int) -> None:
+        self.conn.execute(
+            "UPDATE tasks SET carried_bytes = ? WHERE run_id = ? AND scheduler = ? AND task_id = ?",
+            (int(carried_bytes), run_id, scheduler, task_id),
+        )
+
+    def record_schedule(self, run_id: int, schedule: Schedule, lower_bound_s: float | None) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO schedules(run_id, scheduler, task_id, schedule_json, reserved_mbps, lower_bound_s)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, schedule.scheduler, schedule.task_id, json.dumps(schedule.to_dict()),
+             schedule.reserved_mbps_total, lower_bound_s),
+        )
+
+    def record_network_state(self, run_id: int, scheduler: str, task_id: int, state: NetworkState) -> None:
+        """Snapshot what the scheduler saw before placing `task_id` (per directed link)."""
+        rows = []
+        for link in state.model.iter_links():
+            for a, b in ((link.a, link.b), (link.b, link.a)):
+                rows.append((run_id, scheduler, task_id, a, b, link.capacity_mbps, state.ai_mbps(a, b),
+                             state.background_mbps.get((a, b), 0.0), state.residual_mbps(a, b)))
+        with self._tx() as c:
+            c.executemany("INSERT INTO network_state VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)", rows)
+
+    # -- measurements ----------------------------------------------------------------------------
+    def record_round(
+        self,
+        run_id: int,
+        scheduler: str,
+        task_id: int,
+        round_: int,
+        *,
+        latency_s: float,
+        broadcast_s: float,
+        train_s: float,
+        upload_s: float,
+        accuracy: float | None,
+        lower_bound_s: float | None,
+        stragglers: int = 0,
+    ) -> None:
+        self.conn.execute(
+            "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, scheduler, task_id, round_, latency_s, broadcast_s, train_s, upload_s, accuracy,
+             lower_bound_s, stragglers),
+        )
+
+    def record_link_stats(self, run_id: int, ts: float, stats: list[tuple[str, str, int, float]]) -> None:
+        with self._tx() as c:
+            c.executemany("INSERT INTO link_stats VALUES (?, ?, ?, ?, ?, ?)",
+                          [(run_id, ts, a, b, int(tx), float(rate)) for a, b, tx, rate in stats])
+
+    def record_background(self, run_id: int, src: str, dst: str, offered_mbps: float,
+                          achieved_mbps: float | None) -> None:
+        self.conn.execute("INSERT INTO background VALUES (?, ?, ?, ?, ?)",
+                          (run_id, src, dst, offered_mbps, achieved_mbps))
+
+    # -- queries ---------------------------------------------------------------------------------
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+        return [dict(r) for r in self.conn.execute(sql, params).fetchall()]
+
+    @staticmethod
+    def _check_state(state: str) -> None:
+        if state not in TASK_STATES:
+            raise ValueError(f"unknown task state {state!r}; one of {', '.join(TASK_STATES)}")

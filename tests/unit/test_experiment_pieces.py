@@ -1,0 +1,149 @@
+"""Experiment configs, the results database and the results it produces (no emulation)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import pytest
+
+from orchestrator.config import load_config, parse_config
+from orchestrator.db import ResultsDB
+from orchestrator.errors import ConfigError
+from orchestrator.results import claims, plot, summarize, write_csvs, write_report
+from orchestrator.scheduling import NetworkState, get_scheduler
+from orchestrator.tasks import generate_tasks
+from topologies.loaders import load
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("name", ["quick.yaml", "paper.yaml"])
+def test_shipped_configs_are_valid(name: str) -> None:
+    cfg = load_config(ROOT / "experiments" / name)
+
+    assert cfg.topology == "sndlib/nobel-us"
+    assert "spff" in cfg.schedulers and "mst" in cfg.schedulers
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"name": "x", "colour": 1}, "unknown key 'colour'"),
+        ({"name": "x", "task": {"rounds": 0}}, "task.rounds must be an integer"),
+        ({"name": "x", "task": {"epochs": 3}}, "unknown key task.epochs"),
+        ({"name": "x", "schedulers": ["mst", "dijkstra"]}, "unknown scheduler 'dijkstra'"),
+        ({"name": "x", "locals": [2, 14]}, "locals 14 is more than"),
+        ({"name": "x", "topology": "sndlib/nope"}, "unknown topology"),
+        ({"name": "x", "emulation": {"max_link_mbps": 5000}}, "emulation.max_link_mbps"),
+        ({"name": "x", "emulation": {"backend": "vm"}}, "emulation.backend must be one of"),
+        ({"name": "x", "background": {"load": 1.5}}, "background.load"),
+        ({"name": "x", "background": {"enabled": "yes"}}, "true or false"),
+        (["not", "a", "mapping"], "expected a mapping"),
+    ],
+)
+def test_bad_configs_fail_with_one_line(raw: object, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, where="cfg.yaml")
+
+    assert message in str(info.value)
+    assert str(info.value).startswith("cfg.yaml: ")
+    assert "\n" not in str(info.value)
+
+
+def test_malformed_and_missing_config_files(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: [\n")
+    with pytest.raises(ConfigError, match="malformed YAML"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="no such config file"):
+        load_config(tmp_path / "missing.yaml")
+
+
+def fill(db: ResultsDB) -> int:
+    """A run with real schedules and made-up round timings (the runner is not under test)."""
+    model = load("sndlib/nobel-us")
+    run_id = db.start_run("t", {"k": 1}, {"delay_emulated": False})
+    for scheduler in ("spff", "mst"):
+        state = NetworkState(model)
+        sched = get_scheduler(scheduler)
+        for n in (2, 8):
+            for task in generate_tasks(model, count=3, locals_per_task=n, seed=n, first_id=10 * n):
+                db.record_task(run_id, scheduler, task)
+                db.record_network_state(run_id, scheduler, task.id, state)
+                s = sched.schedule(state, task)
+                state.admit(s)
+                db.record_schedule(run_id, s, lower_bound_s=0.01 * n)
+                for r in range(1, 4):
+                    lat = 0.02 * n + 0.001 * r + (0.005 if scheduler == "spff" else 0.0) + 0.0003 * task.id
+                    db.record_round(run_id, scheduler, task.id, r, latency_s=lat, broadcast_s=lat / 3,
+                                    train_s=lat / 3, upload_s=lat / 3, accuracy=0.5 + 0.1 * r,
+                                    lower_bound_s=0.01 * n)
+                db.set_carried_bytes(run_id, scheduler, task.id, 1_000_000 * n)
+                db.set_task_state(run_id, scheduler, task.id, "done")
+    db.finish_run(run_id, "completed")
+    return run_id
+
+
+def test_every_plotted_mean_is_recomputed_from_the_rows(tmp_path: Path) -> None:
+    db = ResultsDB(tmp_path / "results.db")
+    run_id = fill(db)
+
+    drawn = plot(summarize(db, run_id), tmp_path)
+
+    for sched in ("spff", "mst"):
+        for n, y, yerr in drawn["latency_vs_locals"][sched]:
+            per_task = [
+                statistics.fmean(r["latency_s"] for r in db.query(
+                    "SELECT latency_s FROM rounds WHERE run_id=? AND scheduler=? AND task_id=?",
+                    (run_id, sched, t["task_id"])))
+                for t in db.query("SELECT task_id FROM tasks WHERE run_id=? AND scheduler=? AND n_locals=?",
+                                  (run_id, sched, n))
+            ]
+            assert y == pytest.approx(statistics.fmean(per_task))
+            assert yerr == pytest.approx(statistics.pstdev(per_task))
+        for n, y, yerr in drawn["bandwidth_vs_locals"][sched]:
+            reserved = [r["reserved_mbps"] for r in db.query(
+                "SELECT s.reserved_mbps FROM schedules s JOIN tasks t USING (run_id, scheduler, task_id) "
+                "WHERE s.run_id=? AND s.scheduler=? AND t.n_locals=?", (run_id, sched, n))]
+            assert len(reserved) == 3
+            assert y == pytest.approx(statistics.fmean(reserved))
+            assert yerr == pytest.approx(statistics.pstdev(reserved))
+    for f in ("latency_vs_locals", "bandwidth_vs_locals"):
+        assert (tmp_path / f"{f}.png").stat().st_size > 1000
+        assert (tmp_path / f"{f}.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_report_csvs_and_claims(tmp_path: Path) -> None:
+    db = ResultsDB(tmp_path / "results.db")
+    run_id = fill(db)
+
+    report = write_report(db, run_id, tmp_path).read_text()
+    csvs = write_csvs(db, run_id, tmp_path)
+    c = claims(summarize(db, run_id), n_locals=8)
+
+    assert "delay_emulated: False" in report
+    assert "## The paper's two claims, at 8 local models" in report
+    assert c["bandwidth_ratio"] is not None and c["bandwidth_ratio"] < 1  # real schedules: mst < spff
+    assert c["latency_ratio"] is not None and c["latency_ratio"] < 1  # made-up timings favour mst
+    assert f"mst / spff = {c['bandwidth_ratio']:.3f}" in report
+    assert [p.name for p in csvs] == ["rounds.csv", "tasks.csv", "summary.csv"]
+    assert len((tmp_path / "rounds.csv").read_text().splitlines()) == 1 + 2 * 2 * 3 * 3
+
+
+def test_interrupted_run_keeps_finished_rounds(tmp_path: Path) -> None:
+    path = tmp_path / "results.db"
+    db = ResultsDB(path)
+    run_id = db.start_run("t", {})
+    db.record_round(run_id, "mst", 1, 1, latency_s=0.1, broadcast_s=0.03, train_s=0.04, upload_s=0.03,
+                    accuracy=0.7, lower_bound_s=0.05)
+    db.finish_run(run_id, "interrupted", note="Ctrl-C")
+    db.close()
+
+    again = ResultsDB(path)
+
+    assert again.run(run_id)["status"] == "interrupted"
+    assert again.query("SELECT latency_s FROM rounds WHERE run_id = ?", (run_id,)) == [{"latency_s": 0.1}]
+    assert again.query("PRAGMA journal_mode")[0]["journal_mode"] == "wal"
+    with pytest.raises(ValueError):
+        again.finish_run(run_id, "running")
