@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from orchestrator.db import ResultsDB
 
 FIGURES = ("latency_vs_locals", "bandwidth_vs_locals")
