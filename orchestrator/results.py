@@ -166,8 +166,10 @@ def plot(points: list[PointSummary], out_dir: Path) -> dict[str, dict[str, list[
             es = [(getattr(p, std_key) or 0.0) * scale for p in pts]
             container = ax.errorbar(xs, ys, yerr=es, marker="o", capsize=3, label=sched)
             line = container.lines[0]
+            xdata = np.asarray(line.get_xdata(), dtype=float).tolist()
+            ydata = np.asarray(line.get_ydata(), dtype=float).tolist()
             drawn[fig_name][sched] = [
-                (int(x), float(y) / scale, e / scale) for x, y, e in zip(line.get_xdata(), line.get_ydata(), es, strict=False)
+                (int(x), y / scale, e / scale) for x, y, e in zip(xdata, ydata, es, strict=True)
             ]
         ax.set_xlabel("number of local models")
         ax.set_ylabel(ylabel)
