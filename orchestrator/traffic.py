@@ -1,0 +1,245 @@
+"""Background traffic: iperf3 flows between emulated hosts, routed by the controller.
+
+`plan_background` picks the flows (pure): the `pairs` largest entries of the topology's demand
+matrix (TopoHub ships one for SNDlib networks; otherwise all pairs weigh the same), or seeded
+random pairs for the ``constant`` and ``poisson`` patterns; it scales the rates so that the most
+loaded directed link (routes by shortest delay, like the controller's background routes) carries
+`load` times its emulated rate.
+
+`BackgroundTraffic` runs them (a context manager): an iperf3 server bound to the destination
+host's address, and a client bound to the source's; ``constant`` and ``demand-matrix`` flows send
+at their rate all along, ``poisson`` flows alternate exponential on and off periods (seeded). On
+exit every iperf3 it started is stopped, and each flow's offered and achieved rates (the client's
+sent throughput, TCP) are returned. Traffic only ever goes between emulated hosts.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import BackgroundConfig
+from orchestrator.errors import ConfigError
+from orchestrator.scheduling.base import dijkstra, walk_back
+from topologies.model import NetworkModel
+from topologies.plan import EmulationPlan
+
+LOG = logging.getLogger(__name__)
+IPERF_BASE_PORT = 5201
+
+
+@dataclass(frozen=True)
+class BackgroundFlow:
+    """One background flow: `src` sends to `dst` at `rate_mbps` (emulated Mbit/s)."""
+
+    src: str
+    dst: str
+    rate_mbps: float
+    port: int
+    path: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class FlowResult:
+    src: str
+    dst: str
+    offered_mbps: float
+    achieved_mbps: float | None
+    on_s: float
+
+
+def demand_matrix(topology: str, model: NetworkModel) -> dict[tuple[str, str], float]:
+    """Demands between compute sites: TopoHub's matrix when the topology has one, else 1 each."""
+    hosts = model.compute_sites
+    demands: dict[tuple[str, str], float] = {}
+    if "/" in topology and not Path(topology).exists():
+        try:
+            import topohub
+
+            raw = topohub.get(topology, use_names=True)["graph"].get("demands", {})
+        except (KeyError, OSError, RuntimeError):
+            raw = {}
+        for src, row in raw.items():
+            for dst, value in row.items():
+                if src in model.sites and dst in model.sites and src in hosts and dst in hosts and src != dst:
+                    demands[(str(src), str(dst))] = float(value)
+    if not demands:
+        demands = {(a, b): 1.0 for a in hosts for b in hosts if a != b}
+    return demands
+
+
+def _routes(model: NetworkModel) -> dict[str, list[tuple[str, float]]]:
+    adj: dict[str, list[tuple[str, float]]] = {s: [] for s in model.sites}
+    for ln in model.iter_links():
+        w = max(ln.delay_ms, 1e-3)
+        adj[ln.a].append((ln.b, w))
+        adj[ln.b].append((ln.a, w))
+    return adj
+
+
+def plan_background(
+    model: NetworkModel, plan: EmulationPlan, cfg: BackgroundConfig, *, topology: str, seed: int
+) -> list[BackgroundFlow]:
+    """Choose and scale the background flows (see the module docstring).
+
+    Raises
+    ------
+    ConfigError
+        If the topology has fewer than two compute sites.
+    """
+    if len(model.compute_sites) < 2:
+        raise ConfigError("background traffic needs at least two sites with compute (hosts)")
+    demands = demand_matrix(topology, model)
+    rng = random.Random(seed)
+    pairs = sorted(demands)
+    rng.shuffle(pairs)
+    if cfg.pattern == "demand-matrix":
+        pairs.sort(key=lambda p: -demands[p])  # stable: ties keep the seeded order
+        weights = [demands[p] for p in pairs[: cfg.pairs]]
+    else:
+        weights = [1.0] * min(cfg.pairs, len(pairs))
+    chosen = pairs[: len(weights)]
+    adj = _routes(model)
+    paths = []
+    for src, dst in chosen:
+        _, pred = dijkstra(adj, src, [dst])
+        paths.append(walk_back(pred, src, dst))
+    rate_of = {frozenset((ln.a, ln.b)): ln.emulated_mbps for ln in plan.links}
+    load: dict[tuple[str, str], float] = {}
+    for w, path in zip(weights, paths, strict=True):
+        for u, v in itertools.pairwise(path):
+            load[(u, v)] = load.get((u, v), 0.0) + w
+    peak = max(load[(u, v)] / rate_of[frozenset((u, v))] for u, v in load) if load else 1.0
+    scale = cfg.load / peak if peak > 0 else 0.0
+    return [
+        BackgroundFlow(src=s, dst=d, rate_mbps=w * scale, port=IPERF_BASE_PORT + i, path=path)
+        for i, ((s, d), w, path) in enumerate(zip(chosen, weights, paths, strict=True))
+    ]
+
+
+def on_off_periods(cfg: BackgroundConfig, seed: int, count: int) -> list[tuple[float, float]]:
+    """`count` (on_s, off_s) periods drawn from exponentials with the configured means."""
+    rng = random.Random(seed)
+    return [(rng.expovariate(1 / cfg.mean_on_s), rng.expovariate(1 / cfg.mean_off_s)) for _ in range(count)]
+
+
+class BackgroundTraffic:
+    """Run background flows on an emulation's hosts (see the module docstring).
+
+    Parameters
+    ----------
+    hosts
+        Maps a site to its Mininet host (``popen`` and ``IP`` are used).
+    flows
+        From `plan_background`.
+    """
+
+    def __init__(
+        self,
+        hosts: Any,
+        flows: Sequence[BackgroundFlow],
+        cfg: BackgroundConfig,
+        *,
+        seed: int,
+        log_dir: Path,
+    ) -> None:
+        self.hosts = hosts
+        self.flows = list(flows)
+        self.cfg = cfg
+        self.seed = seed
+        self.log_dir = log_dir
+        self._servers: list[subprocess.Popen[bytes]] = []
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._results: dict[int, FlowResult] = {}
+        self._lock = threading.Lock()
+        self._clients: set[subprocess.Popen[bytes]] = set()
+
+    def start(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for f in self.flows:
+            host = self.hosts(f.dst)
+            self._servers.append(
+                host.popen(["iperf3", "-s", "-B", host.IP(), "-p", str(f.port)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            )
+        for i, f in enumerate(self.flows):
+            t = threading.Thread(target=self._run_flow, args=(i, f), name=f"bg-{f.src}-{f.dst}", daemon=True)
+            self._threads.append(t)
+            t.start()
+
+    def _client(self, f: BackgroundFlow, duration_s: float) -> subprocess.Popen[bytes]:
+        src, dst = self.hosts(f.src), self.hosts(f.dst)
+        cmd = ["iperf3", "-c", dst.IP(), "-B", src.IP(), "-p", str(f.port), "-b", f"{f.rate_mbps:.3f}M",
+               "-t", str(max(1, round(duration_s))) if duration_s else "0", "-J", "--connect-timeout", "5000"]
+        proc: subprocess.Popen[bytes] = src.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        with self._lock:
+            self._clients.add(proc)
+        return proc
+
+    def _collect(self, proc: subprocess.Popen[bytes]) -> tuple[float, float] | None:
+        out, _ = proc.communicate()
+        with self._lock:
+            self._clients.discard(proc)
+        try:
+            end = json.loads(out.decode())["end"]["sum_sent"]
+            return float(end["bytes"]) * 8, float(end["seconds"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def _run_flow(self, index: int, f: BackgroundFlow) -> None:
+        bits = secs = 0.0
+        if self.cfg.pattern == "poisson":
+            for on_s, off_s in on_off_periods(self.cfg, self.seed + index, 10_000):
+                if self._stop.is_set():
+                    break
+                got = self._collect(self._client(f, on_s))
+                if got:
+                    bits, secs = bits + got[0], secs + got[1]
+                if self._stop.wait(off_s):
+                    break
+        else:
+            got = self._collect(self._client(f, 0))
+            if got:
+                bits, secs = got
+        achieved = bits / secs / 1e6 if secs > 0 else None
+        with self._lock:
+            self._results[index] = FlowResult(f.src, f.dst, f.rate_mbps, achieved, secs)
+
+    def stop(self, timeout_s: float = 15.0) -> list[FlowResult]:
+        """Stop every client (SIGINT: iperf3 reports what it sent) and server; return the results."""
+        self._stop.set()
+        with self._lock:
+            clients = list(self._clients)
+        for proc in clients:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.1, deadline - time.monotonic()))
+        with self._lock:
+            leftover = list(self._clients)
+        for proc in leftover + self._servers:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=5)
+        return [
+            self._results.get(i, FlowResult(f.src, f.dst, f.rate_mbps, None, 0.0)) for i, f in enumerate(self.flows)
+        ]
+
+    def __enter__(self) -> BackgroundTraffic:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,67 @@
+"""Background traffic planning: pairs from the demand matrix, rates scaled to the target load."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.config import BackgroundConfig
+from orchestrator.traffic import demand_matrix, on_off_periods, plan_background
+from topologies.loaders import load
+from topologies.plan import EmulationPlan
+
+
+def peak_utilisation(flows, plan: EmulationPlan) -> float:  # type: ignore[no-untyped-def]
+    rate = {frozenset((ln.a, ln.b)): ln.emulated_mbps for ln in plan.links}
+    load_: dict[tuple[str, str], float] = {}
+    for f in flows:
+        for u, v in zip(f.path, f.path[1:], strict=False):
+            load_[(u, v)] = load_.get((u, v), 0.0) + f.rate_mbps
+    return max(x / rate[frozenset(k)] for k, x in load_.items())
+
+
+@pytest.mark.parametrize("pattern", ["demand-matrix", "constant", "poisson"])
+@pytest.mark.parametrize("target", [0.1, 0.3, 0.8])
+def test_most_loaded_link_carries_the_target_load(pattern: str, target: float) -> None:
+    model = load("sndlib/nobel-us")
+    plan = EmulationPlan.from_model(model)
+    cfg = BackgroundConfig(pattern=pattern, load=target, pairs=8)
+
+    flows = plan_background(model, plan, cfg, topology="sndlib/nobel-us", seed=4)
+
+    assert len(flows) == 8
+    assert peak_utilisation(flows, plan) == pytest.approx(target)
+    assert len({f.port for f in flows}) == 8
+    for f in flows:
+        assert f.src != f.dst and f.path[0] == f.src and f.path[-1] == f.dst
+
+
+def test_demand_matrix_pattern_takes_the_largest_demands() -> None:
+    model = load("sndlib/nobel-us")
+    demands = demand_matrix("sndlib/nobel-us", model)
+    plan = EmulationPlan.from_model(model)
+
+    flows = plan_background(model, plan, BackgroundConfig(pairs=5), topology="sndlib/nobel-us", seed=0)
+
+    top = sorted(demands.values(), reverse=True)[:5]
+    assert sorted((demands[(f.src, f.dst)] for f in flows), reverse=True) == top
+    # rates are proportional to the demands
+    ratios = {round(f.rate_mbps / demands[(f.src, f.dst)], 9) for f in flows}
+    assert len(ratios) == 1
+
+
+def test_topology_without_matrix_weighs_pairs_equally() -> None:
+    model = load("ring:5")
+
+    demands = demand_matrix("ring:5", model)
+
+    assert len(demands) == 20 and set(demands.values()) == {1.0}
+
+
+def test_on_off_periods_are_seeded_with_the_configured_means() -> None:
+    cfg = BackgroundConfig(pattern="poisson", mean_on_s=2.0, mean_off_s=0.5)
+
+    periods = on_off_periods(cfg, 3, 4000)
+
+    assert periods == on_off_periods(cfg, 3, 4000)
+    assert sum(p[0] for p in periods) / 4000 == pytest.approx(2.0, rel=0.08)
+    assert sum(p[1] for p in periods) / 4000 == pytest.approx(0.5, rel=0.08)
