@@ -30,9 +30,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.scheduling.schedule import DirectedLink, OverlayEdge, Procedure, Schedule
 from topologies.model import NetworkModel
+from topologies.plan import EmulationPlan
 
 RateFn = Callable[[str, str], float]
 
@@ -64,10 +66,11 @@ def link_copies(schedule: Schedule, procedure: Procedure) -> dict[DirectedLink, 
 
 
 def _edge_time_s(
-    model: NetworkModel, e: OverlayEdge, copies: dict[DirectedLink, int], bits: float, rate: RateFn
+    model: NetworkModel, e: OverlayEdge, copies: dict[DirectedLink, int], bits: float, rate: RateFn,
+    propagation: bool,
 ) -> float:
     serial = max((copies[(u, v)] * bits / (rate(u, v) * 1e6) for u, v in e.links()), default=0.0)
-    return serial + model.path_delay_ms(e.path) / 1e3
+    return serial + (model.path_delay_ms(e.path) / 1e3 if propagation else 0.0)
 
 
 def procedure_bound_s(
@@ -78,8 +81,12 @@ def procedure_bound_s(
     *,
     rate: RateFn | None = None,
     pipelined: bool = True,
+    propagation: bool = True,
 ) -> float:
-    """Lower bound (s) of one procedure of a round; see the module docstring."""
+    """Lower bound (s) of one procedure of a round; see the module docstring.
+
+    `propagation=False` leaves out fiber delay (for an emulation that could not emulate it).
+    """
     if schedule.blocked:
         raise ValueError(f"task {schedule.task_id} is blocked: it has no round to bound")
     rate = rate or capacity_rate(model)
@@ -98,7 +105,7 @@ def procedure_bound_s(
             prop, cur = 0.0, node
             while cur != g:
                 e = parent[cur]
-                prop += model.path_delay_ms(e.path) / 1e3
+                prop += model.path_delay_ms(e.path) / 1e3 if propagation else 0.0
                 cur = e.src if procedure == "broadcast" else e.dst
             deepest = max(deepest, prop)
         return serial + deepest
@@ -109,7 +116,7 @@ def procedure_bound_s(
             progressed = False
             for e in list(pending):
                 if e.src in arrival:
-                    arrival[e.dst] = arrival[e.src] + _edge_time_s(model, e, copies, bits, rate)
+                    arrival[e.dst] = arrival[e.src] + _edge_time_s(model, e, copies, bits, rate, propagation)
                     pending.remove(e)
                     progressed = True
             if not progressed:
@@ -123,7 +130,7 @@ def procedure_bound_s(
         if depth > len(edges):
             raise ValueError(f"task {schedule.task_id}: upload edges contain a cycle")
         return max(
-            (done(e.src, depth + 1) + _edge_time_s(model, e, copies, bits, rate) for e in into.get(node, [])),
+            (done(e.src, depth + 1) + _edge_time_s(model, e, copies, bits, rate, propagation) for e in into.get(node, [])),
             default=0.0,
         )
 
@@ -138,10 +145,18 @@ def round_lower_bound(
     train_s: float = 0.0,
     rate: RateFn | None = None,
     pipelined: bool = True,
+    propagation: bool = True,
 ) -> RoundBound:
     """Lower bound of one round: broadcast + slowest local training + upload."""
+    kw: dict[str, Any] = {"rate": rate, "pipelined": pipelined, "propagation": propagation}
     return RoundBound(
-        broadcast_s=procedure_bound_s(model, schedule, "broadcast", model_bytes, rate=rate, pipelined=pipelined),
+        broadcast_s=procedure_bound_s(model, schedule, "broadcast", model_bytes, **kw),
         train_s=train_s,
-        upload_s=procedure_bound_s(model, schedule, "upload", model_bytes, rate=rate, pipelined=pipelined),
+        upload_s=procedure_bound_s(model, schedule, "upload", model_bytes, **kw),
     )
+
+
+def emulated_rate(plan: EmulationPlan) -> RateFn:
+    """Link rates as shaped in the emulation (Mbit/s), for bounds comparable with measurements."""
+    rates = {frozenset((ln.a, ln.b)): ln.emulated_mbps for ln in plan.links}
+    return lambda u, v: rates[frozenset((u, v))]

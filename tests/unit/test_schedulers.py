@@ -261,3 +261,18 @@ def test_spff_lower_bound_counts_copies_on_a_shared_link() -> None:
 
     assert link_copies(s, "broadcast")[("G", "H")] == 3
     assert b.broadcast_s == pytest.approx(3 * bits / (80_000 * 1e6) + 1e-3)
+
+
+def test_bound_without_propagation_and_with_emulated_rates() -> None:
+    from orchestrator.scheduling.cost import emulated_rate
+    from topologies.plan import EmulationPlan
+
+    model = fig1()
+    plan = EmulationPlan.from_model(model, max_link_mbps=100)
+    s = get_scheduler("mst").schedule(NetworkState(model), TASK)
+
+    b = round_lower_bound(model, s, 1_000_000, rate=emulated_rate(plan), propagation=False, train_s=0.5)
+
+    # 1 MB over 100 Mbit/s = 80 ms per procedure, no fiber delay.
+    assert b.broadcast_s == pytest.approx(0.08) and b.upload_s == pytest.approx(0.08)
+    assert b.total_s == pytest.approx(0.66)
