@@ -40,7 +40,7 @@ def host_link_params(*, checksum_offload: bool) -> dict[str, Any]:
     return {} if checksum_offload else {"txo": False, "rxo": False}
 
 
-class PlanTopo(Topo):  # type: ignore[misc]
+class PlanTopo(Topo):
     """The Mininet topology of an `EmulationPlan` (see the module docstring).
 
     Parameters (passed to the constructor, which calls `build`)

@@ -1,0 +1,267 @@
+"""Find and remove what an emulation run left behind, and only what the project itself created.
+
+A run (`orchestrator.emulation.Emulation`) owns:
+
+- a *run id*; every process it starts (Mininet host shells and whatever runs in them, the
+  controller) carries ``NETAI_RUN=<run id>`` in its environment, which `/proc/PID/environ` shows;
+- its Open vSwitch bridges, tagged ``external_ids:netai-run=<run id>`` when they are created;
+- a state file ``/run/netai/run-<run id>.json`` naming the owner process, the switch interfaces
+  and the controller, written before anything is created and removed after a clean teardown.
+
+A run is *live* while its owner process runs (same pid and start time). `clean()` removes the
+processes, bridges and interfaces of every run that is not live (or of one given run); it never
+touches a process, bridge or interface without the run's mark, so other Mininet users, OVS
+bridges and containers on the machine are left alone. It must not call ``mn -c``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENV_RUN = "NETAI_RUN"
+BRIDGE_TAG = "netai-run"
+STATE_DIR = Path(os.environ.get("NETAI_STATE_DIR", "/run/netai"))
+KILL_TIMEOUT_S = 2.0
+
+
+# -- processes ------------------------------------------------------------------------------------
+def proc_start_ticks(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may contain spaces; fields after the closing parenthesis don't.
+    rest = stat.rsplit(")", 1)[1].split()
+    return int(rest[19])
+
+
+def process_alive(pid: int, start_ticks: int | None = None) -> bool:
+    """True if `pid` runs (and, when given, started at `start_ticks`: not a reused pid)."""
+    ticks = proc_start_ticks(pid)
+    if ticks is None:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    if state == "Z":
+        return False
+    return start_ticks is None or ticks == start_ticks
+
+
+def process_run_id(pid: int) -> str | None:
+    """The ``NETAI_RUN`` value in a process's initial environment, if any."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    prefix = f"{ENV_RUN}=".encode()
+    for item in raw.split(b"\0"):
+        if item.startswith(prefix):
+            return item[len(prefix):].decode(errors="replace")
+    return None
+
+
+def marked_processes(run_ids: Iterable[str] | None = None) -> dict[int, str]:
+    """{pid: run id} of every process carrying a run mark (of `run_ids` when given), except us."""
+    wanted = None if run_ids is None else set(run_ids)
+    me = os.getpid()
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        if pid == me:
+            continue
+        rid = process_run_id(pid)
+        if rid is not None and (wanted is None or rid in wanted):
+            out[pid] = rid
+    return out
+
+
+def kill_pids(pids: Iterable[int], *, timeout_s: float = KILL_TIMEOUT_S) -> list[int]:
+    """SIGTERM, then SIGKILL whatever still runs after `timeout_s`; returns pids that survived."""
+    targets = {p: proc_start_ticks(p) for p in pids}
+    targets = {p: t for p, t in targets.items() if t is not None}
+    for pid in targets:
+        # SIGHUP too: an interactive shell (a Mininet node's) ignores SIGTERM.
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in targets.items()):
+        time.sleep(0.05)
+    for pid, ticks in targets.items():
+        if process_alive(pid, ticks):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and any(process_alive(p, t) for p, t in targets.items()):
+        time.sleep(0.05)
+    return [p for p, t in targets.items() if process_alive(p, t)]
+
+
+# -- OVS bridges and interfaces -------------------------------------------------------------------
+def _run(cmd: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cmd, capture_output=True, text=True, check=False)
+
+
+def tagged_bridges() -> dict[str, str]:
+    """{bridge: run id} of the OVS bridges that carry the project's tag."""
+    res = _run(["ovs-vsctl", "--timeout=5", "--format=json", "--columns=name,external_ids", "list", "Bridge"])
+    if res.returncode != 0:
+        return {}
+    out = {}
+    for name, ext in json.loads(res.stdout).get("data", []):
+        pairs = dict(ext[1]) if isinstance(ext, list) and ext[0] == "map" else {}
+        if BRIDGE_TAG in pairs:
+            out[str(name)] = str(pairs[BRIDGE_TAG])
+    return out
+
+
+def ovs_port_names() -> set[str]:
+    """Every interface attached to any OVS bridge."""
+    res = _run(["ovs-vsctl", "--timeout=5", "--format=json", "--columns=name", "list", "Interface"])
+    if res.returncode != 0:
+        return set()
+    return {str(row[0]) for row in json.loads(res.stdout).get("data", [])}
+
+
+def existing_interfaces(names: Iterable[str]) -> list[str]:
+    """Those of `names` that exist in the root network namespace."""
+    return [n for n in names if Path(f"/sys/class/net/{n}").exists()]
+
+
+def delete_bridges(names: Iterable[str]) -> None:
+    for name in names:
+        _run(["ovs-vsctl", "--timeout=5", "--if-exists", "del-br", name])
+
+
+def delete_interfaces(names: Iterable[str]) -> None:
+    for name in existing_interfaces(names):
+        _run(["ip", "link", "del", name])
+
+
+# -- run state files ------------------------------------------------------------------------------
+@dataclass
+class RunState:
+    """What a run records about itself so that a crash can be cleaned up (see the module docstring)."""
+
+    run_id: str
+    owner_pid: int
+    owner_start_ticks: int | None
+    interfaces: list[str] = field(default_factory=list)
+    controller_pid: int | None = None
+    rest_url: str = ""
+    topology: str = ""
+    log_dir: str = ""
+
+    @property
+    def path(self) -> Path:
+        return STATE_DIR / f"run-{self.run_id}.json"
+
+    def save(self) -> None:
+        STATE_DIR.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.__dict__, indent=1))
+        tmp.replace(self.path)
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+    @property
+    def live(self) -> bool:
+        return process_alive(self.owner_pid, self.owner_start_ticks)
+
+    @classmethod
+    def load(cls, path: Path) -> RunState:
+        return cls(**json.loads(path.read_text()))
+
+
+def run_states() -> list[RunState]:
+    states = []
+    for path in sorted(STATE_DIR.glob("run-*.json")):
+        try:
+            states.append(RunState.load(path))
+        except (OSError, ValueError, TypeError):
+            continue
+    return states
+
+
+@dataclass
+class CleanReport:
+    runs: list[str] = field(default_factory=list)
+    skipped_live: list[str] = field(default_factory=list)
+    processes: list[int] = field(default_factory=list)
+    survivors: list[int] = field(default_factory=list)
+    bridges: list[str] = field(default_factory=list)
+    interfaces: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @property
+    def nothing(self) -> bool:
+        return not (self.runs or self.processes or self.bridges or self.interfaces)
+
+
+def clean_run(state: RunState, *, report: CleanReport | None = None) -> CleanReport:
+    """Remove everything of one run: its marked processes, tagged bridges, its interfaces, its state file."""
+    report = report or CleanReport()
+    rid = state.run_id
+    report.runs.append(rid)
+    _clean_ids({rid}, report, interfaces=state.interfaces)
+    state.remove()
+    return report
+
+
+def _clean_ids(run_ids: set[str], report: CleanReport, *, interfaces: Iterable[str] = ()) -> None:
+    pids = sorted(marked_processes(run_ids))
+    report.processes += pids
+    report.survivors += kill_pids(pids)
+    bridges = sorted(b for b, rid in tagged_bridges().items() if rid in run_ids)
+    delete_bridges(bridges)
+    report.bridges += bridges
+    # An interface of a dead run is removed only if no bridge (of anyone) still holds it.
+    attached = ovs_port_names()
+    leftover = [n for n in existing_interfaces(interfaces) if n not in attached]
+    delete_interfaces(leftover)
+    report.interfaces += leftover
+
+
+def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
+    """Clean every run that is no longer live, plus marked processes and tagged bridges of unknown runs.
+
+    Live runs (their owner process still runs) are left alone and reported in `skipped_live`.
+    """
+    report = CleanReport()
+    states = run_states()
+    live = {s.run_id for s in states if s.live}
+    report.skipped_live = sorted(live)
+    for s in states:
+        if s.run_id in live:
+            log(f"run {s.run_id} is still active (pid {s.owner_pid}); left alone")
+            continue
+        log(f"cleaning run {s.run_id}")
+        clean_run(s, report=report)
+    # Marks without a state file: a run that crashed before writing it, or whose file was lost.
+    orphan_ids = {rid for rid in marked_processes().values() if rid not in live}
+    orphan_ids |= {rid for rid in tagged_bridges().values() if rid not in live}
+    if orphan_ids:
+        log(f"cleaning marks of runs without a state file: {sorted(orphan_ids)}")
+        report.runs += sorted(orphan_ids - set(report.runs))
+        _clean_ids(orphan_ids, report)
+    return report
