@@ -1,0 +1,259 @@
+"""`netai net up`, `netai net test`, `netai flows`, `netai links` and `netai clean`: the emulated network.
+
+- ``net up``: bring a topology up (controller + Mininet) and open Mininet's CLI (or, with
+  ``--no-cli``, wait for Ctrl-C/SIGTERM); everything is torn down on exit.
+- ``net test``: the self-test of `orchestrator.netcheck.self_test`; non-zero exit when a check fails.
+- ``flows`` / ``links``: live, refreshing tables of flow entries (with counters) and link utilisation
+  read from the controller's REST API of the running network (``--once`` for one snapshot).
+- ``clean``: remove what crashed runs left (only the project's own, see `orchestrator.cleanup`).
+
+Commands that start Mininet need root and run one at a time on a machine (interface names are
+global); this module does not lock: wrap them in ``flock /tmp/netai-mininet.lock``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from topologies.loaders import DEFAULT_TOPOLOGY, load
+from topologies.plan import DEFAULT_MAX_LINK_MBPS, EmulationPlan
+
+
+def _need_root(what: str) -> None:
+    if os.geteuid() != 0:
+        raise ConfigError(f"{what} needs root (Mininet and Open vSwitch): run it with sudo")
+
+
+def _plan(args: argparse.Namespace) -> EmulationPlan:
+    model = load(args.topology)
+    return EmulationPlan.from_model(model, max_link_mbps=args.max_link_mbps)
+
+
+# -- net up ---------------------------------------------------------------------------------------
+def cmd_net_up(args: argparse.Namespace) -> int:
+    _need_root("netai net up")
+    from orchestrator.emulation import Emulation, EmulationError
+
+    plan = _plan(args)
+    emu = Emulation(plan, mininet_log_level="info", connect_timeout_s=args.timeout)
+    try:
+        with emu:
+            info = emu.info
+            assert info is not None
+            print(f"*** {plan.topology}: {info.switches_connected}/{len(plan.switches)} switches connected "
+                  f"in {info.bringup_s:.2f} s; datapath {info.datapath}; "
+                  f"delay {'emulated' if info.delay_emulated else 'NOT emulated (no netem)'}")
+            print(f"*** controller REST API: {info.controller_rest}  (netai flows / netai links)")
+            print(f"*** logs: {info.log_dir}")
+            if args.no_cli:
+                print("*** running; Ctrl-C or SIGTERM tears it down")
+                while True:
+                    signal.pause()  # SIGINT/SIGTERM raise out of here and the context manager tears down
+            else:
+                from mininet.cli import CLI
+
+                CLI(emu.net)
+    except EmulationError as e:
+        print(f"netai: error: {e}", file=sys.stderr)
+        return 1
+    info = emu.info
+    if info is not None:
+        print(f"*** torn down in {info.teardown_s:.2f} s, "
+              f"{'clean' if info.teardown_clean else f'LEFTOVERS: {info.leftovers}'}")
+        return 0 if info.teardown_clean else 1
+    return 0
+
+
+# -- net test -------------------------------------------------------------------------------------
+def cmd_net_test(args: argparse.Namespace) -> int:
+    _need_root("netai net test")
+    from orchestrator.emulation import EmulationError
+    from orchestrator.netcheck import self_test
+
+    load(args.topology)  # a bad name is a usage error before anything starts
+    say: Callable[[str], None] = (lambda _m: None) if args.json else (lambda m: print(f"*** {m}", flush=True))
+    try:
+        result = self_test(args.topology, locals_per_task=args.locals, iperf_seconds=args.seconds, seed=args.seed,
+                           max_link_mbps=args.max_link_mbps, say=say)
+    except EmulationError as e:
+        result = {"ok": False, "error": str(e)}
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        _print_test_summary(result)
+    return 0 if result.get("ok") else 1
+
+
+def _print_test_summary(r: dict[str, Any]) -> None:
+    if "error" in r:
+        print(f"FAILED: {r['error']}")
+        return
+
+    def mark(ok: bool) -> str:
+        return "ok" if ok else "FAIL"
+
+    print(f"switches connected  {r['switches_connected']}/{r['switches_expected']} in {r['bringup_s']:.2f} s")
+    print(f"overlay paths       {mark(r['paths_ok'])} {'; '.join(r['path_failures'])}")
+    print(f"isolation           {mark(r['isolation_ok'])} ({' <-> '.join(r['isolated_pair'])})")
+    print(f"flow tables         {mark(r['flows_match'])} {json.dumps(r['flow_diffs']) if r['flow_diffs'] else ''}")
+    print(f"byte counters       {mark(r['bytes_ok'])} (sent {r['bytes_sent']}, counted {r['bytes_counted']})")
+    print(f"iperf3              {r['iperf_mbps']:.1f} / {r['iperf_configured_mbps']:g} Mbit/s over "
+          f"{len(r['iperf_path']) - 1} shaped links: ratio {r['iperf_ratio']:.3f} of line rate, "
+          f"{r['iperf_ratio_of_ceiling']:.3f} of the TCP goodput ceiling")
+    print(f"delay emulated      {r['delay_emulated']}")
+    print(f"teardown            {mark(r['teardown_clean'])} in {r['teardown_s']:.2f} s")
+    print("PASSED" if r["ok"] else "FAILED")
+
+
+# -- flows / links --------------------------------------------------------------------------------
+def _client(args: argparse.Namespace) -> Any:
+    from orchestrator.cleanup import run_states
+    from orchestrator.controller_client import ControllerClient
+
+    if args.url:
+        return ControllerClient(args.url)
+    live = [s for s in run_states() if s.live and s.rest_url]
+    if not live:
+        raise ConfigError("no running network found (start one with `netai net up`, or give --url)")
+    if len(live) > 1:
+        raise ConfigError(f"{len(live)} networks run ({', '.join(s.run_id for s in live)}): give --url")
+    return ControllerClient(live[0].rest_url)
+
+
+def _refresh(args: argparse.Namespace, render: Callable[[], str]) -> int:
+    from orchestrator.controller_client import ControllerHTTPError, ControllerUnreachable
+
+    try:
+        while True:
+            try:
+                text = render()
+            except ControllerHTTPError as e:
+                raise ConfigError(e.message) from e
+            except ControllerUnreachable as e:
+                if args.once:
+                    raise ConfigError(str(e)) from e
+                text = f"{e} (retrying)"
+            if args.once:
+                print(text)
+                return 0
+            sys.stdout.write("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + text + "\n")
+            sys.stdout.flush()
+            time.sleep(args.interval)  # refresh period of a live display, not a readiness wait
+    except KeyboardInterrupt:
+        return 0
+
+
+def render_flows(flows: list[dict[str, Any]]) -> str:
+    lines = [f"{'switch':<7}{'site':<18}{'task':>6}{'prio':>6}  {'match':<62}{'out':>5}{'packets':>10}{'bytes':>13}"]
+    for f in flows:
+        m = dict(f["match"])
+        m.pop("eth_type", None)
+        m.pop("ip_proto", None)
+        match = ",".join(f"{k}={v}" for k, v in m.items()) or "*"
+        out = f["actions"][0]["port"] if f["actions"] else "drop"
+        task = f["task"] if f["task"] is not None else ("bg" if f["priority"] == 100 else "-")
+        lines.append(f"{f['switch']:<7}{str(f['site'])[:17]:<18}{task!s:>6}{f['priority']:>6}  {match[:61]:<62}"
+                     f"{out!s:>5}{f['packets']:>10}{f['bytes']:>13}")
+    lines.append(f"{len(flows)} entries")
+    return "\n".join(lines)
+
+
+def render_links(links: list[dict[str, Any]]) -> str:
+    lines = [f"{'link':<40}{'port':>10}{'Mbit/s':>9}{'shaped':>8}{'util':>7}{'bytes':>14}{'up':>4}"]
+    for ln in links:
+        name = f"{ln['link'][0]} -> {ln['link'][1]}"
+        lines.append(f"{name[:39]:<40}{ln['switch'] + '-eth' + str(ln['port']):>10}{ln['rate_mbps']:>9.2f}"
+                     f"{ln['emulated_mbps']:>8g}{ln['utilisation'] * 100:>6.1f}%{ln['tx_bytes']:>14}"
+                     f"{'y' if ln['up'] else 'N':>4}")
+    return "\n".join(lines)
+
+
+def cmd_flows(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.json:
+        print(json.dumps(client.flows(args.task), indent=2))
+        return 0
+    return _refresh(args, lambda: render_flows(client.flows(args.task)))
+
+
+def cmd_links(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.json:
+        print(json.dumps(client.link_stats(), indent=2))
+        return 0
+    return _refresh(args, lambda: render_links(client.link_stats()))
+
+
+# -- clean ----------------------------------------------------------------------------------------
+def cmd_clean(args: argparse.Namespace) -> int:
+    _need_root("netai clean")
+    from orchestrator.cleanup import clean
+
+    report = clean(log=lambda m: print(f"netai clean: {m}"))
+    if args.json:
+        print(json.dumps(report.to_dict(), indent=2))
+    elif report.nothing:
+        print("netai clean: nothing to clean")
+    else:
+        print(f"netai clean: removed {len(report.processes)} processes, {len(report.bridges)} bridges, "
+              f"{len(report.interfaces)} interfaces of run(s) {', '.join(report.runs)}")
+    if report.survivors:
+        print(f"netai clean: processes survived SIGKILL: {report.survivors}", file=sys.stderr)
+        return 1
+    return 0
+
+
+# -- registration ---------------------------------------------------------------------------------
+def _add_topology_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--topology", "-t", default=DEFAULT_TOPOLOGY,
+                   help=f"TopoHub key, generator, built-in name or file (default {DEFAULT_TOPOLOGY})")
+    p.add_argument("--max-link-mbps", type=float, default=DEFAULT_MAX_LINK_MBPS,
+                   help="emulated rate of the largest link, Mbit/s (others scale with it)")
+
+
+def _add_live_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--url", help="controller REST URL (default: the running network's)")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--interval", type=float, default=1.0, help="refresh period, s")
+    p.add_argument("--json", action="store_true", help="print one snapshot as JSON")
+
+
+def register(subparsers: Any) -> None:
+    net = subparsers.add_parser("net", help="the emulated network (Mininet + Open vSwitch + controller)")
+    net_sub = net.add_subparsers(dest="net_command", metavar="NET_COMMAND")
+    net_sub.required = True
+
+    up = net_sub.add_parser("up", help="bring a topology up and open Mininet's CLI")
+    _add_topology_args(up)
+    up.add_argument("--no-cli", action="store_true", help="no Mininet CLI: stay up until Ctrl-C/SIGTERM")
+    up.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for all switches")
+    up.set_defaults(func=cmd_net_up)
+
+    test = net_sub.add_parser("test", help="self-test: bring up, install an mst schedule, check, tear down")
+    _add_topology_args(test)
+    test.add_argument("--locals", type=int, default=5, help="local models of the test task")
+    test.add_argument("--seed", type=int, default=1, help="seed of the test task")
+    test.add_argument("--seconds", type=float, default=3.0, help="iperf3 duration")
+    test.add_argument("--json", action="store_true", help="print the summary as JSON")
+    test.set_defaults(func=cmd_net_test)
+
+    flows = subparsers.add_parser("flows", help="live table of flow entries and counters of a running network")
+    flows.add_argument("--task", type=int, help="only this task's entries")
+    _add_live_args(flows)
+    flows.set_defaults(func=cmd_flows)
+
+    links = subparsers.add_parser("links", help="live table of link utilisation of a running network")
+    _add_live_args(links)
+    links.set_defaults(func=cmd_links)
+
+    clean = subparsers.add_parser("clean", help="remove what crashed runs left (only the project's own)")
+    clean.add_argument("--json", action="store_true", help="print what was removed as JSON")
+    clean.set_defaults(func=cmd_clean)
