@@ -1,0 +1,201 @@
+"""NSFNET in Mininet with the real controller: bring-up time, flow tables vs the schedule, traffic.
+
+NSFNET (`sndlib/nobel-us`) is brought up once for the module. When a test fails, its teardown prints
+every switch's flow table and the end of the controller's log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from controller.flows import BACKGROUND_COOKIE, table_miss_entries
+from orchestrator.controller_client import ControllerHTTPError
+from orchestrator.emulation import Emulation, dump_flows
+from orchestrator.netcheck import (
+    compare_flow_tables,
+    edge_port,
+    expected_entries,
+    iperf,
+    isolated_pair,
+    ping_ok,
+    poll_counter,
+)
+from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
+from orchestrator.tasks import generate_tasks
+from topologies.loaders import load
+from topologies.plan import EmulationPlan
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+TOPOLOGY = "sndlib/nobel-us"
+MAX_BRINGUP_S = 30.0
+
+
+@pytest.fixture(scope="module")
+def nsfnet() -> Iterator[Emulation]:
+    plan = EmulationPlan.from_model(load(TOPOLOGY))
+    emu = Emulation(plan)
+    emu.start()
+    try:
+        yield emu
+    finally:
+        info = emu.stop()
+        assert info is not None
+        print(f"\nNSFNET teardown in {info.teardown_s:.2f} s, leftovers {info.leftovers}")
+        assert info.teardown_clean, f"teardown left {info.leftovers}"
+
+
+@pytest.fixture(autouse=True)
+def dump_on_failure(request: pytest.FixtureRequest, nsfnet: Emulation) -> Iterator[None]:
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is not None and report.failed:
+        print(dump_flows(nsfnet))
+        assert nsfnet.controller is not None
+        print("--- controller log\n" + nsfnet.controller.log_tail(40))
+
+
+@pytest.fixture(scope="module")
+def mst_schedule(nsfnet: Emulation) -> Schedule:
+    model = load(TOPOLOGY)
+    task = generate_tasks(model, count=1, locals_per_task=5, seed=3, first_id=11)[0]
+    schedule = get_scheduler("mst").schedule(NetworkState(model), task)
+    assert not schedule.blocked, schedule.reason
+    return schedule
+
+
+@pytest.fixture
+def installed(nsfnet: Emulation, mst_schedule: Schedule) -> Iterator[Schedule]:
+    nsfnet.client.install_task(mst_schedule)
+    yield mst_schedule
+    nsfnet.client.remove_task(mst_schedule.task_id)
+
+
+def test_nsfnet_comes_up_with_every_switch_connected_quickly(nsfnet: Emulation) -> None:
+    info = nsfnet.info
+    assert info is not None
+
+    health = nsfnet.client.health()
+
+    print(f"\nNSFNET: {info.switches_connected}/14 switches connected in {info.bringup_s:.2f} s "
+          f"(datapath {info.datapath}, delay emulated: {info.delay_emulated})")
+    assert health["switches_connected"] == health["switches_expected"] == 14
+    assert info.bringup_s < MAX_BRINGUP_S
+    bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout.split()
+    assert {sw.name for sw in nsfnet.plan.switches} <= set(bridges)
+
+
+def test_flow_tables_equal_the_schedule(nsfnet: Emulation, installed: Schedule) -> None:
+    diffs = compare_flow_tables(nsfnet, expected_entries(nsfnet.plan, [installed]))
+
+    assert diffs == {}
+
+
+def test_overlay_neighbours_reach_each_other_and_others_are_isolated(nsfnet: Emulation, installed: Schedule) -> None:
+    failures = []
+    for edge in installed.edges:
+        r = iperf(nsfnet.host(edge.src), nsfnet.host(edge.dst), edge_port(installed, edge.procedure), nbytes=32_000)
+        if not r.ok:
+            failures.append((edge.procedure, edge.src, edge.dst, r.error))
+    a, b = isolated_pair(nsfnet.plan, set(installed.overlay_nodes))
+    blocked = iperf(nsfnet.host(a), nsfnet.host(b), edge_port(installed, "broadcast"), nbytes=10_000,
+                    connect_timeout_s=1.0)
+
+    assert failures == []
+    assert not blocked.ok
+    assert not ping_ok(nsfnet.host(a), nsfnet.host(b))
+
+
+def test_broadcast_edge_does_not_carry_other_ports(nsfnet: Emulation, installed: Schedule) -> None:
+    edge = installed.edges_of("broadcast")[0]
+
+    wrong_port = iperf(nsfnet.host(edge.src), nsfnet.host(edge.dst), 5201, nbytes=10_000, connect_timeout_s=1.0)
+
+    assert not wrong_port.ok
+
+
+def test_task_byte_counters_grow_by_at_least_the_bytes_sent(nsfnet: Emulation, installed: Schedule) -> None:
+    edge = max(installed.edges, key=lambda e: len(e.path))
+    port = edge_port(installed, edge.procedure)
+    dst_ip = nsfnet.plan.host(edge.dst).ip
+
+    def counted() -> dict[str, int]:
+        per_switch: dict[str, int] = {}
+        for f in nsfnet.client.flows(installed.task_id):
+            if f["match"].get("ipv4_dst") == dst_ip and f["match"].get("tcp_dst") == port:
+                per_switch[f["site"]] = f["bytes"]
+        return per_switch
+
+    before = counted()
+    sent = iperf(nsfnet.host(edge.src), nsfnet.host(edge.dst), port, nbytes=3_000_000)
+    assert sent.ok, sent.error
+    for site in edge.path:
+        grown = poll_counter(lambda s=site: counted().get(s, 0) - before.get(s, 0), sent.bytes_received)
+        assert grown >= sent.bytes_received > 1_000_000, f"switch of {site}: {grown} < {sent.bytes_received}"
+    flows = nsfnet.client.flows(installed.task_id)
+    assert {f["task"] for f in flows} == {installed.task_id}
+
+
+def test_link_stats_see_the_traffic(nsfnet: Emulation, installed: Schedule) -> None:
+    edge = max(installed.edges, key=lambda e: len(e.path))
+    u, v = edge.path[0], edge.path[1]
+
+    def tx_bytes() -> int:
+        return next(r["tx_bytes"] for r in nsfnet.client.link_stats() if r["link"] == [u, v])
+
+    before = tx_bytes()
+    sent = iperf(nsfnet.host(edge.src), nsfnet.host(edge.dst), edge_port(installed, edge.procedure), nbytes=1_000_000)
+    assert sent.ok, sent.error
+    # The controller polls port counters every second.
+    grown = poll_counter(lambda: tx_bytes() - before, sent.bytes_received)
+
+    assert grown >= sent.bytes_received
+
+
+def test_removing_the_task_leaves_only_the_table_miss_entries(nsfnet: Emulation, mst_schedule: Schedule) -> None:
+    nsfnet.client.install_task(mst_schedule)
+    nsfnet.client.remove_task(mst_schedule.task_id)
+
+    diffs = compare_flow_tables(nsfnet, table_miss_entries(nsfnet.plan))
+
+    assert diffs == {}
+    assert nsfnet.client.tasks() == []
+
+
+def test_background_pairs_are_routed_below_tasks(nsfnet: Emulation) -> None:
+    a, b = nsfnet.plan.hosts[0].site, nsfnet.plan.hosts[5].site
+    nsfnet.client.set_background([[a, b]])
+    try:
+        reached = iperf(nsfnet.host(a), nsfnet.host(b), 5201, nbytes=100_000)
+        diffs = compare_flow_tables(nsfnet, expected_entries(nsfnet.plan, [], [[a, b]]))
+        bg = [f for f in nsfnet.client.flows() if f["cookie"] == BACKGROUND_COOKIE]
+    finally:
+        nsfnet.client.set_background([])
+
+    assert reached.ok, reached.error
+    assert diffs == {}
+    assert bg and all(f["priority"] == 100 for f in bg)
+
+
+def test_bad_requests_get_4xx_and_the_controller_keeps_running(nsfnet: Emulation, mst_schedule: Schedule) -> None:
+    bad = dataclasses.replace(mst_schedule, task_id=99).to_dict()
+    bad["paths"][0]["nodes"][-1] = "Atlantis"
+    bad["paths"][0]["to"] = "Atlantis"
+    statuses = {}
+    for name, call in {
+        "malformed": lambda: nsfnet.client.request("PUT", "/tasks/99", "{oops"),
+        "unknown task": lambda: nsfnet.client.remove_task(12345),
+        "unknown site": lambda: nsfnet.client.install_task(bad),
+    }.items():
+        with pytest.raises(ControllerHTTPError) as info:
+            call()
+        statuses[name] = (info.value.status, info.value.message)
+
+    assert statuses["malformed"][0] == 400
+    assert statuses["unknown task"][0] == 404 and "12345" in statuses["unknown task"][1]
+    assert statuses["unknown site"][0] == 422 and "Atlantis" in statuses["unknown site"][1]
+    assert nsfnet.client.health()["switches_connected"] == 14

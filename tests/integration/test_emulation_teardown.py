@@ -1,0 +1,120 @@
+"""Teardown on every exit path (normal, exception, Ctrl-C, SIGTERM) and `netai clean` after a crash.
+
+"Nothing left" means: no process carrying the run's mark (host shells, what ran in them, the
+controller), no OVS bridge with the run's tag, none of the run's switch interfaces, no state file.
+`netai clean` must also leave alone an OVS bridge and a veth that are not the project's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.cleanup import STATE_DIR, marked_processes, process_alive, tagged_bridges
+from orchestrator.emulation import Emulation
+from topologies.loaders import load
+from topologies.mininet_topo import switch_interfaces
+from topologies.plan import EmulationPlan
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+CHILD = Path(__file__).with_name("bringup_child.py")
+UP_TIMEOUT_S = 60.0
+EXIT_TIMEOUT_S = 30.0
+
+
+def leftovers(run_id: str, plan: EmulationPlan) -> dict[str, Any]:
+    return {
+        "processes": sorted(marked_processes({run_id})),
+        "bridges": sorted(b for b, rid in tagged_bridges().items() if rid == run_id),
+        "interfaces": [n for n in switch_interfaces(plan) if Path(f"/sys/class/net/{n}").exists()],
+        "state_file": (STATE_DIR / f"run-{run_id}.json").exists(),
+    }
+
+
+NOTHING: dict[str, Any] = {"processes": [], "bridges": [], "interfaces": [], "state_file": False}
+
+
+def start_child(topology: str) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    proc = subprocess.Popen(
+        [sys.executable, str(CHILD), topology], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    deadline = time.monotonic() + UP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([proc.stdout], [], [], 0.5)
+        if ready:
+            line = proc.stdout.readline()
+            if line.startswith("{"):
+                return proc, json.loads(line)
+        if proc.poll() is not None:
+            break
+    proc.kill()
+    _, err = proc.communicate()
+    raise AssertionError(f"timed out after {UP_TIMEOUT_S:g} s waiting for the child's network to come up: {err}")
+
+
+def test_normal_exit_and_exception_leave_nothing() -> None:
+    plan = EmulationPlan.from_model(load("triangle"))
+    normal = Emulation(plan)
+    with normal:
+        assert normal.controller is not None
+        controller_pid = normal.controller.pid
+    failing = Emulation(plan)
+
+    with pytest.raises(RuntimeError, match="boom"), failing:
+        raise RuntimeError("boom")
+
+    assert controller_pid is not None and not process_alive(controller_pid)
+    for emu in (normal, failing):
+        assert emu.info is not None and emu.info.teardown_clean
+        assert leftovers(emu.run_id, plan) == NOTHING
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_signals_tear_the_network_down(sig: signal.Signals) -> None:
+    plan = EmulationPlan.from_model(load("triangle"))
+    proc, up = start_child("triangle")
+    assert leftovers(up["run_id"], plan)["bridges"] != []
+
+    proc.send_signal(sig)
+    proc.communicate(timeout=EXIT_TIMEOUT_S)
+
+    assert proc.returncode != 0
+    assert leftovers(up["run_id"], plan) == NOTHING
+    assert not process_alive(up["controller_pid"])
+
+
+def test_netai_clean_removes_a_crashed_run_and_nothing_else() -> None:
+    plan = EmulationPlan.from_model(load("triangle"))
+    subprocess.run(["ovs-vsctl", "--may-exist", "add-br", "foreignbr0", "--", "set", "bridge", "foreignbr0",
+                    "datapath_type=netdev"], check=True)
+    subprocess.run(["ip", "link", "add", "foreign-v0", "type", "veth", "peer", "name", "foreign-v1"], check=True)
+    try:
+        proc, up = start_child("triangle")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=EXIT_TIMEOUT_S)
+        crashed = leftovers(up["run_id"], plan)
+        netai = Path(sys.executable).with_name("netai")
+
+        res = subprocess.run([str(netai), "clean", "--json"], capture_output=True, text=True, timeout=120)
+
+        assert crashed["bridges"] and crashed["processes"] and crashed["state_file"]
+        assert res.returncode == 0, res.stderr
+        assert up["run_id"] in json.loads(res.stdout[res.stdout.index("{"):])["runs"]
+        assert leftovers(up["run_id"], plan) == NOTHING
+        assert not process_alive(up["controller_pid"])
+        assert "foreignbr0" in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout
+        assert Path("/sys/class/net/foreign-v0").exists()
+    finally:
+        subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "foreignbr0"], check=False)
+        subprocess.run(["ip", "link", "del", "foreign-v0"], check=False, capture_output=True)
