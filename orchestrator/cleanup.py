@@ -265,3 +265,17 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
         report.runs += sorted(orphan_ids - set(report.runs))
         _clean_ids(orphan_ids, report)
     return report
+
+
+def main() -> int:
+    """``python -m orchestrator.cleanup``: `clean()` without the CLI (for ``make clean`` without a venv)."""
+    if os.geteuid() != 0:
+        print("netai clean: run as root", flush=True)
+        return 2
+    report = clean(log=lambda m: print(f"netai clean: {m}"))
+    print(json.dumps(report.to_dict()))
+    return 1 if report.survivors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -134,7 +134,11 @@ def test_task_byte_counters_grow_by_at_least_the_bytes_sent(nsfnet: Emulation, i
     sent = iperf(nsfnet.host(edge.src), nsfnet.host(edge.dst), port, nbytes=3_000_000)
     assert sent.ok, sent.error
     for site in edge.path:
-        grown = poll_counter(lambda s=site: counted().get(s, 0) - before.get(s, 0), sent.bytes_received)
+
+        def grown_at(s: str = site) -> int:
+            return counted().get(s, 0) - before.get(s, 0)
+
+        grown = poll_counter(grown_at, sent.bytes_received)
         assert grown >= sent.bytes_received > 1_000_000, f"switch of {site}: {grown} < {sent.bytes_received}"
     flows = nsfnet.client.flows(installed.task_id)
     assert {f["task"] for f in flows} == {installed.task_id}

@@ -1,0 +1,83 @@
+"""The orchestrator's REST client against the real WSGI app served on loopback (switches faked)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+import pytest
+
+from controller.core import ControllerCore
+from controller.rest import RestApi
+from orchestrator.controller_client import ControllerClient, ControllerHTTPError, ControllerUnreachable
+from orchestrator.controller_proc import free_port
+from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
+from topologies.loaders import load
+from topologies.plan import EmulationPlan
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        return None
+
+
+@pytest.fixture
+def served() -> Iterator[tuple[ControllerClient, EmulationPlan]]:
+    plan = EmulationPlan.from_model(load("triangle"))
+    fake = FakeSwitches(plan)
+    fake.connect_all()
+    core = ControllerCore(plan, fake)
+    for sw in plan.switches:
+        core.switch_connected(sw.dpid)
+    server = make_server("127.0.0.1", 0, RestApi(core), handler_class=_Quiet)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield ControllerClient(f"http://127.0.0.1:{server.server_port}", timeout_s=5), plan
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_install_list_and_remove_through_the_client(served: tuple[ControllerClient, EmulationPlan]) -> None:
+    client, plan = served
+
+    summary = client.install_task(handmade_schedule(plan, task_id=5))
+    listed = client.tasks()
+    flows = client.flows(5)
+    removed = client.remove_task(5)
+
+    assert summary["entries"] == 18
+    assert [t["task_id"] for t in listed] == [5]
+    assert len(flows) == 18 and {f["task"] for f in flows} == {5}
+    assert removed["task_id"] == 5 and client.tasks() == []
+
+
+def test_errors_carry_the_controllers_message(served: tuple[ControllerClient, EmulationPlan]) -> None:
+    client, _ = served
+
+    with pytest.raises(ControllerHTTPError) as info:
+        client.remove_task(77)
+
+    assert info.value.status == 404
+    assert "no task 77" in info.value.message
+
+
+def test_wait_for_names_what_it_awaited(served: tuple[ControllerClient, EmulationPlan]) -> None:
+    client, _ = served
+
+    ok = client.wait_for("three switches", lambda h: h["switches_connected"] == 3, timeout_s=2)
+    with pytest.raises(TimeoutError, match="waiting for nine switches"):
+        client.wait_for("nine switches", lambda h: h["switches_connected"] == 9, timeout_s=0.3)
+
+    assert ok["status"] == "ok"
+
+
+def test_only_loopback_is_allowed_and_silence_is_unreachable() -> None:
+    with pytest.raises(ValueError, match="loopback only"):
+        ControllerClient("http://192.0.2.1:8181")
+    client = ControllerClient(f"http://127.0.0.1:{free_port()}", timeout_s=1)
+
+    with pytest.raises(ControllerUnreachable):
+        client.health()
