@@ -51,7 +51,7 @@ from orchestrator.cleanup import (
 from orchestrator.controller_client import ControllerClient
 from orchestrator.controller_proc import ControllerProcess
 from topologies.errors import TopologyError
-from topologies.mininet_topo import PlanTopo, switch_interfaces
+from topologies.mininet_topo import HostParams, PlanTopo, switch_interfaces
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger(__name__)
@@ -175,6 +175,10 @@ class Emulation:
         Where logs go; default ``/var/log/netai/runs/<run id>``.
     mininet_log_level
         Mininet's verbosity (``"warning"`` for tests, ``"info"`` for ``netai net up``).
+    host_cls
+        Mininet host class (default Mininet's `Host`; e.g. a Docker-backed host).
+    host_params
+        Extra parameters of every host (a mapping, or a function of its `HostPlan`); see `PlanTopo`.
     """
 
     def __init__(
@@ -186,6 +190,8 @@ class Emulation:
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         log_dir: Path | None = None,
         mininet_log_level: str = "warning",
+        host_cls: Any = None,
+        host_params: HostParams | None = None,
     ) -> None:
         if datapath not in {"auto", "kernel", "user"}:
             raise TopologyError(f"datapath must be auto, kernel or user, got {datapath!r}")
@@ -198,6 +204,8 @@ class Emulation:
         self._delay_choice = delay
         self.connect_timeout_s = connect_timeout_s
         self.mininet_log_level = mininet_log_level
+        self.host_cls = host_cls
+        self.host_params = host_params
         self.net: Any = None
         self.controller: ControllerProcess | None = None
         self.state: RunState | None = None
@@ -287,7 +295,9 @@ class Emulation:
 
         setLogLevel(self.mininet_log_level)
         assert self.controller is not None
-        topo = PlanTopo(self.plan, delay_emulated=delay_emulated, checksum_offload=use_kernel)
+        topo = PlanTopo(
+            self.plan, delay_emulated=delay_emulated, checksum_offload=use_kernel, host_params=self.host_params
+        )
         switch_cls, controller_cls, link_cls = _mininet_classes(self.run_id)
         switch = partial(
             switch_cls,
@@ -295,9 +305,11 @@ class Emulation:
             protocols="OpenFlow13",
             failMode="secure",
         )
+        extra = {"host": self.host_cls} if self.host_cls is not None else {}
         self.net = Mininet(
             topo=topo,
             switch=switch,
+            **extra,
             link=link_cls,
             controller=None,
             autoSetMacs=False,

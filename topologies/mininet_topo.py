@@ -13,11 +13,15 @@ This module must not start, configure or probe anything: `orchestrator.emulation
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from mininet.topo import Topo
 
-from topologies.plan import HOST_PORT, EmulationPlan
+from topologies.plan import HOST_PORT, EmulationPlan, HostPlan
+
+#: Extra ``addHost`` parameters: the same for every host, or computed per host from its plan.
+HostParams = Mapping[str, Any] | Callable[[HostPlan], Mapping[str, Any]]
 
 #: Port number of the host's single interface (``h{i}-eth0``).
 HOST_INTF_PORT = 0
@@ -51,15 +55,29 @@ class PlanTopo(Topo):
         Add each link's propagation delay with netem (only where the kernel has it).
     checksum_offload
         Leave tx/rx checksum offload on (kernel datapath); False for the userspace datapath.
+    host_params
+        Extra parameters for every host's class (e.g. a container image), or a function of the
+        host's `HostPlan` returning them. They cannot override ``ip`` and ``mac``.
     """
 
-    def build(self, plan: EmulationPlan, *, delay_emulated: bool = False, checksum_offload: bool = True) -> None:
+    def build(
+        self,
+        plan: EmulationPlan,
+        *,
+        delay_emulated: bool = False,
+        checksum_offload: bool = True,
+        host_params: HostParams | None = None,
+    ) -> None:
         self.plan = plan
         self.delay_emulated = delay_emulated
         for sw in plan.switches:
             self.addSwitch(sw.name, dpid=f"{sw.dpid:016x}")
         for h in plan.hosts:
-            self.addHost(h.name, ip=f"{h.ip}/8", mac=h.mac)
+            extra = dict(host_params(h) if callable(host_params) else (host_params or {}))
+            clash = {"ip", "mac"} & set(extra)
+            if clash:
+                raise ValueError(f"host_params must not set {sorted(clash)}: the plan decides them")
+            self.addHost(h.name, ip=f"{h.ip}/8", mac=h.mac, **extra)
             self.addLink(
                 h.name, h.switch, port1=HOST_INTF_PORT, port2=HOST_PORT,
                 **host_link_params(checksum_offload=checksum_offload),

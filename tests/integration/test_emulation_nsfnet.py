@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -203,3 +204,33 @@ def test_bad_requests_get_4xx_and_the_controller_keeps_running(nsfnet: Emulation
     assert statuses["unknown task"][0] == 404 and "12345" in statuses["unknown task"][1]
     assert statuses["unknown site"][0] == 422 and "Atlantis" in statuses["unknown site"][1]
     assert nsfnet.client.health()["switches_connected"] == 14
+
+
+def test_port_status_changes_are_visible_through_the_api(nsfnet: Emulation) -> None:
+    ln = nsfnet.plan.links[0]
+    switch = nsfnet.plan.switch(ln.a).name
+    intf = f"{switch}-eth{ln.port_a}"
+
+    def down_ports() -> list[dict]:
+        return list(nsfnet.client.topology()["ports_down"])
+
+    subprocess.run(["ip", "link", "set", intf, "down"], check=True)
+    try:
+        seen_down = poll_until(lambda: any(p["switch"] == switch and p["port"] == ln.port_a for p in down_ports()))
+    finally:
+        subprocess.run(["ip", "link", "set", intf, "up"], check=True)
+    seen_up = poll_until(lambda: not any(p["switch"] == switch and p["port"] == ln.port_a for p in down_ports()))
+    events = nsfnet.client.topology()["port_events"]
+
+    assert seen_down and seen_up
+    assert any(e["link"] == [ln.a, ln.b] and e["up"] is False for e in events)
+
+
+def poll_until(check: Callable[[], bool], timeout_s: float = 10.0) -> bool:
+    """Poll `check` until it holds; False after `timeout_s` (the caller asserts and names it)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -86,3 +86,12 @@ def test_switch_interfaces_names_every_switch_port(nsfnet_plan: EmulationPlan) -
     assert "s1-eth1" in names
     ln = nsfnet_plan.links[0]
     assert f"{nsfnet_plan.switch(ln.a).name}-eth{ln.port_a}" in names
+
+
+def test_host_params_reach_every_host_and_cannot_override_addresses(nsfnet_plan: EmulationPlan) -> None:
+    topo = PlanTopo(nsfnet_plan, host_params=lambda h: {"cpus": h.cpu, "image": "netai-worker"})
+
+    info = topo.nodeInfo("h2")
+    assert (info["cpus"], info["image"], info["ip"]) == (1.0, "netai-worker", "10.0.0.2/8")
+    with pytest.raises(ValueError, match="must not set"):
+        PlanTopo(nsfnet_plan, host_params={"ip": "10.9.9.9/8"})
