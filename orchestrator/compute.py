@@ -1,0 +1,416 @@
+"""Compute backends: where and how a task's agents run.
+
+- ``loopback``: plain processes on this machine, each bound to its own 127.0.0.x address; no
+  Mininet, no root. For quick checks and unit-level end-to-end tests.
+- ``process``: the agent from the project's venv in a Mininet host's network namespace
+  (``host.popen``), bound to the host's emulated IP.
+- ``docker``: the agent in a container that *is* the Mininet host: `DockerWorkerHost` starts a
+  container with ``--network none`` and the site's CPU and memory limits, then runs the node's
+  shell with ``mnexec -a <container pid>`` (cwd ``/``), so Mininet wires and configures its
+  interfaces like any host's (the way Containernet does it). The agent runs by ``docker exec``,
+  inside the container's cgroups, so the limits apply to it.
+
+`pick_backend("auto")` is ``docker`` when a Docker daemon answers and the worker image exists,
+else ``process``. Every container this module starts carries the label ``org.netai.run`` so a
+crashed run's leftovers can be found and removed (`remove_containers`).
+
+What this module must not do: start anything listening on a wildcard address, or leave a
+container or process behind on any exit path (callers use the backends as context managers or
+call `stop` in a ``finally``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from workers.agent import AgentConfig
+
+DEFAULT_IMAGE = os.environ.get("NETAI_WORKER_IMAGE", "netai-worker:latest")
+RUN_LABEL = "org.netai.run"
+SITE_LABEL = "org.netai.site"
+#: Where the per-run log directory is mounted inside worker containers.
+CONTAINER_LOG_DIR = "/netai/run"
+BACKENDS = ("loopback", "process", "docker")
+
+
+def _write_config(log_dir: Path, config: AgentConfig) -> Path:
+    import json
+
+    path = log_dir / f"{config.site}.config.json"
+    path.write_text(json.dumps(config.to_dict(), indent=1), encoding="utf-8")
+    return path
+
+
+class ProcessHandle:
+    """An agent running as a local `subprocess.Popen` (loopback, or in a Mininet host)."""
+
+    def __init__(self, site: str, popen: subprocess.Popen[bytes]) -> None:
+        self.site = site
+        self.popen = popen
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait(timeout=5)
+
+
+class LoopbackBackend:
+    """Agents as local processes on 127.0.0.x addresses (no Mininet, no root).
+
+    Parameters
+    ----------
+    sites
+        The overlay nodes, in a fixed order: site i gets 127.0.0.(first_octet + i).
+    """
+
+    name = "loopback"
+
+    def __init__(self, sites: Iterable[str], *, first_octet: int = 2, python: str = sys.executable) -> None:
+        sites = list(sites)
+        if first_octet + len(sites) > 254:
+            raise ConfigError(f"{len(sites)} sites do not fit in 127.0.0.{first_octet}-254")
+        self._addr = {s: f"127.0.0.{first_octet + i}" for i, s in enumerate(sites)}
+        self._python = python
+
+    def address(self, site: str) -> str:
+        return self._addr[site]
+
+
+    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
+        cfg = _with_events(config, log_dir)
+        path = _write_config(log_dir, cfg)
+        out = open(log_dir / f"{site}.out.txt", "wb")
+        try:
+            popen = subprocess.Popen(
+                [self._python, "-m", "workers.agent", "--config", str(path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(Path(__file__).resolve().parent.parent),
+                env=_agent_env(),
+            )
+        finally:
+            out.close()
+        return ProcessHandle(site, popen)
+
+
+def _with_events(config: AgentConfig, log_dir: Path) -> AgentConfig:
+    from dataclasses import replace
+
+    return replace(config, events_path=str(log_dir / f"{config.site}.events.jsonl"))
+
+
+def _agent_env() -> dict[str, str]:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class ProcessBackend:
+    """Agents in Mininet hosts' namespaces, from the project's venv.
+
+    Parameters
+    ----------
+    hosts
+        Site -> Mininet host object (``net.get(plan.host(site).name)``).
+    """
+
+    name = "process"
+
+    def __init__(self, hosts: Mapping[str, Any], *, python: str = sys.executable) -> None:
+        self._hosts = dict(hosts)
+        self._python = python
+
+    def address(self, site: str) -> str:
+        try:
+            return str(self._hosts[site].IP())
+        except KeyError as e:
+            raise ConfigError(f"site {site!r} has no emulated host") from e
+
+
+    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
+        cfg = _with_events(config, log_dir)
+        path = _write_config(log_dir, cfg)
+        out = open(log_dir / f"{site}.out.txt", "wb")
+        try:
+            popen = self._hosts[site].popen(
+                [self._python, "-m", "workers.agent", "--config", str(path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(Path(__file__).resolve().parent.parent),
+                env=_agent_env(),
+            )
+        finally:
+            out.close()
+        return ProcessHandle(site, popen)
+
+
+# -- Docker ------------------------------------------------------------------------------------------
+def docker_client() -> Any:
+    """A Docker SDK client for the local daemon (unix socket), or raise ConfigError."""
+    try:
+        import docker
+    except ImportError as e:
+        raise ConfigError("the docker backend needs the Docker SDK (pip install 'docker>=7.1')") from e
+    try:
+        client = docker.from_env(timeout=120)
+        client.ping()
+    except Exception as e:
+        raise ConfigError(f"no Docker daemon answers: {e}") from e
+    return client
+
+
+def image_exists(client: Any, image: str = DEFAULT_IMAGE) -> bool:
+    import docker.errors
+
+    try:
+        client.images.get(image)
+    except docker.errors.ImageNotFound:
+        return False
+    return True
+
+
+def pick_backend(name: str, *, image: str = DEFAULT_IMAGE) -> str:
+    """Resolve ``auto`` to ``docker`` (daemon and image present) or ``process``; check others."""
+    if name not in (*BACKENDS, "auto"):
+        raise ConfigError(f"unknown backend {name!r}: use auto, {', '.join(BACKENDS)}")
+    if name != "auto":
+        return name
+    if shutil.which("docker") is None:
+        return "process"
+    try:
+        client = docker_client()
+    except ConfigError:
+        return "process"
+    try:
+        return "docker" if image_exists(client, image) else "process"
+    finally:
+        client.close()
+
+
+def remove_containers(client: Any, *, run_id: str | None = None) -> int:
+    """Remove (force) the worker containers of one run, or of every run when `run_id` is None."""
+    label = RUN_LABEL if run_id is None else f"{RUN_LABEL}={run_id}"
+    n = 0
+    for c in client.containers.list(all=True, filters={"label": label}):
+        try:
+            c.remove(force=True)
+            n += 1
+        except Exception:  # noqa: BLE001 -- already gone: nothing left to remove
+            pass
+    return n
+
+
+def _wait_running(container: Any, timeout_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        container.reload()
+        state = container.attrs.get("State", {})
+        if state.get("Running") and state.get("Pid"):
+            return int(state["Pid"])
+        if state.get("Status") in ("exited", "dead"):
+            raise RuntimeError(f"container {container.name} exited at start: {state}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"container {container.name} not running after {timeout_s:.0f} s: {state}")
+        time.sleep(0.05)  # poll interval, bounded by the deadline
+
+
+def make_docker_host_class() -> type:
+    """`DockerWorkerHost`, built lazily so importing this module does not need Mininet."""
+    import pty
+    import select
+
+    from mininet.node import Host
+
+    class DockerWorkerHost(Host):
+        """A Mininet host that lives in a Docker container (the Containernet technique).
+
+        Extra parameters (Mininet passes ``addHost`` keyword arguments through): ``image``,
+        ``run_id`` (container label), ``cpus`` (CPU limit, cores), ``memory_mb``, ``log_dir``
+        (host directory mounted at `CONTAINER_LOG_DIR`), ``docker_client``.
+        """
+
+        def __init__(
+            self,
+            name: str,
+            *,
+            image: str = DEFAULT_IMAGE,
+            run_id: str = "",
+            cpus: float | None = None,
+            memory_mb: int | None = None,
+            log_dir: str | None = None,
+            docker_client: Any = None,
+            **params: Any,
+        ) -> None:
+            self.image = image
+            self.run_id = run_id or uuid.uuid4().hex[:12]
+            self.cpus = cpus
+            self.memory_mb = memory_mb
+            self.log_dir = log_dir
+            self.dclient = docker_client
+            self.container: Any = None
+            super().__init__(name, **params)
+
+        def startShell(self, mnopts: str | None = None) -> None:
+            if getattr(self, "shell", None):
+                return
+            if self.dclient is None:
+                self.dclient = docker_client()
+            kwargs: dict[str, Any] = {
+                "name": f"netai-{self.run_id}-{self.name}",
+                "command": ["sleep", "infinity"],
+                "network_mode": "none",
+                "detach": True,
+                "hostname": self.name,
+                "labels": {RUN_LABEL: self.run_id, SITE_LABEL: self.name},
+                "init": True,
+                "cap_add": ["NET_ADMIN"],
+            }
+            if self.cpus:
+                kwargs["nano_cpus"] = int(self.cpus * 1e9)
+            if self.memory_mb:
+                kwargs["mem_limit"] = f"{int(self.memory_mb)}m"
+            if self.log_dir:
+                kwargs["volumes"] = {self.log_dir: {"bind": CONTAINER_LOG_DIR, "mode": "rw"}}
+            self.container = self.dclient.containers.run(self.image, **kwargs)
+            cpid = _wait_running(self.container, 60.0)
+            # The node's shell joins the container's network and mount namespaces (mnexec -a);
+            # the caller's cwd does not exist inside, hence cwd='/'.
+            cmd = ["mnexec", "-cd", "-a", str(cpid), "env", "PS1=" + chr(127), "bash", "--norc",
+                   "--noediting", "-is", "mininet:" + self.name]
+            self.master, self.slave = pty.openpty()
+            self.shell = self._popen(cmd, stdin=self.slave, stdout=self.slave, stderr=self.slave,
+                                     close_fds=False, cwd="/")
+            self.stdin = os.fdopen(self.master, "r")
+            self.stdout = self.stdin
+            self.pid = self.shell.pid
+            self.pollOut = select.poll()
+            self.pollOut.register(self.stdout)
+            self.outToNode[self.stdout.fileno()] = self
+            self.inToNode[self.stdin.fileno()] = self
+            self.execed = False
+            self.lastCmd = None
+            self.lastPid = None
+            self.readbuf = ""
+            deadline = time.monotonic() + 30
+            while True:
+                data = self.read(1024)
+                if data and data[-1] == chr(127):
+                    break
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{self.name}: no shell prompt from the container within 30 s")
+                self.pollOut.poll(1000)
+            self.waiting = False
+            self.cmd("unset HISTFILE; stty -echo; set +m")
+
+        def mountPrivateDirs(self) -> None:
+            pass  # the container has its own mount namespace
+
+        def unmountPrivateDirs(self) -> None:
+            pass
+
+        def terminate(self) -> None:
+            try:
+                super().terminate()
+            finally:
+                self.remove_container()
+
+        def remove_container(self) -> None:
+            if self.container is not None:
+                try:
+                    self.container.remove(force=True)
+                except Exception:  # noqa: BLE001 -- already gone
+                    pass
+                self.container = None
+
+        def exec_agent(self, config_path_in_container: str, out_path_in_container: str) -> str:
+            """Start the agent by ``docker exec`` (inside the container's cgroups); the exec id."""
+            api = self.dclient.api
+            ex = api.exec_create(
+                self.container.id,
+                ["sh", "-c", f"exec python -m workers.agent --config {config_path_in_container} "
+                 f"> {out_path_in_container} 2>&1"],
+                environment={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+                workdir="/",
+            )
+            api.exec_start(ex["Id"], detach=True)
+            return str(ex["Id"])
+
+    return DockerWorkerHost
+
+
+class ExecHandle:
+    """An agent started by ``docker exec`` in a worker container."""
+
+    def __init__(self, site: str, host: Any, exec_id: str) -> None:
+        self.site = site
+        self.host = host
+        self.exec_id = exec_id
+
+    def poll(self) -> int | None:
+        info = self.host.dclient.api.exec_inspect(self.exec_id)
+        if info.get("Running"):
+            return None
+        code = info.get("ExitCode")
+        return None if code is None else int(code)
+
+    def stop(self) -> None:
+        if self.poll() is None:
+            pid = self.host.dclient.api.exec_inspect(self.exec_id).get("Pid")
+            if pid:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+class DockerBackend:
+    """Agents in the worker containers that are the Mininet hosts (`DockerWorkerHost`).
+
+    Parameters
+    ----------
+    hosts
+        Site -> `DockerWorkerHost` (built with ``log_dir`` = the run's log directory).
+    """
+
+    name = "docker"
+
+    def __init__(self, hosts: Mapping[str, Any]) -> None:
+        self._hosts = dict(hosts)
+
+    def address(self, site: str) -> str:
+        try:
+            return str(self._hosts[site].IP())
+        except KeyError as e:
+            raise ConfigError(f"site {site!r} has no emulated host") from e
+
+
+    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ExecHandle:
+        host = self._hosts[site]
+        if host.log_dir is None or Path(host.log_dir).resolve() != log_dir.resolve():
+            raise ConfigError(f"{site}: the container mounts {host.log_dir}, not the run's log dir {log_dir}")
+        from dataclasses import replace
+
+        cfg = replace(config, events_path=f"{CONTAINER_LOG_DIR}/{site}.events.jsonl")
+        _write_config(log_dir, cfg)
+        exec_id = host.exec_agent(f"{CONTAINER_LOG_DIR}/{site}.config.json", f"{CONTAINER_LOG_DIR}/{site}.out.txt")
+        return ExecHandle(site, host, exec_id)

@@ -1,0 +1,366 @@
+"""Run one FL task on a `Schedule`: agent configs, start/stop through a compute backend, results.
+
+`agent_configs` turns a schedule into one `AgentConfig` per overlay node (pure; tested without any
+network). `run_task` starts the agents through a `ComputeBackend` (`orchestrator.compute`): all
+non-G agents first, then G once every other agent reported ``ready`` (so round 1 does not include
+process start-up), waits for all of them, and always stops them. `summarize` turns the agents'
+JSON-lines timing events into per-round results (DESIGN.md, "Definitions"):
+
+- ``latency_s``: G's round start to G holding the aggregate;
+- the breakdown follows the round's critical path, the local model whose training ended last:
+  ``broadcast_s`` from the round start to its GLOBAL arriving, ``train_s`` from then to its
+  training's end (forwarding to its children included), ``upload_s`` from then to G holding the
+  aggregate (upload and in-path aggregation). The three add up to the latency.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.errors import ConfigError
+from orchestrator.scheduling.schedule import Schedule, task_ports
+from workers.agent import AgentConfig, Peer
+
+
+@dataclass(frozen=True, kw_only=True)
+class FLOptions:
+    """How the task learns (all agents share these)."""
+
+    model: str = "mlp"
+    model_args: Mapping[str, Any] = field(default_factory=dict)
+    rounds: int = 3
+    dataset: str = "digits"
+    dataset_args: Mapping[str, Any] = field(default_factory=dict)
+    partitioning: str = "iid"
+    alpha: float = 0.5
+    seed: int = 0
+    local_epochs: int = 2
+    batch_size: int = 32
+    lr: float = 0.1
+    #: Per-child wait of a node whose subtree has height 1; deeper nodes wait proportionally longer,
+    #: so a parent never gives up on a child that is itself still waiting for a straggler.
+    child_timeout_s: float = 60.0
+    connect_timeout_s: float = 60.0
+    global_timeout_s: float = 600.0
+    max_chunk_bytes: int | None = None
+    threads: int = 1
+
+
+class WorkerHandle(Protocol):
+    """A started agent (process or container)."""
+
+    site: str
+
+    def poll(self) -> int | None:
+        """The exit status, or None while it runs."""
+
+    def stop(self) -> None:
+        """Kill it if it still runs and release what it holds; idempotent."""
+
+
+class ComputeBackend(Protocol):
+    """Places an agent on a site (see `orchestrator.compute`)."""
+
+    name: str
+
+    def address(self, site: str) -> str:
+        """The IPv4 address the site's agent binds to and is reached at."""
+
+    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> WorkerHandle:
+        """Start the site's agent with `config` (its events file is ``log_dir/<site>.events.jsonl``)."""
+
+
+def _height(children: Mapping[str, list[str]], node: str) -> int:
+    kids = children.get(node, [])
+    return 0 if not kids else 1 + max(_height(children, k) for k in kids)
+
+
+def agent_configs(
+    schedule: Schedule,
+    *,
+    addresses: Mapping[str, str],
+    options: FLOptions,
+    events_dir: Mapping[str, str] | None = None,
+) -> dict[str, AgentConfig]:
+    """One agent config per overlay node of `schedule`.
+
+    Parameters
+    ----------
+    addresses
+        Site -> IPv4 address of the host that runs its agent.
+    events_dir
+        Site -> directory (as the agent sees it) for its events file; None: the agents log to stdout.
+
+    Raises
+    ------
+    ConfigError
+        A blocked schedule, a node without an address, a tree that does not reach every local
+        model from G.
+    """
+    if schedule.blocked:
+        raise ConfigError(f"task {schedule.task_id} is blocked: {schedule.reason}")
+    nodes = schedule.overlay_nodes
+    missing = [n for n in nodes if n not in addresses]
+    if missing:
+        raise ConfigError(f"no host address for overlay nodes {missing}")
+    g = schedule.global_site
+    for local in schedule.local_sites:
+        for parent, what in ((schedule.broadcast_parent, "broadcast"), (schedule.upload_parent, "upload")):
+            cur, hops = local, 0
+            while cur != g:
+                if cur not in parent or hops > len(nodes):
+                    raise ConfigError(f"task {schedule.task_id}: the {what} tree does not join {local} to G")
+                cur, hops = parent[cur], hops + 1
+    up_children = {n: sorted(schedule.upload_children(n)) for n in nodes}
+    bc_ports = task_ports(schedule.task_id)
+    part_of = {site: i for i, site in enumerate(schedule.local_sites)}
+    configs = {}
+    for n in nodes:
+        up = schedule.upload_parent.get(n)
+        configs[n] = AgentConfig(
+            task=schedule.task_id,
+            site=n,
+            host=addresses[n],
+            broadcast_port=bc_ports[0],
+            upload_port=bc_ports[1],
+            rounds=options.rounds,
+            is_global=n == g,
+            expects_global=n in schedule.broadcast_parent,
+            broadcast_children=tuple(
+                Peer(site=c, host=addresses[c]) for c in sorted(schedule.broadcast_children(n))
+            ),
+            upload_parent=None if up is None else Peer(site=up, host=addresses[up]),
+            upload_children=tuple(up_children[n]),
+            model=options.model,
+            model_args=dict(options.model_args),
+            model_seed=options.seed,
+            dataset=options.dataset,
+            dataset_args=dict(options.dataset_args),
+            partitioning=options.partitioning,
+            alpha=options.alpha,
+            data_seed=options.seed,
+            num_parts=len(schedule.local_sites),
+            part_index=part_of.get(n),
+            local_epochs=options.local_epochs,
+            batch_size=options.batch_size,
+            lr=options.lr,
+            child_timeout_s=options.child_timeout_s * max(1, _height(up_children, n)),
+            connect_timeout_s=options.connect_timeout_s,
+            global_timeout_s=options.global_timeout_s,
+            max_chunk_bytes=options.max_chunk_bytes,
+            threads=options.threads,
+            events_path=None if events_dir is None else f"{events_dir[n]}/{n}.events.jsonl",
+        )
+    return configs
+
+
+# -- results ----------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RoundResult:
+    round: int
+    latency_s: float
+    broadcast_s: float
+    train_s: float
+    upload_s: float
+    accuracy: float
+    loss: float
+    num_examples: int
+    stragglers: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    task_id: int
+    backend: str
+    scheduler: str
+    rounds: tuple[RoundResult, ...]
+    model_bytes: int
+    log_dir: str
+    rejected: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["rounds"] = [asdict(r) | {"stragglers": list(r.stragglers)} for r in self.rounds]
+        d["rejected"] = list(self.rejected)
+        return d
+
+
+def read_events(path: Path) -> list[dict[str, Any]]:
+    """Events of one agent (skips a torn last line of an agent that was killed)."""
+    out: list[dict[str, Any]] = []
+    if not path.exists():
+        return out
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+REQUIRED_LOCAL_EVENTS = ("global_received", "train_start", "train_end", "aggregated", "update_sent")
+
+
+def summarize(
+    schedule: Schedule, events: Mapping[str, Sequence[Mapping[str, Any]]], *, rounds: int
+) -> list[RoundResult]:
+    """Per-round results from every agent's events (see the module docstring).
+
+    Raises
+    ------
+    RuntimeError
+        If G did not complete every round.
+    """
+    g = events.get(schedule.global_site, [])
+
+    def at(evs: Sequence[Mapping[str, Any]], name: str, r: int) -> Mapping[str, Any] | None:
+        for e in evs:
+            if e.get("event") == name and e.get("round") == r:
+                return e
+        return None
+
+    results = []
+    for r in range(1, rounds + 1):
+        start, done, agg = at(g, "round_start", r), at(g, "round_complete", r), at(g, "aggregated", r)
+        if start is None or done is None or agg is None:
+            raise RuntimeError(f"G ({schedule.global_site}) did not complete round {r}")
+        # Critical path: the local model whose training ended last (among those G heard from).
+        crit: tuple[float, float] | None = None  # (received, train_end) of that local
+        for site in schedule.local_sites:
+            ev = events.get(site, [])
+            rec, te = at(ev, "global_received", r), at(ev, "train_end", r)
+            if rec is not None and te is not None and site not in done.get("stragglers", ()):
+                if crit is None or float(te["t"]) > crit[1]:
+                    crit = (float(rec["t"]), float(te["t"]))
+        t0, t_agg = float(start["t"]), float(agg["t"])
+        latency = t_agg - t0
+        if crit is None:
+            broadcast = train = 0.0
+        else:
+            broadcast = min(max(0.0, crit[0] - t0), latency)
+            train = min(max(0.0, crit[1] - crit[0]), latency - broadcast)
+        results.append(
+            RoundResult(
+                round=r,
+                latency_s=latency,
+                broadcast_s=broadcast,
+                train_s=train,
+                upload_s=latency - broadcast - train,
+                accuracy=float(done["accuracy"]),
+                loss=float(done["loss"]),
+                num_examples=int(done["num_examples"]),
+                stragglers=tuple(done.get("stragglers", ())),
+            )
+        )
+    return results
+
+
+def missing_events(
+    schedule: Schedule, events: Mapping[str, Sequence[Mapping[str, Any]]], *, rounds: int
+) -> list[str]:
+    """What the timing logs lack: every local must log every per-round event of every round."""
+    problems = []
+    for site in schedule.local_sites:
+        ev = events.get(site, [])
+        for r in range(1, rounds + 1):
+            for name in REQUIRED_LOCAL_EVENTS:
+                if not any(e.get("event") == name and e.get("round") == r for e in ev):
+                    problems.append(f"{site}: no {name} in round {r}")
+    for r in range(1, rounds + 1):
+        for name in ("round_start", "aggregated", "round_complete"):
+            if not any(e.get("event") == name and e.get("round") == r for e in events.get(schedule.global_site, [])):
+                problems.append(f"{schedule.global_site} (G): no {name} in round {r}")
+    return problems
+
+
+# -- running ----------------------------------------------------------------------------------------
+def _wait_ready(paths: Mapping[str, Path], handles: Mapping[str, WorkerHandle], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    waiting = dict(paths)
+    while waiting:
+        for site, p in list(waiting.items()):
+            if any(e.get("event") == "ready" for e in read_events(p)):
+                del waiting[site]
+            elif (status := handles[site].poll()) is not None:
+                raise RuntimeError(f"the agent of {site} exited with status {status} before it was ready ({p})")
+        if not waiting:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"agents of {sorted(waiting)} did not report ready within {timeout_s:.0f} s")
+        time.sleep(0.1)  # poll interval of the event files, bounded by the deadline above
+
+
+def run_task(
+    schedule: Schedule,
+    *,
+    backend: ComputeBackend,
+    options: FLOptions,
+    log_dir: Path,
+    ready_timeout_s: float = 180.0,
+) -> TaskResult:
+    """Run the task's agents to completion and summarize; every agent is stopped on every exit path.
+
+    Raises
+    ------
+    ConfigError
+        Bad schedule (see `agent_configs`).
+    RuntimeError, TimeoutError
+        An agent failed or did not finish in time (the message names it and its log).
+    """
+    log_dir.mkdir(parents=True, exist_ok=True)
+    nodes = schedule.overlay_nodes
+    configs = agent_configs(
+        schedule,
+        addresses={n: backend.address(n) for n in nodes},
+        options=options,
+    )
+    paths = {n: log_dir / f"{n}.events.jsonl" for n in nodes}
+    for p in paths.values():
+        p.unlink(missing_ok=True)
+    handles: dict[str, WorkerHandle] = {}
+    try:
+        others = [n for n in nodes if n != schedule.global_site]
+        for n in others:
+            handles[n] = backend.start(n, configs[n], log_dir=log_dir)
+        _wait_ready({n: paths[n] for n in others}, handles, ready_timeout_s)
+        g = schedule.global_site
+        handles[g] = backend.start(g, configs[g], log_dir=log_dir)
+        budget_s = ready_timeout_s + options.global_timeout_s * options.rounds
+        deadline = time.monotonic() + budget_s
+        grace_until: float | None = None
+        while True:
+            status = {n: h.poll() for n, h in handles.items()}
+            failed = {n: s for n, s in status.items() if s not in (None, 0)}
+            if failed:
+                raise RuntimeError(f"agents failed (exit status): {failed}; logs in {log_dir}")
+            if all(s == 0 for s in status.values()):
+                break
+            if status[g] == 0:
+                # G is done; a straggler may still be retrying its last send: bounded grace, then stop
+                grace_until = grace_until or time.monotonic() + options.connect_timeout_s + 5.0
+                if time.monotonic() > grace_until:
+                    break
+            elif time.monotonic() > deadline:
+                raise TimeoutError(f"the task did not finish within {budget_s:.0f} s; logs in {log_dir}")
+            time.sleep(0.1)  # poll interval of the agents' exit status, bounded by the deadlines
+    finally:
+        for h in handles.values():
+            h.stop()
+    events = {n: read_events(p) for n, p in paths.items()}
+    rounds = summarize(schedule, events, rounds=options.rounds)
+    ready = [e for e in events.get(schedule.global_site, []) if e.get("event") == "ready"]
+    rejected = tuple(e for evs in events.values() for e in evs if e.get("event") == "rejected")
+    return TaskResult(
+        task_id=schedule.task_id,
+        backend=backend.name,
+        scheduler=schedule.scheduler,
+        rounds=tuple(rounds),
+        model_bytes=int(ready[0]["model_bytes"]) if ready else 0,
+        log_dir=str(log_dir),
+        rejected=rejected,
+    )

@@ -1,0 +1,69 @@
+"""End to end without root: G and 6 local models on a 3-level tree, agents on 127.0.0.x."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from orchestrator.compute import LoopbackBackend
+from orchestrator.errors import ConfigError
+from orchestrator.fltask import FLOptions, agent_configs, missing_events, read_events, run_task
+from orchestrator.scheduling.schedule import Schedule, task_ports
+
+# G -> A, B; A -> L1, L2, L3 ... : three levels, A and B hold local models too.
+TREE = {"A": "G", "B": "G", "L1": "A", "L2": "A", "L3": "B", "L4": "B"}
+LOCALS = ("A", "B", "L1", "L2", "L3", "L4")
+
+
+def _schedule(upload: dict[str, str] | None = None) -> Schedule:
+    return Schedule(task_id=11, scheduler="hand", global_site="G", local_sites=LOCALS, demand_mbps=1.0,
+                    broadcast_parent=TREE, upload_parent=upload or TREE)
+
+
+def test_agent_configs_follow_the_trees() -> None:
+    # the upload tree differs: L4 reports through relay R, which holds no model
+    upload = {**TREE, "L4": "R", "R": "G"}
+    sched = _schedule(upload)
+    addrs = {n: f"10.0.0.{i + 1}" for i, n in enumerate(sched.overlay_nodes)}
+
+    cfgs = agent_configs(sched, addresses=addrs, options=FLOptions(rounds=2, child_timeout_s=5))
+
+    assert set(cfgs) == {"G", *LOCALS, "R"}
+    assert cfgs["G"].is_global and not cfgs["G"].trains
+    assert [p.site for p in cfgs["G"].broadcast_children] == ["A", "B"]
+    assert cfgs["G"].upload_children == ("A", "B", "R")
+    assert cfgs["R"].part_index is None and not cfgs["R"].expects_global
+    assert cfgs["R"].upload_parent is not None and cfgs["R"].upload_parent.host == addrs["G"]
+    assert sorted(c.part_index for c in cfgs.values() if c.part_index is not None) == list(range(6))
+    assert (cfgs["L1"].broadcast_port, cfgs["L1"].upload_port) == task_ports(11)
+    # a node waits longer the higher its subtree: G (height 2) twice what A (height 1) waits
+    assert cfgs["G"].child_timeout_s == 2 * cfgs["A"].child_timeout_s == 10
+
+
+def test_agent_configs_reject_a_tree_that_misses_a_local() -> None:
+    broken = {k: v for k, v in TREE.items() if k != "L2"}
+    with pytest.raises(ConfigError, match="L2"):
+        agent_configs(_schedule(broken), addresses=dict.fromkeys(("G", *LOCALS), "10.0.0.1"),
+                      options=FLOptions())
+
+
+@pytest.mark.slow
+def test_loopback_task_learns_digits(tmp_path: Path) -> None:
+    sched = _schedule()
+
+    result = run_task(sched, backend=LoopbackBackend(sched.overlay_nodes),
+                      options=FLOptions(rounds=5, model="mlp", partitioning="iid"), log_dir=tmp_path)
+
+    acc = [r.accuracy for r in result.rounds]
+    print("loopback accuracy per round:", " ".join(f"{a:.3f}" for a in acc))
+    print("round latency (s):", " ".join(f"{r.latency_s:.3f}" for r in result.rounds))
+    assert len(acc) == 5
+    assert all(b > a for a, b in itertools.pairwise(acc)), acc
+    assert acc[-1] > 0.85
+    assert all(r.num_examples == 1438 and r.stragglers == () for r in result.rounds)
+    assert all(abs(r.broadcast_s + r.train_s + r.upload_s - r.latency_s) < 1e-6 for r in result.rounds)
+    events = {n: read_events(tmp_path / f"{n}.events.jsonl") for n in sched.overlay_nodes}
+    assert missing_events(sched, events, rounds=5) == []
+    assert result.rejected == ()
