@@ -54,7 +54,7 @@ def cmd_net_up(args: argparse.Namespace) -> int:
             print(f"*** controller REST API: {info.controller_rest}  (netai flows / netai links)")
             print(f"*** logs: {info.log_dir}")
             if args.no_cli:
-                print("*** running; Ctrl-C or SIGTERM tears it down")
+                print("*** running; Ctrl-C or SIGTERM tears it down", flush=True)
                 while True:
                     signal.pause()  # SIGINT/SIGTERM raise out of here and the context manager tears down
             else:
@@ -64,12 +64,19 @@ def cmd_net_up(args: argparse.Namespace) -> int:
     except EmulationError as e:
         print(f"netai: error: {e}", file=sys.stderr)
         return 1
+    except (KeyboardInterrupt, SystemExit):
+        _print_teardown(emu)
+        raise
+    return _print_teardown(emu)
+
+
+def _print_teardown(emu: Any) -> int:
     info = emu.info
-    if info is not None:
-        print(f"*** torn down in {info.teardown_s:.2f} s, "
-              f"{'clean' if info.teardown_clean else f'LEFTOVERS: {info.leftovers}'}")
-        return 0 if info.teardown_clean else 1
-    return 0
+    if info is None or info.teardown_clean is None:
+        return 0
+    print(f"*** torn down in {info.teardown_s:.2f} s, "
+          f"{'clean' if info.teardown_clean else f'LEFTOVERS: {info.leftovers}'}", flush=True)
+    return 0 if info.teardown_clean else 1
 
 
 # -- net test -------------------------------------------------------------------------------------
