@@ -8,13 +8,17 @@ from typing import Any
 import pytest
 from webob import Request
 
-from controller.core import ControllerCore, PortStat
+from controller.core import ControllerCore, ControllerError, PortStat
 from controller.flows import BACKGROUND_COOKIE, table_miss_entry
 from controller.rest import RestApi
 from orchestrator.scheduling.schedule import task_ports
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
+
+
+class BadGateway(ControllerError):
+    status = 502
 
 
 class Clock:
@@ -231,3 +235,39 @@ def test_port_status_changes_are_visible(core: ControllerCore, api: RestApi, pla
     assert topo["ports_down"] == [{"switch": plan.switch(ln.a).name, "port": ln.port_a, "link": [ln.a, ln.b]}]
     assert next(r for r in links["links"] if r["link"] == [ln.a, ln.b])["up"] is False
     assert topo["plan"]["topology"] == plan.topology
+
+
+def test_a_switch_failing_mid_install_rolls_the_task_back(
+    plan: EmulationPlan, fake: FakeSwitches, clock: Clock
+) -> None:
+    class FailingOnS3(FakeSwitches):
+        def install(self, dpid: int, entries: Any) -> None:
+            if dpid == 3 and any(e.cookie == 7 for e in entries):
+                raise BadGateway("s3 rejected a flow mod")
+            super().install(dpid, entries)
+
+    failing = FailingOnS3(plan)
+    failing.connect_all()
+    core = ControllerCore(plan, failing, clock=clock)
+    for sw in plan.switches:
+        core.switch_connected(sw.dpid)
+
+    status, body = call(RestApi(core), "PUT", "/tasks/7", handmade_schedule(plan, task_id=7).to_dict())
+
+    assert status == 502 and "s3 rejected" in body["error"]
+    assert core.tasks == {}
+    assert all(e.cookie != 7 for sw in plan.switches for e in failing.entries(sw.dpid))
+
+
+def test_a_reconnecting_switch_gets_everything_it_must_hold(api: RestApi, core: ControllerCore, plan: EmulationPlan) -> None:
+    call(api, "PUT", "/tasks/7", handmade_schedule(plan, task_id=7).to_dict())
+    call(api, "PUT", "/background", {"pairs": [["A", "C"]]})
+    dpid = plan.switch("B").dpid
+
+    entries = core.expected_entries(dpid)
+
+    assert entries[-1] == table_miss_entry(dpid)
+    # The background pair A-C uses the direct A-C link, so B holds only the task and the table-miss.
+    assert {e.cookie for e in entries} == {0, 7}
+    assert {e.cookie for e in core.expected_entries(plan.switch("A").dpid)} == {0, 7, BACKGROUND_COOKIE}
+    assert len([e for e in entries if e.cookie == 7]) == len([e for e in core.tasks[7].entries if e.dpid == dpid])
