@@ -101,6 +101,14 @@ class ControllerClient:
         path = "/flows" if task_id is None else f"/flows?task={task_id}"
         return list(self.request("GET", path)["flows"])
 
+    def task_bytes(self, task_id: int) -> int:
+        """Carried bytes of a task: the sum over switches of its entries' byte counters.
+
+        Open vSwitch updates OpenFlow counters from its datapath every ~0.5-1 s, so read this a
+        second after the traffic stops (or poll it) for a final figure.
+        """
+        return sum(int(f["bytes"]) for f in self.flows(task_id))
+
     def link_stats(self) -> list[dict[str, Any]]:
         return list(self.request("GET", "/stats/ports")["links"])
 

@@ -12,6 +12,7 @@ from controller.core import ControllerCore
 from controller.rest import RestApi
 from orchestrator.controller_client import ControllerClient, ControllerHTTPError, ControllerUnreachable
 from orchestrator.controller_proc import free_port
+from orchestrator.scheduling.schedule import task_ports
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
@@ -23,7 +24,7 @@ class _Quiet(WSGIRequestHandler):
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[ControllerClient, EmulationPlan]]:
+def served() -> Iterator[tuple[ControllerClient, EmulationPlan, FakeSwitches]]:
     plan = EmulationPlan.from_model(load("triangle"))
     fake = FakeSwitches(plan)
     fake.connect_all()
@@ -34,14 +35,14 @@ def served() -> Iterator[tuple[ControllerClient, EmulationPlan]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield ControllerClient(f"http://127.0.0.1:{server.server_port}", timeout_s=5), plan
+        yield ControllerClient(f"http://127.0.0.1:{server.server_port}", timeout_s=5), plan, fake
     finally:
         server.shutdown()
         server.server_close()
 
 
-def test_install_list_and_remove_through_the_client(served: tuple[ControllerClient, EmulationPlan]) -> None:
-    client, plan = served
+def test_install_list_and_remove_through_the_client(served: tuple[ControllerClient, EmulationPlan, FakeSwitches]) -> None:
+    client, plan, _ = served
 
     summary = client.install_task(handmade_schedule(plan, task_id=5))
     listed = client.tasks()
@@ -54,8 +55,8 @@ def test_install_list_and_remove_through_the_client(served: tuple[ControllerClie
     assert removed["task_id"] == 5 and client.tasks() == []
 
 
-def test_errors_carry_the_controllers_message(served: tuple[ControllerClient, EmulationPlan]) -> None:
-    client, _ = served
+def test_errors_carry_the_controllers_message(served: tuple[ControllerClient, EmulationPlan, FakeSwitches]) -> None:
+    client, _, _ = served
 
     with pytest.raises(ControllerHTTPError) as info:
         client.remove_task(77)
@@ -64,8 +65,8 @@ def test_errors_carry_the_controllers_message(served: tuple[ControllerClient, Em
     assert "no task 77" in info.value.message
 
 
-def test_wait_for_names_what_it_awaited(served: tuple[ControllerClient, EmulationPlan]) -> None:
-    client, _ = served
+def test_wait_for_names_what_it_awaited(served: tuple[ControllerClient, EmulationPlan, FakeSwitches]) -> None:
+    client, _, _ = served
 
     ok = client.wait_for("three switches", lambda h: h["switches_connected"] == 3, timeout_s=2)
     with pytest.raises(TimeoutError, match="waiting for nine switches"):
@@ -81,3 +82,16 @@ def test_only_loopback_is_allowed_and_silence_is_unreachable() -> None:
 
     with pytest.raises(ControllerUnreachable):
         client.health()
+
+
+def test_task_bytes_sums_the_tasks_counters(served: tuple[ControllerClient, EmulationPlan, FakeSwitches]) -> None:
+    client, plan, fake = served
+    client.install_task(handmade_schedule(plan, task_id=5))
+    bport, _ = task_ports(5)
+    for _ in range(3):
+        fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=bport, nbytes=1000)
+
+    total = client.task_bytes(5)
+
+    # Three packets over the two switches of the A->B broadcast edge.
+    assert total == 3 * 1000 * 2
