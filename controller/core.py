@@ -233,6 +233,7 @@ class ControllerCore:
             old = self.tasks.get(task_id)
             touched = {e.dpid for e in entries} | ({e.dpid for e in old.entries} if old else set())
             self._require_connected(touched)
+            self._require_no_overlap(task_id, entries)
             self.tasks[task_id] = InstalledTask(schedule, entries, self.clock())
         try:
             if old is not None:
@@ -250,6 +251,23 @@ class ControllerCore:
                     self.record_error(dpid, f"rollback of task {task_id} failed: {cleanup_error}")
             raise
         return self._task_summary_of(task_id, schedule, entries)
+
+    def _require_no_overlap(self, task_id: int, entries: Sequence[FlowEntry]) -> None:
+        """Refuse entries that would overwrite another task's (same switch, priority and match).
+
+        Task ports repeat every `TASK_PORT_SLOTS` task ids, so two such tasks on the same hosts clash.
+        """
+        mine = {(e.dpid, e.priority, e.match) for e in entries}
+        for other_id, other in self.tasks.items():
+            if other_id == task_id:
+                continue
+            clash = mine & {(e.dpid, e.priority, e.match) for e in other.entries}
+            if clash:
+                dpid, _prio, match = sorted(clash)[0]
+                raise Conflict(
+                    f"task {task_id} would overwrite task {other_id}'s entry on {self._switch_name(dpid)} "
+                    f"for {dict(match)}; remove task {other_id} first"
+                )
 
     def remove_task(self, task_id: int) -> dict[str, Any]:
         """Remove a task's entries (by cookie). Raises `NotFound` for an unknown task."""

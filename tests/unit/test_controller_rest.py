@@ -271,3 +271,13 @@ def test_a_reconnecting_switch_gets_everything_it_must_hold(api: RestApi, core: 
     assert {e.cookie for e in entries} == {0, 7}
     assert {e.cookie for e in core.expected_entries(plan.switch("A").dpid)} == {0, 7, BACKGROUND_COOKIE}
     assert len([e for e in entries if e.cookie == 7]) == len([e for e in core.tasks[7].entries if e.dpid == dpid])
+
+
+def test_a_task_whose_ports_clash_with_an_installed_task_is_refused(api: RestApi, plan: EmulationPlan) -> None:
+    call(api, "PUT", "/tasks/7", handmade_schedule(plan, task_id=7).to_dict())
+    same_ports = 7 + 10000  # task ports repeat every 10000 task ids
+
+    status, body = call(api, "PUT", f"/tasks/{same_ports}", handmade_schedule(plan, task_id=same_ports).to_dict())
+
+    assert status == 409 and "overwrite task 7" in body["error"]
+    assert [t["task_id"] for t in call(api, "GET", "/tasks")[1]["tasks"]] == [7]
