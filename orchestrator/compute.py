@@ -92,6 +92,14 @@ class LoopbackBackend:
     def address(self, site: str) -> str:
         return self._addr[site]
 
+    def task_log_dir(self, wanted: Path) -> Path:
+        """The directory a task's agents log to (created)."""
+        wanted.mkdir(parents=True, exist_ok=True)
+        return wanted
+
+    def after_task(self, log_dir: Path) -> None:
+        """Nothing to release: `run_task` stopped the processes."""
+
 
     def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
         cfg = _with_events(config, log_dir)
@@ -146,6 +154,14 @@ class ProcessBackend:
         except KeyError as e:
             raise ConfigError(f"site {site!r} has no emulated host") from e
 
+    def task_log_dir(self, wanted: Path) -> Path:
+        """The directory a task's agents log to (created; hosts share the file system)."""
+        wanted.mkdir(parents=True, exist_ok=True)
+        return wanted
+
+    def after_task(self, log_dir: Path) -> None:
+        """Nothing to release: `run_task` stopped the processes."""
+
 
     def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
         cfg = _with_events(config, log_dir)
@@ -177,6 +193,17 @@ def docker_client() -> Any:
     except Exception as e:
         raise ConfigError(f"no Docker daemon answers: {e}") from e
     return client
+
+
+_CLIENT: Any = None
+
+
+def _shared_client() -> Any:
+    """One Docker client for all worker hosts of this process."""
+    global _CLIENT
+    if _CLIENT is None:
+        _CLIENT = docker_client()
+    return _CLIENT
 
 
 def image_exists(client: Any, image: str = DEFAULT_IMAGE) -> bool:
@@ -262,7 +289,7 @@ def make_docker_host_class() -> type:
             **params: Any,
         ) -> None:
             self.image = image
-            self.run_id = run_id or uuid.uuid4().hex[:12]
+            self.run_id = run_id or os.environ.get("NETAI_RUN") or uuid.uuid4().hex[:12]
             self.cpus = cpus
             self.memory_mb = memory_mb
             self.log_dir = log_dir
@@ -274,7 +301,7 @@ def make_docker_host_class() -> type:
             if getattr(self, "shell", None):
                 return
             if self.dclient is None:
-                self.dclient = docker_client()
+                self.dclient = _shared_client()
             kwargs: dict[str, Any] = {
                 "name": f"netai-{self.run_id}-{self.name}",
                 "command": ["sleep", "infinity"],
@@ -283,7 +310,9 @@ def make_docker_host_class() -> type:
                 "hostname": self.name,
                 "labels": {RUN_LABEL: self.run_id, SITE_LABEL: self.name},
                 "init": True,
-                "cap_add": ["NET_ADMIN"],
+                # IPv6 neighbour discovery would only hit the table-miss entry (the emulation's
+                # own sysctl cannot write the container's read-only /proc/sys).
+                "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"},
             }
             if self.cpus:
                 kwargs["nano_cpus"] = int(self.cpus * 1e9)
@@ -389,13 +418,17 @@ class DockerBackend:
     Parameters
     ----------
     hosts
-        Site -> `DockerWorkerHost` (built with ``log_dir`` = the run's log directory).
+        Site -> `DockerWorkerHost`; all mount the same host directory `log_root` at
+        `CONTAINER_LOG_DIR` (see `emulation_options`).
     """
 
     name = "docker"
 
-    def __init__(self, hosts: Mapping[str, Any]) -> None:
+    def __init__(self, hosts: Mapping[str, Any], *, log_root: Path) -> None:
         self._hosts = dict(hosts)
+        self.log_root = log_root.resolve()
+        #: Every agent started, for inspection (which container ran it) and cleanup.
+        self.started: list[ExecHandle] = []
 
     def address(self, site: str) -> str:
         try:
@@ -403,14 +436,76 @@ class DockerBackend:
         except KeyError as e:
             raise ConfigError(f"site {site!r} has no emulated host") from e
 
+    def container(self, site: str) -> Any:
+        """The Docker SDK container object of a site's host."""
+        return self._hosts[site].container
+
+    def task_log_dir(self, wanted: Path) -> Path:
+        """A directory under the containers' mount for one task; `wanted` becomes a link to it."""
+        real = self.log_root / wanted.name
+        real.mkdir(parents=True, exist_ok=True)
+        if wanted.resolve() != real:
+            wanted.parent.mkdir(parents=True, exist_ok=True)
+            if not wanted.exists() and not wanted.is_symlink():
+                wanted.symlink_to(real, target_is_directory=True)
+        return wanted
+
+    def _in_container(self, path: Path) -> str:
+        real = path.resolve()
+        try:
+            rel = real.relative_to(self.log_root)
+        except ValueError as e:
+            raise ConfigError(f"{path} is not under the containers' log mount {self.log_root}") from e
+        return f"{CONTAINER_LOG_DIR}/{rel}".rstrip("/.") if str(rel) != "." else CONTAINER_LOG_DIR
 
     def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ExecHandle:
-        host = self._hosts[site]
-        if host.log_dir is None or Path(host.log_dir).resolve() != log_dir.resolve():
-            raise ConfigError(f"{site}: the container mounts {host.log_dir}, not the run's log dir {log_dir}")
         from dataclasses import replace
 
-        cfg = replace(config, events_path=f"{CONTAINER_LOG_DIR}/{site}.events.jsonl")
+        host = self._hosts[site]
+        inside = self._in_container(log_dir)
+        cfg = replace(config, events_path=f"{inside}/{site}.events.jsonl")
         _write_config(log_dir, cfg)
-        exec_id = host.exec_agent(f"{CONTAINER_LOG_DIR}/{site}.config.json", f"{CONTAINER_LOG_DIR}/{site}.out.txt")
-        return ExecHandle(site, host, exec_id)
+        exec_id = host.exec_agent(f"{inside}/{site}.config.json", f"{inside}/{site}.out.txt")
+        handle = ExecHandle(site, host, exec_id)
+        self.started.append(handle)
+        return handle
+
+    def after_task(self, log_dir: Path) -> None:
+        """Kill any agent of the task still running (they normally have exited)."""
+        for h in self.started:
+            h.stop()
+        self.started.clear()
+
+
+# -- wiring into the emulation -------------------------------------------------------------------------
+def emulation_options(kind: str, *, log_dir: Path, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+    """Keyword arguments for `orchestrator.emulation.Emulation` that host a backend's workers.
+
+    ``docker``: every host is a `DockerWorkerHost` of `image` with its site's CPU and memory limits,
+    mounting `log_dir` (created) at `CONTAINER_LOG_DIR`. ``process``: plain Mininet hosts ({}).
+    """
+    if kind == "process":
+        return {}
+    if kind != "docker":
+        raise ConfigError(f"backend {kind!r} does not run in the emulation (use docker or process)")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    root = str(log_dir.resolve())
+
+    def params(h: Any) -> dict[str, Any]:
+        return {"image": image, "cpus": float(h.cpu), "memory_mb": int(h.memory_mb), "log_dir": root}
+
+    return {"host_cls": make_docker_host_class(), "host_params": params}
+
+
+def open_backend(kind: str, emu: Any) -> ProcessBackend | DockerBackend:
+    """The compute backend over a running emulation's hosts (one per compute site)."""
+    hosts = {h.site: emu.host(h.site) for h in emu.plan.hosts}
+    if kind == "process":
+        return ProcessBackend(hosts)
+    if kind == "docker":
+        roots = {getattr(h, "log_dir", None) for h in hosts.values()}
+        if len(roots) != 1 or None in roots:
+            raise ConfigError("the emulation's hosts are not worker containers: build it with "
+                              "emulation_options('docker', log_dir=...)")
+        return DockerBackend(hosts, log_root=Path(str(roots.pop())))
+    raise ConfigError(f"backend {kind!r} does not run in the emulation (use docker or process)")
