@@ -1,4 +1,10 @@
-"""Integration-test helpers: keep each test's report on its item, so fixtures can react to failures."""
+"""Integration-test helpers.
+
+- Each test's report is kept on its item (``item.rep_call``), so fixtures can dump flows and
+  controller logs when a test failed.
+- `figures` collects measured figures (bring-up seconds, iperf ratios); they are printed in the
+  terminal summary of every run, passing or not.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +13,24 @@ from typing import Any
 
 import pytest
 
+_FIGURES: list[str] = []
+
 
 @pytest.hookimpl(tryfirst=True, hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Generator[None, Any, None]:
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture
+def figures() -> list[str]:
+    """Append a line to have it printed in the run's terminal summary."""
+    return _FIGURES
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _FIGURES:
+        terminalreporter.section("netai measured figures")
+        for line in _FIGURES:
+            terminalreporter.write_line(line)

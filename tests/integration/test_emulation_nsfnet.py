@@ -76,14 +76,14 @@ def installed(nsfnet: Emulation, mst_schedule: Schedule) -> Iterator[Schedule]:
     nsfnet.client.remove_task(mst_schedule.task_id)
 
 
-def test_nsfnet_comes_up_with_every_switch_connected_quickly(nsfnet: Emulation) -> None:
+def test_nsfnet_comes_up_with_every_switch_connected_quickly(nsfnet: Emulation, figures: list[str]) -> None:
     info = nsfnet.info
     assert info is not None
 
     health = nsfnet.client.health()
 
-    print(f"\nNSFNET: {info.switches_connected}/14 switches connected in {info.bringup_s:.2f} s "
-          f"(datapath {info.datapath}, delay emulated: {info.delay_emulated})")
+    figures.append(f"NSFNET bring-up: {info.switches_connected}/14 switches connected in {info.bringup_s:.2f} s "
+                   f"(datapath {info.datapath}, delay emulated: {info.delay_emulated})")
     assert health["switches_connected"] == health["switches_expected"] == 14
     assert info.bringup_s < MAX_BRINGUP_S
     bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout.split()
