@@ -28,6 +28,7 @@ from controller.flows import (
     table_miss_entries,
 )
 from orchestrator.emulation import Emulation
+from orchestrator.errors import ConfigError
 from orchestrator.scheduling.schedule import Schedule, task_ports
 from topologies.plan import DEFAULT_MAX_LINK_MBPS, EmulationPlan
 
@@ -219,7 +220,13 @@ def self_test(
     task = generate_tasks(model, count=1, locals_per_task=locals_per_task, seed=seed)[0]
     schedule = get_scheduler("mst").schedule(NetworkState(model), task)
     if schedule.blocked:
-        raise RuntimeError(f"the mst scheduler blocked task {task.id}: {schedule.reason}")
+        raise ConfigError(f"the mst scheduler blocked the test task {task.id}: {schedule.reason}")
+    # Decide the isolation and iperf3 pairs before anything starts: a topology too small is a usage error.
+    try:
+        iso_a, iso_b = isolated_pair(plan, set(schedule.overlay_nodes))
+    except ValueError as e:
+        raise ConfigError(f"{topology}: {e}; use fewer --locals") from e
+    perf_a, perf_b, perf_path = longest_shortest_pair(plan, min_hops=3)
     result: dict[str, Any] = {"topology": topology, "task": task.id, "scheduler": "mst"}
     emu = Emulation(plan)
     with emu:
@@ -245,7 +252,7 @@ def self_test(
         result["path_failures"] = failures
         say(f"paths: {len(schedule.edges) - len(failures)}/{len(schedule.edges)} overlay edges carry TCP")
         # Two hosts no route joins stay isolated (TCP on a task port and ICMP).
-        a, b = isolated_pair(plan, set(schedule.overlay_nodes))
+        a, b = iso_a, iso_b
         tcp = iperf(emu.host(a), emu.host(b), edge_port(schedule, "broadcast"), nbytes=10_000, connect_timeout_s=1.0)
         icmp = ping_ok(emu.host(a), emu.host(b))
         result["isolation_ok"] = not tcp.ok and not icmp
@@ -276,7 +283,7 @@ def self_test(
         result["bytes_sent"], result["bytes_counted"] = sent.bytes_received, grown
         say(f"byte counters: {sent.bytes_received} payload bytes received, {grown} counted on {edge.src}'s switch")
         # iperf3 over a shaped multi-hop path (a background route between two other hosts).
-        a, b, path = longest_shortest_pair(plan, min_hops=3)
+        a, b, path = perf_a, perf_b, perf_path
         emu.client.set_background([[a, b]])
         configured = min(plan_link_mbps(plan, u, v) for u, v in itertools.pairwise(path))
         r = iperf(emu.host(a), emu.host(b), 5201, seconds=iperf_seconds)
