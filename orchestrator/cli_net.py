@@ -111,7 +111,7 @@ def _print_test_summary(r: dict[str, Any]) -> None:
     print(f"overlay paths       {mark(r['paths_ok'])} {'; '.join(r['path_failures'])}")
     print(f"isolation           {mark(r['isolation_ok'])} ({' <-> '.join(r['isolated_pair'])})")
     print(f"flow tables         {mark(r['flows_match'])} {json.dumps(r['flow_diffs']) if r['flow_diffs'] else ''}")
-    print(f"byte counters       {mark(r['bytes_ok'])} (sent {r['bytes_sent']}, counted {r['bytes_counted']})")
+    print(f"byte counters       {mark(r['bytes_ok'])} (payload received {r['bytes_sent']}, counted {r['bytes_counted']})")
     print(f"iperf3              {r['iperf_mbps']:.1f} / {r['iperf_configured_mbps']:g} Mbit/s over "
           f"{len(r['iperf_path']) - 1} shaped links: ratio {r['iperf_ratio']:.3f} of line rate, "
           f"{r['iperf_ratio_of_ceiling']:.3f} of the TCP goodput ceiling")
