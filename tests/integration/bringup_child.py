@@ -17,6 +17,9 @@ from topologies.plan import EmulationPlan
 
 
 def main() -> int:
+    # Behave like a program started from a terminal even if an ancestor ignored SIGINT (a shell's
+    # background job does), so that the Ctrl-C test means the same everywhere.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     plan = EmulationPlan.from_model(load(sys.argv[1]))
     with Emulation(plan) as emu:
         assert emu.controller is not None
