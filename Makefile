@@ -36,4 +36,4 @@ benchmark:
 	$(PY) benchmarks/bench_scheduling.py
 
 clean:
-	@if [ -x $(NETAI) ]; then $(NETAI) clean; else echo "nothing to clean: no venv (run make setup first)"; fi
+	@if [ -x $(NETAI) ]; then $(NETAI) clean; else bash scripts/clean.sh; fi
