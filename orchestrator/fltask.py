@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.schedule import Schedule, task_ports
-from workers.agent import AgentConfig, Peer
+from workers.agent import DEFAULT_CHUNK_BYTES, AgentConfig, Peer
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -47,7 +47,8 @@ class FLOptions:
     child_timeout_s: float = 60.0
     connect_timeout_s: float = 60.0
     global_timeout_s: float = 600.0
-    max_chunk_bytes: int | None = None
+    #: Messages travel in chunks of this size so the receiver checks chunk i while i+1 arrives.
+    max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
     threads: int = 1
 
 

@@ -33,10 +33,11 @@ import json
 import os
 import queue
 import socket
+import struct
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import IO, Any
@@ -48,6 +49,7 @@ from workers.aggregate import WeightedAccumulator
 from workers.data import Dataset, load_dataset, partition
 from workers.models import build_model, state_nbytes
 from workers.wire import (
+    Buffer,
     FrameError,
     Message,
     TensorSet,
@@ -56,6 +58,9 @@ from workers.wire import (
     read_message,
     send_message,
 )
+
+#: Chunk size of GLOBAL and UPDATE messages (1 MiB was fastest in benchmarks/bench_transfer.py).
+DEFAULT_CHUNK_BYTES = 1024 * 1024
 
 #: Slack on top of the model's tensor bytes for the safetensors header of each chunk.
 PAYLOAD_SLACK_BYTES = 1024 * 1024
@@ -105,7 +110,8 @@ class AgentConfig:
     child_timeout_s: float = 60.0
     connect_timeout_s: float = 30.0
     global_timeout_s: float = 600.0
-    max_chunk_bytes: int | None = None
+    #: Messages travel in chunks of this size so the receiver checks chunk i while i+1 arrives.
+    max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
     threads: int = 1
     events_path: str | None = None
 
@@ -258,7 +264,10 @@ class Agent:
     def _serve(self, conn: socket.socket, addr: tuple[str, int], kind: str) -> None:
         """Read messages from one connection; validate; queue the good ones, log the bad ones."""
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.settimeout(self.cfg.global_timeout_s)
+        # Blocking with a kernel receive timeout: payloads are then received in place (MSG_WAITALL).
+        conn.settimeout(None)
+        secs = int(self.cfg.global_timeout_s)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", secs, 0))
         with conn:
             while True:
                 t0 = time.monotonic()
@@ -311,7 +320,7 @@ class Agent:
             raise err
 
     # -- network: sending ---------------------------------------------------------------------------
-    def send(self, peer: Peer, port: int, pieces: list[bytes], *, round: int, what: str) -> bool:
+    def send(self, peer: Peer, port: int, pieces: Sequence[Buffer], *, round: int, what: str) -> bool:
         """Connect (retrying refused connects until `connect_timeout_s`), send, close."""
         deadline = time.monotonic() + self.cfg.connect_timeout_s
         t0 = time.monotonic()

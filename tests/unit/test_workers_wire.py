@@ -22,8 +22,11 @@ from workers.wire import (
     check_tensors,
     encode_frame,
     encode_message,
+    merge_slices,
+    message_bytes,
     read_message,
     send_message,
+    split_tensors,
 )
 
 TENSORS = {"a.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4), "a.bias": torch.ones(4)}
@@ -52,12 +55,12 @@ def test_roundtrip_single_and_chunked(max_chunk_bytes: int | None) -> None:
     pieces = encode_message(type="UPDATE", task=5, round=2, sender="L1", tensors=TENSORS,
                             num_examples=42, max_chunk_bytes=max_chunk_bytes)
 
-    msg = _roundtrip(b"".join(pieces))
+    msg = _roundtrip(message_bytes(pieces))
 
     assert msg is not None
     assert msg.header.type == "UPDATE" and msg.header.task == 5 and msg.header.round == 2
     assert msg.header.num_examples == 42
-    assert msg.header.chunks == (2 if max_chunk_bytes == 16 else 1)
+    assert (msg.header.chunks > 1) == (max_chunk_bytes == 16)
     assert set(msg.tensors) == set(TENSORS)
     for k, t in TENSORS.items():
         assert torch.equal(msg.tensors[k], t)
@@ -65,7 +68,7 @@ def test_roundtrip_single_and_chunked(max_chunk_bytes: int | None) -> None:
 
 
 def test_payloadless_message_and_clean_eof() -> None:
-    msg = _roundtrip(b"".join(encode_message(type="STOP", task=1, round=1, sender="G")))
+    msg = _roundtrip(message_bytes(encode_message(type="STOP", task=1, round=1, sender="G")))
     assert msg is not None and msg.header.type == "STOP" and msg.tensors == {}
     assert _roundtrip(b"") is None
 
@@ -79,7 +82,7 @@ def test_send_message_counts_bytes() -> None:
 
 
 def _payload() -> bytes:
-    return encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=TENSORS)[1]
+    return message_bytes(encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=TENSORS)[1:])
 
 
 @pytest.mark.parametrize(
@@ -111,7 +114,7 @@ def test_bad_frames_are_rejected(raw: bytes, reason: str) -> None:
 
 
 def test_oversized_payload_is_rejected_against_the_agent_limit() -> None:
-    raw = b"".join(encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=TENSORS))
+    raw = message_bytes(encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=TENSORS))
     with pytest.raises(FrameError) as e:
         _roundtrip(raw, max_payload_bytes=32)
     assert e.value.reason == "oversized"
@@ -140,7 +143,7 @@ def test_chunk_from_another_message_is_rejected() -> None:
     first = encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=TENSORS, max_chunk_bytes=16)
     other = encode_message(type="GLOBAL", task=1, round=2, sender="G", tensors=TENSORS, max_chunk_bytes=16)
     with pytest.raises(FrameError) as e:
-        _roundtrip(b"".join(first[:2] + other[2:]))
+        _roundtrip(message_bytes(first[:2] + other[2:]))
     assert e.value.reason == "bad_chunk"
 
 
@@ -165,3 +168,34 @@ def test_encode_frame_fills_length_and_checksum() -> None:
     magic, _v, _f, _r, hlen, plen = struct.unpack(">4sBBHIQ", head[:20])
     h = json.loads(head[20 : 20 + hlen])
     assert (magic, plen, h["nbytes"], h["sha256"]) == (MAGIC, 3, 3, hashlib.sha256(b"abc").hexdigest())
+
+
+def test_zero_copy_encoding_is_valid_safetensors() -> None:
+    from safetensors.torch import load as st_load
+
+    tensors = {**TENSORS, "c": torch.tensor(3.5), "d": torch.arange(6, dtype=torch.int64).reshape(2, 3)}
+    pieces = encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=tensors)
+
+    decoded = st_load(message_bytes(pieces[1:]))
+
+    assert set(decoded) == set(tensors)
+    assert all(torch.equal(decoded[k], v) for k, v in tensors.items())
+
+
+def test_large_tensor_is_sliced_across_chunks_and_merged() -> None:
+    big = {"w": torch.randn(100, 7), "b": torch.randn(7)}
+    groups = split_tensors(big, 7 * 4 * 30)  # 30 rows per chunk
+    pieces = encode_message(type="UPDATE", task=1, round=1, sender="L", tensors=big, num_examples=3,
+                            max_chunk_bytes=7 * 4 * 30)
+
+    msg = _roundtrip(message_bytes(pieces))
+
+    assert len(groups) >= 4 and any("w@" in n for g in groups for n in g)
+    assert msg is not None and msg.header.chunks == len(groups)
+    assert torch.equal(msg.tensors["w"], big["w"]) and torch.equal(msg.tensors["b"], big["b"])
+
+
+def test_slices_that_do_not_tile_are_rejected() -> None:
+    with pytest.raises(FrameError) as e:
+        merge_slices({"w@0": torch.zeros(2, 3), "w@3": torch.zeros(2, 3)})
+    assert e.value.reason == "bad_chunk"

@@ -1,0 +1,208 @@
+"""Benchmark: the FL agent's model transfer throughput against raw iperf3 on the same link.
+
+Creates two network namespaces joined by one unshaped link (names carry this process's id; all is
+removed on every exit path): ``veth``, one raw veth pair; ``ovs``, each namespace on a userspace
+Open vSwitch bridge, the testbed's own host-to-switch data path. It measures raw TCP goodput with iperf3 in each direction,
+then runs a real two-agent task (G in one namespace, one local model in the other) with a model
+of >= 40 MB of float32 weights and reads the agents' timing events:
+
+- GLOBAL (G -> L): G's ``forward_sent`` ``send_s`` (connect to the receiver having read,
+  checksummed, parsed and shape-checked every tensor and closed the connection);
+- UPDATE (L -> G): L's ``update_sent`` ``send_s``, likewise.
+
+Throughput = bytes on the wire / send_s. The figure printed is the median over rounds as a ratio to
+iperf3 in the same direction (target >= 0.7). Encoding (safetensors views + SHA-256, done once per
+message whatever the number of children) is reported separately.
+
+Run as root: ``sudo .venv/bin/python benchmarks/bench_transfer.py [--quick] [--json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.compute import ProcessHandle, _agent_env, _write_config  # noqa: E402
+from orchestrator.fltask import FLOptions, read_events, run_task  # noqa: E402
+from orchestrator.scheduling.schedule import Schedule  # noqa: E402
+from workers.agent import AgentConfig  # noqa: E402
+
+ADDR_A, ADDR_B = "10.213.0.1", "10.213.0.2"
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), check=check, capture_output=True, text=True)
+
+
+class VethPair:
+    """Two namespaces joined by one veth pair (``link="veth"``), or each by its own veth pair to a
+    userspace Open vSwitch bridge (``link="ovs"``: the testbed's host-to-switch data path, with
+    checksum offload off as TCP needs there). A context manager that always removes all of it."""
+
+    def __init__(self, link: str = "veth") -> None:
+        if link not in ("veth", "ovs"):
+            raise ValueError(f"link must be veth or ovs, got {link!r}")
+        self.link = link
+        tag = f"{os.getpid() % 100000}"
+        self.ns_a, self.ns_b = f"netai-bt{tag}a", f"netai-bt{tag}b"
+        self.if_a, self.if_b = f"nbt{tag}a", f"nbt{tag}b"
+        self.bridge = f"nbtbr{tag}"
+
+    def __enter__(self) -> VethPair:
+        try:
+            sh("ip", "netns", "add", self.ns_a)
+            sh("ip", "netns", "add", self.ns_b)
+            if self.link == "veth":
+                sh("ip", "link", "add", self.if_a, "type", "veth", "peer", "name", self.if_b)
+            else:
+                sh("ovs-vsctl", "--timeout=10", "add-br", self.bridge, "--", "set", "bridge", self.bridge,
+                   "datapath_type=netdev", "external-ids:netai-bench=1")
+                for ifname in (self.if_a, self.if_b):
+                    sh("ip", "link", "add", ifname, "type", "veth", "peer", "name", ifname + "p")
+                    sh("ovs-vsctl", "--timeout=10", "add-port", self.bridge, ifname + "p")
+                    sh("ethtool", "-K", ifname + "p", "tx", "off", "rx", "off")
+                    sh("ip", "link", "set", ifname + "p", "up")
+            for ns, ifname, addr in ((self.ns_a, self.if_a, ADDR_A), (self.ns_b, self.if_b, ADDR_B)):
+                sh("ip", "link", "set", ifname, "netns", ns)
+                sh("ip", "-n", ns, "addr", "add", f"{addr}/30", "dev", ifname)
+                sh("ip", "-n", ns, "link", "set", ifname, "up")
+                sh("ip", "-n", ns, "link", "set", "lo", "up")
+                if self.link == "ovs":
+                    sh(*self.exec(ns, "ethtool", "-K", ifname, "tx", "off", "rx", "off"))
+        except BaseException:
+            self.__exit__(None, None, None)
+            raise
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        for ns in (self.ns_a, self.ns_b):
+            sh("ip", "netns", "del", ns, check=False)  # takes its veth end, and so the pair, with it
+        if self.link == "ovs":
+            sh("ovs-vsctl", "--timeout=10", "--if-exists", "del-br", self.bridge, check=False)
+
+    def exec(self, ns: str, *cmd: str) -> list[str]:
+        return ["ip", "netns", "exec", ns, *cmd]
+
+
+def iperf3_mbps(pair: VethPair, *, seconds: int, reverse: bool) -> float:
+    """Raw TCP goodput A -> B (or B -> A with `reverse`), Mbit/s, as iperf3's receiver saw it."""
+    port = "5341"
+    server = subprocess.Popen(pair.exec(pair.ns_b, "iperf3", "-s", "-1", "-B", ADDR_B, "-p", port),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # poll for the server's listening socket, bounded
+            out = sh(*pair.exec(pair.ns_b, "ss", "-Hltn", f"sport = :{port}"), check=False).stdout
+            if out.strip():
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError("iperf3 server did not listen within 10 s")
+            time.sleep(0.05)
+        args = ["iperf3", "-c", ADDR_B, "-B", ADDR_A, "-p", port, "-t", str(seconds), "-J"]
+        if reverse:
+            args.append("-R")
+        res = sh(*pair.exec(pair.ns_a, *args))
+        return float(json.loads(res.stdout)["end"]["sum_received"]["bits_per_second"]) / 1e6
+    finally:
+        server.kill()
+        server.wait()
+
+
+class NetnsBackend:
+    """G in namespace A, the local model in namespace B (a compute backend for `run_task`)."""
+
+    name = "netns"
+
+    def __init__(self, pair: VethPair) -> None:
+        self.pair = pair
+        self._where = {"G": (pair.ns_a, ADDR_A), "L": (pair.ns_b, ADDR_B)}
+
+    def address(self, site: str) -> str:
+        return self._where[site][1]
+
+    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
+        cfg = replace(config, events_path=str(log_dir / f"{site}.events.jsonl"))
+        path = _write_config(log_dir, cfg)
+        with open(log_dir / f"{site}.out.txt", "wb") as out:
+            popen = subprocess.Popen(
+                self.pair.exec(self._where[site][0], sys.executable, "-m", "workers.agent", "--config", str(path)),
+                stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=_agent_env(),
+            )
+        return ProcessHandle(site, popen)
+
+
+def run(
+    *, rounds: int, iperf_s: int, model: str, hidden: int, chunk_mb: float, log_dir: Path, link: str = "veth"
+) -> dict[str, Any]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    schedule = Schedule(task_id=77, scheduler="bench", global_site="G", local_sites=("L",), demand_mbps=1.0,
+                        broadcast_parent={"L": "G"}, upload_parent={"L": "G"})
+    options = FLOptions(rounds=rounds, model=model, model_args={"hidden": hidden}, local_epochs=1,
+                        max_chunk_bytes=int(chunk_mb * 2**20) or None)
+    with VethPair(link) as pair:
+        raw_ab = iperf3_mbps(pair, seconds=iperf_s, reverse=False)
+        raw_ba = iperf3_mbps(pair, seconds=iperf_s, reverse=True)
+        result = run_task(schedule, backend=NetnsBackend(pair), options=options, log_dir=log_dir)
+    g = read_events(log_dir / "G.events.jsonl")
+    loc = read_events(log_dir / "L.events.jsonl")
+    down = [8 * e["nbytes"] / e["send_s"] / 1e6 for e in g if e["event"] == "forward_sent"]
+    up = [8 * e["nbytes"] / e["send_s"] / 1e6 for e in loc if e["event"] == "update_sent"]
+    return {
+        "link": link,
+        "model": model,
+        "model_bytes": result.model_bytes,
+        "chunk_bytes": options.max_chunk_bytes,
+        "rounds": rounds,
+        "iperf3_mbps": {"G->L": raw_ab, "L->G": raw_ba},
+        "agent_mbps": {"G->L": down, "L->G": up},
+        "ratio": {"G->L": statistics.median(down) / raw_ab, "L->G": statistics.median(up) / raw_ba},
+        "log_dir": str(log_dir),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="3 rounds, 2 s of iperf3")
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--hidden", type=int, default=3200, help="width of the 'large' model (3200: 42 MB)")
+    parser.add_argument("--chunk-mb", type=float, default=1.0, help="chunk size of a message, MiB (0: one frame)")
+    parser.add_argument("--log-dir", type=Path, default=Path("/var/tmp/netai-bench-transfer"))
+    parser.add_argument("--link", choices=("veth", "ovs", "both"), default="both",
+                        help="veth: one raw veth pair; ovs: through a userspace OVS bridge (the testbed's path)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_transfer: run as root (it creates network namespaces)", file=sys.stderr)
+        return 2
+    results = [
+        run(rounds=3 if args.quick else args.rounds, iperf_s=2 if args.quick else 5, model="large",
+            hidden=args.hidden, chunk_mb=args.chunk_mb, log_dir=args.log_dir / link, link=link)
+        for link in (("veth", "ovs") if args.link == "both" else (args.link,))
+    ]
+    if args.json:
+        print(json.dumps(results, indent=1))
+        return 0
+    for res in results:
+        mb = res["model_bytes"] / 1e6
+        print(f"{res['link']}: model {res['model']} {mb:.1f} MB of weights, chunks of {res['chunk_bytes']} bytes, "
+              f"{res['rounds']} rounds")
+        for d in ("G->L", "L->G"):
+            agent = res["agent_mbps"][d]
+            print(f"  {d}: iperf3 {res['iperf3_mbps'][d]:9.0f} Mbit/s   agent median {statistics.median(agent):9.0f} "
+                  f"Mbit/s (min {min(agent):.0f}, max {max(agent):.0f})   ratio {res['ratio'][d]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
