@@ -25,6 +25,7 @@ from typing import Any, Protocol
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.schedule import Schedule, task_ports
 from workers.agent import DEFAULT_CHUNK_BYTES, AgentConfig, Peer
+from workers.models import normalize_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,7 +138,7 @@ def agent_configs(
             ),
             upload_parent=None if up is None else Peer(site=up, host=addresses[up]),
             upload_children=tuple(up_children[n]),
-            model=options.model,
+            model=normalize_spec(options.model),
             model_args=dict(options.model_args),
             model_seed=options.seed,
             dataset=options.dataset,
@@ -280,6 +281,16 @@ def missing_events(
 
 
 # -- running ----------------------------------------------------------------------------------------
+def _last_words(events_path: Path) -> str:
+    """The agent's last error event or output line (for one-line error messages)."""
+    errors = [e for e in read_events(events_path) if e.get("event") == "error"]
+    if errors:
+        return str(errors[-1].get("detail", "error"))
+    out = events_path.with_name(events_path.name.replace(".events.jsonl", ".out.txt"))
+    lines = out.read_text(errors="replace").strip().splitlines() if out.exists() else []
+    return lines[-1] if lines else f"no output (see {out})"
+
+
 def _wait_ready(paths: Mapping[str, Path], handles: Mapping[str, WorkerHandle], timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     waiting = dict(paths)
@@ -288,7 +299,9 @@ def _wait_ready(paths: Mapping[str, Path], handles: Mapping[str, WorkerHandle], 
             if any(e.get("event") == "ready" for e in read_events(p)):
                 del waiting[site]
             elif (status := handles[site].poll()) is not None:
-                raise RuntimeError(f"the agent of {site} exited with status {status} before it was ready ({p})")
+                raise RuntimeError(
+                    f"the agent of {site} exited with status {status} before it was ready: {_last_words(p)}"
+                )
         if not waiting:
             return
         if time.monotonic() > deadline:
@@ -338,7 +351,8 @@ def run_task(
             status = {n: h.poll() for n, h in handles.items()}
             failed = {n: s for n, s in status.items() if s not in (None, 0)}
             if failed:
-                raise RuntimeError(f"agents failed (exit status): {failed}; logs in {log_dir}")
+                why = "; ".join(f"{n}: {_last_words(paths[n])}" for n in failed)
+                raise RuntimeError(f"agents failed (exit status {failed}): {why}; logs in {log_dir}")
             if all(s == 0 for s in status.values()):
                 break
             if status[g] == 0:

@@ -88,6 +88,14 @@ def resolve_factory(spec: str) -> ModelFactory:
     return factory
 
 
+def normalize_spec(spec: str) -> str:
+    """The spec with a ``file.py`` part made absolute (agents do not share the caller's cwd)."""
+    target, sep, attr = spec.rpartition(":")
+    if sep and target.endswith(".py"):
+        return f"{Path(target).expanduser().resolve()}:{attr}"
+    return spec
+
+
 def build_model(
     spec: str,
     *,
@@ -153,6 +161,7 @@ __all__ = [
     "cnn",
     "large",
     "mlp",
+    "normalize_spec",
     "register_model",
     "registered_models",
     "resolve_factory",
