@@ -134,18 +134,35 @@ def _run_emulated(schedule: Any, model: Any, kind: str, options: Any, log_dir: P
     from orchestrator.fltask import run_task
     from topologies.plan import EmulationPlan
 
+    if kind == "docker":
+        from orchestrator.compute import ensure_worker_image
+
+        ensure_worker_image()  # the image carries the project's code: keep it in step with the checkout
     plan = EmulationPlan.from_model(model)
     log_dir.mkdir(parents=True, exist_ok=True)
-    with Emulation(plan, log_dir=log_dir / "emulation",
-                   **emulation_options(kind, log_dir=log_dir / "workers")) as emu:
-        backend = open_backend(kind, emu)
-        emu.client.install_task(schedule)
-        task_dir = backend.task_log_dir(log_dir / "agents")
-        try:
-            return run_task(schedule, backend=backend, options=options, log_dir=task_dir)
-        finally:
-            backend.after_task(task_dir)
-            emu.client.remove_task(schedule.task_id)
+    run_id = ""
+    try:
+        with Emulation(plan, log_dir=log_dir / "emulation",
+                       **emulation_options(kind, log_dir=log_dir / "workers")) as emu:
+            run_id = emu.run_id
+            backend = open_backend(kind, emu)
+            emu.client.install_task(schedule)
+            task_dir = backend.task_log_dir(log_dir / "agents")
+            try:
+                return run_task(schedule, backend=backend, options=options, log_dir=task_dir)
+            finally:
+                backend.after_task(task_dir)
+                emu.client.remove_task(schedule.task_id)
+    finally:
+        if kind == "docker" and run_id:
+            # Mininet removes each container with its host; this catches any a failed teardown left.
+            from orchestrator.compute import docker_client, remove_containers
+
+            client = docker_client()
+            try:
+                remove_containers(client, run_id=run_id)
+            finally:
+                client.close()
 
 
 def _print_table(result: Any) -> None:

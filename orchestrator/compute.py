@@ -234,6 +234,28 @@ def pick_backend(name: str, *, image: str = DEFAULT_IMAGE) -> str:
         client.close()
 
 
+def ensure_worker_image(*, quiet: bool = False) -> None:
+    """Rebuild the worker image if its recorded source hash differs from this checkout's
+    (``scripts/build_worker_image.sh --if-stale``: about a second when nothing changed, seconds
+    when only the project's code did). Without the script (an installed package) nothing happens.
+
+    Raises
+    ------
+    ConfigError
+        If the build fails (its last output lines are in the message).
+    """
+    script = Path(__file__).resolve().parent.parent / "scripts" / "build_worker_image.sh"
+    if not script.exists():
+        return
+    res = subprocess.run(["bash", str(script), "--if-stale"], capture_output=True, text=True)
+    if not quiet:
+        for line in res.stdout.splitlines():
+            print(line, file=sys.stderr)
+    if res.returncode != 0:
+        tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
+        raise ConfigError(f"building the worker image failed: {tail}")
+
+
 def remove_containers(client: Any, *, run_id: str | None = None) -> int:
     """Remove (force) the worker containers of one run, or of every run when `run_id` is None."""
     label = RUN_LABEL if run_id is None else f"{RUN_LABEL}={run_id}"

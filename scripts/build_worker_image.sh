@@ -64,6 +64,8 @@ if [ "$if_stale" = 1 ] && [ "$force" = 0 ] && [ "$(image_label "$IMAGE")" = "$sr
     exit 0
 fi
 t_start=$(date +%s)
+image_id() { docker image inspect -f '{{ .Id }}' "$1" 2>/dev/null || true; }
+old_ids="$(image_id "$IMAGE") $(image_id "$BASE_IMAGE")"
 
 # -- 1. base image -----------------------------------------------------------------------------
 if [ "$force" = 1 ] || [ "$(image_label "$BASE_IMAGE")" != "$base_hash" ]; then
@@ -85,7 +87,11 @@ if [ "$force" = 1 ] || [ "$(image_label "$BASE_IMAGE")" != "$base_hash" ]; then
     # The host's pip reads the host's pip config (find-links, extra index, CA bundle); the image's
     # Python is the same minor version and platform, so the wheels match.
     "$VENV/bin/python" -m pip install -q --no-warn-script-location --target "$site" \
-        -r workers/docker/requirements.txt || die "pip could not install the worker's packages"
+        -r workers/docker/requirements.txt > "$BUILD_DIR/pip.log" 2>&1 \
+        || { grep -v 'is ignored' "$BUILD_DIR/pip.log" | tail -n 20 >&2; die "pip could not install the worker's packages"; }
+    # What the worker never uses at run time: C++ headers and top-level test suites (byte-code
+    # caches stay: without them every agent would compile torch at start-up).
+    rm -rf "$site/torch/include" "$site"/*/tests "$site"/*/test
     echo /opt/netai/src > "$site/netai.pth"
     rm -rf "$rootfs"/var/cache/apt/archives/*.deb "$rootfs"/var/lib/apt/lists/* \
         "$rootfs"/usr/share/doc/* "$rootfs"/usr/share/man/* "$rootfs"/usr/share/locale/*
@@ -120,4 +126,10 @@ docker commit \
     "$cid" "$IMAGE" >/dev/null
 docker run --rm --network none "$IMAGE" python -c "import torch, safetensors, sklearn, workers" \
     || die "the built image cannot import the worker's packages"
+# The images this build replaced, now untagged: remove them (refused, harmlessly, while in use).
+for id in $old_ids; do
+    if [ "$id" != "$(image_id "$IMAGE")" ] && [ "$id" != "$(image_id "$BASE_IMAGE")" ]; then
+        docker rmi "$id" >/dev/null 2>&1 || true
+    fi
+done
 log "built $IMAGE (source hash $src_hash) in $(( $(date +%s) - t_start )) s"

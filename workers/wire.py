@@ -394,7 +394,11 @@ def _read_frame_unverified(sock: socket.socket, max_payload_bytes: int) -> tuple
     header = Header.from_json(bytes(_recv_exact(sock, header_len, "JSON header")))
     if header.nbytes != payload_len:
         raise FrameError("bad_header", f"header says {header.nbytes} payload bytes, frame says {payload_len}", header)
-    payload = _recv_payload(sock, payload_len) if payload_len else b""
+    try:
+        payload = _recv_payload(sock, payload_len) if payload_len else b""
+    except FrameError as e:
+        e.header = header  # the receiver then knows whose message broke off
+        raise
     return header, payload
 
 

@@ -16,7 +16,7 @@ import torch
 
 from workers.agent import Agent, AgentConfig, EventLog, Peer, main
 from workers.models import build_model
-from workers.wire import FIXED, MAGIC, Message, encode_message, read_message
+from workers.wire import FIXED, MAGIC, Buffer, Message, encode_message, message_bytes, read_message
 
 MODEL_ARGS = {"hidden": 4}
 BPORT, UPORT = 24680, 24681
@@ -78,14 +78,15 @@ def _wait_event(path: Path, name: str, timeout_s: float = 30, **match: Any) -> d
         time.sleep(0.02)
 
 
-def _send(host: str, port: int, pieces: list[bytes]) -> None:
+def _send(host: str, port: int, pieces: list[Buffer]) -> None:
+    """Send like an agent; the receiver may drop the connection early (it rejects bad frames)."""
     with socket.create_connection((host, port), timeout=10) as s:
-        for p in pieces:
-            s.sendall(p)
-        s.shutdown(socket.SHUT_WR)
         try:
+            for p in pieces:
+                s.sendall(p)
+            s.shutdown(socket.SHUT_WR)
             s.recv(1)
-        except ConnectionResetError:
+        except OSError:  # reset / not connected: the receiver closed on a rejected frame
             pass
 
 
@@ -123,11 +124,15 @@ def test_local_rejects_bad_frames_then_trains_on_the_good_one(tmp_path: Path, pa
     _send("127.0.0.52", BPORT, encode_message(type="GLOBAL", task=9, round=1, sender="G", tensors=wrong_shape))
     _send("127.0.0.52", BPORT, [b"JUNK" + b"\0" * 60])
     _send("127.0.0.52", BPORT, [FIXED.pack(MAGIC, 1, 0, 0, 2, 2**40)])
+    whole = message_bytes(encode_message(type="GLOBAL", task=9, round=1, sender="G", tensors=good,
+                                         max_chunk_bytes=None))
+    _send("127.0.0.52", BPORT, [whole[:-100]])  # truncated: the sender goes away mid-payload
+    _send("127.0.0.52", BPORT, [whole[:-1] + bytes([whole[-1] ^ 0xFF])])  # payload altered in flight
     _send("127.0.0.52", BPORT, encode_message(type="GLOBAL", task=9, round=1, sender="G", tensors=good))
     thread.join(timeout=60)
 
     reasons = {e["reason"] for e in _events(ev) if e["event"] == "rejected"}
-    assert {"wrong_task", "bad_tensors", "bad_magic", "oversized"} <= reasons
+    assert {"wrong_task", "bad_tensors", "bad_magic", "oversized", "truncated", "bad_checksum"} <= reasons
     assert result["status"] == 0
     (update,) = parent.wait_for(1)
     assert update.header.type == "UPDATE" and update.header.task == 9 and update.header.round == 1

@@ -1,0 +1,61 @@
+"""No worker container outlives `netai task run --backend docker`: not on Ctrl-C in the middle of a
+round, not when the agents fail."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestrator.compute import RUN_LABEL, docker_client
+
+pytestmark = [pytest.mark.root, pytest.mark.docker, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _netai(*args: str) -> list[str]:
+    return [sys.executable, "-m", "orchestrator.cli", "task", "run", "--topology", "triangle", "--locals", "2",
+            "--backend", "docker", *args]
+
+
+def _our_containers() -> list[str]:
+    client = docker_client()
+    try:
+        return [c.name for c in client.containers.list(all=True, filters={"label": RUN_LABEL})]
+    finally:
+        client.close()
+
+
+def test_ctrl_c_mid_task_removes_every_container(tmp_path: Path) -> None:
+    before = _our_containers()
+    proc = subprocess.Popen(_netai("--rounds", "500", "--model", "cnn", "--log-dir", str(tmp_path)), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        seen: list[str] = []
+        while not any("round_start" in p.read_text() for p in tmp_path.glob("agents/*.events.jsonl")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "the task did not start a round within 120 s"
+            time.sleep(0.2)
+        seen = [n for n in _our_containers() if n not in before]
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(seen) == 3, f"one container per host while running, got {seen}"
+    assert proc.returncode == 130, err
+    assert [n for n in _our_containers() if n not in before] == []
+
+
+def test_failing_agents_remove_every_container(tmp_path: Path) -> None:
+    before = _our_containers()
+    res = subprocess.run(_netai("--rounds", "1", "--model", "mlp", "--model-arg", "bogus=1", "--log-dir",
+                                str(tmp_path)), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1
+    assert "bogus" in res.stderr and len(res.stderr.strip().splitlines()) <= 2
+    assert [n for n in _our_containers() if n not in before] == []
