@@ -248,7 +248,7 @@ def ensure_worker_image(*, quiet: bool = False) -> None:
     if not script.exists():
         return
     res = subprocess.run(["bash", str(script), "--if-stale"], capture_output=True, text=True)
-    if not quiet:
+    if not quiet and "up to date" not in res.stdout:
         for line in res.stdout.splitlines():
             print(line, file=sys.stderr)
     if res.returncode != 0:
