@@ -7,7 +7,9 @@ loaded directed link (routes by shortest delay, like the controller's background
 `load` times its emulated rate.
 
 `BackgroundTraffic` runs them (a context manager): an iperf3 server bound to the destination
-host's address, and a client bound to the source's; ``constant`` and ``demand-matrix`` flows send
+host's address, and a client bound to the source's, each started in the host's *network*
+namespace only (``nsenter -n``), so the traffic generator is the machine's iperf3 whatever the
+host is (a plain Mininet host or a worker container); ``constant`` and ``demand-matrix`` flows send
 at their rate all along, ``poisson`` flows alternate exponential on and off periods (seeded). On
 exit every iperf3 it started is stopped, and each flow's offered and achieved rates (the client's
 sent throughput, TCP) are returned. Traffic only ever goes between emulated hosts.
@@ -139,7 +141,7 @@ class BackgroundTraffic:
     Parameters
     ----------
     hosts
-        Maps a site to its Mininet host (``popen`` and ``IP`` are used).
+        Maps a site to its Mininet host (its shell's ``pid`` and ``IP()`` are used).
     flows
         From `plan_background`.
     """
@@ -165,13 +167,21 @@ class BackgroundTraffic:
         self._lock = threading.Lock()
         self._clients: set[subprocess.Popen[bytes]] = set()
 
+    def _popen(self, site: str, cmd: list[str], *, stdout: Any, log_name: str) -> subprocess.Popen[bytes]:
+        host = self.hosts(site)
+        err = open(self.log_dir / log_name, "ab")
+        try:
+            return subprocess.Popen(["nsenter", "-t", str(host.pid), "-n", *cmd], stdout=stdout, stderr=err)
+        finally:
+            err.close()
+
     def start(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for f in self.flows:
             host = self.hosts(f.dst)
             self._servers.append(
-                host.popen(["iperf3", "-s", "-B", host.IP(), "-p", str(f.port)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                self._popen(f.dst, ["iperf3", "-s", "-B", host.IP(), "-p", str(f.port)],
+                            stdout=subprocess.DEVNULL, log_name=f"server-{f.dst}-{f.port}.err")
             )
         for i, f in enumerate(self.flows):
             t = threading.Thread(target=self._run_flow, args=(i, f), name=f"bg-{f.src}-{f.dst}", daemon=True)
@@ -182,7 +192,7 @@ class BackgroundTraffic:
         src, dst = self.hosts(f.src), self.hosts(f.dst)
         cmd = ["iperf3", "-c", dst.IP(), "-B", src.IP(), "-p", str(f.port), "-b", f"{f.rate_mbps:.3f}M",
                "-t", str(max(1, round(duration_s))) if duration_s else "0", "-J", "--connect-timeout", "5000"]
-        proc: subprocess.Popen[bytes] = src.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        proc = self._popen(f.src, cmd, stdout=subprocess.PIPE, log_name=f"client-{f.src}-{f.dst}.err")
         with self._lock:
             self._clients.add(proc)
         return proc
@@ -192,9 +202,12 @@ class BackgroundTraffic:
         with self._lock:
             self._clients.discard(proc)
         try:
-            end = json.loads(out.decode())["end"]["sum_sent"]
+            doc = json.loads(out.decode())
+            end = doc["end"]["sum_sent"]
             return float(end["bytes"]) * 8, float(end["seconds"])
         except (ValueError, KeyError, TypeError):
+            LOG.warning("background flow: iperf3 gave no result (exit %s): %s", proc.returncode,
+                        out.decode(errors="replace")[-300:].strip() or "no output")
             return None
 
     def _run_flow(self, index: int, f: BackgroundFlow) -> None:

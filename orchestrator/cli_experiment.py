@@ -1,0 +1,40 @@
+"""`netai experiment CONFIG [--out DIR]`: run an experiment config end to end."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from orchestrator.config import load_config
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from orchestrator.experiment import print_summary, run_experiment, trimmed
+
+    cfg = load_config(args.config)  # every config error is raised here, before anything starts
+    if args.locals or args.tasks or args.rounds:
+        cfg = trimmed(
+            cfg,
+            locals_=tuple(int(x) for x in args.locals.split(",")) if args.locals else cfg.locals,
+            tasks_per_point=args.tasks or cfg.tasks_per_point,
+            rounds=args.rounds or cfg.task.rounds,
+        )
+        from orchestrator.config import parse_config
+
+        cfg = parse_config(cfg.to_dict(), where=str(args.config))  # re-validate the trimmed copy
+    outcome = run_experiment(cfg, out_root=Path(args.out), progress=not args.no_progress)
+    print_summary(outcome)
+    if outcome.report:
+        print(f"report: {outcome.report}")
+    return 0 if outcome.status == "completed" else 1
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("experiment", help="run an experiment config (needs root): results, figures, report")
+    p.add_argument("config", help="experiment YAML, e.g. experiments/quick.yaml")
+    p.add_argument("--out", default="runs", help="folder for the run folders (default: runs)")
+    p.add_argument("--locals", help="override: comma-separated numbers of local models")
+    p.add_argument("--tasks", type=int, help="override: tasks per point")
+    p.add_argument("--rounds", type=int, help="override: rounds per task")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    p.set_defaults(func=cmd_experiment)

@@ -1,0 +1,394 @@
+"""The experiment runner: everything `sudo make experiment` does after set-up.
+
+One run (DESIGN.md, "Data flow of one experiment"):
+
+1. validate the config and check the machine *before* anything starts (root, Mininet, Open vSwitch,
+   the controller, iperf3, the compute backend); a failure here leaves nothing behind;
+2. bring the emulation up (Mininet + OVS + the controller) and start background traffic;
+3. for every number of locals, every task and every scheduler (interleaved, so background load
+   and machine noise hit the schedulers alike): update the network state the scheduler sees
+   (reservations of the point's earlier tasks + background load measured from port statistics),
+   record it, schedule, install the task's flows (cookie = task id), run the FL task for real,
+   record each round (latency and breakdown, accuracy, the ratio to the round's lower bound) and
+   the task's carried bytes (flow counters by cookie), remove the flows;
+4. write the CSVs, figures and report from the database, on every exit path.
+
+Ctrl-C or SIGTERM: the emulation and the workers are torn down, the run is marked interrupted,
+and the results written so far are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.config import ExperimentConfig
+from orchestrator.db import ResultsDB
+from orchestrator.errors import ConfigError
+from orchestrator.results import claims, plot, summarize, write_csvs, write_report
+from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
+from orchestrator.scheduling.cost import emulated_rate, round_lower_bound
+from orchestrator.tasks import Task, generate_tasks
+from topologies.model import NetworkModel
+from topologies.plan import EmulationPlan
+
+LOG = logging.getLogger("netai.experiment")
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    run_id: int
+    run_dir: Path
+    status: str
+    report: Path | None
+
+
+# -- checks before anything starts -------------------------------------------------------------------
+def preflight(cfg: ExperimentConfig) -> str:
+    """Check the machine for what `cfg` needs; return the compute backend to use.
+
+    Raises
+    ------
+    ConfigError
+        Naming what is missing and how to get it (nothing has been started).
+    """
+    if os.geteuid() != 0:
+        raise ConfigError("the experiment needs root for Mininet and Open vSwitch: run it with sudo")
+    for tool, why in (("mnexec", "Mininet"), ("ovs-vsctl", "Open vSwitch"), ("osken-manager", "the controller")):
+        if shutil.which(tool) is None and not (Path(sys.executable).parent / tool).exists():
+            raise ConfigError(f"{why} is not installed ({tool} not found): run `sudo make setup`")
+    if subprocess.run(["ovs-vsctl", "--timeout=3", "show"], capture_output=True).returncode != 0:
+        raise ConfigError("Open vSwitch is not running: run `sudo make setup`")
+    if cfg.background.enabled and shutil.which("iperf3") is None:
+        raise ConfigError("background traffic needs iperf3: run `sudo make setup`")
+    from orchestrator.compute import pick_backend
+
+    backend = pick_backend(cfg.emulation.backend)
+    if backend == "loopback":
+        raise ConfigError("an experiment runs in the emulated network: backend must be auto, docker or process")
+    if backend == "docker":
+        from orchestrator.compute import docker_client, image_exists
+
+        client = docker_client()
+        try:
+            if not image_exists(client):
+                raise ConfigError("the worker image is missing: run `sudo make setup` (it builds it)")
+        finally:
+            client.close()
+    return backend
+
+
+def model_bytes_of(cfg: ExperimentConfig) -> int:
+    """Size of the task model's weights on the wire (a GLOBAL or UPDATE payload)."""
+    from workers.data import load_dataset
+    from workers.models import build_model, state_nbytes
+
+    data = load_dataset("digits")
+    return state_nbytes(build_model(cfg.task.model, input_shape=data.input_shape, num_classes=data.num_classes))
+
+
+def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: str) -> dict[str, Any]:
+    return {
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "datapath": getattr(info, "datapath", "?"),
+        "delay_emulated": getattr(info, "delay_emulated", False),
+        "bringup_s": round(getattr(info, "bringup_s", 0.0), 3),
+        "backend": backend,
+        "bw_scale": plan.bw_scale,
+        "max_link_mbps": cfg.emulation.max_link_mbps,
+        "cpus": os.cpu_count(),
+        "background": f"{cfg.background.pattern}, load {cfg.background.load}, {cfg.background.pairs} pairs"
+        if cfg.background.enabled else "off",
+    }
+
+
+# -- progress -------------------------------------------------------------------------------------
+class Progress:
+    """Bars for the run, the task and the round on a terminal; plain log lines elsewhere."""
+
+    def __init__(self, total_runs: int, *, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self._p: Any = None
+        if self.enabled:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self._p = RichProgress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
+                                   TimeElapsedColumn(), transient=False)
+            self._p.start()
+            self.run_bar = self._p.add_task("run (tasks x schedulers)", total=total_runs)
+            self.task_bar = self._p.add_task("task", total=1)
+            self.round_bar = self._p.add_task("round", total=1)
+
+    def task(self, label: str, rounds: int) -> None:
+        LOG.info("%s", label)
+        if self._p:
+            self._p.reset(self.task_bar, total=rounds, description=label[:34])
+
+    def round_progress(self, done_rounds: int, locals_done: int, n_locals: int, rnd: int) -> None:
+        if self._p:
+            self._p.update(self.task_bar, completed=done_rounds)
+            self._p.reset(self.round_bar, total=n_locals, completed=locals_done, description=f"round {rnd}: locals trained")
+
+    def advance_run(self) -> None:
+        if self._p:
+            self._p.advance(self.run_bar)
+
+    def close(self) -> None:
+        if self._p:
+            self._p.stop()
+
+
+@contextlib.contextmanager
+def watch_rounds(log_dir: Path, schedule: Schedule, rounds: int, progress: Progress) -> Iterator[None]:
+    """Follow the agents' event files in a thread and move the task and round bars."""
+    import threading
+
+    stop = threading.Event()
+    locals_ = set(schedule.local_sites)
+
+    def follow() -> None:
+        while not stop.wait(0.5):
+            done, trained, current = 0, 0, 1
+            for path in log_dir.glob("*.events.jsonl"):
+                try:
+                    lines = path.read_text().splitlines()
+                except OSError:
+                    continue
+                site = path.name.split(".events.jsonl")[0]
+                for line in lines:
+                    try:
+                        ev = json.loads(line)
+                    except ValueError:
+                        continue
+                    if ev.get("event") == "round_complete" and site == schedule.global_site:
+                        done = max(done, int(ev.get("round", 0)))
+                current = done + 1
+                trained += sum(
+                    1 for line in lines if site in locals_ and f'"round": {current}' in line and "train_end" in line
+                )
+            progress.round_progress(done, trained, len(locals_), min(current, rounds))
+
+    t = threading.Thread(target=follow, daemon=True)
+    if progress.enabled:
+        t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+
+
+# -- the run --------------------------------------------------------------------------------------
+def task_sets(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> dict[int, list[Task]]:
+    """The seeded tasks of every point (number of locals); ids are unique in the run."""
+    return {
+        n: generate_tasks(
+            model, count=cfg.tasks_per_point, locals_per_task=n, seed=cfg.seed * 1000 + n, first_id=100 * n + 1,
+            model_name=cfg.task.model, rounds=cfg.task.rounds, demand_mbps=cfg.task.demand_mbps,
+            model_bytes=model_bytes,
+        )
+        for n in cfg.locals
+    }
+
+
+def measured_background(client: Any, plan: EmulationPlan) -> dict[tuple[str, str], float]:
+    """Current load per directed link from the controller's port statistics, in model units."""
+    loads: dict[tuple[str, str], float] = {}
+    for link in client.link_stats():
+        try:
+            (a, b), rate = link["link"], float(link["rate_mbps"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        loads[(str(a), str(b))] = rate / plan.bw_scale
+    return loads
+
+
+def carried_bytes(client: Any, task_id: int, *, settle_s: float = 1.2, timeout_s: float = 10.0) -> int:
+    """Sum over switches of the task's flow byte counters (cookie = task id).
+
+    Open vSwitch refreshes OpenFlow counters from its datapath about every 0.5-1 s, so the sum is
+    read until two reads `settle_s` apart agree (or `timeout_s` passes).
+    """
+    deadline = time.monotonic() + timeout_s
+    last = int(client.task_bytes(task_id))
+    while time.monotonic() < deadline:
+        time.sleep(settle_s)
+        now = int(client.task_bytes(task_id))
+        if now == last:
+            break
+        last = now
+    return last
+
+
+def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True) -> RunOutcome:
+    """Run `cfg` for real (see the module docstring); returns where the results are."""
+    from orchestrator.compute import open_backend  # the emulation's hosts, as a compute backend
+    from orchestrator.emulation import Emulation
+    from orchestrator.fltask import FLOptions, run_task
+    from orchestrator.traffic import BackgroundTraffic, plan_background
+
+    model = cfg.network()
+    plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
+    backend_kind = preflight(cfg)
+    model_bytes = model_bytes_of(cfg)
+    tasks = task_sets(cfg, model, model_bytes)
+    run_dir = out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir.mkdir(parents=True, exist_ok=False)
+    log_handler = logging.FileHandler(run_dir / "experiment.log")
+    log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(log_handler)
+    logging.getLogger().setLevel(logging.INFO)
+    db = ResultsDB(run_dir / "results.db")
+    run_id = db.start_run(cfg.name, cfg.to_dict())
+    db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    total = sum(len(ts) for ts in tasks.values()) * len(cfg.schedulers)
+    bar = Progress(total, enabled=progress)
+    status, note = "failed", ""
+    bg_results: list[Any] = []
+    try:
+        with Emulation(plan, log_dir=run_dir / "emulation", **_emulation_options(backend_kind, run_dir)) as emu:
+            info = emu.info
+            db.set_environment(run_id, environment(cfg, plan, info, backend_kind))
+            LOG.info("emulation up: %s switches in %.1f s, delay emulated: %s", plan.switches and len(plan.switches),
+                     getattr(info, "bringup_s", 0.0), getattr(info, "delay_emulated", False))
+            flows = plan_background(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed) \
+                if cfg.background.enabled else []
+            if flows:
+                emu.client.set_background([[f.src, f.dst] for f in flows])
+            traffic = BackgroundTraffic(emu.host, flows, cfg.background, seed=cfg.seed, log_dir=run_dir / "background")
+            backend = open_backend(backend_kind, emu)
+            traffic.start()
+            try:
+                states = {(s, n): NetworkState(model) for s in cfg.schedulers for n in cfg.locals}
+                for n in cfg.locals:
+                    for task in tasks[n]:
+                        for name in cfg.schedulers:
+                            _run_one(db, run_id, emu, plan, model, backend, cfg, states[(name, n)], name, task,
+                                     run_dir, bar, FLOptions, run_task)
+                            bar.advance_run()
+            finally:
+                bg_results = traffic.stop()
+                for r in bg_results:
+                    db.record_background(run_id, r.src, r.dst, r.offered_mbps / plan.bw_scale,
+                                         None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)
+        status = "completed"
+    except KeyboardInterrupt:
+        status, note = "interrupted", "interrupted by the user (Ctrl-C)"
+        raise
+    except SystemExit as e:  # the emulation turns SIGTERM into SystemExit after tearing down
+        status, note = "interrupted", f"terminated ({e})"
+        raise
+    except BaseException as e:
+        note = f"{type(e).__name__}: {e}"
+        raise
+    finally:
+        bar.close()
+        db.finish_run(run_id, status, note)
+        report = _write_results(db, run_id, run_dir)
+        db.close()
+        logging.getLogger().removeHandler(log_handler)
+        log_handler.close()
+    return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report)
+
+
+def _emulation_options(backend_kind: str, run_dir: Path) -> dict[str, Any]:
+    from orchestrator.compute import emulation_options
+
+    return dict(emulation_options(backend_kind, log_dir=run_dir / "workers"))
+
+
+def _run_one(
+    db: ResultsDB, run_id: int, emu: Any, plan: EmulationPlan, model: NetworkModel, backend: Any,
+    cfg: ExperimentConfig, state: NetworkState, name: str, task: Task, run_dir: Path, bar: Progress,
+    fl_options: Any, run_task: Any,
+) -> None:
+    db.record_task(run_id, name, task)
+    state.set_background(measured_background(emu.client, plan))
+    db.record_network_state(run_id, name, task.id, state)
+    schedule = get_scheduler(name).schedule(state, task)
+    if schedule.blocked:
+        LOG.info("task %d (%d locals) blocked by %s: %s", task.id, len(task.local_sites), name, schedule.reason)
+        db.set_task_state(run_id, name, task.id, "blocked", schedule.reason)
+        return
+    state.admit(schedule)
+    delay = bool(getattr(emu.info, "delay_emulated", False))
+    rate = emulated_rate(plan)
+    bound0 = round_lower_bound(model, schedule, task.model_bytes, rate=rate, propagation=delay).total_s
+    db.record_schedule(run_id, schedule, bound0)
+    db.set_task_state(run_id, name, task.id, "running")
+    bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
+    log_dir = backend.task_log_dir(run_dir / "tasks" / f"{name}-{task.id}")
+    emu.client.install_task(schedule)
+    try:
+        options = fl_options(model=cfg.task.model, rounds=task.rounds, partitioning=cfg.task.partition,
+                             alpha=cfg.task.alpha, seed=cfg.seed + task.id,
+                             global_timeout_s=cfg.task.round_timeout_s)
+        with watch_rounds(log_dir, schedule, task.rounds, bar):
+            result = run_task(schedule, backend=backend, options=options, log_dir=log_dir)
+        for r in result.rounds:
+            b = round_lower_bound(model, schedule, result.model_bytes, rate=rate, propagation=delay, train_s=r.train_s)
+            db.record_round(run_id, name, task.id, r.round, latency_s=r.latency_s, broadcast_s=r.broadcast_s,
+                            train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=b.total_s,
+                            stragglers=len(r.stragglers))
+        db.set_carried_bytes(run_id, name, task.id, carried_bytes(emu.client, task.id))
+        db.set_task_state(run_id, name, task.id, "done")
+        last = result.rounds[-1] if result.rounds else None
+        LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s", task.id, name, len(result.rounds),
+                 last.latency_s if last else float("nan"), f"{last.accuracy:.3f}" if last else "-")
+    except (RuntimeError, TimeoutError, ConfigError) as e:
+        LOG.warning("task %d %s failed: %s", task.id, name, e)
+        db.set_task_state(run_id, name, task.id, "failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
+    finally:
+        backend.after_task(log_dir)
+        with contextlib.suppress(Exception):
+            emu.client.remove_task(task.id)
+
+
+def _write_results(db: ResultsDB, run_id: int, run_dir: Path) -> Path | None:
+    try:
+        write_csvs(db, run_id, run_dir)
+        plot(summarize(db, run_id), run_dir)
+        return write_report(db, run_id, run_dir)
+    except Exception:
+        LOG.exception("writing the results failed")
+        return None
+
+
+def print_summary(outcome: RunOutcome) -> None:
+    """The summary table and the paper's two claims, on the terminal."""
+    with ResultsDB(outcome.run_dir / "results.db") as db:
+        points = summarize(db, outcome.run_id)
+    print(f"\nrun {outcome.run_id} {outcome.status}: results in {outcome.run_dir}")
+    print(f"{'scheduler':<10}{'locals':>7}{'ran':>6}{'blocked':>8}{'latency ms':>12}{'± std':>9}"
+          f"{'reserved Gb/s':>15}{'carried MB':>12}{'/bound':>8}{'accuracy':>10}")
+
+    def f(x: float | None, scale: float = 1.0, d: int = 2) -> str:
+        return "-" if x is None else f"{x * scale:.{d}f}"
+
+    for p in points:
+        print(f"{p.scheduler:<10}{p.n_locals:>7}{p.tasks_ran:>6}{p.blocked:>8}{f(p.latency_s_mean, 1e3, 1):>12}"
+              f"{f(p.latency_s_std, 1e3, 1):>9}{f(p.reserved_mbps_mean, 1e-3):>15}{f(p.carried_mb_mean, 1, 1):>12}"
+              f"{f(p.ratio_to_bound_mean):>8}{f(p.accuracy_mean, 1, 3):>10}")
+    if points:
+        ns = sorted({p.n_locals for p in points})
+        c = claims(points, n_locals=8 if 8 in ns else ns[-1])
+        for key in ("bandwidth", "latency"):
+            if c[f"{key}_ratio"] is not None:
+                print(f"{key} mst/spff at {c['n_locals']} locals: {c[f'{key}_ratio']:.3f}")
+
+
+def trimmed(cfg: ExperimentConfig, *, locals_: tuple[int, ...], tasks_per_point: int, rounds: int) -> ExperimentConfig:
+    """A smaller copy of a config (for CI and quick checks)."""
+    return replace(cfg, locals=locals_, tasks_per_point=tasks_per_point, task=replace(cfg.task, rounds=rounds))
