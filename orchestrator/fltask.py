@@ -133,6 +133,7 @@ def agent_configs(
             rounds=options.rounds,
             is_global=n == g,
             expects_global=n in schedule.broadcast_parent,
+            broadcast_parent=schedule.broadcast_parent.get(n),
             broadcast_children=tuple(
                 Peer(site=c, host=addresses[c]) for c in sorted(schedule.broadcast_children(n))
             ),

@@ -91,6 +91,8 @@ class AgentConfig:
     rounds: int
     is_global: bool = False
     expects_global: bool = True
+    #: Site that sends this node GLOBAL (None for G and upload-only relays).
+    broadcast_parent: str | None = None
     broadcast_children: tuple[Peer, ...] = ()
     upload_parent: Peer | None = None
     upload_children: tuple[str, ...] = ()
@@ -279,7 +281,7 @@ class Agent:
                 except FrameError as e:
                     hdr = e.header
                     self.log.emit("rejected", reason=e.reason, detail=str(e), peer=addr[0], port_kind=kind)
-                    if hdr is not None:
+                    if hdr is not None and hdr.task == self.cfg.task:
                         self.inbox.put(_Rejected(sender=hdr.sender, round=hdr.round, type=hdr.type))
                     return  # the stream position is unknown after a bad frame: drop the connection
                 except (OSError, TimeoutError) as e:
@@ -512,12 +514,22 @@ class Agent:
             if self.cfg.expects_global:
                 item = self._next(
                     time.monotonic() + self.cfg.global_timeout_s,
-                    lambda m: isinstance(m, Message) and m.header.type in ("GLOBAL", "STOP"),
+                    lambda m, r=r: (isinstance(m, Message) and m.header.type in ("GLOBAL", "STOP"))
+                    or (isinstance(m, _Rejected) and m.type == "GLOBAL" and m.sender == self.cfg.broadcast_parent
+                        and r <= m.round <= self.cfg.rounds),
                 )
                 if item is None:
                     self.log.emit("error", round=r, detail=f"no GLOBAL for round {r} within {self.cfg.global_timeout_s} s")
                     return 1
-                assert isinstance(item, Message)
+                if isinstance(item, _Rejected):
+                    # This round's GLOBAL was rejected: tell the parent at once that nothing comes
+                    # from this subtree (an UPDATE without examples) and wait for the next round's.
+                    r = item.round
+                    self.log.emit("round_skipped", round=r, reason="GLOBAL rejected")
+                    pieces = encode_message(type="UPDATE", task=self.cfg.task, round=r, sender=self.cfg.site)
+                    self.send(self.cfg.upload_parent, self.cfg.upload_port, pieces, round=r, what="update_sent")
+                    r += 1
+                    continue
                 if item.header.type == "STOP":
                     self.log.emit("stopped", round=r)
                     return 0

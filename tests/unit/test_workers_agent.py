@@ -140,6 +140,28 @@ def test_local_rejects_bad_frames_then_trains_on_the_good_one(tmp_path: Path, pa
     assert set(update.tensors) == set(good)
 
 
+def test_local_skips_a_round_whose_global_was_rejected(tmp_path: Path, parent: FakePeer) -> None:
+    ev = tmp_path / "L1.events.jsonl"
+    cfg = AgentConfig(task=9, site="L1", host="127.0.0.53", broadcast_port=BPORT, upload_port=UPORT,
+                      rounds=2, broadcast_parent="G", upload_parent=Peer(site="G", host="127.0.0.51"),
+                      model_args=MODEL_ARGS, num_parts=4, part_index=1, local_epochs=1, events_path=str(ev))
+    thread, result = _start(cfg)
+    _wait_event(ev, "ready")
+    good = _template()
+    r1 = message_bytes(encode_message(type="GLOBAL", task=9, round=1, sender="G", tensors=good))
+
+    _send("127.0.0.53", BPORT, [r1[:-1] + bytes([r1[-1] ^ 0x01])])  # round 1's GLOBAL damaged in flight
+    first = parent.wait_for(1)[0]
+    _send("127.0.0.53", BPORT, encode_message(type="GLOBAL", task=9, round=2, sender="G", tensors=good))
+    thread.join(timeout=60)
+
+    assert result["status"] == 0
+    assert _wait_event(ev, "round_skipped", round=1)["reason"] == "GLOBAL rejected"
+    assert (first.header.round, first.header.num_examples, first.tensors) == (1, 0, {})
+    second = parent.wait_for(2)[1]
+    assert second.header.round == 2 and second.header.num_examples > 0
+
+
 def _global_cfg(tmp_path: Path, timeout_s: float) -> AgentConfig:
     return AgentConfig(task=3, site="G", host="127.0.0.61", broadcast_port=BPORT, upload_port=UPORT,
                        rounds=1, is_global=True, expects_global=False,
