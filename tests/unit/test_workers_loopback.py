@@ -67,3 +67,22 @@ def test_loopback_task_learns_digits(tmp_path: Path) -> None:
     events = {n: read_events(tmp_path / f"{n}.events.jsonl") for n in sched.overlay_nodes}
     assert missing_events(sched, events, rounds=5) == []
     assert result.rejected == ()
+
+
+@pytest.mark.slow
+def test_relays_forward_and_aggregate_on_different_trees(tmp_path: Path) -> None:
+    # Broadcast: G -> R1 (relay) -> L1, L2; G -> L3. Upload: L1 -> R1 -> G; L2, L3 -> R2 (upload-only relay) -> G.
+    sched = Schedule(task_id=12, scheduler="hand", global_site="G", local_sites=("L1", "L2", "L3"),
+                     demand_mbps=1.0, broadcast_parent={"R1": "G", "L1": "R1", "L2": "R1", "L3": "G"},
+                     upload_parent={"L1": "R1", "R1": "G", "L2": "R2", "L3": "R2", "R2": "G"})
+
+    result = run_task(sched, backend=LoopbackBackend(sched.overlay_nodes),
+                      options=FLOptions(rounds=2, model="mlp", local_epochs=1), log_dir=tmp_path)
+
+    events = {n: read_events(tmp_path / f"{n}.events.jsonl") for n in sched.overlay_nodes}
+    assert missing_events(sched, events, rounds=2) == []
+    assert all(r.num_examples == 1438 and r.stragglers == () for r in result.rounds)
+    r2 = [e for e in events["R2"] if e["event"] == "child_received" and e["round"] == 2]
+    assert sorted(e["child"] for e in r2) == ["L2", "L3"]
+    assert not any(e["event"] == "train_start" for e in events["R1"] + events["R2"]), "relays do not train"
+    assert any(e["event"] == "forward_sent" and e["peer"] == "L2" for e in events["R1"])
