@@ -1,0 +1,151 @@
+"""The experiment end to end, for real: Mininet, OVS, the controller, worker containers (Docker
+where a daemon and the image exist, else processes), iperf3 background traffic.
+
+CI runs a trimmed copy of experiments/quick.yaml (one task of 8 locals per scheduler, 2 rounds)
+and an interrupted run (SIGINT while rounds are running).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.db import ResultsDB
+from orchestrator.results import plot, summarize
+from tests.unit.test_experiment_pieces import assert_plotted_means_match_rows
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def trimmed_quick(tmp_path: Path, **changes: object) -> Path:
+    cfg = yaml.safe_load((ROOT / "experiments" / "quick.yaml").read_text())
+    cfg.update(changes)
+    path = tmp_path / "trimmed.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def netai(*args: str, **kw: object) -> subprocess.Popen[str]:
+    def default_sigint() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+    return subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=default_sigint,
+                            **kw)  # type: ignore[call-overload]
+
+
+def leftovers() -> dict[str, list[str]]:
+    """What a run could leave behind: project bridges, switch veths, controller, containers."""
+    bridges = subprocess.run(["ovs-vsctl", "--timeout=5", "list-br"], capture_output=True, text=True).stdout.split()
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    veths = re.findall(r"^\d+: (s\d+-eth\d+)", links, flags=re.M)
+    ctl = subprocess.run(["pgrep", "-f", "osken-manager"], capture_output=True, text=True).stdout.split()
+    containers: list[str] = []
+    if subprocess.run(["docker", "info"], capture_output=True).returncode == 0:
+        containers = subprocess.run(["docker", "ps", "-aq", "--filter", "label=org.netai.run"],
+                                    capture_output=True, text=True).stdout.split()
+    return {"bridges": [b for b in bridges if re.fullmatch(r"s\d+", b)], "veths": veths,
+            "controller": ctl, "containers": containers}
+
+
+def run_dir_of(out: Path) -> Path:
+    dirs = sorted(out.glob("*-*"))
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+def test_trimmed_quick_experiment_end_to_end(tmp_path: Path, figures: list[str]) -> None:
+    config = trimmed_quick(tmp_path, locals=[8], tasks_per_point=1, task={"model": "mlp", "rounds": 2})
+    out = tmp_path / "runs"
+
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    stdout, _ = proc.communicate(timeout=1500)
+
+    assert proc.returncode == 0, stdout[-3000:]
+    run_dir = run_dir_of(out)
+    for name in ("results.db", "report.md", "rounds.csv", "summary.csv", "experiment.log",
+                 "latency_vs_locals.png", "latency_vs_locals.svg", "bandwidth_vs_locals.png",
+                 "bandwidth_vs_locals.svg"):
+        assert (run_dir / name).stat().st_size > 0, name
+    db = ResultsDB(run_dir / "results.db")
+    run = db.run(1)
+    assert run["status"] == "completed"
+    env = run["environment"]
+    from orchestrator.compute import pick_backend
+
+    assert env["backend"] == pick_backend("auto")
+    assert env["delay_emulated"] in (True, False)
+    tasks = db.query("SELECT scheduler, state, carried_bytes, model_bytes FROM tasks ORDER BY scheduler")
+    assert [t["scheduler"] for t in tasks] == ["mst", "spff", "steiner"]
+    assert all(t["state"] == "done" for t in tasks), tasks
+    rounds = db.query("SELECT * FROM rounds ORDER BY scheduler, round")
+    assert len(rounds) == 3 * 2
+    for r in rounds:
+        assert r["latency_s"] > 0 and r["lower_bound_s"] > 0
+        assert r["broadcast_s"] + r["train_s"] + r["upload_s"] == pytest.approx(r["latency_s"], rel=1e-6)
+        assert 0.0 <= r["accuracy"] <= 1.0
+    # every task's flows carried at least 2 rounds x 8 locals x (GLOBAL + UPDATE) model payloads
+    for t in tasks:
+        assert t["carried_bytes"] >= 2 * 8 * 2 * t["model_bytes"], t
+    background = db.query("SELECT offered_mbps, achieved_mbps FROM background")
+    assert len(background) == 6
+    assert all(b["achieved_mbps"] is not None and b["achieved_mbps"] > 0.5 * b["offered_mbps"] for b in background)
+    assert db.query("SELECT COUNT(*) AS n FROM network_state")[0]["n"] == 3 * 2 * 21
+    # the plotted means come from the rows
+    drawn = plot(summarize(db, 1), tmp_path / "replot")
+    assert assert_plotted_means_match_rows(db, 1, drawn) == 2 * 3
+    # the paper's two claims are in the report, as measured
+    report = (run_dir / "report.md").read_text()
+    ratios = dict(re.findall(r"- (reserved bandwidth|mean round latency): mst / spff = ([0-9.]+)", report))
+    assert set(ratios) == {"reserved bandwidth", "mean round latency"}
+    assert all(math.isfinite(float(v)) and float(v) > 0 for v in ratios.values())
+    assert float(ratios["reserved bandwidth"]) < 1.0  # trees reserve less than 8 unicast pairs
+    figures.append(f"experiment (8 locals, 2 rounds, {env['backend']}): mst/spff reserved "
+                   f"{ratios['reserved bandwidth']}, latency {ratios['mean round latency']}")
+    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+
+
+def test_ctrl_c_tears_down_and_keeps_finished_rounds(tmp_path: Path) -> None:
+    config = trimmed_quick(tmp_path, locals=[2], tasks_per_point=3, task={"model": "mlp", "rounds": 6})
+    out = tmp_path / "runs"
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    db_path = None
+    deadline = time.monotonic() + 600
+    rounds = 0
+    while time.monotonic() < deadline and proc.poll() is None:
+        dirs = list(out.glob("*-*"))
+        if dirs and (dirs[0] / "results.db").exists():
+            db_path = dirs[0] / "results.db"
+            try:
+                with sqlite3.connect(db_path) as c:
+                    rounds = c.execute("SELECT COUNT(*) FROM rounds").fetchone()[0]
+            except sqlite3.Error:
+                rounds = 0
+            if rounds >= 2:
+                break
+        time.sleep(0.5)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    assert db_path is not None and rounds >= 2
+
+    os.kill(proc.pid, signal.SIGINT)
+    stdout, _ = proc.communicate(timeout=180)
+
+    assert proc.returncode == 130, stdout[-2000:]
+    db = ResultsDB(db_path)
+    run = db.run(1)
+    assert run["status"] == "interrupted"
+    kept = db.query("SELECT COUNT(*) AS n FROM rounds")[0]["n"]
+    assert kept >= rounds
+    assert (db_path.parent / "report.md").read_text().count("interrupted") >= 1
+    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
