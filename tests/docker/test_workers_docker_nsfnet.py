@@ -32,6 +32,9 @@ def test_nsfnet_mst_task_in_containers(tmp_path: Path) -> None:
             run_id = emu.run_id
             containers = client.containers.list(filters={"label": f"{RUN_LABEL}={run_id}"})
             assert len(containers) == len(plan.hosts), "every emulated host is a container"
+            limits = {c.labels["org.netai.site"]: (c.attrs["HostConfig"]["NanoCpus"], c.attrs["HostConfig"]["Memory"])
+                      for c in containers}
+            assert limits == {h.name: (int(h.cpu * 1e9), h.memory_mb * 2**20) for h in plan.hosts}
             backend = open_backend("docker", emu)
             emu.client.install_task(schedule)
             log_dir = backend.task_log_dir(tmp_path / "task")
