@@ -138,12 +138,9 @@ def tree_schedule(
         return Schedule.blocked_for(task, name, reason)
     upload_parent = {e.src: e.dst for e in upload}
     aggregation = {p for p in upload_parent.values()}
-    return Schedule(
-        task_id=task.id,
-        scheduler=name,
-        global_site=task.global_site,
-        local_sites=tuple(task.local_sites),
-        demand_mbps=task.demand_mbps,
+    return Schedule.for_task(
+        task,
+        name,
         broadcast_parent={e.dst: e.src for e in broadcast},
         upload_parent=upload_parent,
         edges=tuple(placed),

@@ -71,17 +71,21 @@ class Schedule:
     reason: str = ""
 
     @classmethod
-    def blocked_for(cls, task: Any, scheduler: str, reason: str) -> Schedule:
-        """A schedule that admits nothing: the task could not be placed."""
+    def for_task(cls, task: Any, scheduler: str, **fields: Any) -> Schedule:
+        """A schedule of `task` by `scheduler`, with the other `fields` given."""
         return cls(
             task_id=task.id,
             scheduler=scheduler,
             global_site=task.global_site,
             local_sites=tuple(task.local_sites),
             demand_mbps=task.demand_mbps,
-            blocked=True,
-            reason=reason,
+            **fields,
         )
+
+    @classmethod
+    def blocked_for(cls, task: Any, scheduler: str, reason: str) -> Schedule:
+        """A schedule that admits nothing: the task could not be placed."""
+        return cls.for_task(task, scheduler, blocked=True, reason=reason)
 
     # -- tree queries ----------------------------------------------------------------------------
     @property

@@ -55,12 +55,9 @@ class SPFF(Scheduler):
                 ledger.reserve(links, w, task.demand_mbps)
                 src, dst = (g, local) if procedure == "broadcast" else (local, g)
                 edges.append(OverlayEdge("broadcast" if procedure == "broadcast" else "upload", src, dst, path, w))
-        return Schedule(
-            task_id=task.id,
-            scheduler=self.name,
-            global_site=g,
-            local_sites=tuple(task.local_sites),
-            demand_mbps=task.demand_mbps,
+        return Schedule.for_task(
+            task,
+            self.name,
             broadcast_parent={local: g for local in task.local_sites},
             upload_parent={local: g for local in task.local_sites},
             edges=tuple(edges),
