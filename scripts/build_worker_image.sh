@@ -15,7 +15,9 @@
 #   --if-stale   do nothing when the worker image exists with the current source hash (the default
 #                of provision.sh; takes about a second when nothing changed)
 #   --force      rebuild both layers
-# Environment: NETAI_WORKER_IMAGE (default netai-worker:latest), NETAI_BUILD_DIR (scratch space,
+# Environment: NETAI_IMAGE_BUILD (auto: rootfs when the venv's Python is 3.11 and debootstrap exists,
+#   else dockerfile, i.e. `docker build -f workers/docker/Dockerfile`, which needs a registry),
+#   NETAI_WORKER_IMAGE (default netai-worker:latest), NETAI_BUILD_DIR (scratch space,
 #   default /var/tmp/netai-worker-build), DEBIAN_MIRROR (default http://deb.debian.org/debian),
 #   VENV (the project's venv whose pip installs into the image; default .venv).
 # Hosts with a registry can use workers/docker/Dockerfile instead.
@@ -37,7 +39,7 @@ for arg in "$@"; do
     case "$arg" in
         --if-stale) if_stale=1 ;;
         --force) force=1 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
         *) die "unknown argument $arg (use --if-stale or --force)" ;;
     esac
 done
@@ -47,7 +49,7 @@ docker info >/dev/null 2>&1 || die "no Docker daemon answers (start it: sudo mak
 
 # Inputs of each layer. The base depends on this script and the requirements; the worker image on
 # the base hash and every source file of the project's packages (sorted, content-hashed).
-base_hash=$(cat scripts/build_worker_image.sh workers/docker/requirements.txt | sha256sum | cut -c1-16)
+base_hash=$(cat scripts/build_worker_image.sh workers/docker/requirements.txt workers/docker/Dockerfile | sha256sum | cut -c1-16)
 src_files() {
     find topologies orchestrator workers -type f \( -name '*.py' -o -name '*.yaml' -o -name '*.txt' \) \
         -not -path '*/__pycache__/*' | LC_ALL=C sort
@@ -66,6 +68,25 @@ fi
 t_start=$(date +%s)
 image_id() { docker image inspect -f '{{ .Id }}' "$1" 2>/dev/null || true; }
 old_ids="$(image_id "$IMAGE") $(image_id "$BASE_IMAGE")"
+
+# The rootfs recipe needs the host's Python to match the image's (bookworm: 3.11), since the host's
+# pip fills the image's venv. Elsewhere (e.g. an Ubuntu VM, which has a registry) use the Dockerfile.
+mode=${NETAI_IMAGE_BUILD:-auto}
+if [ "$mode" = auto ]; then
+    mode=dockerfile
+    if command -v debootstrap >/dev/null && [ -x "$VENV/bin/python" ] \
+            && [ "$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" = "$PYVER" ]; then
+        mode=rootfs
+    fi
+fi
+if [ "$mode" = dockerfile ]; then
+    log "building $IMAGE from workers/docker/Dockerfile (needs an image registry)"
+    docker build -q -f workers/docker/Dockerfile --label "$LABEL=$src_hash" -t "$IMAGE" . >/dev/null \
+        || die "docker build failed (no registry? then build with Python $PYVER and debootstrap: NETAI_IMAGE_BUILD=rootfs)"
+    log "built $IMAGE (source hash $src_hash) in $(( $(date +%s) - t_start )) s"
+    exit 0
+fi
+[ "$mode" = rootfs ] || die "NETAI_IMAGE_BUILD must be auto, rootfs or dockerfile, got $mode"
 
 # -- 1. base image -----------------------------------------------------------------------------
 if [ "$force" = 1 ] || [ "$(image_label "$BASE_IMAGE")" != "$base_hash" ]; then
