@@ -155,6 +155,33 @@ def delete_interfaces(names: Iterable[str]) -> None:
         _run(["ip", "link", "del", name])
 
 
+# -- worker containers (the docker CLI: this module needs only the standard library) ---------------
+CONTAINER_LABEL = "org.netai.run"  # = orchestrator.compute.RUN_LABEL; its value is the run id
+
+
+def labelled_containers() -> dict[str, str]:
+    """{container id: run id} of the project's worker containers (none without a Docker daemon)."""
+    try:
+        res = _run(["docker", "ps", "-a", "--filter", f"label={CONTAINER_LABEL}",
+                    "--format", '{{.ID}} {{.Label "' + CONTAINER_LABEL + '"}}'])
+    except OSError:  # no docker client
+        return {}
+    if res.returncode != 0:
+        return {}
+    out = {}
+    for line in res.stdout.splitlines():
+        cid, _, rid = line.partition(" ")
+        if cid:
+            out[cid] = rid
+    return out
+
+
+def delete_containers(ids: Iterable[str]) -> None:
+    ids = list(ids)
+    if ids:
+        _run(["docker", "rm", "-f", *ids])
+
+
 # -- run state files ------------------------------------------------------------------------------
 @dataclass
 class RunState:
@@ -209,13 +236,14 @@ class CleanReport:
     survivors: list[int] = field(default_factory=list)
     bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
+    containers: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @property
     def nothing(self) -> bool:
-        return not (self.runs or self.processes or self.bridges or self.interfaces)
+        return not (self.runs or self.processes or self.bridges or self.interfaces or self.containers)
 
 
 def clean_run(state: RunState, *, report: CleanReport | None = None) -> CleanReport:
@@ -264,6 +292,12 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
         log(f"cleaning marks of runs without a state file: {sorted(orphan_ids)}")
         report.runs += sorted(orphan_ids - set(report.runs))
         _clean_ids(orphan_ids, report)
+    # Worker containers of runs that are not live (e.g. a run killed with SIGKILL).
+    dead = sorted(cid for cid, rid in labelled_containers().items() if rid not in live)
+    if dead:
+        log(f"removing {len(dead)} worker container(s) of runs that are not live")
+        delete_containers(dead)
+        report.containers += dead
     return report
 
 
