@@ -159,3 +159,28 @@ def test_interrupted_run_keeps_finished_rounds(tmp_path: Path) -> None:
     assert again.query("PRAGMA journal_mode")[0]["journal_mode"] == "wal"
     with pytest.raises(ValueError):
         again.finish_run(run_id, "running")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("name: x\nrounds: 3\n", "unknown key 'rounds'"),
+        ("name: x\nlocals: [0]\n", "locals[] must be an integer >= 1"),
+        ("name: x\nschedulers: [mst, magic]\n", "unknown scheduler 'magic'"),
+    ],
+)
+def test_netai_experiment_rejects_a_bad_config_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, message: str
+) -> None:
+    from orchestrator.cli import main
+
+    config = tmp_path / "bad.yaml"
+    config.write_text(text)
+    out = tmp_path / "runs"
+
+    code = main(["experiment", str(config), "--out", str(out)])
+
+    err = capsys.readouterr().err
+    assert code == 2
+    assert message in err and err.count("\n") == 1
+    assert not out.exists()  # no run folder: nothing was started
