@@ -71,7 +71,42 @@ class ProcessHandle:
                 self.popen.wait(timeout=5)
 
 
-class LoopbackBackend:
+class _AgentProcesses:
+    """What the loopback and process backends share: an agent is a process of the project's venv,
+    logging to the task's directory (hosts share the file system). Subclasses say where it runs."""
+
+    _python: str
+
+    def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def task_log_dir(self, wanted: Path) -> Path:
+        """The directory a task's agents log to (created)."""
+        wanted.mkdir(parents=True, exist_ok=True)
+        return wanted
+
+    def after_task(self, log_dir: Path) -> None:
+        """Nothing to release: `run_task` stopped the processes."""
+
+    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
+        cfg = _with_events(config, log_dir)
+        path = _write_config(log_dir, cfg)
+        out = open(log_dir / f"{site}.out.txt", "wb")
+        try:
+            popen = self._popen(
+                site,
+                [self._python, "-m", "workers.agent", "--config", str(path)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=str(Path(__file__).resolve().parent.parent),
+                env=_agent_env(),
+            )
+        finally:
+            out.close()
+        return ProcessHandle(site, popen)
+
+
+class LoopbackBackend(_AgentProcesses):
     """Agents as local processes on 127.0.0.x addresses (no Mininet, no root).
 
     Parameters
@@ -92,30 +127,8 @@ class LoopbackBackend:
     def address(self, site: str) -> str:
         return self._addr[site]
 
-    def task_log_dir(self, wanted: Path) -> Path:
-        """The directory a task's agents log to (created)."""
-        wanted.mkdir(parents=True, exist_ok=True)
-        return wanted
-
-    def after_task(self, log_dir: Path) -> None:
-        """Nothing to release: `run_task` stopped the processes."""
-
-
-    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
-        cfg = _with_events(config, log_dir)
-        path = _write_config(log_dir, cfg)
-        out = open(log_dir / f"{site}.out.txt", "wb")
-        try:
-            popen = subprocess.Popen(
-                [self._python, "-m", "workers.agent", "--config", str(path)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=str(Path(__file__).resolve().parent.parent),
-                env=_agent_env(),
-            )
-        finally:
-            out.close()
-        return ProcessHandle(site, popen)
+    def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(cmd, **kw)
 
 
 def _with_events(config: AgentConfig, log_dir: Path) -> AgentConfig:
@@ -133,7 +146,7 @@ def _agent_env() -> dict[str, str]:
     return env
 
 
-class ProcessBackend:
+class ProcessBackend(_AgentProcesses):
     """Agents in Mininet hosts' namespaces, from the project's venv.
 
     Parameters
@@ -154,30 +167,9 @@ class ProcessBackend:
         except KeyError as e:
             raise ConfigError(f"site {site!r} has no emulated host") from e
 
-    def task_log_dir(self, wanted: Path) -> Path:
-        """The directory a task's agents log to (created; hosts share the file system)."""
-        wanted.mkdir(parents=True, exist_ok=True)
-        return wanted
-
-    def after_task(self, log_dir: Path) -> None:
-        """Nothing to release: `run_task` stopped the processes."""
-
-
-    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
-        cfg = _with_events(config, log_dir)
-        path = _write_config(log_dir, cfg)
-        out = open(log_dir / f"{site}.out.txt", "wb")
-        try:
-            popen = self._hosts[site].popen(
-                [self._python, "-m", "workers.agent", "--config", str(path)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=str(Path(__file__).resolve().parent.parent),
-                env=_agent_env(),
-            )
-        finally:
-            out.close()
-        return ProcessHandle(site, popen)
+    def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        popen: subprocess.Popen[bytes] = self._hosts[site].popen(cmd, **kw)
+        return popen
 
 
 # -- Docker ------------------------------------------------------------------------------------------
