@@ -475,16 +475,21 @@ class Agent:
             self.log.emit("child_timeout", round=r, child=child, timeout_s=self.cfg.child_timeout_s)
         return sorted(waiting)
 
+    def _own_update(self, r: int) -> WeightedAccumulator:
+        """An accumulator holding this node's own update of round `r` (empty when it holds no model)."""
+        acc = WeightedAccumulator()
+        if self.cfg.trains:
+            self.log.emit("train_start", round=r)
+            n = self.train()
+            self.log.emit("train_end", round=r, num_examples=n)
+            acc.add(self._state(), n)
+        return acc
+
     def run_global(self) -> int:
         for r in range(1, self.cfg.rounds + 1):
             start = self.log.emit("round_start", round=r)
             senders = self._broadcast(self._state(), r)
-            acc = WeightedAccumulator()
-            if self.cfg.trains:
-                self.log.emit("train_start", round=r)
-                n = self.train()
-                self.log.emit("train_end", round=r, num_examples=n)
-                acc.add(self._state(), n)
+            acc = self._own_update(r)
             stragglers = self._collect(r, acc, start, None)
             for t in senders:
                 t.join()
@@ -552,12 +557,7 @@ class Agent:
                 r = item.header.round
                 first = item
                 start = self.log.emit("round_start", round=r)
-            acc = WeightedAccumulator()
-            if self.cfg.trains:
-                self.log.emit("train_start", round=r)
-                n = self.train()
-                self.log.emit("train_end", round=r, num_examples=n)
-                acc.add(self._state(), n)
+            acc = self._own_update(r)
             stragglers = self._collect(r, acc, start, first)
             tensors = acc.result() if acc.num_examples > 0 else None
             pieces = encode_message(
