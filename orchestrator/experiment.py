@@ -151,35 +151,49 @@ class Progress:
             self._p.stop()
 
 
+def round_progress(events: dict[str, list[dict[str, Any]]], schedule: Schedule) -> tuple[int, int]:
+    """(rounds G has completed, locals that finished training in the round under way), from the
+    agents' timing events by site."""
+    done = max((int(ev.get("round", 0)) for ev in events.get(schedule.global_site, [])
+                if ev.get("event") == "round_complete"), default=0)
+    current = done + 1
+    trained = sum(
+        1 for site in schedule.local_sites
+        if any(ev.get("event") == "train_end" and ev.get("round") == current for ev in events.get(site, []))
+    )
+    return done, trained
+
+
+def _read_events(log_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    events: dict[str, list[dict[str, Any]]] = {}
+    for path in log_dir.glob("*.events.jsonl"):
+        try:
+            lines = path.read_text().splitlines()
+        except OSError:
+            continue
+        parsed = []
+        for line in lines:
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue  # a line being written
+            if isinstance(ev, dict):
+                parsed.append(ev)
+        events[path.name.removesuffix(".events.jsonl")] = parsed
+    return events
+
+
 @contextlib.contextmanager
 def watch_rounds(log_dir: Path, schedule: Schedule, rounds: int, progress: Progress) -> Iterator[None]:
     """Follow the agents' event files in a thread and move the task and round bars."""
     import threading
 
     stop = threading.Event()
-    locals_ = set(schedule.local_sites)
 
     def follow() -> None:
         while not stop.wait(0.5):
-            done, trained, current = 0, 0, 1
-            for path in log_dir.glob("*.events.jsonl"):
-                try:
-                    lines = path.read_text().splitlines()
-                except OSError:
-                    continue
-                site = path.name.split(".events.jsonl")[0]
-                for line in lines:
-                    try:
-                        ev = json.loads(line)
-                    except ValueError:
-                        continue
-                    if ev.get("event") == "round_complete" and site == schedule.global_site:
-                        done = max(done, int(ev.get("round", 0)))
-                current = done + 1
-                trained += sum(
-                    1 for line in lines if site in locals_ and f'"round": {current}' in line and "train_end" in line
-                )
-            progress.round_progress(done, trained, len(locals_), min(current, rounds))
+            done, trained = round_progress(_read_events(log_dir), schedule)
+            progress.round_progress(done, trained, len(schedule.local_sites), min(done + 1, rounds))
 
     t = threading.Thread(target=follow, daemon=True)
     if progress.enabled:
@@ -234,7 +248,7 @@ def carried_bytes(client: Any, task_id: int, *, settle_s: float = 1.2, timeout_s
 
 def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True) -> RunOutcome:
     """Run `cfg` for real (see the module docstring); returns where the results are."""
-    from orchestrator.compute import open_backend  # the emulation's hosts, as a compute backend
+    from orchestrator.compute import emulation_options, open_backend
     from orchestrator.emulation import Emulation
     from orchestrator.fltask import FLOptions, run_task
     from orchestrator.traffic import BackgroundTraffic, plan_background
@@ -258,10 +272,11 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     status, note = "failed", ""
     bg_results: list[Any] = []
     try:
-        with Emulation(plan, log_dir=run_dir / "emulation", **_emulation_options(backend_kind, run_dir)) as emu:
+        hosting = emulation_options(backend_kind, log_dir=run_dir / "workers")
+        with Emulation(plan, log_dir=run_dir / "emulation", **hosting) as emu:
             info = emu.info
             db.set_environment(run_id, environment(cfg, plan, info, backend_kind))
-            LOG.info("emulation up: %s switches in %.1f s, delay emulated: %s", plan.switches and len(plan.switches),
+            LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s", len(plan.switches),
                      getattr(info, "bringup_s", 0.0), getattr(info, "delay_emulated", False))
             flows = plan_background(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed) \
                 if cfg.background.enabled else []
@@ -301,12 +316,6 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         logging.getLogger().removeHandler(log_handler)
         log_handler.close()
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report)
-
-
-def _emulation_options(backend_kind: str, run_dir: Path) -> dict[str, Any]:
-    from orchestrator.compute import emulation_options
-
-    return dict(emulation_options(backend_kind, log_dir=run_dir / "workers"))
 
 
 def _run_one(

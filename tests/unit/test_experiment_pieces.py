@@ -13,7 +13,7 @@ from orchestrator.db import ResultsDB
 from orchestrator.errors import ConfigError
 from orchestrator.results import claims, plot, summarize, write_csvs, write_report
 from orchestrator.scheduling import NetworkState, get_scheduler
-from orchestrator.tasks import generate_tasks
+from orchestrator.tasks import Task, generate_tasks
 from topologies.loaders import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,3 +184,23 @@ def test_netai_experiment_rejects_a_bad_config_before_starting(
     assert code == 2
     assert message in err and err.count("\n") == 1
     assert not out.exists()  # no run folder: nothing was started
+
+
+def test_round_progress_counts_completed_rounds_and_locals_trained(tmp_path: Path) -> None:
+    import json as _json
+
+    from orchestrator.experiment import _read_events, round_progress
+
+    s = get_scheduler("mst").schedule(NetworkState(load("triangle")), Task(1, "A", ("B", "C")))
+    lines = {  # written as the agents write them: compact JSON, one event per line
+        "A": [{"event": "round_complete", "round": 1}],
+        "B": [{"event": "train_end", "round": 1}, {"event": "train_end", "round": 2}],
+        "C": [{"event": "train_end", "round": 1}],
+    }
+    for site, evs in lines.items():
+        text = "\n".join(_json.dumps(e, separators=(",", ":")) for e in evs)
+        (tmp_path / f"{site}.events.jsonl").write_text(text + '\n{"event":"train_st')  # a line being written
+
+    done, trained = round_progress(_read_events(tmp_path), s)
+
+    assert (done, trained) == (1, 1)  # round 1 complete; in round 2 only B has trained
