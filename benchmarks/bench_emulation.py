@@ -21,8 +21,8 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.emulation import Emulation
-from orchestrator.netcheck import GOODPUT_CEILING, iperf
+from orchestrator.emulation.network import Emulation
+from orchestrator.emulation.selftest import GOODPUT_CEILING, iperf
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
 

@@ -12,7 +12,7 @@ import argparse
 import time
 
 from orchestrator.scheduling import SCHEDULERS, NetworkState, get_scheduler
-from orchestrator.tasks import generate_tasks
+from orchestrator.scheduling.tasks import generate_tasks
 from topologies.generators import random_connected
 from topologies.loaders import load
 

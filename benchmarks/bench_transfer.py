@@ -33,10 +33,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.compute import ProcessHandle, _agent_env, _write_config  # noqa: E402
-from orchestrator.fltask import FLOptions, read_events, run_task  # noqa: E402
+from orchestrator.runtime.backends import ProcessHandle, _agent_env, _write_config  # noqa: E402
+from orchestrator.runtime.task_runner import FLOptions, read_events, run_task  # noqa: E402
 from orchestrator.scheduling.schedule import Schedule  # noqa: E402
-from workers.agent import AgentConfig  # noqa: E402
+from workers.config import AgentConfig  # noqa: E402
 
 ADDR_A, ADDR_B = "10.213.0.1", "10.213.0.2"
 

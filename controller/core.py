@@ -25,10 +25,10 @@ from controller.flows import (
     background_entries,
     by_dpid,
     normalize_pairs,
-    schedule_entries,
     table_miss_entry,
+    task_entries,
 )
-from orchestrator.scheduling.schedule import Schedule
+from controller.paths import TaskPaths
 from topologies.plan import HOST_PORT, EmulationPlan
 
 #: How many port-status events the controller keeps for the API.
@@ -98,7 +98,7 @@ class FlowSender(Protocol):
 
 @dataclass
 class InstalledTask:
-    schedule: Schedule
+    paths: TaskPaths
     entries: list[FlowEntry]
     installed_at: float
 
@@ -212,21 +212,21 @@ class ControllerCore:
             names = ", ".join(f"{self._switch_name(d)} (dpid {d})" for d in missing)
             raise Unavailable(f"switch(es) not connected: {names}")
 
-    def install_task(self, schedule: Schedule) -> dict[str, Any]:
+    def install_task(self, task: TaskPaths) -> dict[str, Any]:
         """Install (or replace) a task's flow entries on every switch of its paths.
 
         Raises
         ------
         Unprocessable
-            If the schedule names an unknown site or cannot be turned into entries.
+            If the paths name an unknown site or cannot be turned into entries.
         Unavailable
             If a switch the task needs is not connected (nothing is changed then).
         """
         try:
-            entries = schedule_entries(schedule, self.plan)
+            entries = task_entries(task, self.plan)
         except FlowBuildError as e:
             raise Unprocessable(str(e)) from e
-        task_id = schedule.task_id
+        task_id = task.task_id
         # The lock guards state only: sending waits for the switch, whose replies reach us through
         # the same event loop that may need the lock.
         with self._lock:
@@ -234,7 +234,7 @@ class ControllerCore:
             touched = {e.dpid for e in entries} | ({e.dpid for e in old.entries} if old else set())
             self._require_connected(touched)
             self._require_no_overlap(task_id, entries)
-            self.tasks[task_id] = InstalledTask(schedule, entries, self.clock())
+            self.tasks[task_id] = InstalledTask(task, entries, self.clock())
         try:
             if old is not None:
                 for dpid in sorted({e.dpid for e in old.entries}):
@@ -250,7 +250,7 @@ class ControllerCore:
                 except ControllerError as cleanup_error:
                     self.record_error(dpid, f"rollback of task {task_id} failed: {cleanup_error}")
             raise
-        return self._task_summary_of(task_id, schedule, entries)
+        return self._task_summary_of(task_id, task, entries)
 
     def _require_no_overlap(self, task_id: int, entries: Sequence[FlowEntry]) -> None:
         """Refuse entries that would overwrite another task's (same switch, priority and match).
@@ -278,7 +278,7 @@ class ControllerCore:
             dpids = sorted({e.dpid for e in task.entries} & set(self.connected))
         for dpid in dpids:
             self.sender.remove_cookie(dpid, task_id)
-        return self._task_summary_of(task_id, task.schedule, task.entries)
+        return self._task_summary_of(task_id, task.paths, task.entries)
 
     def get_task(self, task_id: int) -> dict[str, Any]:
         with self._lock:
@@ -287,7 +287,7 @@ class ControllerCore:
             task = self.tasks[task_id]
             return {
                 **self._task_summary(task_id),
-                "schedule": task.schedule.to_dict(),
+                "paths": task.paths.to_dict()["paths"],
                 "entries": [e.to_dict() for e in task.entries],
             }
 
@@ -297,15 +297,15 @@ class ControllerCore:
 
     def _task_summary(self, task_id: int) -> dict[str, Any]:
         task = self.tasks[task_id]
-        return self._task_summary_of(task_id, task.schedule, task.entries)
+        return self._task_summary_of(task_id, task.paths, task.entries)
 
-    def _task_summary_of(self, task_id: int, s: Schedule, entries: Sequence[FlowEntry]) -> dict[str, Any]:
+    def _task_summary_of(self, task_id: int, t: TaskPaths, entries: Sequence[FlowEntry]) -> dict[str, Any]:
         return {
             "task_id": task_id,
-            "scheduler": s.scheduler,
-            "global": s.global_site,
-            "locals": list(s.local_sites),
-            "edges": len(s.edges),
+            "label": t.label,
+            "sites": t.sites,
+            "paths": len(t.paths),
+            "reserved_mbps": round(sum(p.reserved_mbps * len(p.links()) for p in t.paths), 6),
             "entries": len(entries),
             "switches": sorted({self._switch_name(e.dpid) for e in entries}),
         }

@@ -1,10 +1,9 @@
-"""Pure flow logic: a `Schedule` (or a list of background host pairs) + an `EmulationPlan` -> flow entries.
+"""Pure flow logic: a task's `TaskPaths` (or a list of background host pairs) + an `EmulationPlan` -> flow entries.
 
-Every overlay edge ``src -> dst`` of a task becomes, on each switch of its physical path, one entry
-that matches the edge's TCP segments (IPv4 src/dst of the two hosts + the destination's task port:
-the broadcast port for a broadcast edge, the upload port for an upload edge) and outputs towards the
-next site (the host port on the last switch). The ACK direction (``dst -> src`` with that port as
-TCP *source* port) follows the reverse of the same path. The cookie of a task's entries is the task
+Every path ``src -> dst`` of a task becomes, on each switch along its sites, one entry that matches
+the path's TCP segments (IPv4 src/dst of the two hosts + the path's destination TCP port) and
+outputs towards the next site (the host port on the last switch). The ACK direction (``dst -> src``
+with that port as TCP *source* port) follows the reverse of the same path. The cookie of a task's entries is the task
 id, so flow statistics and deletion select a task by cookie.
 
 Background traffic between two hosts gets IPv4 src/dst entries along a shortest path (fewest hops,
@@ -25,7 +24,7 @@ from typing import Any
 
 import networkx as nx
 
-from orchestrator.scheduling.schedule import OverlayEdge, Schedule, task_ports
+from controller.paths import PathSpec, TaskPaths
 from topologies.errors import TopologyError
 from topologies.plan import HOST_PORT, EmulationPlan
 
@@ -169,45 +168,38 @@ def _host_ip(plan: EmulationPlan, site: str, what: str) -> str:
         raise FlowBuildError(f"{what}: site {site!r} has no compute host") from e
 
 
-def edge_entries(plan: EmulationPlan, task_id: int, edge: OverlayEdge) -> list[FlowEntry]:
-    """Entries of one overlay edge: data along `edge.path`, ACKs along its reverse."""
-    what = f"task {task_id} {edge.procedure} edge {edge.src}->{edge.dst}"
-    if len(edge.path) < 2 or edge.path[0] != edge.src or edge.path[-1] != edge.dst:
-        raise FlowBuildError(f"{what}: path {list(edge.path)} must run from {edge.src} to {edge.dst}")
-    src_ip = _host_ip(plan, edge.src, what)
-    dst_ip = _host_ip(plan, edge.dst, what)
-    broadcast_port, upload_port = task_ports(task_id)
-    port = broadcast_port if edge.procedure == "broadcast" else upload_port
-    forward = tcp_match(src_ip, dst_ip, tcp_dst=port)
-    reverse = tcp_match(dst_ip, src_ip, tcp_src=port)
+def edge_entries(plan: EmulationPlan, task_id: int, path: PathSpec) -> list[FlowEntry]:
+    """Entries of one path of a task: data along `path.sites`, ACKs along their reverse."""
+    what = f"task {task_id} {path.kind or 'path'} {path.src}->{path.dst}"
+    if len(path.sites) < 2 or path.sites[0] != path.src or path.sites[-1] != path.dst:
+        raise FlowBuildError(f"{what}: path {list(path.sites)} must run from {path.src} to {path.dst}")
+    src_ip = _host_ip(plan, path.src, what)
+    dst_ip = _host_ip(plan, path.dst, what)
+    forward = tcp_match(src_ip, dst_ip, tcp_dst=path.tcp_dst)
+    reverse = tcp_match(dst_ip, src_ip, tcp_src=path.tcp_dst)
     return [
-        *path_entries(plan, edge.path, forward, priority=TASK_PRIORITY, cookie=task_id),
-        *path_entries(plan, tuple(reversed(edge.path)), reverse, priority=TASK_PRIORITY, cookie=task_id),
+        *path_entries(plan, path.sites, forward, priority=TASK_PRIORITY, cookie=task_id),
+        *path_entries(plan, tuple(reversed(path.sites)), reverse, priority=TASK_PRIORITY, cookie=task_id),
     ]
 
 
-def schedule_entries(schedule: Schedule, plan: EmulationPlan) -> list[FlowEntry]:
-    """All flow entries of a task's schedule, sorted, without duplicates.
+def task_entries(task: TaskPaths, plan: EmulationPlan) -> list[FlowEntry]:
+    """All flow entries of a task's paths, sorted, without duplicates.
 
     Raises
     ------
     FlowBuildError
-        If the schedule is blocked, names an unknown site or a site without a host, has a path that
-        does not follow the plan's links, or two of its edges would need different output ports for
-        the same packets on the same switch.
+        If a path names an unknown site or a site without a host, does not follow the plan's
+        links, or two paths would need different output ports for the same packets on one switch.
     """
-    if schedule.blocked:
-        raise FlowBuildError(f"task {schedule.task_id}: the schedule is blocked ({schedule.reason})")
-    for site in (schedule.global_site, *schedule.local_sites):
-        _host_ip(plan, site, f"task {schedule.task_id}")
     seen: dict[tuple[int, Match], FlowEntry] = {}
-    for edge in schedule.edges:
-        for entry in edge_entries(plan, schedule.task_id, edge):
+    for path in task.paths:
+        for entry in edge_entries(plan, task.task_id, path):
             slot = (entry.dpid, entry.match)
             other = seen.get(slot)
             if other is not None and other.out_port != entry.out_port:
                 raise FlowBuildError(
-                    f"task {schedule.task_id}: edges disagree on switch dpid {entry.dpid} for "
+                    f"task {task.task_id}: paths disagree on switch dpid {entry.dpid} for "
                     f"{entry.match_dict} (ports {other.out_port} and {entry.out_port})"
                 )
             seen[slot] = entry

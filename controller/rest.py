@@ -5,8 +5,8 @@ Routes (JSON in and out; errors are ``{"error": message}`` with a 4xx/5xx status
     GET    /health                 switches expected/connected, tasks, recent errors
     GET    /topology               the emulation plan, connected switches, port-status events
     GET    /tasks                  installed tasks (summaries)
-    GET    /tasks/{id}             one task: schedule and entries
-    PUT    /tasks/{id}             body = Schedule JSON: install (or replace) the task's paths
+    GET    /tasks/{id}             one task: its paths and entries
+    PUT    /tasks/{id}             body = TaskPaths JSON (controller.paths): install (or replace) the task's paths
     DELETE /tasks/{id}             remove the task's entries
     GET    /flows[?task=ID]        entries read live from the switches, with packet/byte counters
     GET    /stats/ports            per directed link: bytes, current rate, utilisation
@@ -29,7 +29,7 @@ from typing import Any
 from webob import Request, Response
 
 from controller.core import BadRequest, Conflict, ControllerCore, ControllerError, NotFound
-from orchestrator.scheduling.schedule import Schedule
+from controller.paths import TaskPaths
 
 LOG = logging.getLogger(__name__)
 
@@ -120,15 +120,13 @@ class RestApi:
                 return _json_response(core.get_task(task_id))
             if method == "PUT":
                 body = _body(req)
-                if not isinstance(body, dict):
-                    raise BadRequest("expected a Schedule JSON object")
                 try:
-                    schedule = Schedule.from_dict(body)
+                    paths = TaskPaths.from_dict(body)
                 except ValueError as e:
                     raise BadRequest(str(e)) from e
-                if schedule.task_id != task_id:
-                    raise Conflict(f"URL names task {task_id} but the schedule is for task {schedule.task_id}")
-                return _json_response(core.install_task(schedule), status=201)
+                if paths.task_id != task_id:
+                    raise Conflict(f"URL names task {task_id} but the body is for task {paths.task_id}")
+                return _json_response(core.install_task(paths), status=201)
             if method == "DELETE":
                 return _json_response(core.remove_task(task_id))
             return self._method_not_allowed(method, path, "GET, PUT, DELETE")

@@ -5,4 +5,4 @@
 #   flock /tmp/netai-mininet.lock bash scripts/clean.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
-exec python3 -m orchestrator.cleanup
+exec python3 -m orchestrator.emulation.cleanup

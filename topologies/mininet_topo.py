@@ -8,7 +8,7 @@ Mbit/s = the plan's emulated rate, htb; ``delay`` only when the kernel has netem
 not shaped. With ``checksum_offload=False`` every link turns tx/rx checksum offload off, which the
 userspace datapath needs for TCP (what Mininet's `TCULink` does).
 
-This module must not start, configure or probe anything: `orchestrator.emulation` does that.
+This module must not start, configure or probe anything: `orchestrator.emulation.network` does that.
 """
 
 from __future__ import annotations

@@ -21,14 +21,13 @@ compare): ready, round_start, global_received, forward_sent, train_start, train_
 child_received, child_timeout, rejected, update_sent, aggregated, round_complete (with accuracy),
 done, error.
 
-What the agent never does: unpickle or ``torch.load`` anything from the wire (see `workers.wire`),
+What the agent never does: unpickle or ``torch.load`` anything from the wire (see `workers.framing`),
 bind to a wildcard address, or sleep for readiness (connects are retried until a deadline).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import queue
@@ -37,147 +36,24 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-from torch import nn
-
 from workers.aggregate import WeightedAccumulator
-from workers.data import Dataset, load_dataset, partition
-from workers.models import build_model, state_nbytes
-from workers.wire import (
+from workers.config import PAYLOAD_SLACK_BYTES, AgentConfig, Peer
+from workers.events import EventLog
+from workers.framing import (
     Buffer,
     FrameError,
     Message,
     TensorSet,
     check_tensors,
     encode_message,
-    read_message,
-    send_message,
 )
-
-#: Chunk size of GLOBAL and UPDATE messages (1 MiB was fastest in benchmarks/bench_transfer.py).
-DEFAULT_CHUNK_BYTES = 1024 * 1024
-
-#: Slack on top of the model's tensor bytes for the safetensors header of each chunk.
-PAYLOAD_SLACK_BYTES = 1024 * 1024
-
-
-@dataclass(frozen=True, kw_only=True)
-class Peer:
-    """Another overlay node: its site name and host address."""
-
-    site: str
-    host: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class AgentConfig:
-    """Everything one agent needs; JSON in, unknown keys rejected.
-
-    Ports are the task's (`task_ports`): the controller's flow entries match them.
-    `part_index` is None for nodes without a local model (G, relays); `num_parts` is the number
-    of local models of the task, which all split the same training set with the same seed.
-    """
-
-    task: int
-    site: str
-    host: str
-    broadcast_port: int
-    upload_port: int
-    rounds: int
-    is_global: bool = False
-    expects_global: bool = True
-    #: Site that sends this node GLOBAL (None for G and upload-only relays).
-    broadcast_parent: str | None = None
-    broadcast_children: tuple[Peer, ...] = ()
-    upload_parent: Peer | None = None
-    upload_children: tuple[str, ...] = ()
-    model: str = "mlp"
-    model_args: Mapping[str, Any] = field(default_factory=dict)
-    model_seed: int = 0
-    dataset: str = "digits"
-    dataset_args: Mapping[str, Any] = field(default_factory=dict)
-    partitioning: str = "iid"
-    alpha: float = 0.5
-    data_seed: int = 0
-    num_parts: int = 1
-    part_index: int | None = None
-    local_epochs: int = 2
-    batch_size: int = 32
-    lr: float = 0.1
-    child_timeout_s: float = 60.0
-    connect_timeout_s: float = 30.0
-    global_timeout_s: float = 600.0
-    #: Messages travel in chunks of this size so the receiver checks chunk i while i+1 arrives.
-    max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
-    threads: int = 1
-    events_path: str | None = None
-
-    @property
-    def trains(self) -> bool:
-        return self.part_index is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["broadcast_children"] = [{"site": p.site, "host": p.host} for p in self.broadcast_children]
-        d["upload_parent"] = (
-            None if self.upload_parent is None else {"site": self.upload_parent.site, "host": self.upload_parent.host}
-        )
-        d["upload_children"] = list(self.upload_children)
-        d["model_args"] = dict(self.model_args)
-        d["dataset_args"] = dict(self.dataset_args)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> AgentConfig:
-        """Build from JSON data. Raises ValueError naming the bad key."""
-        known = {f.name for f in fields(cls)}
-        unknown = set(d) - known
-        if unknown:
-            raise ValueError(f"unknown agent config keys: {sorted(unknown)}")
-        kw = dict(d)
-        try:
-            kw["broadcast_children"] = tuple(Peer(**p) for p in kw.get("broadcast_children", ()))
-            up = kw.get("upload_parent")
-            kw["upload_parent"] = None if up is None else Peer(**up)
-            kw["upload_children"] = tuple(kw.get("upload_children", ()))
-            cfg = cls(**kw)
-        except TypeError as e:
-            raise ValueError(f"bad agent config: {e}") from e
-        if cfg.host in ("", "0.0.0.0", "::"):
-            raise ValueError("the agent binds to its own host address only, not a wildcard")
-        if not cfg.is_global and cfg.upload_parent is None:
-            raise ValueError(f"{cfg.site}: a node other than G needs an upload parent")
-        if cfg.is_global and not cfg.upload_children:
-            raise ValueError(f"{cfg.site}: G needs at least one upload child")
-        if cfg.rounds < 1:
-            raise ValueError("rounds must be at least 1")
-        return cfg
-
-
-class EventLog:
-    """JSON-lines timing events on the monotonic clock; thread-safe; flushed per line."""
-
-    def __init__(self, cfg: AgentConfig, stream: IO[str]) -> None:
-        self._cfg = cfg
-        self._stream = stream
-        self._lock = threading.Lock()
-
-    def emit(self, event: str, round: int | None = None, **extra: Any) -> float:
-        t = time.monotonic()
-        rec = {"t": t, "wall": time.time(), "event": event, "task": self._cfg.task, "site": self._cfg.site}
-        if round is not None:
-            rec["round"] = round
-        rec.update(extra)
-        line = json.dumps(rec, separators=(",", ":"))
-        with self._lock:
-            self._stream.write(line + "\n")
-            self._stream.flush()
-        return t
+from workers.learning import Learner
+from workers.transport import read_message, send_message
 
 
 @dataclass
@@ -195,28 +71,9 @@ class Agent:
     def __init__(self, cfg: AgentConfig, log: EventLog) -> None:
         self.cfg = cfg
         self.log = log
-        torch.set_num_threads(max(1, cfg.threads))
-        self.data: Dataset = load_dataset(cfg.dataset, seed=cfg.data_seed, **dict(cfg.dataset_args))
-        self.model: nn.Module = build_model(
-            cfg.model,
-            input_shape=self.data.input_shape,
-            num_classes=self.data.num_classes,
-            seed=cfg.model_seed,
-            model_args=dict(cfg.model_args),
-        )
-        self.template = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        self.max_payload_bytes = state_nbytes(self.model) + PAYLOAD_SLACK_BYTES
-        self.train_idx: torch.Tensor | None = None
-        if cfg.part_index is not None:
-            parts = partition(
-                self.data.train_y,
-                cfg.num_parts,
-                scheme="dirichlet" if cfg.partitioning == "dirichlet" else "iid",
-                alpha=cfg.alpha,
-                seed=cfg.data_seed,
-            )
-            self.train_idx = torch.from_numpy(parts[cfg.part_index])
-        self._warm_up()
+        self.learner = Learner(cfg)
+        self.template = self.learner.template
+        self.max_payload_bytes = self.learner.model_bytes + PAYLOAD_SLACK_BYTES
         self.inbox: queue.Queue[Message | _Rejected] = queue.Queue()
         self.pending: list[Message] = []
         self.stopping = threading.Event()
@@ -388,49 +245,6 @@ class Agent:
             if isinstance(item, Message):
                 self.pending.append(item)
 
-    # -- learning -----------------------------------------------------------------------------------
-    def train(self) -> int:
-        """Local training on this node's part; returns its example count."""
-        assert self.train_idx is not None
-        x = self.data.train_x[self.train_idx]
-        y = self.data.train_y[self.train_idx]
-        self.model.train()
-        opt = torch.optim.SGD(self.model.parameters(), lr=self.cfg.lr, momentum=0.9)
-        loss_fn = nn.CrossEntropyLoss()
-        gen = torch.Generator().manual_seed(self.cfg.data_seed + 7919 * (self.cfg.part_index or 0))
-        for _ in range(self.cfg.local_epochs):
-            order = torch.randperm(len(x), generator=gen)
-            for i in range(0, len(x), self.cfg.batch_size):
-                idx = order[i : i + self.cfg.batch_size]
-                opt.zero_grad()
-                loss = loss_fn(self.model(x[idx]), y[idx])
-                loss.backward()
-                opt.step()
-        return len(x)
-
-    def _warm_up(self) -> None:
-        """One training step on a throw-away copy of the model, so that torch's one-time start-up
-        costs (kernels, optimizer) are paid before ``ready`` and not inside round 1's timings."""
-        twin = copy.deepcopy(self.model)
-        twin.train()
-        opt = torch.optim.SGD(twin.parameters(), lr=self.cfg.lr, momentum=0.9)
-        out = twin(self.data.test_x[: self.cfg.batch_size])
-        nn.functional.cross_entropy(out, self.data.test_y[: self.cfg.batch_size]).backward()
-        opt.step()
-        self.evaluate()
-
-    @torch.no_grad()
-    def evaluate(self) -> tuple[float, float]:
-        """(accuracy, mean loss) of the current model on the held-out test split."""
-        self.model.eval()
-        out = self.model(self.data.test_x)
-        loss = float(nn.functional.cross_entropy(out, self.data.test_y))
-        acc = float((out.argmax(dim=1) == self.data.test_y).float().mean())
-        return acc, loss
-
-    def _state(self) -> TensorSet:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-
     # -- rounds -------------------------------------------------------------------------------------
     def _collect(self, r: int, acc: WeightedAccumulator, round_start: float, first: Message | None) -> list[str]:
         """Wait for the upload children's UPDATE(r); fold them into `acc`; return the stragglers."""
@@ -480,25 +294,25 @@ class Agent:
         acc = WeightedAccumulator()
         if self.cfg.trains:
             self.log.emit("train_start", round=r)
-            n = self.train()
+            n = self.learner.train()
             self.log.emit("train_end", round=r, num_examples=n)
-            acc.add(self._state(), n)
+            acc.add(self.learner.state(), n)
         return acc
 
     def run_global(self) -> int:
         for r in range(1, self.cfg.rounds + 1):
             start = self.log.emit("round_start", round=r)
-            senders = self._broadcast(self._state(), r)
+            senders = self._broadcast(self.learner.state(), r)
             acc = self._own_update(r)
             stragglers = self._collect(r, acc, start, None)
             for t in senders:
                 t.join()
             if acc.num_examples > 0:
-                self.model.load_state_dict(acc.result())
+                self.learner.load(acc.result())
             t_agg = self.log.emit(
                 "aggregated", round=r, num_examples=acc.num_examples, num_updates=acc.num_updates
             )
-            accuracy, loss = self.evaluate()
+            accuracy, loss = self.learner.evaluate()
             self.log.emit(
                 "round_complete",
                 round=r,
@@ -544,7 +358,7 @@ class Agent:
                 r = item.header.round
                 start = self.log.emit("global_received", round=r, nbytes=item.wire_bytes)
                 senders = self._broadcast(item.tensors, r)
-                self.model.load_state_dict(item.tensors)
+                self.learner.load(item.tensors)
             else:
                 item = self._next(
                     time.monotonic() + self.cfg.global_timeout_s,
@@ -582,8 +396,8 @@ class Agent:
         self.log.emit(
             "ready",
             host=self.cfg.host,
-            model_bytes=state_nbytes(self.model),
-            num_examples=0 if self.train_idx is None else len(self.train_idx),
+            model_bytes=self.learner.model_bytes,
+            num_examples=self.learner.num_examples,
             pid=os.getpid(),
         )
         try:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from orchestrator.scheduling.schedule import DirectedLink, OverlayEdge, Schedule
 from orchestrator.scheduling.state import EPS, Ledger, NetworkState, assign_wavelengths
-from orchestrator.tasks import Task, validate_task
+from orchestrator.scheduling.tasks import Task, validate_task
 
 WeightName = Literal["delay", "hops"]
 Adjacency = dict[str, list[tuple[str, float]]]

@@ -45,7 +45,7 @@ from orchestrator.scheduling.base import (
 )
 from orchestrator.scheduling.schedule import DirectedLink, OverlayEdge, Schedule
 from orchestrator.scheduling.state import NetworkState
-from orchestrator.tasks import Task
+from orchestrator.scheduling.tasks import Task
 
 MstWeight = Literal["aux", "hops"]
 

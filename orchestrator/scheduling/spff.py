@@ -19,7 +19,7 @@ import itertools
 from orchestrator.scheduling.base import Scheduler, WeightName, dijkstra, link_weight_fn, walk_back
 from orchestrator.scheduling.schedule import OverlayEdge, Schedule
 from orchestrator.scheduling.state import Ledger, NetworkState
-from orchestrator.tasks import Task
+from orchestrator.scheduling.tasks import Task
 
 
 class SPFF(Scheduler):

@@ -32,7 +32,7 @@ from orchestrator.scheduling.base import (
 )
 from orchestrator.scheduling.schedule import Schedule
 from orchestrator.scheduling.state import NetworkState
-from orchestrator.tasks import Task
+from orchestrator.scheduling.tasks import Task
 
 
 def _finish(name: str, state: NetworkState, task: Task, parent: dict[str, str]) -> Schedule:

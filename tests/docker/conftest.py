@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.compute import ensure_worker_image
+from orchestrator.runtime.backends import ensure_worker_image
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cleanup
-from orchestrator.compute import DEFAULT_IMAGE, RUN_LABEL
+from orchestrator.emulation import cleanup
+from orchestrator.runtime.backends import DEFAULT_IMAGE, RUN_LABEL
 
 pytestmark = [pytest.mark.root, pytest.mark.docker]
 

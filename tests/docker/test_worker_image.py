@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.compute import DEFAULT_IMAGE
+from orchestrator.runtime.backends import DEFAULT_IMAGE
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]

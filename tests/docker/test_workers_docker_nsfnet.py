@@ -7,11 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.compute import RUN_LABEL, docker_client, emulation_options, open_backend, remove_containers
-from orchestrator.emulation import Emulation
-from orchestrator.fltask import FLOptions, missing_events, read_events, run_task
+from orchestrator.emulation.network import Emulation
+from orchestrator.runtime.backends import (
+    RUN_LABEL,
+    docker_client,
+    emulation_options,
+    open_backend,
+    remove_containers,
+)
+from orchestrator.runtime.task_runner import FLOptions, missing_events, read_events, run_task
 from orchestrator.scheduling import NetworkState, get_scheduler
-from orchestrator.tasks import generate_tasks
+from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
 
@@ -36,7 +42,7 @@ def test_nsfnet_mst_task_in_containers(tmp_path: Path) -> None:
                       for c in containers}
             assert limits == {h.name: (int(h.cpu * 1e9), h.memory_mb * 2**20) for h in plan.hosts}
             backend = open_backend("docker", emu)
-            emu.client.install_task(schedule)
+            emu.install_task(schedule)
             log_dir = backend.task_log_dir(tmp_path / "task")
 
             result = run_task(schedule, backend=backend, options=FLOptions(rounds=3, model="mlp"),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.compute import RUN_LABEL, docker_client
+from orchestrator.runtime.backends import RUN_LABEL, docker_client
 
 pytestmark = [pytest.mark.root, pytest.mark.docker, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ import json
 import signal
 import sys
 
-from orchestrator.emulation import Emulation
+from orchestrator.emulation.network import Emulation
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
 

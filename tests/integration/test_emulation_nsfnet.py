@@ -14,9 +14,9 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from controller.flows import BACKGROUND_COOKIE, table_miss_entries
-from orchestrator.controller_client import ControllerHTTPError
-from orchestrator.emulation import Emulation, dump_flows
-from orchestrator.netcheck import (
+from orchestrator.emulation.controller_client import ControllerHTTPError
+from orchestrator.emulation.network import Emulation, dump_flows
+from orchestrator.emulation.selftest import (
     compare_flow_tables,
     edge_port,
     expected_entries,
@@ -26,7 +26,7 @@ from orchestrator.netcheck import (
     poll_counter,
 )
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
-from orchestrator.tasks import generate_tasks
+from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
 
@@ -71,7 +71,7 @@ def mst_schedule(nsfnet: Emulation) -> Schedule:
 
 @pytest.fixture
 def installed(nsfnet: Emulation, mst_schedule: Schedule) -> Iterator[Schedule]:
-    nsfnet.client.install_task(mst_schedule)
+    nsfnet.install_task(mst_schedule)
     yield mst_schedule
     nsfnet.client.remove_task(mst_schedule.task_id)
 
@@ -162,7 +162,7 @@ def test_link_stats_see_the_traffic(nsfnet: Emulation, installed: Schedule) -> N
 
 
 def test_removing_the_task_leaves_only_the_table_miss_entries(nsfnet: Emulation, mst_schedule: Schedule) -> None:
-    nsfnet.client.install_task(mst_schedule)
+    nsfnet.install_task(mst_schedule)
     nsfnet.client.remove_task(mst_schedule.task_id)
 
     diffs = compare_flow_tables(nsfnet, table_miss_entries(nsfnet.plan))

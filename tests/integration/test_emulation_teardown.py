@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.cleanup import STATE_DIR, marked_processes, process_alive, tagged_bridges
-from orchestrator.emulation import Emulation
+from orchestrator.emulation.cleanup import STATE_DIR, marked_processes, process_alive, tagged_bridges
+from orchestrator.emulation.network import Emulation
 from topologies.loaders import load
 from topologies.mininet_topo import switch_interfaces
 from topologies.plan import EmulationPlan

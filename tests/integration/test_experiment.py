@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.db import ResultsDB
-from orchestrator.results import plot, summarize
+from orchestrator.experiment.report import plot, summarize
+from orchestrator.experiment.results_db import ResultsDB
 from tests.unit.test_experiment_pieces import assert_plotted_means_match_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,7 +82,7 @@ def test_trimmed_quick_experiment_end_to_end(tmp_path: Path, figures: list[str])
     run = db.run(1)
     assert run["status"] == "completed"
     env = run["environment"]
-    from orchestrator.compute import pick_backend
+    from orchestrator.runtime.backends import pick_backend
 
     assert env["backend"] == pick_backend("auto")
     assert env["delay_emulated"] in (True, False)

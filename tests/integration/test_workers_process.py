@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.compute import emulation_options, open_backend
-from orchestrator.emulation import Emulation
-from orchestrator.fltask import FLOptions, missing_events, read_events, run_task
+from orchestrator.emulation.network import Emulation
+from orchestrator.runtime.backends import emulation_options, open_backend
+from orchestrator.runtime.task_runner import FLOptions, missing_events, read_events, run_task
 from orchestrator.scheduling import NetworkState, get_scheduler
-from orchestrator.tasks import generate_tasks
+from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
 
@@ -26,7 +26,7 @@ def test_task_runs_in_mininet_hosts(tmp_path: Path, scheduler: str) -> None:
     schedule = get_scheduler(scheduler).schedule(NetworkState(model), task)
     with Emulation(plan, log_dir=tmp_path / "emulation", **emulation_options("process", log_dir=tmp_path)) as emu:
         backend = open_backend("process", emu)
-        emu.client.install_task(schedule)
+        emu.install_task(schedule)
         log_dir = backend.task_log_dir(tmp_path / "task")
 
         result = run_task(schedule, backend=backend, options=FLOptions(rounds=2), log_dir=log_dir)

@@ -10,8 +10,13 @@ import pytest
 
 from controller.core import ControllerCore
 from controller.rest import RestApi
-from orchestrator.controller_client import ControllerClient, ControllerHTTPError, ControllerUnreachable
-from orchestrator.controller_proc import free_port
+from orchestrator.emulation.controller_client import (
+    ControllerClient,
+    ControllerHTTPError,
+    ControllerUnreachable,
+)
+from orchestrator.emulation.controller_process import free_port
+from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import task_ports
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
 from topologies.loaders import load
@@ -44,7 +49,7 @@ def served() -> Iterator[tuple[ControllerClient, EmulationPlan, FakeSwitches]]:
 def test_install_list_and_remove_through_the_client(served: tuple[ControllerClient, EmulationPlan, FakeSwitches]) -> None:
     client, plan, _ = served
 
-    summary = client.install_task(handmade_schedule(plan, task_id=5))
+    summary = client.install_task(task_paths(handmade_schedule(plan, task_id=5)))
     listed = client.tasks()
     flows = client.flows(5)
     removed = client.remove_task(5)
@@ -86,7 +91,7 @@ def test_only_loopback_is_allowed_and_silence_is_unreachable() -> None:
 
 def test_task_bytes_sums_the_tasks_counters(served: tuple[ControllerClient, EmulationPlan, FakeSwitches]) -> None:
     client, plan, fake = served
-    client.install_task(handmade_schedule(plan, task_id=5))
+    client.install_task(task_paths(handmade_schedule(plan, task_id=5)))
     bport, _ = task_ports(5)
     for _ in range(3):
         fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=bport, nbytes=1000)

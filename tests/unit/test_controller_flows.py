@@ -1,4 +1,4 @@
-"""Flow building from a Schedule + EmulationPlan, checked on a fake flow table (no switch)."""
+"""Flow building from a task's paths (built from a Schedule) + EmulationPlan, checked on a fake flow table (no switch)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from controller.flows import (
     background_entries,
     diff_entries,
     parse_ofctl_dump,
-    schedule_entries,
     table_miss_entries,
+    task_entries,
     tcp_match,
 )
+from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import OverlayEdge, task_ports
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
 from topologies.loaders import load
@@ -49,7 +50,7 @@ def test_each_edge_forwards_along_its_path_and_acks_return_on_the_reverse(
 ) -> None:
     schedule = handmade_schedule(plan)
     bport, uport = task_ports(schedule.task_id)
-    _install(fake, schedule_entries(schedule, plan))
+    _install(fake, task_entries(task_paths(schedule), plan))
 
     for edge in schedule.edges:
         port = bport if edge.procedure == "broadcast" else uport
@@ -66,7 +67,7 @@ def test_broadcast_and_upload_between_the_same_hosts_take_their_own_paths(
         schedule, edges=(*schedule.edges, OverlayEdge("broadcast", "A", "C", ("A", "C")))
     )
     bport, uport = task_ports(schedule.task_id)
-    _install(fake, schedule_entries(schedule, plan))
+    _install(fake, task_entries(task_paths(schedule), plan))
 
     c_ip, a_ip = plan.host("C").ip, plan.host("A").ip
     assert fake.send("A", c_ip, tcp_src=40000, tcp_dst=bport) == ["A", "C"]
@@ -76,7 +77,7 @@ def test_broadcast_and_upload_between_the_same_hosts_take_their_own_paths(
 def test_everything_else_is_dropped(plan: EmulationPlan, fake: FakeSwitches) -> None:
     schedule = handmade_schedule(plan)
     bport, _ = task_ports(schedule.task_id)
-    _install(fake, schedule_entries(schedule, plan))
+    _install(fake, task_entries(task_paths(schedule), plan))
 
     # The wrong port, another task's port, and a pair with no edge (C -> B upload) are dropped.
     assert fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=5201) is None
@@ -89,7 +90,7 @@ def test_entries_carry_the_task_cookie_priority_and_ports(plan: EmulationPlan) -
     schedule = handmade_schedule(plan, task_id=42)
     bport, _ = task_ports(42)
 
-    entries = schedule_entries(schedule, plan)
+    entries = task_entries(task_paths(schedule), plan)
 
     assert {e.cookie for e in entries} == {42}
     assert {e.priority for e in entries} == {TASK_PRIORITY}
@@ -110,7 +111,7 @@ def test_unknown_site_and_broken_paths_are_rejected(plan: EmulationPlan) -> None
     good = handmade_schedule(plan)
     unknown = dataclasses.replace(good, edges=(OverlayEdge("broadcast", "A", "Z", ("A", "Z")),))
     with pytest.raises(FlowBuildError, match="unknown site 'Z'") as info:
-        schedule_entries(unknown, plan)
+        task_entries(task_paths(unknown), plan)
     assert info.value.unknown_site == "Z"
 
     two = EmulationPlan.from_model(load("ring:4"))
@@ -122,11 +123,11 @@ def test_unknown_site_and_broken_paths_are_rejected(plan: EmulationPlan) -> None
         edges=(OverlayEdge("broadcast", names[0], names[2], (names[0], names[2])),),
     )
     with pytest.raises(FlowBuildError, match="no link"):
-        schedule_entries(no_link, two)
+        task_entries(task_paths(no_link), two)
 
     blocked = dataclasses.replace(good, blocked=True, reason="no capacity")
-    with pytest.raises(FlowBuildError, match="blocked"):
-        schedule_entries(blocked, plan)
+    with pytest.raises(ValueError, match="blocked"):
+        task_paths(blocked)
 
 
 def test_background_pairs_get_lower_priority_shortest_paths_both_ways(
@@ -146,7 +147,7 @@ def test_task_entries_win_over_background(plan: EmulationPlan, fake: FakeSwitche
     schedule = handmade_schedule(plan)
     _, uport = task_ports(schedule.task_id)
     _install(fake, background_entries(plan, [["C", "A"]]))
-    _install(fake, schedule_entries(schedule, plan))
+    _install(fake, task_entries(task_paths(schedule), plan))
 
     assert fake.send("C", plan.host("A").ip, tcp_src=40000, tcp_dst=uport) == ["C", "B", "A"]
     assert fake.send("C", plan.host("A").ip, tcp_src=40000, tcp_dst=80) == ["C", "A"]

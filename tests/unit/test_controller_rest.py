@@ -11,6 +11,7 @@ from webob import Request
 from controller.core import ControllerCore, ControllerError, PortStat
 from controller.flows import BACKGROUND_COOKIE, table_miss_entry
 from controller.rest import RestApi
+from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import task_ports
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
 from topologies.loaders import load
@@ -90,7 +91,7 @@ def test_put_task_installs_its_entries_and_traffic_follows(
     schedule = handmade_schedule(plan, task_id=7)
     bport, _ = task_ports(7)
 
-    status, body = call(api, "PUT", "/tasks/7", schedule.to_dict())
+    status, body = call(api, "PUT", "/tasks/7", task_paths(schedule).to_dict())
 
     assert status == 201
     assert body["entries"] == 18 and body["switches"] == ["s1", "s2", "s3"]
@@ -98,13 +99,13 @@ def test_put_task_installs_its_entries_and_traffic_follows(
     _, listing = call(api, "GET", "/tasks")
     assert [t["task_id"] for t in listing["tasks"]] == [7]
     _, one = call(api, "GET", "/tasks/7")
-    assert one["schedule"]["global"] == "A" and len(one["entries"]) == 18
+    assert one["label"] == "handmade" and len(one["paths"]) == 4 and len(one["entries"]) == 18
 
 
 def test_flows_report_counters_by_task(api: RestApi, plan: EmulationPlan, fake: FakeSwitches) -> None:
     schedule = handmade_schedule(plan, task_id=7)
     bport, _ = task_ports(7)
-    call(api, "PUT", "/tasks/7", schedule.to_dict())
+    call(api, "PUT", "/tasks/7", task_paths(schedule).to_dict())
     for _ in range(5):
         fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=bport, nbytes=1000)
 
@@ -123,8 +124,8 @@ def test_replacing_and_deleting_a_task_removes_its_entries(
     api: RestApi, plan: EmulationPlan, fake: FakeSwitches
 ) -> None:
     schedule = handmade_schedule(plan, task_id=7)
-    call(api, "PUT", "/tasks/7", schedule.to_dict())
-    status_again, _ = call(api, "PUT", "/tasks/7", schedule.to_dict())
+    call(api, "PUT", "/tasks/7", task_paths(schedule).to_dict())
+    status_again, _ = call(api, "PUT", "/tasks/7", task_paths(schedule).to_dict())
     count_after_replace = sum(len(fake.entries(sw.dpid)) for sw in plan.switches)
 
     status, body = call(api, "DELETE", "/tasks/7")
@@ -143,8 +144,8 @@ def test_replacing_and_deleting_a_task_removes_its_entries(
     [
         ("PUT", "/tasks/7", None, b"{not json", 400, "malformed JSON"),
         ("PUT", "/tasks/7", None, b"", 400, "empty"),
-        ("PUT", "/tasks/7", [1, 2], None, 400, "Schedule JSON object"),
-        ("PUT", "/tasks/7", {"task_id": 7}, None, 400, "malformed schedule"),
+        ("PUT", "/tasks/7", [1, 2], None, 400, "task-paths JSON object"),
+        ("PUT", "/tasks/7", {"task_id": 7}, None, 400, "paths must be a non-empty list"),
         ("PUT", "/tasks/x", {"task_id": 7}, None, 400, "positive integer"),
         ("GET", "/tasks/99", None, None, 404, "no task 99"),
         ("DELETE", "/tasks/99", None, None, 404, "no task 99"),
@@ -168,9 +169,9 @@ def test_bad_requests_get_a_4xx_with_a_message_and_the_controller_keeps_running(
 def test_schedule_naming_an_unknown_site_is_refused_and_changes_nothing(
     api: RestApi, plan: EmulationPlan, fake: FakeSwitches
 ) -> None:
-    bad = handmade_schedule(plan, task_id=7).to_dict()
-    bad["paths"][1]["to"] = "Atlantis"
-    bad["paths"][1]["nodes"] = ["B", "Atlantis"]
+    bad = task_paths(handmade_schedule(plan, task_id=7)).to_dict()
+    bad["paths"][1]["dst"] = "Atlantis"
+    bad["paths"][1]["sites"] = [bad["paths"][1]["src"], "Atlantis"]
     before = {sw.dpid: fake.entries(sw.dpid) for sw in plan.switches}
 
     status, body = call(api, "PUT", "/tasks/7", bad)
@@ -181,7 +182,7 @@ def test_schedule_naming_an_unknown_site_is_refused_and_changes_nothing(
 
 
 def test_task_id_mismatch_is_a_conflict(api: RestApi, plan: EmulationPlan) -> None:
-    status, body = call(api, "PUT", "/tasks/8", handmade_schedule(plan, task_id=7).to_dict())
+    status, body = call(api, "PUT", "/tasks/8", task_paths(handmade_schedule(plan, task_id=7)).to_dict())
 
     assert status == 409 and "task 7" in body["error"]
 
@@ -192,7 +193,7 @@ def test_install_needs_every_switch_of_the_task(plan: EmulationPlan, fake: FakeS
     core.switch_connected(1)
     api = RestApi(core)
 
-    status, body = call(api, "PUT", "/tasks/7", handmade_schedule(plan, task_id=7).to_dict())
+    status, body = call(api, "PUT", "/tasks/7", task_paths(handmade_schedule(plan, task_id=7)).to_dict())
 
     assert status == 503 and "s2" in body["error"]
     assert core.tasks == {}
@@ -252,7 +253,7 @@ def test_a_switch_failing_mid_install_rolls_the_task_back(
     for sw in plan.switches:
         core.switch_connected(sw.dpid)
 
-    status, body = call(RestApi(core), "PUT", "/tasks/7", handmade_schedule(plan, task_id=7).to_dict())
+    status, body = call(RestApi(core), "PUT", "/tasks/7", task_paths(handmade_schedule(plan, task_id=7)).to_dict())
 
     assert status == 502 and "s3 rejected" in body["error"]
     assert core.tasks == {}
@@ -260,7 +261,7 @@ def test_a_switch_failing_mid_install_rolls_the_task_back(
 
 
 def test_a_reconnecting_switch_gets_everything_it_must_hold(api: RestApi, core: ControllerCore, plan: EmulationPlan) -> None:
-    call(api, "PUT", "/tasks/7", handmade_schedule(plan, task_id=7).to_dict())
+    call(api, "PUT", "/tasks/7", task_paths(handmade_schedule(plan, task_id=7)).to_dict())
     call(api, "PUT", "/background", {"pairs": [["A", "C"]]})
     dpid = plan.switch("B").dpid
 
@@ -274,10 +275,10 @@ def test_a_reconnecting_switch_gets_everything_it_must_hold(api: RestApi, core: 
 
 
 def test_a_task_whose_ports_clash_with_an_installed_task_is_refused(api: RestApi, plan: EmulationPlan) -> None:
-    call(api, "PUT", "/tasks/7", handmade_schedule(plan, task_id=7).to_dict())
+    call(api, "PUT", "/tasks/7", task_paths(handmade_schedule(plan, task_id=7)).to_dict())
     same_ports = 7 + 10000  # task ports repeat every 10000 task ids
 
-    status, body = call(api, "PUT", f"/tasks/{same_ports}", handmade_schedule(plan, task_id=same_ports).to_dict())
+    status, body = call(api, "PUT", f"/tasks/{same_ports}", task_paths(handmade_schedule(plan, task_id=same_ports)).to_dict())
 
     assert status == 409 and "overwrite task 7" in body["error"]
     assert [t["task_id"] for t in call(api, "GET", "/tasks")[1]["tasks"]] == [7]

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cleanup
-from orchestrator.cleanup import (
+from orchestrator.emulation import cleanup
+from orchestrator.emulation.cleanup import (
     ENV_RUN,
     RunState,
     kill_pids,

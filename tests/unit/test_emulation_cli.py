@@ -7,7 +7,7 @@ import os
 import pytest
 
 from orchestrator.cli import build_parser, main
-from orchestrator.cli_net import render_flows, render_links
+from orchestrator.cli.net import render_flows, render_links
 
 
 def test_subcommands_are_registered_with_their_options() -> None:

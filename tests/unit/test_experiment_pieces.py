@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.config import load_config, parse_config
-from orchestrator.db import ResultsDB
 from orchestrator.errors import ConfigError
-from orchestrator.results import claims, plot, summarize, write_csvs, write_report
+from orchestrator.experiment.config import load_config, parse_config
+from orchestrator.experiment.report import claims, plot, summarize, write_csvs, write_report
+from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.scheduling import NetworkState, get_scheduler
-from orchestrator.tasks import Task, generate_tasks
+from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.loaders import load
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -189,7 +189,7 @@ def test_netai_experiment_rejects_a_bad_config_before_starting(
 def test_round_progress_counts_completed_rounds_and_locals_trained(tmp_path: Path) -> None:
     import json as _json
 
-    from orchestrator.experiment import _read_events, round_progress
+    from orchestrator.experiment.runner import _read_events, round_progress
 
     s = get_scheduler("mst").schedule(NetworkState(load("triangle")), Task(1, "A", ("B", "C")))
     lines = {  # written as the agents write them: compact JSON, one event per line

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.tasks import Task, generate_tasks, max_locals, validate_task
+from orchestrator.scheduling.tasks import Task, generate_tasks, max_locals, validate_task
 from topologies.errors import TopologyError
 from topologies.loaders import load, with_compute_sites
 from topologies.plan import HOST_PORT, EmulationPlan

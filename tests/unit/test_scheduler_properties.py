@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from orchestrator.scheduling import SCHEDULERS, NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.state import EPS
-from orchestrator.tasks import Task
+from orchestrator.scheduling.tasks import Task
 from topologies.model import NetworkModel
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -15,7 +15,7 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling import SCHEDULERS, NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.cost import link_copies, round_lower_bound
-from orchestrator.tasks import Task
+from orchestrator.scheduling.tasks import Task
 from topologies.model import NetworkModel
 
 D = 1000.0  # demand, Mbit/s

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.config import BackgroundConfig
-from orchestrator.traffic import demand_matrix, on_off_periods, plan_background
+from orchestrator.emulation.background import BackgroundConfig, demand_matrix, on_off_periods, plan_background
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
 

@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 import torch
 
-from workers.agent import Agent, AgentConfig, EventLog, Peer, main
+from workers.agent import Agent, main
+from workers.config import AgentConfig, Peer
+from workers.events import EventLog
+from workers.framing import FIXED, MAGIC, Buffer, Message, encode_message, message_bytes
 from workers.models import build_model
-from workers.wire import FIXED, MAGIC, Buffer, Message, encode_message, message_bytes, read_message
+from workers.transport import read_message
 
 MODEL_ARGS = {"hidden": 4}
 BPORT, UPORT = 24680, 24681

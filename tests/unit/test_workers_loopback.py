@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.compute import LoopbackBackend
 from orchestrator.errors import ConfigError
-from orchestrator.fltask import FLOptions, agent_configs, missing_events, read_events, run_task
+from orchestrator.runtime.backends import LoopbackBackend
+from orchestrator.runtime.task_runner import FLOptions, agent_configs, missing_events, read_events, run_task
 from orchestrator.scheduling.schedule import Schedule, task_ports
 
 # G -> A, B; A -> L1, L2, L3 ... : three levels, A and B hold local models too.

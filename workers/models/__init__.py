@@ -26,6 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from workers.config import normalize_spec
+
 ModelFactory = Callable[..., nn.Module]
 
 _REGISTRY: dict[str, ModelFactory] = {}
@@ -86,14 +88,6 @@ def resolve_factory(spec: str) -> ModelFactory:
     if not callable(factory):
         raise ModelSpecError(f"{target} has no callable {attr!r}")
     return factory
-
-
-def normalize_spec(spec: str) -> str:
-    """The spec with a ``file.py`` part made absolute (agents do not share the caller's cwd)."""
-    target, sep, attr = spec.rpartition(":")
-    if sep and target.endswith(".py"):
-        return f"{Path(target).expanduser().resolve()}:{attr}"
-    return spec
 
 
 def build_model(

@@ -16,7 +16,7 @@ import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from orchestrator.scheduling.schedule import Schedule
+from controller.paths import TaskPaths
 
 DEFAULT_REST_URL = "http://127.0.0.1:8181"
 POLL_INTERVAL_S = 0.1
@@ -88,8 +88,9 @@ class ControllerClient:
         result: dict[str, Any] = self.request("GET", f"/tasks/{task_id}")
         return result
 
-    def install_task(self, schedule: Schedule | dict[str, Any]) -> dict[str, Any]:
-        body = schedule.to_dict() if isinstance(schedule, Schedule) else schedule
+    def install_task(self, paths: TaskPaths | dict[str, Any]) -> dict[str, Any]:
+        """Install a task's paths (`orchestrator.emulation.task_paths` builds them from a schedule)."""
+        body = paths.to_dict() if isinstance(paths, TaskPaths) else paths
         result: dict[str, Any] = self.request("PUT", f"/tasks/{body['task_id']}", body)
         return result
 

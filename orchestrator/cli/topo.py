@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling import SCHEDULERS, NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.cost import round_lower_bound
-from orchestrator.tasks import (
+from orchestrator.scheduling.tasks import (
     DEFAULT_DEMAND_MBPS,
     DEFAULT_MODEL_BYTES,
     Task,

@@ -21,7 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from orchestrator.controller_client import ControllerClient
+from orchestrator.emulation.controller_client import ControllerClient
 from topologies.plan import EmulationPlan
 
 LISTEN_HOST = "127.0.0.1"

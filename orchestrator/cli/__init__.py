@@ -20,10 +20,10 @@ from topologies.errors import TopologyError
 #: Modules that add subcommands, in help order. A module missing its optional dependencies
 #: (e.g. Mininet on a machine without it) is skipped, and says so only when asked for.
 SUBCOMMAND_MODULES = (
-    "orchestrator.cli_topo",
-    "orchestrator.cli_net",
-    "orchestrator.cli_task",
-    "orchestrator.cli_experiment",
+    "orchestrator.cli.topo",
+    "orchestrator.cli.net",
+    "orchestrator.cli.task",
+    "orchestrator.cli.experiment",
 )
 
 USAGE_ERRORS: tuple[type[Exception], ...] = (ConfigError, TopologyError)

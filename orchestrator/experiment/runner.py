@@ -33,13 +33,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import ExperimentConfig
-from orchestrator.db import ResultsDB
 from orchestrator.errors import ConfigError
-from orchestrator.results import claims, plot, summarize, write_csvs, write_report
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.report import claims, plot, summarize, write_csvs, write_report
+from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.cost import emulated_rate, round_lower_bound
-from orchestrator.tasks import Task, generate_tasks
+from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
 
@@ -72,13 +72,13 @@ def preflight(cfg: ExperimentConfig) -> str:
         raise ConfigError("Open vSwitch is not running: run `sudo make setup`")
     if cfg.background.enabled and shutil.which("iperf3") is None:
         raise ConfigError("background traffic needs iperf3: run `sudo make setup`")
-    from orchestrator.compute import pick_backend
+    from orchestrator.runtime.backends import pick_backend
 
     backend = pick_backend(cfg.emulation.backend)
     if backend == "loopback":
         raise ConfigError("an experiment runs in the emulated network: backend must be auto, docker or process")
     if backend == "docker":
-        from orchestrator.compute import docker_client, image_exists
+        from orchestrator.runtime.backends import docker_client, image_exists
 
         client = docker_client()
         try:
@@ -248,10 +248,10 @@ def carried_bytes(client: Any, task_id: int, *, settle_s: float = 1.2, timeout_s
 
 def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True) -> RunOutcome:
     """Run `cfg` for real (see the module docstring); returns where the results are."""
-    from orchestrator.compute import emulation_options, open_backend
-    from orchestrator.emulation import Emulation
-    from orchestrator.fltask import FLOptions, run_task
-    from orchestrator.traffic import BackgroundTraffic, plan_background
+    from orchestrator.emulation.background import BackgroundTraffic, plan_background
+    from orchestrator.emulation.network import Emulation
+    from orchestrator.runtime.backends import emulation_options, open_backend
+    from orchestrator.runtime.task_runner import FLOptions, run_task
 
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
@@ -339,7 +339,7 @@ def _run_one(
     db.set_task_state(run_id, name, task.id, "running")
     bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
     log_dir = backend.task_log_dir(run_dir / "tasks" / f"{name}-{task.id}")
-    emu.client.install_task(schedule)
+    emu.install_task(schedule)
     try:
         options = fl_options(model=cfg.task.model, rounds=task.rounds, partitioning=cfg.task.partition,
                              alpha=cfg.task.alpha, seed=cfg.seed + task.id,

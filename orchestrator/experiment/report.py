@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from orchestrator.db import ResultsDB
+from orchestrator.experiment.results_db import ResultsDB
 
 FIGURES = ("latency_vs_locals", "bandwidth_vs_locals")
 

@@ -24,10 +24,11 @@ from controller.flows import (
     background_entries,
     diff_entries,
     parse_ofctl_dump,
-    schedule_entries,
     table_miss_entries,
+    task_entries,
 )
-from orchestrator.emulation import Emulation
+from orchestrator.emulation.network import Emulation
+from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.schedule import Schedule, task_ports
 from topologies.plan import DEFAULT_MAX_LINK_MBPS, EmulationPlan
@@ -148,7 +149,7 @@ def expected_entries(
     """Everything every switch should hold for these schedules and background pairs."""
     entries = [*table_miss_entries(plan), *background_entries(plan, background_pairs)]
     for s in schedules:
-        entries += schedule_entries(s, plan)
+        entries += task_entries(task_paths(s, bw_scale=plan.bw_scale), plan)
     return entries
 
 
@@ -212,7 +213,7 @@ def self_test(
     ``ok``, and details of failures.
     """
     from orchestrator.scheduling import NetworkState, get_scheduler
-    from orchestrator.tasks import generate_tasks
+    from orchestrator.scheduling.tasks import generate_tasks
     from topologies.loaders import load
 
     model = load(topology)
@@ -241,7 +242,7 @@ def self_test(
             run_id=info.run_id,
         )
         say(f"up: {info.switches_connected}/{len(plan.switches)} switches in {info.bringup_s:.2f} s")
-        emu.client.install_task(schedule)
+        emu.install_task(schedule)
         # Overlay neighbours reach each other on the edge's port.
         failures = []
         for edge in schedule.edges:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workers.wire import (
+from workers.framing import (
     FIXED,
     MAGIC,
     FrameError,
@@ -24,10 +24,9 @@ from workers.wire import (
     encode_message,
     merge_slices,
     message_bytes,
-    read_message,
-    send_message,
     split_tensors,
 )
+from workers.transport import read_message, send_message
 
 TENSORS = {"a.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4), "a.bias": torch.ones(4)}
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from orchestrator.config import load_config
+from orchestrator.experiment.config import load_config
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from orchestrator.experiment import print_summary, run_experiment, trimmed
+    from orchestrator.experiment.runner import print_summary, run_experiment, trimmed
 
     cfg = load_config(args.config)  # every config error is raised here, before anything starts
     if args.locals or args.tasks or args.rounds:
@@ -19,7 +19,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             tasks_per_point=args.tasks or cfg.tasks_per_point,
             rounds=args.rounds or cfg.task.rounds,
         )
-        from orchestrator.config import parse_config
+        from orchestrator.experiment.config import parse_config
 
         cfg = parse_config(cfg.to_dict(), where=str(args.config))  # re-validate the trimmed copy
     outcome = run_experiment(cfg, out_root=Path(args.out), progress=not args.no_progress)

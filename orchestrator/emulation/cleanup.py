@@ -1,6 +1,6 @@
 """Find and remove what an emulation run left behind, and only what the project itself created.
 
-A run (`orchestrator.emulation.Emulation`) owns:
+A run (`orchestrator.emulation.network.Emulation`) owns:
 
 - a *run id*; every process it starts (Mininet host shells and whatever runs in them, the
   controller) carries ``NETAI_RUN=<run id>`` in its environment, which `/proc/PID/environ` shows;
@@ -156,7 +156,7 @@ def delete_interfaces(names: Iterable[str]) -> None:
 
 
 # -- worker containers (the docker CLI: this module needs only the standard library) ---------------
-CONTAINER_LABEL = "org.netai.run"  # = orchestrator.compute.RUN_LABEL; its value is the run id
+CONTAINER_LABEL = "org.netai.run"  # = orchestrator.runtime.backends.RUN_LABEL; its value is the run id
 
 
 def labelled_containers() -> dict[str, str]:
@@ -302,7 +302,7 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
 
 
 def main() -> int:
-    """``python -m orchestrator.cleanup``: `clean()` without the CLI (for ``make clean`` without a venv)."""
+    """``python -m orchestrator.emulation.cleanup``: `clean()` without the CLI (for ``make clean`` without a venv)."""
     if os.geteuid() != 0:
         print("netai clean: run as root", flush=True)
         return 2

@@ -14,9 +14,10 @@ from typing import Any
 
 import yaml
 
+from orchestrator.emulation.background import BackgroundConfig
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling import SCHEDULERS
-from orchestrator.tasks import DEFAULT_DEMAND_MBPS, max_locals
+from orchestrator.scheduling.tasks import DEFAULT_DEMAND_MBPS, max_locals
 from topologies.errors import TopologyError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
 from topologies.model import NetworkModel
@@ -41,16 +42,6 @@ class TaskConfig:
 class EmulationConfig:
     max_link_mbps: float = 100.0
     backend: str = "auto"
-
-
-@dataclass(frozen=True)
-class BackgroundConfig:
-    enabled: bool = True
-    pattern: str = "demand-matrix"
-    load: float = 0.3
-    pairs: int = 6
-    mean_on_s: float = 2.0
-    mean_off_s: float = 2.0
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.scheduling import NetworkState, Schedule
-from orchestrator.tasks import Task
+from orchestrator.scheduling.tasks import Task
 
 SCHEMA_VERSION = 1
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")

@@ -1,7 +1,7 @@
 """Run one FL task on a `Schedule`: agent configs, start/stop through a compute backend, results.
 
 `agent_configs` turns a schedule into one `AgentConfig` per overlay node (pure; tested without any
-network). `run_task` starts the agents through a `ComputeBackend` (`orchestrator.compute`): all
+network). `run_task` starts the agents through a `ComputeBackend` (`orchestrator.runtime.backends`): all
 non-G agents first, then G once every other agent reported ``ready`` (so round 1 does not include
 process start-up), waits for all of them, and always stops them. `summarize` turns the agents'
 JSON-lines timing events into per-round results (DESIGN.md, "Definitions"):
@@ -24,8 +24,7 @@ from typing import Any, Protocol
 
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.schedule import Schedule, task_ports
-from workers.agent import DEFAULT_CHUNK_BYTES, AgentConfig, Peer
-from workers.models import normalize_spec
+from workers.config import DEFAULT_CHUNK_BYTES, AgentConfig, Peer, normalize_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +65,7 @@ class WorkerHandle(Protocol):
 
 
 class ComputeBackend(Protocol):
-    """Places an agent on a site (see `orchestrator.compute`)."""
+    """Places an agent on a site (see `orchestrator.runtime.backends`)."""
 
     name: str
 

@@ -27,13 +27,12 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from workers.agent import AgentConfig
+from workers.config import AgentConfig
 
 DEFAULT_IMAGE = os.environ.get("NETAI_WORKER_IMAGE", "netai-worker:latest")
 RUN_LABEL = "org.netai.run"
@@ -275,132 +274,6 @@ def _wait_running(container: Any, timeout_s: float) -> int:
         time.sleep(0.05)  # poll interval, bounded by the deadline
 
 
-def make_docker_host_class() -> type:
-    """`DockerWorkerHost`, built lazily so importing this module does not need Mininet."""
-    import pty
-    import select
-
-    from mininet.node import Host
-
-    class DockerWorkerHost(Host):
-        """A Mininet host that lives in a Docker container (the Containernet technique).
-
-        Extra parameters (Mininet passes ``addHost`` keyword arguments through): ``image``,
-        ``run_id`` (container label), ``cpus`` (CPU limit, cores), ``memory_mb``, ``log_dir``
-        (host directory mounted at `CONTAINER_LOG_DIR`), ``docker_client``.
-        """
-
-        def __init__(
-            self,
-            name: str,
-            *,
-            image: str = DEFAULT_IMAGE,
-            run_id: str = "",
-            cpus: float | None = None,
-            memory_mb: int | None = None,
-            log_dir: str | None = None,
-            docker_client: Any = None,
-            **params: Any,
-        ) -> None:
-            self.image = image
-            self.run_id = run_id or os.environ.get("NETAI_RUN") or uuid.uuid4().hex[:12]
-            self.cpus = cpus
-            self.memory_mb = memory_mb
-            self.log_dir = log_dir
-            self.dclient = docker_client
-            self.container: Any = None
-            super().__init__(name, **params)
-
-        def startShell(self, mnopts: str | None = None) -> None:
-            if getattr(self, "shell", None):
-                return
-            if self.dclient is None:
-                self.dclient = _shared_client()
-            kwargs: dict[str, Any] = {
-                "name": f"netai-{self.run_id}-{self.name}",
-                "command": ["sleep", "infinity"],
-                "network_mode": "none",
-                "detach": True,
-                "hostname": self.name,
-                "labels": {RUN_LABEL: self.run_id, SITE_LABEL: self.name},
-                "init": True,
-                # IPv6 neighbour discovery would only hit the table-miss entry (the emulation's
-                # own sysctl cannot write the container's read-only /proc/sys).
-                "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"},
-            }
-            if self.cpus:
-                kwargs["nano_cpus"] = int(self.cpus * 1e9)
-            if self.memory_mb:
-                kwargs["mem_limit"] = f"{int(self.memory_mb)}m"
-            if self.log_dir:
-                kwargs["volumes"] = {self.log_dir: {"bind": CONTAINER_LOG_DIR, "mode": "rw"}}
-            self.container = self.dclient.containers.run(self.image, **kwargs)
-            cpid = _wait_running(self.container, 60.0)
-            # The node's shell joins the container's network and mount namespaces (mnexec -a);
-            # the caller's cwd does not exist inside, hence cwd='/'.
-            cmd = ["mnexec", "-cd", "-a", str(cpid), "env", "PS1=" + chr(127), "bash", "--norc",
-                   "--noediting", "-is", "mininet:" + self.name]
-            self.master, self.slave = pty.openpty()
-            self.shell = self._popen(cmd, stdin=self.slave, stdout=self.slave, stderr=self.slave,
-                                     close_fds=False, cwd="/")
-            self.stdin = os.fdopen(self.master, "r")
-            self.stdout = self.stdin
-            self.pid = self.shell.pid
-            self.pollOut = select.poll()
-            self.pollOut.register(self.stdout)
-            self.outToNode[self.stdout.fileno()] = self
-            self.inToNode[self.stdin.fileno()] = self
-            self.execed = False
-            self.lastCmd = None
-            self.lastPid = None
-            self.readbuf = ""
-            deadline = time.monotonic() + 30
-            while True:
-                data = self.read(1024)
-                if data and data[-1] == chr(127):
-                    break
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{self.name}: no shell prompt from the container within 30 s")
-                self.pollOut.poll(1000)
-            self.waiting = False
-            self.cmd("unset HISTFILE; stty -echo; set +m")
-
-        def mountPrivateDirs(self) -> None:
-            pass  # the container has its own mount namespace
-
-        def unmountPrivateDirs(self) -> None:
-            pass
-
-        def terminate(self) -> None:
-            try:
-                super().terminate()
-            finally:
-                self.remove_container()
-
-        def remove_container(self) -> None:
-            if self.container is not None:
-                try:
-                    self.container.remove(force=True)
-                except Exception:  # noqa: BLE001 -- already gone
-                    pass
-                self.container = None
-
-        def exec_agent(self, config_path_in_container: str, out_path_in_container: str) -> str:
-            """Start the agent by ``docker exec`` (inside the container's cgroups); the exec id."""
-            api = self.dclient.api
-            ex = api.exec_create(
-                self.container.id,
-                ["sh", "-c", f"exec python -m workers.agent --config {config_path_in_container} "
-                 f"> {out_path_in_container} 2>&1"],
-                environment={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-                workdir="/",
-            )
-            api.exec_start(ex["Id"], detach=True)
-            return str(ex["Id"])
-
-    return DockerWorkerHost
-
-
 class ExecHandle:
     """An agent started by ``docker exec`` in a worker container."""
 
@@ -493,7 +366,7 @@ class DockerBackend:
 
 # -- wiring into the emulation -------------------------------------------------------------------------
 def emulation_options(kind: str, *, log_dir: Path, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
-    """Keyword arguments for `orchestrator.emulation.Emulation` that host a backend's workers.
+    """Keyword arguments for `orchestrator.emulation.network.Emulation` that host a backend's workers.
 
     ``docker``: every host is a `DockerWorkerHost` of `image` with its site's CPU and memory limits,
     mounting `log_dir` (created) at `CONTAINER_LOG_DIR`. ``process``: plain Mininet hosts ({}).
@@ -507,6 +380,8 @@ def emulation_options(kind: str, *, log_dir: Path, image: str = DEFAULT_IMAGE) -
 
     def params(h: Any) -> dict[str, Any]:
         return {"image": image, "cpus": float(h.cpu), "memory_mb": int(h.memory_mb), "log_dir": root}
+
+    from orchestrator.runtime.docker_host import make_docker_host_class
 
     return {"host_cls": make_docker_host_class(), "host_params": params}
 

@@ -3,7 +3,7 @@
 `Emulation` is a context manager::
 
     with Emulation(plan) as emu:          # controller started, switches connected, ARP static
-        emu.client.install_task(schedule)  # REST client of the controller
+        emu.install_task(schedule)         # paths through the controller's REST API
         emu.host("Boulder").cmd("...")     # a Mininet host
     # everything removed, on normal exit, exception, Ctrl-C or SIGTERM
 
@@ -14,7 +14,7 @@ records ``delay_emulated = False``. Links between switches are shaped with htb t
 emulated rate; host links are not shaped.
 
 Every process it starts carries ``NETAI_RUN=<run id>`` and every bridge the tag
-``external_ids:netai-run``, and a state file records the run, so `orchestrator.cleanup` removes a
+``external_ids:netai-run``, and a state file records the run, so `orchestrator.emulation.cleanup` removes a
 crashed run's leftovers and nothing else. Logs go to ``/var/log/netai/runs/<run id>/`` (``mn -c``
 empties the system temp dir).
 
@@ -38,7 +38,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-from orchestrator.cleanup import (
+from orchestrator.emulation.cleanup import (
     BRIDGE_TAG,
     ENV_RUN,
     RunState,
@@ -48,8 +48,10 @@ from orchestrator.cleanup import (
     proc_start_ticks,
     tagged_bridges,
 )
-from orchestrator.controller_client import ControllerClient
-from orchestrator.controller_proc import ControllerProcess
+from orchestrator.emulation.controller_client import ControllerClient
+from orchestrator.emulation.controller_process import ControllerProcess
+from orchestrator.emulation.task_paths import task_paths
+from orchestrator.scheduling.schedule import Schedule
 from topologies.errors import TopologyError
 from topologies.mininet_topo import HostParams, PlanTopo, switch_interfaces
 from topologies.plan import EmulationPlan
@@ -220,6 +222,10 @@ class Emulation:
         if self.controller is None:
             raise EmulationError("the emulation is not running")
         return self.controller.client
+
+    def install_task(self, schedule: Schedule) -> dict[str, Any]:
+        """Install a scheduled task's paths (and their reserved rates) through the controller."""
+        return self.client.install_task(task_paths(schedule, bw_scale=self.plan.bw_scale))
 
     def host(self, site: str) -> Any:
         """The Mininet host of a compute site."""

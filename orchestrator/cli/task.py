@@ -5,7 +5,7 @@ Examples::
     netai task run --topology triangle --scheduler mst --locals 2 --rounds 3 --model mlp --backend loopback
     sudo netai task run --topology sndlib/nobel-us --scheduler mst --locals 8 --rounds 3 --model cnn --json
 
-Backends (`orchestrator.compute`): ``loopback`` (no Mininet, no root: agents on 127.0.0.x), ``process``
+Backends (`orchestrator.runtime.backends`): ``loopback`` (no Mininet, no root: agents on 127.0.0.x), ``process``
 (agents in Mininet hosts), ``docker`` (every host a worker container), ``auto`` (the default:
 ``docker`` when root, a Docker daemon and the worker image are there, else ``process`` as root,
 else ``loopback``). The emulated backends bring up the emulation (Mininet + controller), install the
@@ -68,7 +68,7 @@ def _model_args(pairs: list[str]) -> dict[str, Any]:
 
 def resolve_backend(name: str) -> str:
     """``auto`` -> docker / process (as root) or loopback; an explicit emulated backend needs root."""
-    from orchestrator.compute import pick_backend
+    from orchestrator.runtime.backends import pick_backend
 
     if name == "loopback":
         return name
@@ -80,9 +80,9 @@ def resolve_backend(name: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from orchestrator.fltask import FLOptions, TaskResult, run_task
+    from orchestrator.runtime.task_runner import FLOptions, TaskResult, run_task
     from orchestrator.scheduling import NetworkState, get_scheduler
-    from orchestrator.tasks import generate_tasks
+    from orchestrator.scheduling.tasks import generate_tasks
     from topologies.loaders import load
     from workers.models import ModelSpecError, normalize_spec, resolve_factory
 
@@ -111,7 +111,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     result: TaskResult
     try:
         if backend_kind == "loopback":
-            from orchestrator.compute import LoopbackBackend
+            from orchestrator.runtime.backends import LoopbackBackend
 
             result = run_task(schedule, backend=LoopbackBackend(schedule.overlay_nodes), options=options,
                               log_dir=log_dir)
@@ -129,13 +129,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_emulated(schedule: Any, model: Any, kind: str, options: Any, log_dir: Path) -> Any:
-    from orchestrator.compute import emulation_options, open_backend
-    from orchestrator.emulation import Emulation
-    from orchestrator.fltask import run_task
+    from orchestrator.emulation.network import Emulation
+    from orchestrator.runtime.backends import emulation_options, open_backend
+    from orchestrator.runtime.task_runner import run_task
     from topologies.plan import EmulationPlan
 
     if kind == "docker":
-        from orchestrator.compute import ensure_worker_image
+        from orchestrator.runtime.backends import ensure_worker_image
 
         ensure_worker_image()  # the image carries the project's code: keep it in step with the checkout
     plan = EmulationPlan.from_model(model)
@@ -146,7 +146,7 @@ def _run_emulated(schedule: Any, model: Any, kind: str, options: Any, log_dir: P
                        **emulation_options(kind, log_dir=log_dir / "workers")) as emu:
             run_id = emu.run_id
             backend = open_backend(kind, emu)
-            emu.client.install_task(schedule)
+            emu.install_task(schedule)
             task_dir = backend.task_log_dir(log_dir / "agents")
             try:
                 return run_task(schedule, backend=backend, options=options, log_dir=task_dir)
@@ -156,7 +156,7 @@ def _run_emulated(schedule: Any, model: Any, kind: str, options: Any, log_dir: P
     finally:
         if kind == "docker" and run_id:
             # Mininet removes each container with its host; this catches any a failed teardown left.
-            from orchestrator.compute import docker_client, remove_containers
+            from orchestrator.runtime.backends import docker_client, remove_containers
 
             client = docker_client()
             try:

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import BackgroundConfig
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.base import dijkstra, walk_back
 from topologies.model import NetworkModel
@@ -38,6 +37,18 @@ from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger(__name__)
 IPERF_BASE_PORT = 5201
+
+
+@dataclass(frozen=True)
+class BackgroundConfig:
+    """The background load of an experiment (the ``background:`` section of its config)."""
+
+    enabled: bool = True
+    pattern: str = "demand-matrix"
+    load: float = 0.3
+    pairs: int = 6
+    mean_on_s: float = 2.0
+    mean_off_s: float = 2.0
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,10 @@
 
 - ``net up``: bring a topology up (controller + Mininet) and open Mininet's CLI (or, with
   ``--no-cli``, wait for Ctrl-C/SIGTERM); everything is torn down on exit.
-- ``net test``: the self-test of `orchestrator.netcheck.self_test`; non-zero exit when a check fails.
+- ``net test``: the self-test of `orchestrator.emulation.selftest.self_test`; non-zero exit when a check fails.
 - ``flows`` / ``links``: live, refreshing tables of flow entries (with counters) and link utilisation
   read from the controller's REST API of the running network (``--once`` for one snapshot).
-- ``clean``: remove what crashed runs left (only the project's own, see `orchestrator.cleanup`).
+- ``clean``: remove what crashed runs left (only the project's own, see `orchestrator.emulation.cleanup`).
 
 Commands that start Mininet need root and run one at a time on a machine (interface names are
 global); this module does not lock: wrap them in ``flock /tmp/netai-mininet.lock``.
@@ -40,7 +40,7 @@ def _plan(args: argparse.Namespace) -> EmulationPlan:
 # -- net up ---------------------------------------------------------------------------------------
 def cmd_net_up(args: argparse.Namespace) -> int:
     _need_root("netai net up")
-    from orchestrator.emulation import Emulation, EmulationError
+    from orchestrator.emulation.network import Emulation, EmulationError
 
     plan = _plan(args)
     emu = Emulation(plan, mininet_log_level="info", connect_timeout_s=args.timeout)
@@ -82,8 +82,8 @@ def _print_teardown(emu: Any) -> int:
 # -- net test -------------------------------------------------------------------------------------
 def cmd_net_test(args: argparse.Namespace) -> int:
     _need_root("netai net test")
-    from orchestrator.emulation import EmulationError
-    from orchestrator.netcheck import self_test
+    from orchestrator.emulation.network import EmulationError
+    from orchestrator.emulation.selftest import self_test
 
     load(args.topology)  # a bad name is a usage error before anything starts
     say: Callable[[str], None] = (lambda _m: None) if args.json else (lambda m: print(f"*** {m}", flush=True))
@@ -122,8 +122,8 @@ def _print_test_summary(r: dict[str, Any]) -> None:
 
 # -- flows / links --------------------------------------------------------------------------------
 def _client(args: argparse.Namespace) -> Any:
-    from orchestrator.cleanup import run_states
-    from orchestrator.controller_client import ControllerClient
+    from orchestrator.emulation.cleanup import run_states
+    from orchestrator.emulation.controller_client import ControllerClient
 
     if args.url:
         return ControllerClient(args.url)
@@ -136,7 +136,7 @@ def _client(args: argparse.Namespace) -> Any:
 
 
 def _refresh(args: argparse.Namespace, render: Callable[[], str]) -> int:
-    from orchestrator.controller_client import ControllerHTTPError, ControllerUnreachable
+    from orchestrator.emulation.controller_client import ControllerHTTPError, ControllerUnreachable
 
     try:
         while True:
@@ -202,7 +202,7 @@ def cmd_links(args: argparse.Namespace) -> int:
 # -- clean ----------------------------------------------------------------------------------------
 def cmd_clean(args: argparse.Namespace) -> int:
     _need_root("netai clean")
-    from orchestrator.cleanup import clean
+    from orchestrator.emulation.cleanup import clean
 
     report = clean(log=lambda m: print(f"netai clean: {m}"))
     if args.json:

@@ -1,0 +1,7 @@
+"""`python -m orchestrator.cli`: the same as the `netai` command."""
+
+import sys
+
+from orchestrator.cli import main
+
+sys.exit(main())

@@ -1,0 +1,136 @@
+"""`DockerWorkerHost`: a Mininet host that lives in a Docker container (the Containernet technique).
+
+The container starts with ``--network none`` and the site's CPU and memory limits; the node's
+shell joins its namespaces with ``mnexec -a``, so Mininet wires and configures the host's
+interfaces like any host's. Agents run in it by ``docker exec`` (inside the container's cgroups).
+Imported only when the docker backend is used (it needs Mininet).
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+from mininet.node import Host
+
+from orchestrator.runtime.backends import (
+    CONTAINER_LOG_DIR,
+    DEFAULT_IMAGE,
+    RUN_LABEL,
+    SITE_LABEL,
+    _shared_client,
+    _wait_running,
+)
+
+
+class DockerWorkerHost(Host):
+    """A Mininet host that lives in a Docker container (the Containernet technique).
+
+    Extra parameters (Mininet passes ``addHost`` keyword arguments through): ``image``,
+    ``run_id`` (container label), ``cpus`` (CPU limit, cores), ``memory_mb``, ``log_dir``
+    (host directory mounted at `CONTAINER_LOG_DIR`), ``docker_client``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        image: str = DEFAULT_IMAGE,
+        run_id: str = "",
+        cpus: float | None = None,
+        memory_mb: int | None = None,
+        log_dir: str | None = None,
+        docker_client: Any = None,
+        **params: Any,
+    ) -> None:
+        self.image = image
+        self.run_id = run_id or os.environ.get("NETAI_RUN") or uuid.uuid4().hex[:12]
+        self.cpus = cpus
+        self.memory_mb = memory_mb
+        self.log_dir = log_dir
+        self.dclient = docker_client
+        self.container: Any = None
+        super().__init__(name, **params)
+
+    def startShell(self, mnopts: str | None = None) -> None:
+        if getattr(self, "shell", None):
+            return
+        if self.dclient is None:
+            self.dclient = _shared_client()
+        kwargs: dict[str, Any] = {
+            "name": f"netai-{self.run_id}-{self.name}",
+            "command": ["sleep", "infinity"],
+            "network_mode": "none",
+            "detach": True,
+            "hostname": self.name,
+            "labels": {RUN_LABEL: self.run_id, SITE_LABEL: self.name},
+            "init": True,
+            # IPv6 neighbour discovery would only hit the table-miss entry (the emulation's
+            # own sysctl cannot write the container's read-only /proc/sys).
+            "sysctls": {"net.ipv6.conf.all.disable_ipv6": "1", "net.ipv6.conf.default.disable_ipv6": "1"},
+        }
+        if self.cpus:
+            kwargs["nano_cpus"] = int(self.cpus * 1e9)
+        if self.memory_mb:
+            kwargs["mem_limit"] = f"{int(self.memory_mb)}m"
+        if self.log_dir:
+            kwargs["volumes"] = {self.log_dir: {"bind": CONTAINER_LOG_DIR, "mode": "rw"}}
+        self.container = self.dclient.containers.run(self.image, **kwargs)
+        cpid = _wait_running(self.container, 60.0)
+        # Mininet's hook for how a node's shell is spawned is startShell's `mnopts` (mnexec's
+        # options). ``-a PID`` joins the container's network and mount namespaces. Mininet
+        # appends "n" (a new namespace) for nodes in a namespace; this node's namespace is the
+        # container's, so inNamespace is off while the shell starts and on again after it
+        # (Mininet then moves the host's interfaces into it, as for any host).
+        self.inNamespace = False
+        try:
+            super().startShell(mnopts=f"-cda{cpid}")
+        finally:
+            self.inNamespace = True
+
+    def _popen(self, cmd: list[str], **params: Any) -> Any:
+        # The one Mininet internal this class relies on: every process of a node (its shell,
+        # and `popen`) is spawned through Node._popen. No public hook sets the working
+        # directory, and the caller's does not exist inside the container's mount namespace.
+        if params.get("cwd") is None:
+            params["cwd"] = "/"
+        return super()._popen(cmd, **params)
+
+    def mountPrivateDirs(self) -> None:
+        pass  # the container has its own mount namespace
+
+    def unmountPrivateDirs(self) -> None:
+        pass
+
+    def terminate(self) -> None:
+        try:
+            super().terminate()
+        finally:
+            self.remove_container()
+
+    def remove_container(self) -> None:
+        if self.container is not None:
+            try:
+                self.container.remove(force=True)
+            except Exception:  # noqa: BLE001 -- already gone
+                pass
+            self.container = None
+
+    def exec_agent(self, config_path_in_container: str, out_path_in_container: str) -> str:
+        """Start the agent by ``docker exec`` (inside the container's cgroups); the exec id."""
+        api = self.dclient.api
+        ex = api.exec_create(
+            self.container.id,
+            ["sh", "-c", f"exec python -m workers.agent --config {config_path_in_container} "
+             f"> {out_path_in_container} 2>&1"],
+            environment={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
+            workdir="/",
+        )
+        api.exec_start(ex["Id"], detach=True)
+        return str(ex["Id"])
+
+
+def make_docker_host_class() -> type:
+    """The host class the docker backend hands to Mininet."""
+    return DockerWorkerHost

@@ -1,0 +1,120 @@
+"""What one agent is told: its role in one task, as JSON-safe data (no torch imported here).
+
+`AgentConfig` comes in as JSON (never a pickled object) and rejects unknown keys; the orchestrator
+builds it from a schedule (`orchestrator.runtime.task_runner.agent_configs`) without loading torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+#: Chunk size of GLOBAL and UPDATE messages (1 MiB was fastest in benchmarks/bench_transfer.py).
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+
+#: Slack on top of the model's tensor bytes for the safetensors header of each chunk.
+PAYLOAD_SLACK_BYTES = 1024 * 1024
+
+
+@dataclass(frozen=True, kw_only=True)
+class Peer:
+    """Another overlay node: its site name and host address."""
+
+    site: str
+    host: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentConfig:
+    """Everything one agent needs; JSON in, unknown keys rejected.
+
+    Ports are the task's (`task_ports`): the controller's flow entries match them.
+    `part_index` is None for nodes without a local model (G, relays); `num_parts` is the number
+    of local models of the task, which all split the same training set with the same seed.
+    """
+
+    task: int
+    site: str
+    host: str
+    broadcast_port: int
+    upload_port: int
+    rounds: int
+    is_global: bool = False
+    expects_global: bool = True
+    #: Site that sends this node GLOBAL (None for G and upload-only relays).
+    broadcast_parent: str | None = None
+    broadcast_children: tuple[Peer, ...] = ()
+    upload_parent: Peer | None = None
+    upload_children: tuple[str, ...] = ()
+    model: str = "mlp"
+    model_args: Mapping[str, Any] = field(default_factory=dict)
+    model_seed: int = 0
+    dataset: str = "digits"
+    dataset_args: Mapping[str, Any] = field(default_factory=dict)
+    partitioning: str = "iid"
+    alpha: float = 0.5
+    data_seed: int = 0
+    num_parts: int = 1
+    part_index: int | None = None
+    local_epochs: int = 2
+    batch_size: int = 32
+    lr: float = 0.1
+    child_timeout_s: float = 60.0
+    connect_timeout_s: float = 30.0
+    global_timeout_s: float = 600.0
+    #: Messages travel in chunks of this size so the receiver checks chunk i while i+1 arrives.
+    max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
+    threads: int = 1
+    events_path: str | None = None
+
+    @property
+    def trains(self) -> bool:
+        return self.part_index is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["broadcast_children"] = [{"site": p.site, "host": p.host} for p in self.broadcast_children]
+        d["upload_parent"] = (
+            None if self.upload_parent is None else {"site": self.upload_parent.site, "host": self.upload_parent.host}
+        )
+        d["upload_children"] = list(self.upload_children)
+        d["model_args"] = dict(self.model_args)
+        d["dataset_args"] = dict(self.dataset_args)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> AgentConfig:
+        """Build from JSON data. Raises ValueError naming the bad key."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise ValueError(f"unknown agent config keys: {sorted(unknown)}")
+        kw = dict(d)
+        try:
+            kw["broadcast_children"] = tuple(Peer(**p) for p in kw.get("broadcast_children", ()))
+            up = kw.get("upload_parent")
+            kw["upload_parent"] = None if up is None else Peer(**up)
+            kw["upload_children"] = tuple(kw.get("upload_children", ()))
+            cfg = cls(**kw)
+        except TypeError as e:
+            raise ValueError(f"bad agent config: {e}") from e
+        if cfg.host in ("", "0.0.0.0", "::"):
+            raise ValueError("the agent binds to its own host address only, not a wildcard")
+        if not cfg.is_global and cfg.upload_parent is None:
+            raise ValueError(f"{cfg.site}: a node other than G needs an upload parent")
+        if cfg.is_global and not cfg.upload_children:
+            raise ValueError(f"{cfg.site}: G needs at least one upload child")
+        if cfg.rounds < 1:
+            raise ValueError("rounds must be at least 1")
+        return cfg
+
+
+def normalize_spec(spec: str) -> str:
+    """A model or dataset spec with its ``file.py`` part made absolute (agents do not share the
+    caller's working directory)."""
+    target, sep, attr = spec.rpartition(":")
+    if sep and target.endswith(".py"):
+        return f"{Path(target).expanduser().resolve()}:{attr}"
+    return spec

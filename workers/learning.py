@@ -1,0 +1,96 @@
+"""Local training and evaluation of one agent: its data part, its model, FedAvg-style SGD.
+
+This is the only part of the agent that runs the model; it does no I/O.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from workers.config import AgentConfig
+from workers.data import Dataset, load_dataset, partition
+from workers.framing import TensorSet
+from workers.models import build_model, state_nbytes
+
+
+class Learner:
+    """The model, the data and the training of one agent (`cfg.part_index` None: holds no data part)."""
+
+    def __init__(self, cfg: AgentConfig) -> None:
+        self.cfg = cfg
+        torch.set_num_threads(max(1, cfg.threads))
+        self.data: Dataset = load_dataset(cfg.dataset, seed=cfg.data_seed, **dict(cfg.dataset_args))
+        self.model: nn.Module = build_model(
+            cfg.model,
+            input_shape=self.data.input_shape,
+            num_classes=self.data.num_classes,
+            seed=cfg.model_seed,
+            model_args=dict(cfg.model_args),
+        )
+        #: Names, shapes and dtypes every received tensor set is checked against.
+        self.template = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.model_bytes = state_nbytes(self.model)
+        self.train_idx: torch.Tensor | None = None
+        if cfg.part_index is not None:
+            parts = partition(
+                self.data.train_y,
+                cfg.num_parts,
+                scheme="dirichlet" if cfg.partitioning == "dirichlet" else "iid",
+                alpha=cfg.alpha,
+                seed=cfg.data_seed,
+            )
+            self.train_idx = torch.from_numpy(parts[cfg.part_index])
+        self._warm_up()
+
+    @property
+    def num_examples(self) -> int:
+        return 0 if self.train_idx is None else len(self.train_idx)
+
+    def train(self) -> int:
+        """Local training on this node's part; returns its example count."""
+        assert self.train_idx is not None
+        x = self.data.train_x[self.train_idx]
+        y = self.data.train_y[self.train_idx]
+        self.model.train()
+        opt = torch.optim.SGD(self.model.parameters(), lr=self.cfg.lr, momentum=0.9)
+        loss_fn = nn.CrossEntropyLoss()
+        gen = torch.Generator().manual_seed(self.cfg.data_seed + 7919 * (self.cfg.part_index or 0))
+        for _ in range(self.cfg.local_epochs):
+            order = torch.randperm(len(x), generator=gen)
+            for i in range(0, len(x), self.cfg.batch_size):
+                idx = order[i : i + self.cfg.batch_size]
+                opt.zero_grad()
+                loss = loss_fn(self.model(x[idx]), y[idx])
+                loss.backward()
+                opt.step()
+        return len(x)
+
+    def _warm_up(self) -> None:
+        """One training step on a throw-away copy of the model, so that torch's one-time start-up
+        costs (kernels, optimizer) are paid before ``ready`` and not inside round 1's timings."""
+        twin = copy.deepcopy(self.model)
+        twin.train()
+        opt = torch.optim.SGD(twin.parameters(), lr=self.cfg.lr, momentum=0.9)
+        out = twin(self.data.test_x[: self.cfg.batch_size])
+        nn.functional.cross_entropy(out, self.data.test_y[: self.cfg.batch_size]).backward()
+        opt.step()
+        self.evaluate()
+
+    @torch.no_grad()
+    def evaluate(self) -> tuple[float, float]:
+        """(accuracy, mean loss) of the current model on the held-out test split."""
+        self.model.eval()
+        out = self.model(self.data.test_x)
+        loss = float(nn.functional.cross_entropy(out, self.data.test_y))
+        acc = float((out.argmax(dim=1) == self.data.test_y).float().mean())
+        return acc, loss
+
+    def state(self) -> TensorSet:
+        """A copy of the model's weights (safe to send while the model trains on)."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def load(self, tensors: TensorSet) -> None:
+        self.model.load_state_dict(tensors)
