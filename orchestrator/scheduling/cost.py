@@ -1,22 +1,58 @@
-"""Analytic cost model of a schedule: reserved bandwidth and the per-round lower bound.
+"""Analytic cost model of a schedule: reserved bandwidth, the per-round lower bound, references.
 
 Definitions (DESIGN.md, "Definitions of the measured quantities"):
 
 - Reserved bandwidth of a task: the sum over directed links of what the schedule reserves
   (`Schedule.reserved_mbps_total`).
-- Lower bound of a round: the broadcast's transfer + the slowest local training + the upload's
-  transfer + propagation along the deepest path. A directed link that must carry ``n`` copies
-  of the model (one per overlay edge crossing it) needs at least ``n * bits / rate`` seconds.
+- A *copy* on a directed link l: one overlay edge of procedure p whose path crosses l. The link
+  must carry the whole model (``S`` bits) once per copy; ``n_p(l)`` copies cross it
+  (`link_copies`). A link sends one bit at a time at ``rate(l)``; a bit then needs the link's
+  propagation delay to reach the far end.
 
-Two bounds per procedure:
+Three figures per procedure (`round_figures` gives them all, for both procedures):
 
-``pipelined`` (the lower bound; a pipelined tree reaches it as chunks shrink)::
+``pipelined`` (the lower bound, `pipelined_bound_s`). For each copy j on l (overlay edge e,
+l its i-th link) two propagation times, in seconds:
 
-    T_p = max over links l of n_p(l) * bits / rate(l)  +  max over locals of the propagation
-          delay along its overlay chain from G
+- ``up_j``: the earliest a bit of j can be at the tail of l. Broadcast: the propagation from G
+  along e's overlay chain to the tail of l. Upload: the largest, over the locals of the subtree
+  that feeds e (its sender and everything below it), of the propagation from that local to the
+  tail of l, because an aggregator cannot send bit k before it has bit k of every child.
+- ``down_j``: from the tail of l (l's own delay included) to where j's last bit is needed.
+  Broadcast: the deepest local that e feeds. Upload: G.
+
+Then, with J(rho, kappa) the copies on l with ``up_j >= rho`` and ``down_j >= kappa``::
+
+    T_p = max over links l, over rho among the up_j and kappa among the down_j of l, of
+          rho + |J(rho, kappa)| * S / rate(l) + kappa
+
+Why this is a lower bound of every execution (any chunk size, any order in which a link serves
+what waits for it, relays cutting through or storing): bits exist at time 0 only at G (broadcast)
+or at the locals (upload), and every bit of copy j travels the links of j's own overlay chain,
+so no bit of a copy in J is at the tail of l before rho. l sends the |J| * S bits of J one at a
+time, so the last of them leaves no earlier than rho + |J| * S / rate(l). That bit belongs to
+some j in J and is needed (every local needs every bit of the model; G's aggregate needs every
+bit of every child's stream), so it still travels down_j >= kappa. Any fixed (rho, kappa) thus
+bounds the procedure; T_p is the largest of these bounds.
+
+Why not simply "largest n_p(l) * S / rate(l) on a chain + the chain's propagation": a copy of
+another chain that reaches l earlier (smaller up) can cross l before this chain's copy arrives,
+and one bound for a nearer site (smaller down) can cross after it and still be in time, so the
+chain waits for neither. Taking (rho, kappa) = (up, down) of a chain's own copy counts only the
+copies that cannot get out of its way on l. Where all copies on each link have the same up and
+down (e.g. unicast copies from G to sites at the same depth), that is all n_p(l) copies, and
+T_p is the largest, over the chains, of the largest n_p(l) * S / rate(l) on the chain + the
+chain's propagation. T_p treats each link on its own: a single chain reaches it as chunks
+shrink (within 1% with 200 chunks on 3 hops, see tests/unit/test_scheduling_bounds.py); links
+that interact can keep every execution above it.
+
+``reference`` (`reference_s`): S / the largest rate among the directed links leaving G
+(broadcast) or entering G (upload): the time G's fastest access link needs for one copy of the
+model. It depends on the network and G only, not on the schedule, so it compares schedulers
+on the same task; it never exceeds T_p, since every schedule puts a whole copy on a link at G.
 
 ``store_and_forward`` (every overlay node receives the whole model before it forwards or
-aggregates)::
+aggregates; the figure of a non-pipelined execution, never below T_p)::
 
     t(e) = max over links l of e's path of n_p(l) * bits / rate(l) + propagation(e)
     broadcast: arrival(child) = arrival(parent) + t(edge); T = max arrival
@@ -24,13 +60,18 @@ aggregates)::
 
 `rate` defaults to each link's capacity (model units); pass the emulated rates to compare with
 measurements in the emulation.
+
+A round (`RoundBound.total_s`) adds broadcast, training and upload. That sum bounds a round whose
+phases follow one another; the agents overlap them across branches (a near local can upload
+while a far one still receives), which the sum does not model.
 """
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestrator.scheduling.schedule import DirectedLink, OverlayEdge, Procedure, Schedule
 from topologies.model import NetworkModel
@@ -73,6 +114,234 @@ def _edge_time_s(
     return serial + (model.path_delay_ms(e.path) / 1e3 if propagation else 0.0)
 
 
+def _check_not_blocked(schedule: Schedule) -> None:
+    if schedule.blocked:
+        raise ValueError(f"task {schedule.task_id} is blocked: it has no round to bound")
+
+
+class CopyWindow(NamedTuple):
+    """One copy on a directed link (see the module docstring), in seconds."""
+
+    up_s: float
+    """Propagation before any bit of the copy can be at the tail of the link."""
+    down_s: float
+    """Propagation from the tail of the link (its own delay included) to where the copy's last
+    bit is needed."""
+
+
+def copy_windows(
+    model: NetworkModel, schedule: Schedule, procedure: Procedure, *, propagation: bool = True
+) -> dict[DirectedLink, list[CopyWindow]]:
+    """The `CopyWindow` of every copy of `procedure`, per directed link.
+
+    Raises
+    ------
+    ValueError
+        If the procedure's edges do not form a tree rooted at G.
+    """
+    edges = schedule.edges_of(procedure)
+    g = schedule.global_site
+    broken = f"task {schedule.task_id}: {procedure} edges do not form a tree from G"
+    # Both procedures are walked as a tree hanging from G: "toward G" is the sender's side for
+    # the broadcast and the receiver's side for the upload (its mirror image).
+    toward_g: dict[str, OverlayEdge] = {}
+    for e in edges:
+        child, parent = (e.dst, e.src) if procedure == "broadcast" else (e.src, e.dst)
+        if child == g or child in toward_g:
+            raise ValueError(broken)
+        toward_g[child] = e
+
+    def parent_of(node: str) -> str:
+        e = toward_g[node]
+        return e.src if procedure == "broadcast" else e.dst
+
+    def delay_s(path: tuple[str, ...]) -> float:
+        return model.path_delay_ms(path) / 1e3 if propagation else 0.0
+
+    # near: propagation between G and a node along its overlay chain; hops: its overlay depth.
+    near: dict[str, float] = {g: 0.0}
+    hops: dict[str, int] = {g: 0}
+    for start in toward_g:
+        chain: list[str] = []
+        node = start
+        while node not in near:
+            if node not in toward_g or len(chain) > len(edges):
+                raise ValueError(broken)
+            chain.append(node)
+            node = parent_of(node)
+        for node in reversed(chain):
+            near[node] = near[parent_of(node)] + delay_s(toward_g[node].path)
+            hops[node] = hops[parent_of(node)] + 1
+    # far: the largest propagation between a node and a local of its subtree (0 at a leaf),
+    # filled deepest first so that every child is final before its parent reads it.
+    far = dict.fromkeys(near, 0.0)
+    for node in sorted(toward_g, key=hops.__getitem__, reverse=True):
+        parent = parent_of(node)
+        far[parent] = max(far[parent], delay_s(toward_g[node].path) + far[node])
+
+    windows: dict[DirectedLink, list[CopyWindow]] = {}
+    for e in edges:
+        # The broadcast's data comes from G's side and is needed in the subtree below e.dst; the
+        # upload's comes from the subtree below e.src and is needed at G.
+        before_e, after_e = (near[e.src], far[e.dst]) if procedure == "broadcast" else (far[e.src], near[e.dst])
+        total = delay_s(e.path)
+        done = 0.0
+        for i, link in enumerate(e.links()):
+            windows.setdefault(link, []).append(CopyWindow(before_e + done, total - done + after_e))
+            done += delay_s(e.path[i : i + 2])
+    return windows
+
+
+def _link_bound_s(windows: list[CopyWindow], serial_s: float) -> float:
+    """Largest rho + |J| * serial_s + kappa over the subsets J of one link's copies, with rho the
+    smallest up and kappa the smallest down in J (the module docstring's bound for one link).
+
+    For rho the up of the m-th copy by decreasing up, every J with smallest up >= rho lies among
+    the first m; among those, the k with the largest downs give kappa = the k-th largest down.
+    Every such (J, rho, kappa) is a valid bound, and the best one is among them.
+    """
+    best = 0.0
+    by_up = sorted(windows, key=lambda w: w.up_s, reverse=True)
+    downs: list[float] = []
+    for w in by_up:
+        bisect.insort(downs, -w.down_s)  # kept descending in down_s
+        rho = w.up_s  # the smallest up so far
+        for count, neg_kappa in enumerate(downs, start=1):
+            best = max(best, rho + count * serial_s - neg_kappa)
+    return best
+
+
+def pipelined_bound_s(
+    model: NetworkModel,
+    schedule: Schedule,
+    procedure: Procedure,
+    model_bytes: int,
+    *,
+    rate: RateFn | None = None,
+    propagation: bool = True,
+) -> float:
+    """Lower bound (s) of one procedure over every execution of `schedule`: T_p of the module
+    docstring. `propagation=False` leaves out fiber delay.
+
+    Raises
+    ------
+    ValueError
+        If the schedule is blocked or the procedure's edges are not a tree from G.
+    """
+    _check_not_blocked(schedule)
+    rate = rate or capacity_rate(model)
+    bits = model_bytes * 8.0
+    windows = copy_windows(model, schedule, procedure, propagation=propagation)
+    return max(
+        (_link_bound_s(ws, bits / (rate(u, v) * 1e6)) for (u, v), ws in windows.items()), default=0.0
+    )
+
+
+def reference_s(
+    model: NetworkModel,
+    global_site: str,
+    procedure: Procedure,
+    model_bytes: int,
+    *,
+    rate: RateFn | None = None,
+) -> float:
+    """Physical reference (s) of a task: one copy of the model through G's fastest access link.
+
+    That is model bits / the largest rate among the directed links leaving `global_site`
+    (broadcast) or entering it (upload). It depends on the network and G only, so it is the same
+    for every scheduler, and no schedule of the task does better (see the module docstring).
+    """
+    rate = rate or capacity_rate(model)
+    g = global_site
+    rates_mbps = [rate(g, n) if procedure == "broadcast" else rate(n, g) for n in model.neighbors(g)]
+    if not rates_mbps:
+        raise ValueError(f"site {g!r} has no link: no reference for its tasks")
+    return model_bytes * 8.0 / (max(rates_mbps) * 1e6)
+
+
+@dataclass(frozen=True)
+class ProcedureFigures:
+    """The three figures of one procedure, in seconds (see the module docstring)."""
+
+    pipelined_s: float
+    """Lower bound over every execution of the schedule."""
+    store_and_forward_s: float
+    """Every overlay node holds the whole model before it forwards or aggregates."""
+    reference_s: float
+    """One copy through G's fastest access link: the same for every schedule of the task."""
+
+
+@dataclass(frozen=True)
+class RoundFigures:
+    """Both procedures' figures of one round, and the training time between them (seconds)."""
+
+    broadcast: ProcedureFigures
+    upload: ProcedureFigures
+    train_s: float = 0.0
+
+    def _round(self, figure: str) -> RoundBound:
+        return RoundBound(
+            broadcast_s=getattr(self.broadcast, figure),
+            train_s=self.train_s,
+            upload_s=getattr(self.upload, figure),
+        )
+
+    @property
+    def lower_bound(self) -> RoundBound:
+        """The pipelined lower bounds (what `round_lower_bound` gives)."""
+        return self._round("pipelined_s")
+
+    @property
+    def store_and_forward(self) -> RoundBound:
+        return self._round("store_and_forward_s")
+
+    @property
+    def reference(self) -> RoundBound:
+        return self._round("reference_s")
+
+
+def procedure_figures(
+    model: NetworkModel,
+    schedule: Schedule,
+    procedure: Procedure,
+    model_bytes: int,
+    *,
+    rate: RateFn | None = None,
+    propagation: bool = True,
+) -> ProcedureFigures:
+    """Pipelined lower bound, store-and-forward figure and reference of one procedure."""
+    kw: dict[str, Any] = {"rate": rate, "propagation": propagation}
+    return ProcedureFigures(
+        pipelined_s=pipelined_bound_s(model, schedule, procedure, model_bytes, **kw),
+        store_and_forward_s=store_and_forward_s(model, schedule, procedure, model_bytes, **kw),
+        reference_s=reference_s(model, schedule.global_site, procedure, model_bytes, rate=rate),
+    )
+
+
+def round_figures(
+    model: NetworkModel,
+    schedule: Schedule,
+    model_bytes: int,
+    *,
+    train_s: float = 0.0,
+    rate: RateFn | None = None,
+    propagation: bool = True,
+) -> RoundFigures:
+    """`procedure_figures` of the broadcast and the upload of one round of `schedule`.
+
+    Raises
+    ------
+    ValueError
+        If the schedule is blocked or a procedure's edges are not a tree from G.
+    """
+    kw: dict[str, Any] = {"rate": rate, "propagation": propagation}
+    return RoundFigures(
+        broadcast=procedure_figures(model, schedule, "broadcast", model_bytes, **kw),
+        upload=procedure_figures(model, schedule, "upload", model_bytes, **kw),
+        train_s=train_s,
+    )
+
+
 def procedure_bound_s(
     model: NetworkModel,
     schedule: Schedule,
@@ -83,12 +352,29 @@ def procedure_bound_s(
     pipelined: bool = True,
     propagation: bool = True,
 ) -> float:
-    """Lower bound (s) of one procedure of a round; see the module docstring.
+    """Figure (s) of one procedure of a round; see the module docstring.
 
-    `propagation=False` leaves out fiber delay (for an emulation that could not emulate it).
+    `pipelined=True` gives the lower bound (`pipelined_bound_s`), `pipelined=False` the
+    store-and-forward figure (`store_and_forward_s`). `propagation=False` leaves out fiber delay
+    (for an emulation that could not emulate it).
     """
-    if schedule.blocked:
-        raise ValueError(f"task {schedule.task_id} is blocked: it has no round to bound")
+    if pipelined:
+        return pipelined_bound_s(model, schedule, procedure, model_bytes, rate=rate, propagation=propagation)
+    return store_and_forward_s(model, schedule, procedure, model_bytes, rate=rate, propagation=propagation)
+
+
+def store_and_forward_s(
+    model: NetworkModel,
+    schedule: Schedule,
+    procedure: Procedure,
+    model_bytes: int,
+    *,
+    rate: RateFn | None = None,
+    propagation: bool = True,
+) -> float:
+    """Store-and-forward figure (s) of one procedure: every overlay node holds the whole model
+    before it forwards or aggregates (see the module docstring)."""
+    _check_not_blocked(schedule)
     rate = rate or capacity_rate(model)
     bits = model_bytes * 8.0
     copies = link_copies(schedule, procedure)
@@ -96,19 +382,6 @@ def procedure_bound_s(
     if not edges:
         return 0.0
     g = schedule.global_site
-    if pipelined:
-        serial = max(n * bits / (rate(u, v) * 1e6) for (u, v), n in copies.items())
-        # propagation along each overlay chain from G
-        parent = {e.dst: e for e in edges} if procedure == "broadcast" else {e.src: e for e in edges}
-        deepest = 0.0
-        for node in parent:
-            prop, cur = 0.0, node
-            while cur != g:
-                e = parent[cur]
-                prop += model.path_delay_ms(e.path) / 1e3 if propagation else 0.0
-                cur = e.src if procedure == "broadcast" else e.dst
-            deepest = max(deepest, prop)
-        return serial + deepest
     if procedure == "broadcast":
         arrival = {g: 0.0}
         pending = list(edges)

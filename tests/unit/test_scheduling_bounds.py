@@ -1,0 +1,481 @@
+"""The cost model's figures against an exact event simulation of ideal executions.
+
+`simulate_s` runs one procedure of a schedule chunk by chunk: every overlay edge is a stream of
+chunks along its physical path; each directed link sends the chunks waiting at its tail one at a
+time at its rate, first come first served, and a chunk reaches the far end the link's
+propagation delay later. A node forwards chunk k of the broadcast as soon as it holds all of
+chunk k; an upload aggregator sends chunk k once it holds chunk k of every child (a local also
+has its own update from the start). One chunk per edge is store-and-forward at every hop; many
+small chunks approach cut-through. The simulation is event-driven and exact: no clock, no steps.
+
+The pipelined bound must never exceed any such execution; the tests check it on hand-made
+counterexamples to the former formula and, with hypothesis, on random networks, on the real
+schedulers' schedules and on random hand-built ones (relays, walks that revisit links).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections import deque
+
+import networkx as nx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.scheduling import SCHEDULERS, NetworkState, OverlayEdge, Procedure, Schedule, get_scheduler
+from orchestrator.scheduling.cost import (
+    CopyWindow,
+    RateFn,
+    capacity_rate,
+    copy_windows,
+    link_copies,
+    pipelined_bound_s,
+    procedure_bound_s,
+    reference_s,
+    round_figures,
+    round_lower_bound,
+    store_and_forward_s,
+)
+from orchestrator.scheduling.schedule import DirectedLink
+from orchestrator.scheduling.tasks import Task
+from topologies.model import NetworkModel
+
+SLACK = 1e-9  # relative: the bound and the simulation add the same delays in other orders
+SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MB_12_5 = 12_500_000  # bytes: 100 Mbit
+
+
+def simulate_s(
+    model: NetworkModel,
+    schedule: Schedule,
+    procedure: Procedure,
+    model_bytes: int,
+    *,
+    chunks: int,
+    rate: RateFn | None = None,
+    propagation: bool = True,
+) -> float:
+    """Completion time of one procedure of `schedule` in the ideal chunked execution.
+
+    Parameters
+    ----------
+    chunks
+        Chunks per model copy, all of the same size.
+    rate
+        Mbit/s of each directed link; the links' capacities by default.
+    propagation
+        Whether a chunk takes the link's propagation delay to reach its far end.
+
+    Returns
+    -------
+    float
+        Seconds until every local holds the whole model (broadcast) or G holds every chunk of
+        the aggregate (upload).
+    """
+    rate = rate or capacity_rate(model)
+    chunk_bits = model_bytes * 8.0 / chunks
+    edges = schedule.edges_of(procedure)
+    hops = [e.links() for e in edges]
+    out_of: dict[str, list[int]] = {}
+    into: dict[str, list[int]] = {}
+    for i, e in enumerate(edges):
+        out_of.setdefault(e.src, []).append(i)
+        into.setdefault(e.dst, []).append(i)
+    Item = tuple[int, int, int]  # (edge index, hop index on its path, chunk index)
+    events: list[tuple[float, int, bool, Item]] = []  # (time, order, sent (else arrived), item)
+    order = itertools.count()
+    waiting: dict[DirectedLink, deque[Item]] = {}
+    busy: set[DirectedLink] = set()
+    have: dict[tuple[str, int], int] = {}  # (node, chunk) -> children's chunks received
+    finish: dict[str, float] = {}
+
+    def serve(t: float, link: DirectedLink) -> None:
+        queue = waiting.get(link)
+        if not queue:
+            busy.discard(link)
+            return
+        busy.add(link)
+        heapq.heappush(events, (t + chunk_bits / (rate(*link) * 1e6), next(order), True, queue.popleft()))
+
+    def at_tail(t: float, item: Item) -> None:
+        link = hops[item[0]][item[1]]
+        waiting.setdefault(link, deque()).append(item)
+        if link not in busy:
+            serve(t, link)
+
+    def holds(t: float, node: str, k: int) -> None:
+        """`node` holds chunk k of what it sends on (the model, or its aggregate)."""
+        if procedure == "upload" and node == schedule.global_site:
+            finish[node] = max(finish.get(node, 0.0), t)
+        for f in out_of.get(node, []):
+            at_tail(t, (f, 0, k))
+
+    def delivered(t: float, edge: int, k: int) -> None:
+        node = edges[edge].dst
+        if procedure == "broadcast":
+            finish[node] = max(finish.get(node, 0.0), t)
+            holds(t, node, k)
+            return
+        have[(node, k)] = have.get((node, k), 0) + 1
+        if have[(node, k)] == len(into[node]):
+            holds(t, node, k)
+
+    senders = [schedule.global_site] if procedure == "broadcast" else [n for n in out_of if n not in into]
+    for k in range(chunks):  # round robin over the streams a node starts at time 0
+        for node in senders:
+            holds(0.0, node, k)
+    while events:
+        t, _, sent, (edge, hop, k) = heapq.heappop(events)
+        link = hops[edge][hop]
+        if sent:
+            serve(t, link)
+            delay_s = model.link(*link).delay_ms / 1e3 if propagation else 0.0
+            heapq.heappush(events, (t + delay_s, next(order), False, (edge, hop, k)))
+        elif hop + 1 < len(hops[edge]):
+            at_tail(t, (edge, hop + 1, k))
+        else:
+            delivered(t, edge, k)
+    needed = schedule.local_sites if procedure == "broadcast" else (schedule.global_site,)
+    assert all(n in finish for n in needed), f"{procedure}: some site never got the model"
+    return max(finish[n] for n in needed)
+
+
+def old_pipelined_bound_s(model: NetworkModel, schedule: Schedule, procedure: Procedure, model_bytes: int) -> float:
+    """The former formula: largest serialization on any link + the deepest chain's propagation."""
+    serial = max(n * model_bytes * 8.0 / (model.link(u, v).capacity_mbps * 1e6)
+                 for (u, v), n in link_copies(schedule, procedure).items())
+    deepest = max(up + down for ws in copy_windows(model, schedule, procedure).values() for up, down in ws)
+    return serial + deepest
+
+
+def counterexample() -> NetworkModel:
+    """G-L1 1 km at 100 Mbit/s; G-M-L2 2 x 100,000 km at 200 Gbit/s, M switching only."""
+    return NetworkModel.build(
+        "counterexample",
+        [{"name": "G"}, {"name": "L1"}, {"name": "L2"}, {"name": "M", "has_compute": False}],
+        [
+            {"a": "G", "b": "L1", "length_km": 1, "wavelengths": 1, "wavelength_mbps": 100},
+            {"a": "G", "b": "M", "length_km": 100_000, "wavelength_mbps": 25_000},
+            {"a": "M", "b": "L2", "length_km": 100_000, "wavelength_mbps": 25_000},
+        ],
+    )
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+def test_old_bound_exceeded_an_achievable_round_the_new_one_does_not(name: str) -> None:
+    # Prepare: G->L1 is slow but short, G->M->L2 long but fast: different branches.
+    model = counterexample()
+    task = Task(1, "G", ("L1", "L2"), demand_mbps=100, model_bytes=MB_12_5)
+    s = get_scheduler(name).schedule(NetworkState(model), task)
+
+    # Execute
+    achieved = {p: simulate_s(model, s, p, MB_12_5, chunks=1) for p in ("broadcast", "upload")}
+    old = {p: old_pipelined_bound_s(model, s, p, MB_12_5) for p in ("broadcast", "upload")}
+    new = {p: pipelined_bound_s(model, s, p, MB_12_5) for p in ("broadcast", "upload")}
+
+    # Assert: 100 Mbit at 100 Mbit/s on G-L1 = 1 s, 2 x 0.5 s of fiber on the other branch.
+    assert s.path("broadcast", "G", "L2") == ("G", "M", "L2")
+    for p in ("broadcast", "upload"):
+        assert old[p] == pytest.approx(2.0, rel=1e-4)
+        # store-and-forward at M: 2 x (0.5 ms serialization + 0.5 s fiber)
+        assert achieved[p] == pytest.approx(1.001, rel=1e-9)
+        assert old[p] > achieved[p]
+        assert new[p] == pytest.approx(1.0005, rel=1e-9)  # G-M-L2: one 0.5 ms serialization + 1 s
+        assert new[p] <= achieved[p]
+
+
+def crossing_model() -> tuple[NetworkModel, Schedule]:
+    r"""X->Y carries two broadcast copies: G->Y (reaches X at once) and F->Z (reaches X after 1 s).
+
+    ::
+
+        G --1 km-- X --1 km, 100 Mbit/s-- Y --1 km-- Z
+         \        /
+     100,000 km  100,000 km
+           \    /
+             F
+    """
+    fast = {"wavelength_mbps": 25_000}
+    model = NetworkModel.build(
+        "crossing",
+        [{"name": n} for n in ("G", "Y", "F", "Z")] + [{"name": "X", "has_compute": False}],
+        [
+            {"a": "G", "b": "X", "length_km": 1, **fast},
+            {"a": "X", "b": "Y", "length_km": 1, "wavelengths": 1, "wavelength_mbps": 100},
+            {"a": "Y", "b": "Z", "length_km": 1, **fast},
+            {"a": "G", "b": "F", "length_km": 100_000, **fast},
+            {"a": "F", "b": "X", "length_km": 100_000, **fast},
+        ],
+    )
+    down = [("G", "Y", ("G", "X", "Y")), ("G", "F", ("G", "F")), ("F", "Z", ("F", "X", "Y", "Z"))]
+    schedule = Schedule(
+        task_id=1, scheduler="hand", global_site="G", local_sites=("Y", "F", "Z"), demand_mbps=100,
+        broadcast_parent={c: p for p, c, _ in down}, upload_parent={c: p for p, c, _ in down},
+        edges=tuple(
+            [OverlayEdge("broadcast", p, c, path) for p, c, path in down]
+            + [OverlayEdge("upload", c, p, tuple(reversed(path))) for p, c, path in down]
+        ),
+    )
+    return model, schedule
+
+
+def test_a_copy_crossing_a_link_earlier_does_not_delay_a_later_chain() -> None:
+    # Prepare: "n(l) * S / rate + the chain's propagation" for chain G->F->Z would be
+    # 2 s on X->Y + 1 s of fiber; but G->Y's copy is through X->Y before F->Z's arrives.
+    model, s = crossing_model()
+    per_chain_with_all_copies = 2 * 1.0 + 1.0
+
+    # Execute
+    achieved = simulate_s(model, s, "broadcast", MB_12_5, chunks=100)
+    bound = pipelined_bound_s(model, s, "broadcast", MB_12_5)
+
+    # Assert
+    assert achieved < per_chain_with_all_copies - 0.9
+    assert bound <= achieved
+    # F->Z's copy alone: 1 s of fiber G-F-X, 1 s on X->Y, then 10 us of fiber X-Y-Z.
+    assert bound == pytest.approx(1.0 + 1.0 + 0.01e-3, rel=1e-9)
+    assert achieved / bound < 1.01
+
+
+def test_upload_copy_windows_wait_for_the_farthest_child() -> None:
+    # Prepare: relay H aggregates A (100 km) and B (300 km); H->G is 200 km.
+    model = NetworkModel.build(
+        "agg",
+        [{"name": n} for n in ("G", "A", "B", "H")],
+        [{"a": "H", "b": "A", "length_km": 100}, {"a": "H", "b": "B", "length_km": 300},
+         {"a": "H", "b": "G", "length_km": 200}],
+    )
+    up = [("A", "H"), ("B", "H"), ("H", "G")]
+    s = Schedule(
+        task_id=1, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1,
+        upload_parent=dict(up), edges=tuple(OverlayEdge("upload", c, p, (c, p)) for c, p in up),
+    )
+
+    # Execute
+    windows = copy_windows(model, s, "upload")
+    bound = pipelined_bound_s(model, s, "upload", 1_000_000)
+
+    # Assert: H's aggregate needs B's bits, 1.5 ms away; it still has 1 ms to go to G.
+    assert windows[("H", "G")] == [pytest.approx(CopyWindow(1.5e-3, 1e-3))]
+    assert windows[("A", "H")] == [pytest.approx(CopyWindow(0.0, 1.5e-3))]
+    assert windows[("B", "H")] == [pytest.approx(CopyWindow(0.0, 2.5e-3))]
+    assert bound == pytest.approx(8e6 / 80_000e6 + 2.5e-3)
+
+
+def line(compute_inside: bool) -> NetworkModel:
+    """G-A-B-C, 300/1200/600 km at 1000/400/2500 Mbit/s."""
+    return NetworkModel.build(
+        "line",
+        [{"name": "G"}, {"name": "A", "has_compute": compute_inside},
+         {"name": "B", "has_compute": compute_inside}, {"name": "C"}],
+        [{"a": "G", "b": "A", "length_km": 300, "wavelengths": 1, "wavelength_mbps": 1000},
+         {"a": "A", "b": "B", "length_km": 1200, "wavelengths": 1, "wavelength_mbps": 400},
+         {"a": "B", "b": "C", "length_km": 600, "wavelengths": 1, "wavelength_mbps": 2500}],
+    )
+
+
+@pytest.mark.parametrize("procedure", ["broadcast", "upload"])
+@pytest.mark.parametrize("compute_inside", [True, False], ids=["overlay-chain", "one-edge"])
+def test_many_chunks_on_one_chain_approach_the_bound(procedure: Procedure, compute_inside: bool) -> None:
+    # Prepare: a 3-hop chain, as three overlay edges (mst relays at A and B) or as one.
+    model = line(compute_inside)
+    locals_ = ("A", "B", "C") if compute_inside else ("C",)
+    s = get_scheduler("mst").schedule(NetworkState(model), Task(1, "G", locals_, demand_mbps=400))
+
+    # Execute
+    bound = pipelined_bound_s(model, s, procedure, 1_000_000)
+    simulated = simulate_s(model, s, procedure, 1_000_000, chunks=200)
+    whole = simulate_s(model, s, procedure, 1_000_000, chunks=1)
+
+    # Assert: 8 Mbit through the 400 Mbit/s link = 20 ms, plus 10.5 ms of fiber.
+    assert s.depth(procedure) == (3 if compute_inside else 1)
+    assert bound == pytest.approx(0.02 + 10.5e-3)
+    assert 1.0 <= simulated / bound <= 1.01
+    assert whole == pytest.approx(bound + 8e-3 + 3.2e-3)  # whole copies wait at A and B
+
+
+def test_reference_is_one_copy_through_gs_fastest_access_link_in_its_direction() -> None:
+    # Prepare: G's links run 10 and 40 Gbit/s out of G, 20 and 5 Gbit/s into it.
+    model = NetworkModel.build(
+        "two-armed",
+        [{"name": n} for n in ("G", "A", "B")],
+        [{"a": "G", "b": "A"}, {"a": "G", "b": "B"}],
+    )
+    rates = {("G", "A"): 10_000.0, ("A", "G"): 20_000.0, ("G", "B"): 40_000.0, ("B", "G"): 5_000.0}
+
+    # Execute
+    down = reference_s(model, "G", "broadcast", 1_000_000, rate=lambda u, v: rates[(u, v)])
+    up = reference_s(model, "G", "upload", 1_000_000, rate=lambda u, v: rates[(u, v)])
+
+    # Assert
+    assert down == pytest.approx(8e6 / 40_000e6)
+    assert up == pytest.approx(8e6 / 20_000e6)
+
+
+def test_round_figures_carry_the_existing_bounds_and_the_reference() -> None:
+    # Prepare
+    model, s = crossing_model()
+
+    # Execute
+    f = round_figures(model, s, MB_12_5, train_s=0.25)
+
+    # Assert
+    assert f.lower_bound == round_lower_bound(model, s, MB_12_5, train_s=0.25)
+    assert f.store_and_forward == round_lower_bound(model, s, MB_12_5, train_s=0.25, pipelined=False)
+    assert f.upload.store_and_forward_s == store_and_forward_s(model, s, "upload", MB_12_5)
+    assert f.broadcast.pipelined_s == procedure_bound_s(model, s, "broadcast", MB_12_5)
+    assert f.reference.broadcast_s == pytest.approx(100e6 / 200_000e6)
+    assert f.reference.total_s == pytest.approx(2 * 100e6 / 200_000e6 + 0.25)
+    for p in (f.broadcast, f.upload):
+        assert p.reference_s <= p.pipelined_s <= p.store_and_forward_s
+
+
+def test_blocked_or_broken_schedules_are_refused() -> None:
+    model, _ = crossing_model()
+    blocked = Schedule(task_id=2, scheduler="hand", global_site="G", local_sites=("Y",),
+                       demand_mbps=1, blocked=True, reason="full")
+    cyclic = Schedule(
+        task_id=3, scheduler="hand", global_site="G", local_sites=("Y", "Z"), demand_mbps=1,
+        edges=(OverlayEdge("broadcast", "Z", "Y", ("Z", "Y")), OverlayEdge("broadcast", "Y", "Z", ("Y", "Z"))),
+    )
+
+    with pytest.raises(ValueError, match="blocked"):
+        round_figures(model, blocked, 1)
+    with pytest.raises(ValueError, match="do not form a tree"):
+        pipelined_bound_s(model, cyclic, "broadcast", 1)
+
+
+# -- random networks and schedules -------------------------------------------------------------
+
+
+@st.composite
+def networks(draw: st.DrawFn) -> tuple[NetworkModel, random.Random]:
+    """A connected network of 3..8 sites whose serialization and propagation times are alike:
+    lengths 1 km..50,000 km (5 us..250 ms), 100 Mbit/s..40 Gbit/s per direction."""
+    n = draw(st.integers(min_value=3, max_value=8))
+    rng = random.Random(draw(st.integers(min_value=0, max_value=2**31)))
+    edges = {(rng.randrange(k), k) for k in range(1, n)}
+    for _ in range(draw(st.integers(min_value=0, max_value=n))):
+        a, b = rng.sample(range(n), 2)
+        edges.add((min(a, b), max(a, b)))
+    compute = set(rng.sample(range(n), rng.randint(2, n)))
+    sites = [{"name": f"v{i}", "has_compute": i in compute} for i in range(n)]
+    links = [
+        {"a": f"v{a}", "b": f"v{b}", "length_km": rng.choice([1, 40, 500, 5000, 50_000]),
+         "wavelengths": rng.randint(1, 4), "wavelength_mbps": rng.choice([100, 1000, 10_000])}
+        for a, b in sorted(edges)
+    ]
+    return NetworkModel.build("random", sites, links), rng
+
+
+def random_rate(model: NetworkModel, rng: random.Random) -> RateFn:
+    """Rates that differ by direction (as shaped in an emulation), 0.2..1 x capacity."""
+    factor = {(u, v): rng.uniform(0.2, 1.0) for ln in model.iter_links() for u, v in ((ln.a, ln.b), (ln.b, ln.a))}
+    return lambda u, v: model.link(u, v).capacity_mbps * factor[(u, v)]
+
+
+def check_against_simulation(
+    model: NetworkModel, s: Schedule, model_bytes: int, chunks: int, rate: RateFn, propagation: bool
+) -> None:
+    """Every execution is at least the bound; the bound lies between reference and S&F."""
+    for procedure in ("broadcast", "upload"):
+        bound = pipelined_bound_s(model, s, procedure, model_bytes, rate=rate, propagation=propagation)
+        chunked = simulate_s(model, s, procedure, model_bytes, chunks=chunks, rate=rate, propagation=propagation)
+        whole = simulate_s(model, s, procedure, model_bytes, chunks=1, rate=rate, propagation=propagation)
+        sf = store_and_forward_s(model, s, procedure, model_bytes, rate=rate, propagation=propagation)
+        ref = reference_s(model, s.global_site, procedure, model_bytes, rate=rate)
+
+        assert chunked >= bound * (1 - SLACK), (procedure, chunked, bound)
+        assert whole >= bound * (1 - SLACK), (procedure, whole, bound)
+        assert ref <= bound * (1 + SLACK)
+        assert bound <= sf * (1 + SLACK)
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@SETTINGS
+@given(
+    data=networks(),
+    model_bytes=st.sampled_from([125_000, 1_250_000, 12_500_000]),
+    chunks=st.integers(min_value=2, max_value=24),
+    propagation=st.booleans(),
+)
+def test_no_execution_of_a_schedulers_schedule_beats_the_bound(
+    name: str, data: tuple[NetworkModel, random.Random], model_bytes: int, chunks: int, propagation: bool
+) -> None:
+    # Prepare: a small demand, so that the empty network admits every task.
+    model, rng = data
+    chosen = rng.sample(model.compute_sites, rng.randint(2, len(model.compute_sites)))
+    task = Task(1, chosen[0], tuple(chosen[1:]), demand_mbps=1.0)
+
+    # Execute
+    s = get_scheduler(name).schedule(NetworkState(model), task)
+
+    # Assert
+    assert not s.blocked
+    check_against_simulation(model, s, model_bytes, chunks, random_rate(model, rng), propagation)
+
+
+def random_tree(
+    graph: nx.Graph, rng: random.Random, procedure: Procedure, g: str, locals_: list[str], relays: list[str]
+) -> list[OverlayEdge]:
+    """A random overlay tree over G, the locals and relays (each relay put on an edge, so that it
+    has a child), every edge routed on a random walk: a random shortest path, sometimes through
+    a detour site so that the walk can revisit links."""
+    parent: dict[str, str] = {}
+    placed = [g]
+    for node in rng.sample(locals_, len(locals_)):
+        parent[node] = rng.choice(placed)
+        placed.append(node)
+    for relay in relays:
+        child = rng.choice(list(parent))
+        parent[relay], parent[child] = parent[child], relay
+
+    def walk(a: str, b: str) -> tuple[str, ...]:
+        weights = {frozenset(e): rng.random() for e in graph.edges}
+        w = lambda u, v, _d: weights[frozenset((u, v))]  # noqa: E731
+        via = rng.choice(list(graph.nodes)) if rng.random() < 0.3 else a
+        first = nx.shortest_path(graph, a, via, weight=w)
+        return tuple(first[:-1] + nx.shortest_path(graph, via, b, weight=w))
+
+    out = []
+    for child, par in parent.items():
+        path = walk(par, child)
+        if len(path) < 2:  # a detour that came straight back: take the direct route
+            path = tuple(nx.shortest_path(graph, par, child))
+        if procedure == "broadcast":
+            out.append(OverlayEdge("broadcast", par, child, path))
+        else:
+            out.append(OverlayEdge("upload", child, par, tuple(reversed(path))))
+    return out
+
+
+@SETTINGS
+@given(
+    data=networks(),
+    model_bytes=st.sampled_from([125_000, 1_250_000, 12_500_000]),
+    chunks=st.integers(min_value=2, max_value=24),
+    propagation=st.booleans(),
+)
+def test_no_execution_of_a_random_schedule_beats_the_bound(
+    data: tuple[NetworkModel, random.Random], model_bytes: int, chunks: int, propagation: bool
+) -> None:
+    # Prepare: G, locals and relays on random sites; independent broadcast and upload trees.
+    model, rng = data
+    sites = rng.sample(model.site_names, len(model.site_names))
+    g, n_locals = sites[0], rng.randint(1, len(sites) - 1)
+    locals_ = sites[1 : 1 + n_locals]
+    relays_b = [r for r in sites[1 + n_locals :] if rng.random() < 0.5]
+    relays_u = [r for r in sites[1 + n_locals :] if rng.random() < 0.5]
+    down = random_tree(model.graph, rng, "broadcast", g, locals_, relays_b)
+    up = random_tree(model.graph, rng, "upload", g, locals_, relays_u)
+    s = Schedule(
+        task_id=1, scheduler="random", global_site=g, local_sites=tuple(locals_), demand_mbps=1.0,
+        broadcast_parent={e.dst: e.src for e in down}, upload_parent={e.src: e.dst for e in up},
+        edges=(*down, *up),
+    )
+
+    # Execute and assert
+    check_against_simulation(model, s, model_bytes, chunks, random_rate(model, rng), propagation)
