@@ -11,6 +11,10 @@ connection a switch is cleared and given the entries the core expects (table-mis
 tasks); `install`/`remove_cookie` send flow mods followed by a barrier and wait for it; port
 counters are polled every `PORT_POLL_INTERVAL_S`; port-status messages are recorded.
 
+Reserved rates are enforced with ``tc`` on the switch interfaces (`controller.shaping.TcShaper`
+through `SubprocessTc`): the app runs as root in the namespace the switch interfaces live in. When
+the links carry a netem delay the emulation sets ``NETAI_LINK_DELAY=1`` and task classes get it too.
+
 All decisions live in `controller.core` and `controller.flows`; this module only converts
 `FlowEntry` values into OpenFlow 1.3 messages (the small builders below) and sends them through
 one helper (`_send_and_wait`). It must not compute paths.
@@ -39,6 +43,7 @@ from controller.compat import (
 from controller.core import ControllerCore, ControllerError, FlowStat, PortStat, Unavailable
 from controller.flows import COOKIE_MASK_ALL, FlowEntry, make_match
 from controller.rest import RestApi
+from controller.shaping import ENV_LINK_DELAY, SubprocessTc, TcShaper
 from topologies.plan import EmulationPlan
 
 ENV_PLAN_FILE = "NETAI_PLAN_FILE"
@@ -135,7 +140,8 @@ class NetaiController(BaseApp):
             raise RuntimeError(f"{ENV_PLAN_FILE} must name the emulation plan JSON file")
         with open(plan_file) as f:
             self.plan = EmulationPlan.from_dict(json.load(f))
-        self.core = ControllerCore(self.plan, self)
+        shaper = TcShaper(self.plan, SubprocessTc(), delay=os.environ.get(ENV_LINK_DELAY) == "1")
+        self.core = ControllerCore(self.plan, self, shaper=shaper)
         self.datapaths: dict[int, Any] = {}
         self._pending: dict[tuple[int, int], _Pending] = {}
         rest_port = int(os.environ.get(ENV_REST_PORT, DEFAULT_REST_PORT))

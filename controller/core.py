@@ -5,8 +5,13 @@ background pairs, the port states and the port counters. It decides which flow e
 switch must hold and hands them to a `FlowSender` (the os-ken app in production, a fake flow table
 in tests). The northbound REST layer (`controller.rest`) calls it; so does the app's event handlers.
 
-It must not import the OpenFlow framework, block on anything but its sender, or open sockets.
-Errors carry an HTTP-like `status` so the REST layer can map them without knowing the cases.
+Reserved rates are enforced through an optional `controller.shaping.Shaper` (htb classes per task on
+the switch-to-switch links): a task's classes go in after its flow entries and leave with them.
+Without a shaper, or while it cannot shape (no ``tc``, no interfaces yet), tasks are still
+installed and their summaries, like ``/health``, say that the reservation is not enforced and why.
+
+It must not import the OpenFlow framework, block on anything but its sender and its shaper, or open
+sockets. Errors carry an HTTP-like `status` so the REST layer can map them without knowing the cases.
 """
 
 from __future__ import annotations
@@ -29,10 +34,15 @@ from controller.flows import (
     task_entries,
 )
 from controller.paths import TaskPaths
+from controller.shaping import Reservation, Shaper, ShapingBuildError, ShapingError, ShapingStatus
 from topologies.plan import HOST_PORT, EmulationPlan
 
 #: How many port-status events the controller keeps for the API.
 PORT_EVENT_HISTORY = 1000
+#: Why reservations are not enforced when the core has no shaper.
+NO_SHAPER = "the controller runs without a shaper: reserved rates are bookkeeping only"
+#: A task's reservation while its entries are being sent.
+PENDING = Reservation(False, "being installed")
 
 
 class ControllerError(Exception):
@@ -59,6 +69,12 @@ class Unprocessable(ControllerError):
 
 class Unavailable(ControllerError):
     status = 503
+
+
+class ShapingFailed(ControllerError):
+    """tc refused a task's classes; the task was rolled back."""
+
+    status = 500
 
 
 @dataclass(frozen=True)
@@ -101,6 +117,7 @@ class InstalledTask:
     paths: TaskPaths
     entries: list[FlowEntry]
     installed_at: float
+    reservation: Reservation = PENDING
 
 
 @dataclass
@@ -128,13 +145,21 @@ class ControllerCore:
         Sends entries to switches and reads counters back.
     clock
         Seconds, monotonic; injectable for tests.
+    shaper
+        Enforces reserved rates on the links (`controller.shaping.TcShaper`); None: not enforced.
     """
 
     def __init__(
-        self, plan: EmulationPlan, sender: FlowSender, *, clock: Callable[[], float] = time.monotonic
+        self,
+        plan: EmulationPlan,
+        sender: FlowSender,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        shaper: Shaper | None = None,
     ) -> None:
         self.plan = plan
         self.sender = sender
+        self.shaper = shaper
         self.clock = clock
         self.started_at = clock()
         self.connected: dict[int, float] = {}
@@ -213,7 +238,10 @@ class ControllerCore:
             raise Unavailable(f"switch(es) not connected: {names}")
 
     def install_task(self, task: TaskPaths) -> dict[str, Any]:
-        """Install (or replace) a task's flow entries on every switch of its paths.
+        """Install (or replace) a task's flow entries on every switch of its paths, then its classes.
+
+        The summary's ``reservation`` says whether the task's reserved rates are enforced (and why
+        not, or which class and guaranteed rates it got).
 
         Raises
         ------
@@ -221,6 +249,8 @@ class ControllerCore:
             If the paths name an unknown site or cannot be turned into entries.
         Unavailable
             If a switch the task needs is not connected (nothing is changed then).
+        ShapingFailed
+            If tc refused the task's classes (the task is rolled back: entries and classes).
         """
         try:
             entries = task_entries(task, self.plan)
@@ -241,6 +271,7 @@ class ControllerCore:
                     self.sender.remove_cookie(dpid, task_id)
             for dpid, dp_entries in sorted(by_dpid(entries).items()):
                 self.sender.install(dpid, dp_entries)
+            reservation = self._shape(task)
         except ControllerError:
             with self._lock:
                 self.tasks.pop(task_id, None)
@@ -249,8 +280,45 @@ class ControllerCore:
                     self.sender.remove_cookie(dpid, task_id)
                 except ControllerError as cleanup_error:
                     self.record_error(dpid, f"rollback of task {task_id} failed: {cleanup_error}")
+            self._unshape(task_id, "rollback of")
             raise
-        return self._task_summary_of(task_id, task, entries)
+        with self._lock:
+            installed = self.tasks.get(task_id)
+            if installed is not None and installed.entries is entries:
+                installed.reservation = reservation
+        return self._task_summary_of(task_id, task, entries, reservation)
+
+    # -- reservations ------------------------------------------------------------------------------
+    def reservation_status(self) -> ShapingStatus:
+        """Whether reserved rates are enforced on the links now, and why (not)."""
+        if self.shaper is None:
+            return ShapingStatus(False, NO_SHAPER)
+        return self.shaper.status()
+
+    def _shape(self, task: TaskPaths) -> Reservation:
+        """Install (or replace) the task's classes. Raises ControllerError (the caller rolls back)."""
+        if self.shaper is None:
+            return Reservation(False, NO_SHAPER)
+        try:
+            return self.shaper.install(task)
+        except ShapingBuildError as e:
+            raise Unprocessable(str(e)) from e
+        except ShapingError as e:
+            raise ShapingFailed(f"task {task.task_id}: its reserved rates could not be shaped: {e}") from e
+
+    def _unshape(self, task_id: int, what: str) -> bool:
+        """Remove the task's classes; a failure is recorded (and returned False), not raised."""
+        if self.shaper is None:
+            return True
+        try:
+            self.shaper.remove(task_id)
+        except ShapingError as e:
+            with self._lock:
+                self.errors.append(
+                    {"t_s": round(self.clock() - self.started_at, 3), "error": f"{what} task {task_id}'s classes failed: {e}"}
+                )
+            return False
+        return True
 
     def _require_no_overlap(self, task_id: int, entries: Sequence[FlowEntry]) -> None:
         """Refuse entries that would overwrite another task's (same switch, priority and match).
@@ -276,9 +344,14 @@ class ControllerCore:
             if task is None:
                 raise NotFound(f"no task {task_id} is installed (installed: {sorted(self.tasks)})")
             dpids = sorted({e.dpid for e in task.entries} & set(self.connected))
-        for dpid in dpids:
-            self.sender.remove_cookie(dpid, task_id)
-        return self._task_summary_of(task_id, task.paths, task.entries)
+        try:
+            for dpid in dpids:
+                self.sender.remove_cookie(dpid, task_id)
+        finally:
+            removed = self._unshape(task_id, "removal of")
+        summary = self._task_summary_of(task_id, task.paths, task.entries, task.reservation)
+        summary["reservation"]["removed"] = removed
+        return summary
 
     def get_task(self, task_id: int) -> dict[str, Any]:
         with self._lock:
@@ -297,9 +370,11 @@ class ControllerCore:
 
     def _task_summary(self, task_id: int) -> dict[str, Any]:
         task = self.tasks[task_id]
-        return self._task_summary_of(task_id, task.paths, task.entries)
+        return self._task_summary_of(task_id, task.paths, task.entries, task.reservation)
 
-    def _task_summary_of(self, task_id: int, t: TaskPaths, entries: Sequence[FlowEntry]) -> dict[str, Any]:
+    def _task_summary_of(
+        self, task_id: int, t: TaskPaths, entries: Sequence[FlowEntry], reservation: Reservation
+    ) -> dict[str, Any]:
         return {
             "task_id": task_id,
             "label": t.label,
@@ -308,6 +383,7 @@ class ControllerCore:
             "reserved_mbps": round(sum(p.reserved_mbps * len(p.links()) for p in t.paths), 6),
             "entries": len(entries),
             "switches": sorted({self._switch_name(e.dpid) for e in entries}),
+            "reservation": reservation.to_dict(),
         }
 
     # -- background --------------------------------------------------------------------------------
@@ -398,6 +474,8 @@ class ControllerCore:
             }
 
     def health(self) -> dict[str, Any]:
+        # Probing the shaper may run tc: not under the lock the event handlers need.
+        reservations = self.reservation_status().to_dict()
         with self._lock:
             expected = sorted(self._dpids)
             missing = [d for d in expected if d not in self.connected]
@@ -412,6 +490,7 @@ class ControllerCore:
                 "port_events": len(self.port_events),
                 "errors": list(self.errors)[-10:],
                 "uptime_s": round(self.clock() - self.started_at, 3),
+                "reservations": reservations,
             }
 
     # -- names -------------------------------------------------------------------------------------

@@ -2,11 +2,14 @@
 
 Routes (JSON in and out; errors are ``{"error": message}`` with a 4xx/5xx status)::
 
-    GET    /health                 switches expected/connected, tasks, recent errors
+    GET    /health                 switches expected/connected, tasks, recent errors, and
+                                   "reservations": {"enforced", "reason"} (are reserved rates shaped?)
     GET    /topology               the emulation plan, connected switches, port-status events
     GET    /tasks                  installed tasks (summaries)
     GET    /tasks/{id}             one task: its paths and entries
-    PUT    /tasks/{id}             body = TaskPaths JSON (controller.paths): install (or replace) the task's paths
+    PUT    /tasks/{id}             body = TaskPaths JSON (controller.paths): install (or replace) the task's paths;
+                                   the summary's "reservation" says whether its rates are enforced
+                                   ({"enforced", "reason", "classid", "capped", "links": [...]})
     DELETE /tasks/{id}             remove the task's entries
     GET    /flows[?task=ID]        entries read live from the switches, with packet/byte counters
     GET    /stats/ports            per directed link: bytes, current rate, utilisation

@@ -11,7 +11,8 @@ What it decides from the kernel (`probe_kernel`): the OVS datapath (the kernel m
 kernel has it, else the userspace datapath with tx/rx checksum offload off on every veth, which
 TCP needs there) and whether link delay can be emulated (netem). Without netem it warns once and
 records ``delay_emulated = False``. Links between switches are shaped with htb to the plan's
-emulated rate; host links are not shaped.
+emulated rate, in the layout the controller hangs each task's class under (`controller.shaping`:
+root 5:0, the link 5:1, the background 5:2); host links are not shaped.
 
 Every process it starts carries ``NETAI_RUN=<run id>`` and every bridge the tag
 ``external_ids:netai-run``, and a state file records the run, so `orchestrator.emulation.cleanup` removes a
@@ -38,6 +39,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from controller.shaping import BACKGROUND_CLASS, ENV_LINK_DELAY, base_layout, classid
 from orchestrator.emulation.cleanup import (
     BRIDGE_TAG,
     ENV_RUN,
@@ -146,15 +148,23 @@ def _mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
             return None
 
     class ShapedIntf(TCIntf):
-        """TCIntf whose htb class has an explicit quantum (one MTU frame).
+        """TCIntf whose htb tree leaves room for the controller's per-task classes.
 
-        At tens of Mbit/s the default quantum (rate / r2q) exceeds what htb likes and tc warns,
-        which Mininet reports as an error; with a single class the quantum changes nothing else.
+        `controller.shaping.base_layout`: root qdisc 5:0 (default 5:2), the link class 5:1 at `bw`,
+        the background leaf 5:2 (small guarantee, borrows up to `bw`); a netem delay goes under
+        5:2 (the controller puts the same delay under each task class). Every class has an explicit
+        quantum (one MTU frame): at tens of Mbit/s htb's default (rate / r2q) draws a warning,
+        which Mininet reports as an error.
         """
 
-        def bwCmds(self, *args: Any, **kwargs: Any) -> tuple[list[str], str]:
-            cmds, parent = super().bwCmds(*args, **kwargs)
-            return [c + " quantum 1514" if " htb rate " in c else c for c in cmds], parent
+        def bwCmds(self, bw: float | None = None, **kwargs: Any) -> tuple[list[str], str]:
+            if bw is None or kwargs.get("use_hfsc") or kwargs.get("use_tbf"):
+                cmds: list[str]
+                cmds, parent = super().bwCmds(bw=bw, **kwargs)
+                return cmds, parent
+            # Mininet fills in the tc binary and the interface: "%s <args>" % (tc, intf).
+            cmds = [" ".join(["%s", *args]) for args in base_layout("%s", float(bw))]
+            return cmds, f" parent {classid(BACKGROUND_CLASS)} "
 
     link = partial(TCLink, cls1=ShapedIntf, cls2=ShapedIntf)
     return NetaiSwitch, NetaiController, link
@@ -274,7 +284,9 @@ class Emulation:
         self._old_env = os.environ.get(ENV_RUN)
         os.environ[ENV_RUN] = self.run_id
         try:
-            self.controller = ControllerProcess(self.plan, self.log_dir)
+            self.controller = ControllerProcess(
+                self.plan, self.log_dir, env={ENV_LINK_DELAY: "1" if delay_emulated else "0"}
+            )
             self.controller.start()
             self.state.controller_pid = self.controller.pid
             self.state.rest_url = self.controller.client.base_url
