@@ -23,7 +23,7 @@ setup(
         # The emulation and the controller: os-ken is Ryu's maintained fork (see PLATFORM.md).
         "net": ["os-ken==3.1.1", "WebOb>=1.8", "Routes>=2.5"],
         # The FL workers: the torch pin keeps pip on the CPU wheel.
-        "fl": ["torch==2.13.0", "safetensors>=0.4", "scikit-learn>=1.3"],
+        "fl": ["torch==2.13.0", "safetensors>=0.4", "scikit-learn>=1.3", "xxhash>=3.4"],
         "experiment": ["matplotlib>=3.7", "rich>=13", "docker>=7.1"],
         "test": ["pytest>=7", "hypothesis>=6", "ruff>=0.4", "mypy>=1.8", "types-PyYAML", "types-requests"],
     },

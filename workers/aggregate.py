@@ -16,6 +16,7 @@ AISTATS 2017 (FedAvg). Flower: flwr/server/strategy/aggregate.py.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
@@ -108,3 +109,42 @@ def aggregate_tensors(results: Sequence[tuple[Mapping[str, torch.Tensor], int]])
     for tensors, n in results:
         acc.add(tensors, n)
     return acc.result()
+
+
+@dataclass
+class ChunkSum:
+    """The example-weighted sum of one chunk's contributions, folded in as they arrive.
+
+    One contribution is kept as it is (and passed on unchanged: the mean of one); from the second
+    on, sums are float64. `mean` casts back to each piece's dtype. Contributions with no examples
+    only mark the contributor as heard from.
+    """
+
+    have: set[str] = field(default_factory=set)
+    num_examples: int = 0
+    single: dict[str, torch.Tensor] | None = None
+    sums: dict[str, torch.Tensor] | None = None
+
+    def add(self, who: str, tensors: Mapping[str, torch.Tensor], n: int) -> None:
+        self.have.add(who)
+        if n <= 0:
+            return
+        if self.num_examples == 0:
+            self.single = dict(tensors)
+        else:
+            if self.sums is None:
+                assert self.single is not None
+                self.sums = {k: v.to(torch.float64) * self.num_examples for k, v in self.single.items()}
+                self.single = None
+            for k, v in tensors.items():
+                self.sums[k].add_(v.to(torch.float64), alpha=n)
+        self.num_examples += n
+
+    def mean(self, dtypes: Mapping[str, torch.dtype]) -> dict[str, torch.Tensor] | None:
+        """The example-weighted mean (None when nothing with examples arrived)."""
+        if self.num_examples == 0:
+            return None
+        if self.sums is None:
+            assert self.single is not None
+            return self.single
+        return {k: (v / self.num_examples).to(dtypes[k]) for k, v in self.sums.items()}

@@ -43,11 +43,11 @@ class AgentConfig:
     rounds: int
     is_global: bool = False
     expects_global: bool = True
-    #: Site that sends this node GLOBAL (None for G and upload-only relays).
-    broadcast_parent: str | None = None
+    #: The node that sends this node GLOBAL (None for G and upload-only relays).
+    broadcast_parent: Peer | None = None
     broadcast_children: tuple[Peer, ...] = ()
     upload_parent: Peer | None = None
-    upload_children: tuple[str, ...] = ()
+    upload_children: tuple[Peer, ...] = ()
     model: str = "mlp"
     model_args: Mapping[str, Any] = field(default_factory=dict)
     model_seed: int = 0
@@ -61,10 +61,14 @@ class AgentConfig:
     local_epochs: int = 2
     batch_size: int = 32
     lr: float = 0.1
+    #: How long a node waits, from its round's start, for its upload children's chunks.
     child_timeout_s: float = 60.0
+    #: Bound on setting up (or re-establishing) one connection, retries with backoff included.
     connect_timeout_s: float = 30.0
+    #: The agent gives up after this long without any event.
     global_timeout_s: float = 600.0
-    #: Messages travel in chunks of this size so the receiver checks chunk i while i+1 arrives.
+    #: Size of a model chunk: relays forward and aggregators combine chunk by chunk. Every node of
+    #: a task must have the same (the orchestrator picks it, `optimal_chunk_bytes`).
     max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
     threads: int = 1
     events_path: str | None = None
@@ -75,11 +79,13 @@ class AgentConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
-        d["broadcast_children"] = [{"site": p.site, "host": p.host} for p in self.broadcast_children]
-        d["upload_parent"] = (
-            None if self.upload_parent is None else {"site": self.upload_parent.site, "host": self.upload_parent.host}
-        )
-        d["upload_children"] = list(self.upload_children)
+        def peer(p: Peer | None) -> dict[str, str] | None:
+            return None if p is None else {"site": p.site, "host": p.host}
+
+        d["broadcast_parent"] = peer(self.broadcast_parent)
+        d["broadcast_children"] = [peer(p) for p in self.broadcast_children]
+        d["upload_parent"] = peer(self.upload_parent)
+        d["upload_children"] = [peer(p) for p in self.upload_children]
         d["model_args"] = dict(self.model_args)
         d["dataset_args"] = dict(self.dataset_args)
         return d
@@ -93,10 +99,10 @@ class AgentConfig:
             raise ValueError(f"unknown agent config keys: {sorted(unknown)}")
         kw = dict(d)
         try:
-            kw["broadcast_children"] = tuple(Peer(**p) for p in kw.get("broadcast_children", ()))
-            up = kw.get("upload_parent")
-            kw["upload_parent"] = None if up is None else Peer(**up)
-            kw["upload_children"] = tuple(kw.get("upload_children", ()))
+            for key in ("broadcast_parent", "upload_parent"):
+                kw[key] = None if kw.get(key) is None else Peer(**kw[key])
+            for key in ("broadcast_children", "upload_children"):
+                kw[key] = tuple(Peer(**p) for p in kw.get(key, ()))
             cfg = cls(**kw)
         except TypeError as e:
             raise ValueError(f"bad agent config: {e}") from e
@@ -108,6 +114,13 @@ class AgentConfig:
             raise ValueError(f"{cfg.site}: G needs at least one upload child")
         if cfg.rounds < 1:
             raise ValueError("rounds must be at least 1")
+        if cfg.expects_global and not cfg.is_global and cfg.broadcast_parent is None:
+            raise ValueError(f"{cfg.site}: a node that expects GLOBAL needs a broadcast parent")
+        for name in ("child_timeout_s", "connect_timeout_s", "global_timeout_s"):
+            if not getattr(cfg, name) > 0:
+                raise ValueError(f"{name} must be positive")
+        if cfg.max_chunk_bytes is not None and cfg.max_chunk_bytes < 1024:
+            raise ValueError("max_chunk_bytes must be at least 1024 (or null: one chunk per message)")
         return cfg
 
 

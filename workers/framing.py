@@ -3,36 +3,40 @@
 A frame is::
 
     fixed header (20 bytes, big endian)       JSON header (header_len bytes, UTF-8)    payload
-    magic b"NAI1" | version u8 | flags u8 |   {"type", "task", "round", "sender",      safetensors
-    reserved u16 | header_len u32 |            "num_examples", "nbytes", "sha256",      bytes
+    magic b"NAI2" | version u8 | flags u8 |   {"type", "task", "round", "sender",      safetensors
+    reserved u16 | header_len u32 |            "num_examples", "nbytes", "digest",      bytes
     payload_len u64                            "chunk", "chunks"}                       (nbytes)
 
-A tensor set may travel as several frames (``chunks`` > 1), each a safetensors blob holding a
-disjoint subset of the tensors, so a later pipelined transfer can cut a model into pieces without a
-format change. `read_message` reassembles them.
+A model travels as ``chunks`` frames. Every node of a task cuts the model the same way
+(`chunk_layout` of the task's template and chunk size), so chunk k of a GLOBAL or of any UPDATE
+holds the same tensor pieces everywhere: a relay forwards chunk k as soon as it is checked, and an
+aggregator combines chunk k of several updates without waiting for the rest.
+
+Integrity: ``digest`` is the XXH3-128 of the payload. It detects corruption and framing errors
+(a torn or misaligned stream) at memory speed; it does not authenticate the sender, which the
+transport does by address and HELLO on connections it expects (`workers.transport`). A SHA-256
+per chunk capped the agent at a fraction of a veth's rate on two cores.
 
 What this module must never do: execute anything from the wire. No pickle, no ``torch.load``:
-payloads are parsed by safetensors only, after the length limits and the SHA-256 check, and the
-tensors are then checked against an expected template (names, shapes, dtypes) by `check_tensors`.
-Every rejection raises `FrameError` with a reason that the agent logs.
+a payload is parsed (`parse_chunk`) only after the length limits and the digest check, strictly
+against the chunk it must be (names, dtypes, shapes, contiguous offsets), and its values must be
+finite. Every rejection raises `FrameError` with a reason that the agent logs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import struct
-import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 
 import torch
-from safetensors.torch import load as st_load
+import xxhash
 
-MAGIC: Final = b"NAI1"
-VERSION: Final = 1
+MAGIC: Final = b"NAI2"
+VERSION: Final = 2
 FIXED = struct.Struct(">4sBBHIQ")
 FIXED_LEN: Final = FIXED.size  # 20
 MAX_HEADER_BYTES: Final = 64 * 1024
@@ -41,14 +45,20 @@ DEFAULT_MAX_PAYLOAD_BYTES: Final = 2 * 1024**3
 MAX_CHUNKS: Final = 4096
 
 #: Message types. GLOBAL: the global weights, parent -> child (broadcast port).
-#: UPDATE: a (partial) aggregate with its example count, child -> parent (upload port).
+#: UPDATE: a (partial) aggregate with its example count, child -> parent (upload port); each
+#: chunk carries the example count of what was aggregated into it.
+#: HELLO: the first frame on a connection, naming the sender (no payload).
+#: READY: child -> parent on the upload connection: this node's subtree is connected (no payload).
 #: STOP: end the task early (no payload).
-MESSAGE_TYPES: Final = frozenset({"GLOBAL", "UPDATE", "STOP"})
+MESSAGE_TYPES: Final = frozenset({"GLOBAL", "UPDATE", "HELLO", "READY", "STOP"})
 HEADER_KEYS: Final = frozenset(
-    {"type", "task", "round", "sender", "num_examples", "nbytes", "sha256", "chunk", "chunks"}
+    {"type", "task", "round", "sender", "num_examples", "nbytes", "digest", "chunk", "chunks"}
 )
 
 TensorSet = dict[str, torch.Tensor]
+
+#: Separates a tensor's name from ``<first row>/<rows>`` of one of its slices (`split_tensors`).
+SLICE_MARK: Final = "@"
 
 
 class FrameError(ValueError):
@@ -71,7 +81,7 @@ class Header:
     sender: str
     num_examples: int = 0
     nbytes: int = 0
-    sha256: str = ""
+    digest: str = ""
     chunk: int = 0
     chunks: int = 1
 
@@ -84,7 +94,7 @@ class Header:
                 "sender": self.sender,
                 "num_examples": self.num_examples,
                 "nbytes": self.nbytes,
-                "sha256": self.sha256,
+                "digest": self.digest,
                 "chunk": self.chunk,
                 "chunks": self.chunks,
             },
@@ -115,8 +125,8 @@ class Header:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise FrameError("bad_header", f"{k} must be a non-negative integer, got {v!r}")
             ints[k] = v
-        if not isinstance(d["sender"], str) or not isinstance(d.get("sha256", ""), str):
-            raise FrameError("bad_header", "sender and sha256 must be strings")
+        if not isinstance(d["sender"], str) or not isinstance(d.get("digest", ""), str):
+            raise FrameError("bad_header", "sender and digest must be strings")
         if not 1 <= ints["chunks"] <= MAX_CHUNKS or ints["chunk"] >= ints["chunks"]:
             raise FrameError("bad_header", f"chunk {ints['chunk']} of {ints['chunks']} is out of range")
         return cls(
@@ -126,19 +136,10 @@ class Header:
             sender=d["sender"],
             num_examples=ints["num_examples"],
             nbytes=ints["nbytes"],
-            sha256=d.get("sha256", ""),
+            digest=d.get("digest", ""),
             chunk=ints["chunk"],
             chunks=ints["chunks"],
         )
-
-
-@dataclass
-class Message:
-    """A whole message: the first frame's header (chunk fields aside) and the merged tensors."""
-
-    header: Header
-    tensors: TensorSet = field(default_factory=dict)
-    wire_bytes: int = 0
 
 
 # -- encoding -------------------------------------------------------------------------------------
@@ -180,10 +181,10 @@ def safetensors_pieces(tensors: Mapping[str, torch.Tensor]) -> list[Buffer]:
 def encode_frame(header: Header, payload: Buffer | list[Buffer]) -> list[Buffer]:
     """The buffers of one frame: fixed header + JSON header, then the payload's buffers.
 
-    `header.nbytes` and `header.sha256` are filled in from `payload`.
+    `header.nbytes` and `header.digest` are filled in from `payload`.
     """
     parts = payload if isinstance(payload, list) else [payload]
-    digest = hashlib.sha256()
+    digest = xxhash.xxh3_128()
     size = 0
     for p in parts:
         digest.update(p)
@@ -195,7 +196,7 @@ def encode_frame(header: Header, payload: Buffer | list[Buffer]) -> list[Buffer]
         sender=header.sender,
         num_examples=header.num_examples,
         nbytes=size,
-        sha256=digest.hexdigest() if size else "",
+        digest=digest.hexdigest() if size else "",
         chunk=header.chunk,
         chunks=header.chunks,
     ).to_json()
@@ -205,7 +206,7 @@ def encode_frame(header: Header, payload: Buffer | list[Buffer]) -> list[Buffer]
 def split_tensors(tensors: Mapping[str, torch.Tensor], max_chunk_bytes: int | None) -> list[TensorSet]:
     """Group tensors (in name order) into chunks of at most `max_chunk_bytes`; a tensor larger
     than that is cut along its first dimension (``name`` becomes ``name@<first row>/<rows>``;
-    `SliceAssembler` puts it back together). None or 0: a single chunk."""
+    the receiver copies each slice into place). None or 0: a single chunk."""
     names = sorted(tensors)
     if not max_chunk_bytes:
         return [{n: tensors[n] for n in names}]
@@ -233,143 +234,127 @@ def split_tensors(tensors: Mapping[str, torch.Tensor], max_chunk_bytes: int | No
     return chunks
 
 
-#: Separates a tensor's name from ``<first row>/<rows>`` of one of its slices.
-SLICE_MARK: Final = "@"
+def _verify(header: Header, payload: bytes | bytearray) -> None:
+    if payload and xxhash.xxh3_128_hexdigest(payload) != header.digest:
+        raise FrameError("bad_checksum", "payload digest does not match the header", header)
 
 
-class SliceAssembler:
-    """Collects the tensors of a message's chunks; slices are copied into their whole tensor as
-    they arrive (so joining overlaps the transfer). Thread-safe.
+# -- the chunk layout of a task's model -----------------------------------------------------------
+@dataclass(frozen=True)
+class PieceSpec:
+    """One tensor piece of a chunk: a whole tensor (`first_row` None) or rows of one."""
 
-    Parameters
-    ----------
-    max_bytes
-        Bound on a whole tensor announced by its slices (the message's payload limit), so a
-        header cannot make the receiver allocate more than the sender could send.
+    name: str
+    base: str
+    first_row: int | None
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * _itemsize(self.dtype)
+
+
+@dataclass(frozen=True)
+class ChunkSpec:
+    """Chunk `index` of a model: its pieces in name order (the safetensors order)."""
+
+    index: int
+    pieces: tuple[PieceSpec, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.pieces)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def chunk_layout(template: Mapping[str, torch.Tensor], max_chunk_bytes: int | None) -> tuple[ChunkSpec, ...]:
+    """How every node of a task cuts the model into chunks (`split_tensors` of the template).
+
+    Nodes with the same template and chunk size get the same layout, so chunk k means the same
+    tensor pieces at a sender, a relay and an aggregator.
     """
-
-    def __init__(self, *, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.tensors: TensorSet = {}
-        self._rows: dict[str, tuple[int, list[tuple[int, int]]]] = {}
-        self._lock = threading.Lock()
-
-    def add(self, part: Mapping[str, torch.Tensor], header: Header | None = None) -> None:
-        """Add one chunk's tensors. Raises `FrameError` (``bad_chunk``) on a clash or bad slice."""
-        for name, t in part.items():
-            if SLICE_MARK not in name:
-                with self._lock:
-                    if name in self.tensors:
-                        raise FrameError("bad_chunk", f"tensor {name} appears twice", header)
-                    self.tensors[name] = t
-                continue
-            base, _, where = name.rpartition(SLICE_MARK)
-            first_s, _, total_s = where.partition("/")
-            if not (first_s.isdigit() and total_s.isdigit()) or t.dim() == 0:
-                raise FrameError("bad_chunk", f"bad slice name {name!r}", header)
-            first, total, rows = int(first_s), int(total_s), int(t.shape[0])
-            if first + rows > total or total * (t[0].numel() if rows else 0) * t.element_size() > self.max_bytes:
-                raise FrameError("bad_chunk", f"slice {name!r} of {rows} rows does not fit", header)
-            with self._lock:
-                whole = self.tensors.get(base)
-                if whole is None:
-                    if base in self._rows:
-                        raise FrameError("bad_chunk", f"{base} clashes with another tensor", header)
-                    whole = torch.empty((total, *t.shape[1:]), dtype=t.dtype)
-                    self.tensors[base] = whole
-                    self._rows[base] = (total, [])
-                elif base not in self._rows or whole.shape[1:] != t.shape[1:] or whole.dtype != t.dtype \
-                        or whole.shape[0] != total:
-                    raise FrameError("bad_chunk", f"slice {name!r} does not match {base}", header)
-                self._rows[base][1].append((first, rows))
-            whole[first : first + rows] = t  # outside the lock: slices of one tensor are disjoint rows
-
-    def result(self) -> TensorSet:
-        """The whole tensors. Raises `FrameError` if a sliced tensor's rows are not covered once."""
-        for base, (total, spans) in self._rows.items():
-            row = 0
-            for first, rows in sorted(spans):
-                if first != row:
-                    raise FrameError("bad_chunk", f"slices of {base} do not tile it (row {first}, expected {row})")
-                row += rows
-            if row != total:
-                raise FrameError("bad_chunk", f"slices of {base} cover {row} of {total} rows")
-        return self.tensors
+    chunks = []
+    for i, group in enumerate(split_tensors(template, max_chunk_bytes)):
+        pieces = []
+        for name in sorted(group):
+            base, mark, where = name.rpartition(SLICE_MARK)
+            first = int(where.partition("/")[0]) if mark else None
+            pieces.append(PieceSpec(name=name, base=base if mark else name, first_row=first,
+                                    shape=tuple(group[name].shape), dtype=group[name].dtype))
+        chunks.append(ChunkSpec(index=i, pieces=tuple(pieces)))
+    return tuple(chunks)
 
 
-def merge_slices(tensors: TensorSet) -> TensorSet:
-    """Join ``name@<first row>/<rows>`` slices back into ``name`` (see `SliceAssembler`)."""
-    asm = SliceAssembler(max_bytes=sum(t.numel() * t.element_size() for t in tensors.values()))
-    asm.add(tensors)
-    return asm.result()
+def chunk_view(state: Mapping[str, torch.Tensor], spec: ChunkSpec) -> TensorSet:
+    """The pieces of chunk `spec` as views of the whole tensors in `state` (no copy)."""
+    out: TensorSet = {}
+    for p in spec.pieces:
+        t = state[p.base]
+        out[p.name] = t if p.first_row is None else t[p.first_row : p.first_row + p.shape[0]]
+    return out
 
 
-def encode_message(
-    *,
-    type: str,
-    task: int,
-    round: int,
-    sender: str,
-    tensors: Mapping[str, torch.Tensor] | None = None,
-    num_examples: int = 0,
-    max_chunk_bytes: int | None = None,
-) -> list[Buffer]:
-    """All buffers of a message (one or more frames); tensor memory is viewed, not copied, so the
-    tensors must not change until the message is sent."""
-    if type not in MESSAGE_TYPES:
-        raise ValueError(f"unknown message type {type!r}")
-    if not tensors:
-        return encode_frame(Header(type, task, round, sender, num_examples), b"")
-    groups = split_tensors(tensors, max_chunk_bytes)
-    pieces: list[Buffer] = []
-    for i, group in enumerate(groups):
-        pieces += encode_frame(
-            Header(type, task, round, sender, num_examples, chunk=i, chunks=len(groups)),
-            safetensors_pieces(group),
-        )
-    return pieces
+def encode_chunk(header: Header, tensors: Mapping[str, torch.Tensor] | None) -> list[Buffer]:
+    """The buffers of one chunk frame (the tensors' memory is viewed, not copied)."""
+    return encode_frame(header, safetensors_pieces(tensors) if tensors else b"")
 
 
-def message_bytes(pieces: Sequence[Buffer]) -> bytes:
-    """The pieces joined (tests and tools; senders use `send_message`)."""
-    return b"".join(bytes(p) for p in pieces)
+def reheader(header: Header, *, sender: str) -> bytes:
+    """The fixed + JSON header of a frame forwarded unchanged but for its sender (a relay's
+    GLOBAL chunk: the payload and its digest are reused as received)."""
+    h = Header(header.type, header.task, header.round, sender, header.num_examples, header.nbytes,
+               header.digest, header.chunk, header.chunks).to_json()
+    return FIXED.pack(MAGIC, VERSION, 0, 0, len(h), header.nbytes) + h
 
 
-def _verify(header: Header, payload: bytes) -> None:
-    if payload and hashlib.sha256(payload).hexdigest() != header.sha256:
-        raise FrameError("bad_checksum", "payload SHA-256 does not match the header", header)
+_DTYPE_BY_ST: Final = {v: k for k, v in _ST_DTYPES.items()}
 
 
-def decode_payload(payload: bytes) -> TensorSet:
-    """Parse a safetensors payload (never pickle). Raises `FrameError` if it does not parse."""
-    if not payload:
-        return {}
-    try:
-        return dict(st_load(payload))
-    except Exception as e:  # safetensors raises its own error types
-        raise FrameError("bad_payload", f"payload is not a valid safetensors blob: {e}") from e
+def parse_chunk(payload: bytearray, spec: ChunkSpec, header: Header | None = None) -> TensorSet:
+    """The tensors of a checked chunk payload, as views of `payload` (no copy; never pickle).
 
-
-def check_tensors(tensors: Mapping[str, torch.Tensor], template: Mapping[str, Any]) -> None:
-    """Check names, shapes and dtypes of received tensors against a template state dict.
+    The safetensors header must name exactly the pieces of `spec`, with their dtypes and shapes,
+    at contiguous offsets that cover the payload; floating-point values must be finite.
 
     Raises
     ------
     FrameError
-        ``bad_tensors`` naming the first difference; non-finite values are rejected too.
+        ``bad_payload`` (not a safetensors blob of this chunk) or ``bad_tensors`` (names, dtypes,
+        shapes or values differ from the chunk's).
     """
-    if set(tensors) != set(template):
-        missing = sorted(set(template) - set(tensors))[:3]
-        extra = sorted(set(tensors) - set(template))[:3]
-        raise FrameError("bad_tensors", f"tensor names differ: missing {missing}, unexpected {extra}")
-    for name, ref in template.items():
-        t = tensors[name]
-        if tuple(t.shape) != tuple(ref.shape):
-            raise FrameError("bad_tensors", f"{name}: shape {tuple(t.shape)}, expected {tuple(ref.shape)}")
-        if t.dtype != ref.dtype:
-            raise FrameError("bad_tensors", f"{name}: dtype {t.dtype}, expected {ref.dtype}")
-        # NaN and inf propagate through a sum, so a finite sum means finite elements; only when the
-        # sum is not finite (or overflowed) the exact, slower elementwise check decides
-        if t.is_floating_point() and t.numel() and not math.isfinite(float(t.sum())) \
-                and not bool(torch.isfinite(t).all()):
-            raise FrameError("bad_tensors", f"{name}: non-finite values")
+    if len(payload) < 8:
+        raise FrameError("bad_payload", f"payload of {len(payload)} bytes has no safetensors header", header)
+    (hlen,) = struct.unpack_from("<Q", payload, 0)
+    if hlen > min(len(payload) - 8, MAX_HEADER_BYTES):
+        raise FrameError("bad_payload", f"safetensors header of {hlen} bytes does not fit", header)
+    try:
+        meta = json.loads(bytes(payload[8 : 8 + hlen]).decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise FrameError("bad_payload", f"safetensors header does not parse: {e}", header) from e
+    if not isinstance(meta, dict) or set(meta) != {p.name for p in spec.pieces}:
+        got = sorted(meta)[:3] if isinstance(meta, dict) else type(meta).__name__
+        raise FrameError("bad_tensors", f"chunk {spec.index} must hold {[p.name for p in spec.pieces][:3]}..., "
+                         f"got {got}", header)
+    base = 8 + hlen
+    offset = 0
+    out: TensorSet = {}
+    for p in spec.pieces:
+        entry = meta[p.name]
+        expected = {"dtype": _ST_DTYPES[p.dtype], "shape": list(p.shape), "data_offsets": [offset, offset + p.nbytes]}
+        if entry != expected:
+            raise FrameError("bad_tensors", f"{p.name}: {entry}, expected {expected}", header)
+        n = math.prod(p.shape)
+        t = (torch.frombuffer(payload, dtype=p.dtype, count=n, offset=base + offset) if n
+             else torch.empty(0, dtype=p.dtype)).view(p.shape)
+        # NaN and inf propagate through a sum: only a non-finite sum needs the elementwise check
+        if t.is_floating_point() and n and not math.isfinite(float(t.sum())) and not bool(torch.isfinite(t).all()):
+            raise FrameError("bad_tensors", f"{p.name}: non-finite values", header)
+        out[p.name] = t
+        offset += p.nbytes
+    if base + offset != len(payload):
+        raise FrameError("bad_payload", f"payload has {len(payload) - base - offset} bytes beyond its tensors", header)
+    return out

@@ -31,7 +31,7 @@ class Learner:
             model_args=dict(cfg.model_args),
         )
         #: Names, shapes and dtypes every received tensor set is checked against.
-        self.template = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.template: dict[str, torch.Tensor] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model_bytes = state_nbytes(self.model)
         self.train_idx: torch.Tensor | None = None
         if cfg.part_index is not None:

@@ -1,17 +1,33 @@
-"""Blocking socket I/O of the wire format (`workers.framing`): send frames, read frames and messages.
+"""Socket I/O of one agent: one persistent TCP connection per overlay edge, set up before round 1.
 
-What this module must never do: execute anything from the wire; every payload is checked by
-`workers.framing` before it is parsed.
+- `Outbound`: a connection this node opens (to a broadcast child's broadcast port, to its upload
+  parent's upload port), with its own sender thread. Connects and reconnects retry with
+  exponential backoff up to a deadline; TCP_NODELAY is set; frames go out as scatter/gather writes
+  of the header and the tensors' memory. The first frame is HELLO (who is sending).
+- `Listener`: the node's listening socket on one port, bound to its own host address. It accepts a
+  connection only from a peer it expects on that port, from that peer's address, whose first frame
+  is a HELLO naming it; anything else is logged as rejected and closed. A peer that reconnects
+  replaces its earlier connection. At most one connection per expected peer is kept.
+- `read_frame`: one frame from a connection, its payload received in place into a bytearray and
+  checked against its digest (`workers.framing`).
+
+A broken connection is reported to the caller (``on_lost``) with the error, so the round logic can
+go on without that peer; this module decides nothing about rounds.
+
+What this module must never do: bind a wildcard address, unpickle, or open a connection during a
+round except to replace a broken one.
 """
 
 from __future__ import annotations
 
+import queue
 import socket
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from workers.framing import (
-    DEFAULT_MAX_PAYLOAD_BYTES,
     FIXED,
     FIXED_LEN,
     MAGIC,
@@ -20,58 +36,63 @@ from workers.framing import (
     Buffer,
     FrameError,
     Header,
-    Message,
-    SliceAssembler,
     _verify,
-    decode_payload,
+    encode_frame,
 )
 
+#: First and largest pause between connect attempts (doubling in between).
+BACKOFF_FIRST_S = 0.02
+BACKOFF_MAX_S = 1.0
+#: How long an accepted connection may take to say HELLO.
+HELLO_TIMEOUT_S = 10.0
+#: Connections a listener holds before they said HELLO, beyond the peers it expects.
+MAX_UNIDENTIFIED = 4
 
-def send_message(sock: socket.socket, pieces: Sequence[Buffer]) -> int:
-    """Send encoded pieces; returns the bytes sent."""
-    total = 0
-    for p in pieces:
-        n = len(p) if isinstance(p, bytes) else p.nbytes
-        if n:
-            sock.sendall(p)
-            total += n
+
+# -- frames on sockets ----------------------------------------------------------------------------
+def sendmsg_all(sock: socket.socket, buffers: Sequence[Buffer]) -> int:
+    """Send every buffer with as few system calls as the kernel allows (scatter/gather)."""
+    views = [memoryview(b).cast("B") for b in buffers if len(b)]
+    total = sum(v.nbytes for v in views)
+    while views:
+        sent = sock.sendmsg(views[:512])  # IOV_MAX is 1024 on Linux
+        while sent:
+            if sent >= views[0].nbytes:
+                sent -= views[0].nbytes
+                views.pop(0)
+            else:
+                views[0] = views[0][sent:]
+                sent = 0
     return total
 
 
-# -- decoding -------------------------------------------------------------------------------------
-def _recv_exact(sock: socket.socket, n: int, what: str) -> bytearray:
-    buf = bytearray(n)
-    view = memoryview(buf)
+def _recv_into(sock: socket.socket, view: memoryview, what: str) -> None:
     got = 0
+    n = view.nbytes
     while got < n:
-        k = sock.recv_into(view[got:], min(n - got, 4 * 1024 * 1024))
+        k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise FrameError("truncated", f"connection closed after {got} of {n} bytes of {what}")
         got += k
-    return buf
 
 
-def _recv_payload(sock: socket.socket, n: int) -> bytes:
-    """Receive exactly `n` bytes into one bytes object. On a blocking socket (kernel receive
-    timeout, SO_RCVTIMEO) MSG_WAITALL fills it in place, without the extra copy of `_recv_exact`."""
-    if sock.gettimeout() is not None:
-        return bytes(_recv_exact(sock, n, "payload"))
-    parts: list[bytes] = []
-    got = 0
-    while got < n:
-        part = sock.recv(n - got, socket.MSG_WAITALL)
-        if not part:
-            raise FrameError("truncated", f"connection closed after {got} of {n} bytes of payload")
-        parts.append(part)
-        got += len(part)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
+def read_frame(sock: socket.socket, *, max_payload_bytes: int) -> tuple[Header, bytearray] | None:
+    """One frame, its payload checked against the digest; None on a clean end of stream.
 
-
-def _read_frame_unverified(sock: socket.socket, max_payload_bytes: int) -> tuple[Header, bytes] | None:
-    first = sock.recv(FIXED_LEN)
-    if not first:
+    Raises
+    ------
+    FrameError
+        Bad magic or version, an oversized header or payload (checked before it is read), a header
+        that does not parse or disagrees with the fixed header, a truncated frame, a digest mismatch.
+    OSError
+        The connection broke.
+    """
+    fixed = bytearray(FIXED_LEN)
+    first = sock.recv_into(fixed, FIXED_LEN)
+    if first == 0:
         return None
-    fixed = first if len(first) == FIXED_LEN else first + _recv_exact(sock, FIXED_LEN - len(first), "fixed header")
+    if first < FIXED_LEN:
+        _recv_into(sock, memoryview(fixed)[first:], "fixed header")
     magic, version, _flags, _reserved, header_len, payload_len = FIXED.unpack(fixed)
     if magic != MAGIC:
         raise FrameError("bad_magic", f"frame starts with {bytes(magic)!r}, not {MAGIC!r}")
@@ -81,89 +102,279 @@ def _read_frame_unverified(sock: socket.socket, max_payload_bytes: int) -> tuple
         raise FrameError("oversized", f"JSON header of {header_len} bytes exceeds {MAX_HEADER_BYTES}")
     if payload_len > max_payload_bytes:
         raise FrameError("oversized", f"payload of {payload_len} bytes exceeds the limit {max_payload_bytes}")
-    header = Header.from_json(bytes(_recv_exact(sock, header_len, "JSON header")))
+    raw = bytearray(header_len)
+    _recv_into(sock, memoryview(raw), "JSON header")
+    header = Header.from_json(bytes(raw))
     if header.nbytes != payload_len:
         raise FrameError("bad_header", f"header says {header.nbytes} payload bytes, frame says {payload_len}", header)
+    payload = bytearray(payload_len)
     try:
-        payload = _recv_payload(sock, payload_len) if payload_len else b""
+        _recv_into(sock, memoryview(payload), "payload")
     except FrameError as e:
-        e.header = header  # the receiver then knows whose message broke off
+        e.header = header
         raise
-    return header, payload
-
-
-def read_frame(
-    sock: socket.socket, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-) -> tuple[Header, bytes] | None:
-    """Read one frame. Returns None on a clean end of stream before a frame starts.
-
-    Raises
-    ------
-    FrameError
-        Bad magic/version, oversized header or payload (checked before reading it), a header that
-        does not parse or disagrees with the fixed header, a truncated frame, a SHA-256 mismatch.
-    """
-    got = _read_frame_unverified(sock, max_payload_bytes)
-    if got is None:
-        return None
-    header, payload = got
     _verify(header, payload)
     return header, payload
 
 
-def read_message(
-    sock: socket.socket, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
-) -> Message | None:
-    """Read one message (all its chunks) from a connection; None on a clean end of stream.
+def hello(task: int, site: str) -> list[Buffer]:
+    return encode_frame(Header("HELLO", task, 0, site), b"")
 
-    `max_payload_bytes` bounds the sum of all chunks' payloads. Chunk i is verified (SHA-256) and
-    parsed in a helper thread while chunk i+1 is still arriving, so checking overlaps the transfer.
-    """
-    got = _read_frame_unverified(sock, max_payload_bytes)
-    if got is None:
-        return None
-    first, payload = got
-    asm = SliceAssembler(max_bytes=max_payload_bytes)
-    total = FIXED_LEN + len(payload)
-    error: list[FrameError] = []
 
-    def absorb(header: Header, data: bytes) -> None:
+# -- outbound connections -------------------------------------------------------------------------
+@dataclass
+class _Item:
+    pieces: Sequence[Buffer]
+    round: int
+    on_sent: Callable[[], None] | None
+
+
+class Outbound:
+    """One connection this node opens to `peer_host:port`, with a sender thread (see the module
+    docstring). `send` queues a frame; `on_lost(error)` is called (from the sender thread) when a
+    write fails; the thread then reconnects, bounded by `connect_timeout_s`, and drops what was
+    queued for the round that broke (its receiver has dropped that message too)."""
+
+    def __init__(
+        self,
+        *,
+        peer: str,
+        peer_host: str,
+        port: int,
+        local_host: str,
+        task: int,
+        site: str,
+        connect_timeout_s: float,
+        on_lost: Callable[[str, BaseException], None],
+        on_connect: Callable[[str, float, int], None],
+    ) -> None:
+        self.peer = peer
+        self.address = (peer_host, port)
+        self.local_host = local_host
+        self.task = task
+        self.site = site
+        self.connect_timeout_s = connect_timeout_s
+        self.on_lost = on_lost
+        self.on_connect = on_connect
+        self.sock: socket.socket | None = None
+        self._queue: queue.Queue[_Item | None] = queue.Queue()
+        self._stopping = threading.Event()
+        self._broken_round: int | None = None
+        self.connected = threading.Event()
+        self.failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"send-{peer}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None:
+        self._queue.put(_Item(pieces, round, on_sent))
+
+    def flush_and_close(self, timeout_s: float) -> bool:
+        """Send what is queued, then close. False if that did not finish within `timeout_s`."""
+        self._queue.put(None)
+        self._thread.join(timeout=timeout_s)
+        done = not self._thread.is_alive()
+        self._stopping.set()
+        self._close_socket()
+        return done
+
+    def _connect(self) -> None:
+        """Connect (and say HELLO), retrying with backoff until the deadline; raises the last error."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        pause, attempts, t0 = BACKOFF_FIRST_S, 0, time.monotonic()
+        while True:
+            attempts += 1
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                s.bind((self.local_host, 0))
+                s.settimeout(max(0.1, deadline - time.monotonic()))
+                s.connect(self.address)
+                s.settimeout(None)
+                sendmsg_all(s, hello(self.task, self.site))
+            except OSError as e:
+                s.close()
+                if time.monotonic() + pause > deadline or self._stopping.is_set():
+                    raise OSError(f"could not connect to {self.peer} at {self.address[0]}:{self.address[1]} "
+                                  f"within {self.connect_timeout_s:.0f} s ({attempts} attempts): {e}") from e
+                self._stopping.wait(pause)  # backoff between attempts, bounded by the deadline
+                pause = min(BACKOFF_MAX_S, pause * 2)
+                continue
+            self.sock = s
+            self.connected.set()
+            self.on_connect(self.peer, time.monotonic() - t0, attempts)
+            return
+
+    def _close_socket(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already broken: nothing to shut down
+            self.sock.close()
+            self.sock = None
+
+    def _run(self) -> None:
         try:
-            _verify(header, data)
-            asm.add(decode_payload(data), header)
-        except FrameError as e:
-            error.append(e)
+            self._connect()
+        except OSError as e:
+            self.failed = e
+            self.on_lost(self.peer, e)
+            return
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self._broken_round is not None and item.round <= self._broken_round:
+                continue  # the rest of a message whose stream broke: its receiver dropped it
+            try:
+                if self.sock is None:
+                    self._connect()
+                assert self.sock is not None
+                sendmsg_all(self.sock, item.pieces)
+            except OSError as e:
+                self._broken_round = item.round
+                self._close_socket()
+                self.on_lost(self.peer, e)
+                if self._stopping.is_set():
+                    return
+                continue
+            if item.on_sent is not None:
+                item.on_sent()
 
-    if first.chunks == 1:
-        absorb(first, payload)
-    else:
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pool.submit(absorb, first, payload)
-            budget = max_payload_bytes - len(payload)
-            for i in range(1, first.chunks):
-                if error:
+
+# -- inbound connections --------------------------------------------------------------------------
+FrameHandler = Callable[[str, Header, bytearray], None]
+LostHandler = Callable[[str, BaseException | None], None]
+
+
+class Listener:
+    """Accepts the connections of the peers expected on one port (see the module docstring).
+
+    Parameters
+    ----------
+    expected
+        Peer site -> its host address: who may connect here.
+    on_frame
+        Called from the connection's reader thread with (peer site, header, checked payload) for
+        every frame after HELLO whose sender is that peer.
+    on_lost
+        Called when a connection ends: (peer, None) at a clean end of stream, else the error.
+    on_accept
+        Called with the peer's site once its HELLO was accepted.
+    """
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        task: int,
+        kind: str,
+        expected: Mapping[str, str],
+        max_payload_bytes: int,
+        on_frame: FrameHandler,
+        on_lost: LostHandler,
+        on_accept: Callable[[str], None],
+        on_reject: Callable[[str, FrameError | OSError, str], None],
+    ) -> None:
+        if host in ("", "0.0.0.0", "::"):
+            raise ValueError("an agent listens on its own host address only, not a wildcard")
+        self.host, self.port, self.task, self.kind = host, port, task, kind
+        self.expected = dict(expected)
+        self.max_payload_bytes = max_payload_bytes
+        self.on_frame, self.on_lost, self.on_accept, self.on_reject = on_frame, on_lost, on_accept, on_reject
+        self.live: dict[str, socket.socket] = {}
+        self._lock = threading.Lock()
+        self._unidentified = threading.Semaphore(len(self.expected) + MAX_UNIDENTIFIED)
+        self._stopping = threading.Event()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(len(self.expected) + MAX_UNIDENTIFIED)
+        self._thread = threading.Thread(target=self._accept_loop, name=f"accept-{kind}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        """Stop accepting and close every connection (shutdown wakes the blocked threads)."""
+        self._stopping.set()
+        for s in (self.sock, *self.live.values()):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # not connected: nothing to wake up
+            s.close()
+        self._thread.join(timeout=2.0)
+
+    def _accept_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                conn, addr = self.sock.accept()
+            except OSError:
+                return
+            if not self._unidentified.acquire(blocking=False):
+                self.on_reject(addr[0], OSError("too many connections waiting to say HELLO"), self.kind)
+                conn.close()
+                continue
+            threading.Thread(target=self._serve, args=(conn, addr[0]), daemon=True).start()
+
+    def _identify(self, conn: socket.socket, peer_ip: str) -> str:
+        conn.settimeout(HELLO_TIMEOUT_S)
+        got = read_frame(conn, max_payload_bytes=0)
+        if got is None:
+            raise FrameError("no_hello", "the connection closed before HELLO")
+        h = got[0]
+        if h.type != "HELLO":
+            raise FrameError("no_hello", f"first frame is {h.type}, not HELLO", h)
+        if h.task != self.task:
+            raise FrameError("wrong_task", f"HELLO of task {h.task}, this agent runs task {self.task}")
+        if h.sender not in self.expected:
+            raise FrameError("unknown_sender", f"{h.sender!r} is not expected on the {self.kind} port", h)
+        if self.expected[h.sender] != peer_ip:
+            raise FrameError("unknown_sender", f"{h.sender!r} connected from {peer_ip}, "
+                             f"expected {self.expected[h.sender]}", h)
+        conn.settimeout(None)
+        return h.sender
+
+    def _serve(self, conn: socket.socket, peer_ip: str) -> None:
+        try:
+            peer = self._identify(conn, peer_ip)
+        except (FrameError, OSError) as e:
+            self.on_reject(peer_ip, e, self.kind)
+            conn.close()
+            return
+        finally:
+            self._unidentified.release()
+        with self._lock:
+            old = self.live.get(peer)
+            self.live[peer] = conn
+        if old is not None:
+            old.close()  # a reconnect replaces the earlier connection
+        self.on_accept(peer)
+        error: BaseException | None = None
+        try:
+            while not self._stopping.is_set():
+                got = read_frame(conn, max_payload_bytes=self.max_payload_bytes)
+                if got is None:
                     break
-                nxt = _read_frame_unverified(sock, budget)
-                if nxt is None:
-                    error.append(FrameError("truncated", f"stream ended after chunk {i} of {first.chunks}", first))
-                    break
-                h, payload = nxt
-                if (h.type, h.task, h.round, h.sender, h.chunks, h.chunk) != (
-                    first.type, first.task, first.round, first.sender, first.chunks, i
-                ):
-                    error.append(FrameError("bad_chunk", f"chunk {h.chunk} does not continue chunk {i - 1}", first))
-                    break
-                budget -= len(payload)
-                total += FIXED_LEN + len(payload)
-                pool.submit(absorb, h, payload)
-    try:
-        if not error:
-            tensors = asm.result()
-    except FrameError as e:
-        error.append(e)
-    if error:
-        err = error[0]
-        if err.header is None:
-            err.header = first
-        raise err
-    return Message(header=first, tensors=tensors, wire_bytes=total)
+                header, payload = got
+                if header.sender != peer or header.task != self.task:
+                    raise FrameError("wrong_sender", f"frame says it is from {header.sender!r} of task "
+                                     f"{header.task} on {peer}'s connection", header)
+                self.on_frame(peer, header, payload)
+        except FrameError as e:
+            error = e
+            self.on_reject(peer_ip, e, self.kind)  # the stream position is unknown: drop the connection
+        except OSError as e:
+            error = e
+        finally:
+            with self._lock:
+                mine = self.live.get(peer) is conn
+                if mine:
+                    del self.live[peer]
+            conn.close()
+        if mine and not self._stopping.is_set():
+            self.on_lost(peer, error)

@@ -122,8 +122,8 @@ class DockerWorkerHost(Host):
         api = self.dclient.api
         ex = api.exec_create(
             self.container.id,
-            ["sh", "-c", f"exec python -m workers.agent --config {config_path_in_container} "
-             f"> {out_path_in_container} 2>&1"],
+            ["python", "-m", "workers.agent", "--config", config_path_in_container,
+             "--log-file", out_path_in_container],
             environment={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
             workdir="/",
         )

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.errors import ConfigError
+from orchestrator.runtime.timing import TaskTiming, subtree_heights
 from orchestrator.scheduling.schedule import Schedule, task_ports
 from workers.config import DEFAULT_CHUNK_BYTES, AgentConfig, Peer, normalize_spec
 
@@ -76,33 +77,7 @@ class ComputeBackend(Protocol):
         """Start the site's agent with `config` (its events file is ``log_dir/<site>.events.jsonl``)."""
 
 
-def _height(children: Mapping[str, list[str]], node: str) -> int:
-    kids = children.get(node, [])
-    return 0 if not kids else 1 + max(_height(children, k) for k in kids)
-
-
-def agent_configs(
-    schedule: Schedule,
-    *,
-    addresses: Mapping[str, str],
-    options: FLOptions,
-    events_dir: Mapping[str, str] | None = None,
-) -> dict[str, AgentConfig]:
-    """One agent config per overlay node of `schedule`.
-
-    Parameters
-    ----------
-    addresses
-        Site -> IPv4 address of the host that runs its agent.
-    events_dir
-        Site -> directory (as the agent sees it) for its events file; None: the agents log to stdout.
-
-    Raises
-    ------
-    ConfigError
-        A blocked schedule, a node without an address, a tree that does not reach every local
-        model from G.
-    """
+def _check_trees(schedule: Schedule, addresses: Mapping[str, str]) -> None:
     if schedule.blocked:
         raise ConfigError(f"task {schedule.task_id} is blocked: {schedule.reason}")
     nodes = schedule.overlay_nodes
@@ -117,48 +92,71 @@ def agent_configs(
                 if cur not in parent or hops > len(nodes):
                     raise ConfigError(f"task {schedule.task_id}: the {what} tree does not join {local} to G")
                 cur, hops = parent[cur], hops + 1
+
+
+def agent_configs(
+    schedule: Schedule,
+    *,
+    addresses: Mapping[str, str],
+    options: FLOptions,
+    timing: TaskTiming | None = None,
+    events_dir: Mapping[str, str] | None = None,
+) -> dict[str, AgentConfig]:
+    """One agent config per overlay node of `schedule`.
+
+    Parameters
+    ----------
+    addresses
+        Site -> IPv4 address of the host that runs its agent.
+    timing
+        Chunk size and timeouts derived from the schedule (`orchestrator.runtime.timing`); None:
+        `options`' fixed values, a node's child timeout scaled by the height of its subtree.
+    events_dir
+        Site -> directory (as the agent sees it) for its events file; None: the agents log to stdout.
+
+    Raises
+    ------
+    ConfigError
+        A blocked schedule, a node without an address, a tree that does not reach every local
+        model from G.
+    """
+    _check_trees(schedule, addresses)
+    nodes = schedule.overlay_nodes
     up_children = {n: sorted(schedule.upload_children(n)) for n in nodes}
-    bc_ports = task_ports(schedule.task_id)
-    part_of = {site: i for i, site in enumerate(schedule.local_sites)}
-    configs = {}
-    for n in nodes:
-        up = schedule.upload_parent.get(n)
-        configs[n] = AgentConfig(
-            task=schedule.task_id,
-            site=n,
-            host=addresses[n],
-            broadcast_port=bc_ports[0],
-            upload_port=bc_ports[1],
-            rounds=options.rounds,
-            is_global=n == g,
-            expects_global=n in schedule.broadcast_parent,
-            broadcast_parent=schedule.broadcast_parent.get(n),
-            broadcast_children=tuple(
-                Peer(site=c, host=addresses[c]) for c in sorted(schedule.broadcast_children(n))
-            ),
-            upload_parent=None if up is None else Peer(site=up, host=addresses[up]),
-            upload_children=tuple(up_children[n]),
-            model=normalize_spec(options.model),
-            model_args=dict(options.model_args),
-            model_seed=options.seed,
-            dataset=options.dataset,
-            dataset_args=dict(options.dataset_args),
-            partitioning=options.partitioning,
-            alpha=options.alpha,
-            data_seed=options.seed,
-            num_parts=len(schedule.local_sites),
-            part_index=part_of.get(n),
-            local_epochs=options.local_epochs,
-            batch_size=options.batch_size,
-            lr=options.lr,
-            child_timeout_s=options.child_timeout_s * max(1, _height(up_children, n)),
+    if timing is None:
+        heights = subtree_heights(up_children, schedule.global_site)
+        timing = TaskTiming(
+            chunk_bytes=options.max_chunk_bytes or DEFAULT_CHUNK_BYTES,
+            child_timeout_s={n: options.child_timeout_s * max(1, heights.get(n, 0)) for n in nodes},
             connect_timeout_s=options.connect_timeout_s,
             global_timeout_s=options.global_timeout_s,
-            max_chunk_bytes=options.max_chunk_bytes,
-            threads=options.threads,
+            store_and_forward_s=0.0,
+        )
+    bc_port, up_port = task_ports(schedule.task_id)
+    part_of = {site: i for i, site in enumerate(schedule.local_sites)}
+
+    def peer(site: str | None) -> Peer | None:
+        return None if site is None else Peer(site=site, host=addresses[site])
+
+    return {
+        n: AgentConfig(
+            task=schedule.task_id, site=n, host=addresses[n], broadcast_port=bc_port, upload_port=up_port,
+            rounds=options.rounds, is_global=n == schedule.global_site,
+            expects_global=n in schedule.broadcast_parent,
+            broadcast_parent=peer(schedule.broadcast_parent.get(n)),
+            broadcast_children=tuple(Peer(site=c, host=addresses[c]) for c in sorted(schedule.broadcast_children(n))),
+            upload_parent=peer(schedule.upload_parent.get(n)),
+            upload_children=tuple(Peer(site=c, host=addresses[c]) for c in up_children[n]),
+            model=normalize_spec(options.model), model_args=dict(options.model_args), model_seed=options.seed,
+            dataset=options.dataset, dataset_args=dict(options.dataset_args), partitioning=options.partitioning,
+            alpha=options.alpha, data_seed=options.seed, num_parts=len(schedule.local_sites),
+            part_index=part_of.get(n), local_epochs=options.local_epochs, batch_size=options.batch_size,
+            lr=options.lr, child_timeout_s=timing.child_timeout_s[n], connect_timeout_s=timing.connect_timeout_s,
+            global_timeout_s=timing.global_timeout_s, max_chunk_bytes=timing.chunk_bytes, threads=options.threads,
             events_path=None if events_dir is None else f"{events_dir[n]}/{n}.events.jsonl",
         )
-    return configs
+        for n in nodes
+    }
 
 
 # -- results ----------------------------------------------------------------------------------------
@@ -172,7 +170,12 @@ class RoundResult:
     accuracy: float
     loss: float
     num_examples: int
+    #: Nodes left out of the round: by a timeout (``site``) or a broken connection (``site (lost)``).
     stragglers: tuple[str, ...]
+    #: Round start to the last local holding the whole GLOBAL.
+    broadcast_all_s: float = 0.0
+    #: The last local's training end to G holding the aggregate.
+    upload_tail_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,6 +187,13 @@ class TaskResult:
     model_bytes: int
     log_dir: str
     rejected: tuple[dict[str, Any], ...] = ()
+    #: From launching the agents to the last one listening (processes, torch, model, data).
+    agents_ready_s: float = 0.0
+    #: From the last agent listening to G knowing every connection of the task is up.
+    connect_s: float = 0.0
+    chunk_bytes: int = 0
+    #: Connections that broke during the rounds (each also ends a straggler or a lost round).
+    connections_lost: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -236,11 +246,18 @@ def summarize(
         for site in schedule.local_sites:
             ev = events.get(site, [])
             rec, te = at(ev, "global_received", r), at(ev, "train_end", r)
-            if rec is not None and te is not None and site not in done.get("stragglers", ()):
+            if rec is not None and te is not None:
                 if crit is None or float(te["t"]) > crit[1]:
                     crit = (float(rec["t"]), float(te["t"]))
         t0, t_agg = float(start["t"]), float(agg["t"])
         latency = t_agg - t0
+        left_out = sorted({f"{e['child']}{' (lost)' if e['event'] == 'child_lost' else ''}"
+                           for evs in events.values() for e in evs
+                           if e.get("round") == r and e.get("event") in ("child_timeout", "child_lost")})
+        received = [float(e["t"]) for site in schedule.local_sites
+                    if (e := at(events.get(site, []), "global_received", r)) is not None]
+        trained = [float(e["t"]) for site in schedule.local_sites
+                   if (e := at(events.get(site, []), "train_end", r)) is not None]
         if crit is None:
             broadcast = train = 0.0
         else:
@@ -256,7 +273,9 @@ def summarize(
                 accuracy=float(done["accuracy"]),
                 loss=float(done["loss"]),
                 num_examples=int(done["num_examples"]),
-                stragglers=tuple(done.get("stragglers", ())),
+                stragglers=tuple(left_out),
+                broadcast_all_s=max(received) - t0 if received else 0.0,
+                upload_tail_s=t_agg - max(trained) if trained else 0.0,
             )
         )
     return results
@@ -291,33 +310,18 @@ def _last_words(events_path: Path) -> str:
     return lines[-1] if lines else f"no output (see {out})"
 
 
-def _wait_ready(paths: Mapping[str, Path], handles: Mapping[str, WorkerHandle], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    waiting = dict(paths)
-    while waiting:
-        for site, p in list(waiting.items()):
-            if any(e.get("event") == "ready" for e in read_events(p)):
-                del waiting[site]
-            elif (status := handles[site].poll()) is not None:
-                raise RuntimeError(
-                    f"the agent of {site} exited with status {status} before it was ready: {_last_words(p)}"
-                )
-        if not waiting:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"agents of {sorted(waiting)} did not report ready within {timeout_s:.0f} s")
-        time.sleep(0.1)  # poll interval of the event files, bounded by the deadline above
-
-
 def run_task(
     schedule: Schedule,
     *,
     backend: ComputeBackend,
     options: FLOptions,
     log_dir: Path,
+    timing: TaskTiming | None = None,
     ready_timeout_s: float = 180.0,
 ) -> TaskResult:
     """Run the task's agents to completion and summarize; every agent is stopped on every exit path.
+
+    All agents start at once; they connect every overlay edge before G starts round 1.
 
     Raises
     ------
@@ -328,54 +332,60 @@ def run_task(
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     nodes = schedule.overlay_nodes
-    configs = agent_configs(
-        schedule,
-        addresses={n: backend.address(n) for n in nodes},
-        options=options,
-    )
+    configs = agent_configs(schedule, addresses={n: backend.address(n) for n in nodes}, options=options,
+                            timing=timing)
     paths = {n: log_dir / f"{n}.events.jsonl" for n in nodes}
     for p in paths.values():
         p.unlink(missing_ok=True)
     handles: dict[str, WorkerHandle] = {}
+    g = schedule.global_site
+    launched = time.monotonic()
+    budget_s = ready_timeout_s + configs[g].global_timeout_s * (options.rounds + 1)
     try:
-        others = [n for n in nodes if n != schedule.global_site]
-        for n in others:
+        for n in nodes:
             handles[n] = backend.start(n, configs[n], log_dir=log_dir)
-        _wait_ready({n: paths[n] for n in others}, handles, ready_timeout_s)
-        g = schedule.global_site
-        handles[g] = backend.start(g, configs[g], log_dir=log_dir)
-        budget_s = ready_timeout_s + options.global_timeout_s * options.rounds
-        deadline = time.monotonic() + budget_s
-        grace_until: float | None = None
-        while True:
-            status = {n: h.poll() for n, h in handles.items()}
-            failed = {n: s for n, s in status.items() if s not in (None, 0)}
-            if failed:
-                why = "; ".join(f"{n}: {_last_words(paths[n])}" for n in failed)
-                raise RuntimeError(f"agents failed (exit status {failed}): {why}; logs in {log_dir}")
-            if all(s == 0 for s in status.values()):
-                break
-            if status[g] == 0:
-                # G is done; a straggler may still be retrying its last send: bounded grace, then stop
-                grace_until = grace_until or time.monotonic() + options.connect_timeout_s + 5.0
-                if time.monotonic() > grace_until:
-                    break
-            elif time.monotonic() > deadline:
-                raise TimeoutError(f"the task did not finish within {budget_s:.0f} s; logs in {log_dir}")
-            time.sleep(0.1)  # poll interval of the agents' exit status, bounded by the deadlines
+        _wait_for_agents(handles, paths, g, launched + budget_s, log_dir)
     finally:
         for h in handles.values():
             h.stop()
     events = {n: read_events(p) for n, p in paths.items()}
-    rounds = summarize(schedule, events, rounds=options.rounds)
-    ready = [e for e in events.get(schedule.global_site, []) if e.get("event") == "ready"]
-    rejected = tuple(e for evs in events.values() for e in evs if e.get("event") == "rejected")
+    return _task_result(schedule, backend.name, options, events, log_dir)
+
+
+def _wait_for_agents(handles: Mapping[str, WorkerHandle], paths: Mapping[str, Path], g: str, deadline: float,
+                     log_dir: Path) -> None:
+    """Poll the agents' exit statuses until all have exited 0; raise on a failure or the deadline."""
+    while True:
+        status = {n: h.poll() for n, h in handles.items()}
+        failed = {n: s for n, s in status.items() if s not in (None, 0)}
+        if failed:
+            why = "; ".join(f"{n}: {_last_words(paths[n])}" for n in failed)
+            raise RuntimeError(f"agents failed (exit status {failed}): {why}; logs in {log_dir}")
+        if all(s == 0 for s in status.values()):
+            return
+        if time.monotonic() > deadline:
+            waiting = sorted(n for n, s in status.items() if s is None)
+            raise TimeoutError(f"the agents of {waiting} did not finish in time; logs in {log_dir}")
+        time.sleep(0.1)  # poll interval of the agents' exit status, bounded by the deadline
+
+
+def _task_result(schedule: Schedule, backend: str, options: FLOptions,
+                 events: Mapping[str, Sequence[Mapping[str, Any]]], log_dir: Path) -> TaskResult:
+    g_events = events.get(schedule.global_site, [])
+    ready = [float(e["t"]) for evs in events.values() for e in evs if e.get("event") == "ready"]
+    connected = [float(e["t"]) for e in g_events if e.get("event") == "connected"]
+    first_ready = [e for e in g_events if e.get("event") == "ready"]
     return TaskResult(
         task_id=schedule.task_id,
-        backend=backend.name,
+        backend=backend,
         scheduler=schedule.scheduler,
-        rounds=tuple(rounds),
-        model_bytes=int(ready[0]["model_bytes"]) if ready else 0,
+        rounds=tuple(summarize(schedule, events, rounds=options.rounds)),
+        model_bytes=int(first_ready[0]["model_bytes"]) if first_ready else 0,
         log_dir=str(log_dir),
-        rejected=rejected,
+        rejected=tuple(dict(e) for evs in events.values() for e in evs if e.get("event") == "rejected"),
+        agents_ready_s=(max(ready) - min(ready)) if ready else 0.0,
+        connect_s=max(0.0, connected[0] - max(ready)) if connected and ready else 0.0,
+        chunk_bytes=int(first_ready[0].get("chunk_bytes", 0)) if first_ready else 0,
+        connections_lost=sum(1 for evs in events.values() for e in evs
+                             if e.get("event") == "connection_lost" and e.get("direction") == "in"),
     )

@@ -1,122 +1,204 @@
-"""Wire format: round trips, chunking, and every kind of bad frame is rejected with a reason."""
+"""The wire format on bytes and on a socket pair: frames, digests, the chunk layout, strict chunk
+parsing (never pickle), scatter/gather sends."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
 import socket
 import struct
+import threading
 from pathlib import Path
 
 import pytest
 import torch
+import xxhash
 
 from workers.framing import (
     FIXED,
     MAGIC,
+    VERSION,
     FrameError,
     Header,
-    Message,
-    check_tensors,
+    chunk_layout,
+    chunk_view,
+    encode_chunk,
     encode_frame,
-    encode_message,
-    merge_slices,
-    message_bytes,
+    parse_chunk,
+    reheader,
+    safetensors_pieces,
     split_tensors,
 )
-from workers.transport import read_message, send_message
+from workers.transport import read_frame, sendmsg_all
 
-TENSORS = {"a.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4), "a.bias": torch.ones(4)}
+TEMPLATE = {"a.weight": torch.arange(12, dtype=torch.float32).reshape(3, 4), "a.bias": torch.ones(4),
+            "big": torch.randn(100, 7), "steps": torch.tensor(3, dtype=torch.int64)}
 
 
-def _roundtrip(raw: bytes, **kw: int) -> Message | None:
+def _roundtrip(raw: bytes, max_payload_bytes: int = 1 << 20) -> tuple[Header, bytearray] | None:
     a, b = socket.socketpair()
     with a, b:
         a.sendall(raw)
         a.shutdown(socket.SHUT_WR)
-        return read_message(b, **kw)
+        return read_frame(b, max_payload_bytes=max_payload_bytes)
 
 
-def _frame(header: dict, payload: bytes, *, magic: bytes = MAGIC, version: int = 1) -> bytes:
+def _join(pieces: list) -> bytes:
+    return b"".join(bytes(p) for p in pieces)
+
+
+def _frame(header: dict, payload: bytes, *, magic: bytes = MAGIC, version: int = VERSION) -> bytes:
     h = json.dumps(header).encode()
     return FIXED.pack(magic, version, 0, 0, len(h), len(payload)) + h + payload
 
 
 def _good_header(payload: bytes) -> dict:
     return {"type": "GLOBAL", "task": 1, "round": 1, "sender": "G", "num_examples": 0,
-            "nbytes": len(payload), "sha256": hashlib.sha256(payload).hexdigest()}
+            "nbytes": len(payload), "digest": xxhash.xxh3_128_hexdigest(payload), "chunk": 0, "chunks": 1}
 
 
-@pytest.mark.parametrize("max_chunk_bytes", [None, 16, 10**9])
-def test_roundtrip_single_and_chunked(max_chunk_bytes: int | None) -> None:
-    pieces = encode_message(type="UPDATE", task=5, round=2, sender="L1", tensors=TENSORS,
-                            num_examples=42, max_chunk_bytes=max_chunk_bytes)
-
-    msg = _roundtrip(message_bytes(pieces))
-
-    assert msg is not None
-    assert msg.header.type == "UPDATE" and msg.header.task == 5 and msg.header.round == 2
-    assert msg.header.num_examples == 42
-    assert (msg.header.chunks > 1) == (max_chunk_bytes == 16)
-    assert set(msg.tensors) == set(TENSORS)
-    for k, t in TENSORS.items():
-        assert torch.equal(msg.tensors[k], t)
-    assert msg.wire_bytes > sum(t.numel() * 4 for t in TENSORS.values())
+def _chunk_payload(layout: tuple, k: int, state: dict | None = None) -> bytearray:
+    pieces = encode_chunk(Header("GLOBAL", 1, 1, "G", chunk=k, chunks=len(layout)),
+                          chunk_view(state or TEMPLATE, layout[k]))
+    return bytearray(_join(pieces[1:]))
 
 
-def test_payloadless_message_and_clean_eof() -> None:
-    msg = _roundtrip(message_bytes(encode_message(type="STOP", task=1, round=1, sender="G")))
-    assert msg is not None and msg.header.type == "STOP" and msg.tensors == {}
+def test_layout_is_the_same_everywhere_and_covers_the_model_once() -> None:
+    layout = chunk_layout(TEMPLATE, 7 * 4 * 30)  # "big" is cut into 30-row slices
+    again = chunk_layout({k: torch.zeros_like(v) for k, v in TEMPLATE.items()}, 7 * 4 * 30)
+
+    assert layout == again
+    rows = sorted((p.first_row, p.shape[0]) for c in layout for p in c.pieces if p.base == "big")
+    assert rows == [(0, 30), (30, 30), (60, 30), (90, 10)]
+    assert sum(c.nbytes for c in layout) == sum(t.numel() * t.element_size() for t in TEMPLATE.values())
+
+
+@pytest.mark.parametrize("chunk_bytes", [None, 1024, 7 * 4 * 30])
+def test_every_chunk_round_trips_exactly_and_without_copy(chunk_bytes: int | None) -> None:
+    layout = chunk_layout(TEMPLATE, chunk_bytes)
+    state = {k: v.clone() for k, v in TEMPLATE.items()}
+
+    rebuilt = {k: torch.zeros_like(v) for k, v in TEMPLATE.items()}
+    for spec in layout:
+        payload = _chunk_payload(layout, spec.index, state)
+        parsed = parse_chunk(payload, spec)
+        for p in spec.pieces:
+            dst = rebuilt[p.base] if p.first_row is None else rebuilt[p.base][p.first_row:p.first_row + p.shape[0]]
+            dst.copy_(parsed[p.name])
+        # the parsed tensors view the payload's memory (no copy): a change to it shows through
+        name, t = next((n, t) for n, t in parsed.items() if t.numel() and t.is_floating_point())
+        before = t.flatten()[0].item()
+        offset = payload.index(t.flatten()[:1].numpy().tobytes(), 8 + int.from_bytes(payload[:8], "little"))
+        payload[offset : offset + 4] = struct.pack("<f", before + 1.0)
+        changed = struct.unpack("<f", struct.pack("<f", before + 1.0))[0]
+        assert parse_chunk(payload, spec)[name].flatten()[0].item() == t.flatten()[0].item() == changed
+        payload[offset : offset + 4] = struct.pack("<f", before)
+
+    assert all(torch.equal(rebuilt[k], state[k]) for k in TEMPLATE)
+
+
+def test_a_frame_survives_a_socket_and_its_digest_is_checked() -> None:
+    layout = chunk_layout(TEMPLATE, 1024)
+    pieces = encode_chunk(Header("UPDATE", 5, 2, "L1", num_examples=42, chunk=1, chunks=len(layout)),
+                          chunk_view(TEMPLATE, layout[1]))
+
+    got = _roundtrip(_join(pieces))
+
+    assert got is not None
+    header, payload = got
+    assert (header.type, header.task, header.round, header.sender, header.num_examples, header.chunk) == (
+        "UPDATE", 5, 2, "L1", 42, 1)
+    assert parse_chunk(payload, layout[1]).keys() == {p.name for p in layout[1].pieces}
     assert _roundtrip(b"") is None
 
 
-def test_send_message_counts_bytes() -> None:
+def test_sendmsg_all_sends_every_buffer_in_order() -> None:
+    bufs = [b"abc", memoryview(bytearray(b"0123456789" * 50_000)), b"", b"xyz"]
     a, b = socket.socketpair()
-    pieces = encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=TENSORS)
     with a, b:
-        n = send_message(a, pieces)
-    assert n == sum(len(p) for p in pieces)
+        a.setblocking(True)
+        received = bytearray()
+
+        def reader() -> None:
+            while len(received) < 500_006:
+                received.extend(b.recv(1 << 16))
+
+        t = threading.Thread(target=reader)
+        t.start()
+        n = sendmsg_all(a, bufs)
+        t.join(timeout=10)
+
+    assert n == 500_006 and bytes(received) == b"abc" + b"0123456789" * 50_000 + b"xyz"
+
+
+def test_a_relay_reheaders_a_chunk_without_touching_its_payload() -> None:
+    layout = chunk_layout(TEMPLATE, 1024)
+    pieces = encode_chunk(Header("GLOBAL", 1, 3, "G", chunk=0, chunks=len(layout)), chunk_view(TEMPLATE, layout[0]))
+    header, payload = _roundtrip(_join(pieces)) or (None, None)
+    assert header is not None and payload is not None
+
+    forwarded = _roundtrip(reheader(header, sender="R") + bytes(payload))
+
+    assert forwarded is not None
+    assert forwarded[0].sender == "R" and forwarded[0].digest == header.digest and forwarded[1] == payload
 
 
 def _payload() -> bytes:
-    return message_bytes(encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=TENSORS)[1:])
+    return _join(safetensors_pieces({"a.bias": torch.ones(4)}))
 
 
 @pytest.mark.parametrize(
     ("raw", "reason"),
     [
         (b"XXXX" + b"\0" * 40, "bad_magic"),
-        (_frame(_good_header(b""), b"", version=9), "bad_version"),
+        (_frame(_good_header(b""), b"", version=1), "bad_version"),
         (_frame(_good_header(_payload()), _payload())[:-10], "truncated"),
         (_frame(_good_header(_payload()), _payload())[:7], "truncated"),
-        (_frame(_good_header(_payload()), _payload()[:-1] + b"?"), "bad_checksum"),
-        (FIXED.pack(MAGIC, 1, 0, 0, 10**7, 0), "oversized"),
-        (FIXED.pack(MAGIC, 1, 0, 0, 10, 10**12), "oversized"),
+        (_frame(_good_header(_payload()), _payload()[:-1] + b"!"), "bad_checksum"),
+        (FIXED.pack(MAGIC, VERSION, 0, 0, 10**7, 0), "oversized"),
+        (FIXED.pack(MAGIC, VERSION, 0, 0, 10, 10**12), "oversized"),
         (_frame({"type": "GLOBAL"}, b""), "bad_header"),
         (_frame({**_good_header(b""), "type": "EXEC"}, b""), "bad_header"),
         (_frame({**_good_header(b""), "task": -1}, b""), "bad_header"),
         (_frame({**_good_header(b""), "extra": 1}, b""), "bad_header"),
         (_frame({**_good_header(b""), "nbytes": 5}, b""), "bad_header"),
-        (FIXED.pack(MAGIC, 1, 0, 0, 4, 0) + b"\xff\xfe{}", "bad_header"),
-        (_frame(_good_header(b"not safetensors"), b"not safetensors"), "bad_payload"),
+        (_frame({**_good_header(b""), "chunk": 3, "chunks": 2}, b""), "bad_header"),
+        (FIXED.pack(MAGIC, VERSION, 0, 0, 4, 0) + b"\xff\xfe{}", "bad_header"),
     ],
     ids=["magic", "version", "truncated-payload", "truncated-fixed", "checksum", "oversized-header",
          "oversized-payload", "missing-keys", "unknown-type", "negative-task", "unknown-key",
-         "length-mismatch", "not-utf8", "not-safetensors"],
+         "length-mismatch", "chunk-out-of-range", "not-utf8"],
 )
 def test_bad_frames_are_rejected(raw: bytes, reason: str) -> None:
     with pytest.raises(FrameError) as e:
-        _roundtrip(raw, max_payload_bytes=1024 * 1024)
+        _roundtrip(raw)
     assert e.value.reason == reason
 
 
-def test_oversized_payload_is_rejected_against_the_agent_limit() -> None:
-    raw = message_bytes(encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=TENSORS))
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        (lambda good: bytearray(b"not safetensors"), "bad_payload"),
+        (lambda good: bytearray(_join(safetensors_pieces({"a.bias": torch.ones(5)}))), "bad_tensors"),
+        (lambda good: bytearray(_join(safetensors_pieces({"a.bias": torch.ones(4, dtype=torch.float64)}))),
+         "bad_tensors"),
+        (lambda good: bytearray(_join(safetensors_pieces({"other": torch.ones(4)}))), "bad_tensors"),
+        (lambda good: bytearray(_join(safetensors_pieces({"a.bias": torch.full((4,), float("nan"))}))),
+         "bad_tensors"),
+        (lambda good: good + b"\0" * 8, "bad_payload"),
+    ],
+    ids=["not-safetensors", "shape", "dtype", "names", "nan", "trailing-bytes"],
+)
+def test_a_chunk_must_be_exactly_its_layout(make: object, reason: str) -> None:
+    layout = chunk_layout({"a.bias": torch.ones(4)}, None)
+    good = bytearray(_payload())
+    assert set(parse_chunk(good, layout[0])) == {"a.bias"}
+
     with pytest.raises(FrameError) as e:
-        _roundtrip(raw, max_payload_bytes=32)
-    assert e.value.reason == "oversized"
+        parse_chunk(make(good), layout[0])  # type: ignore[operator]
+
+    assert e.value.reason == reason
 
 
 class _Boom:
@@ -129,72 +211,34 @@ class _Boom:
 def test_pickle_payload_is_never_executed(tmp_path: Path) -> None:
     marker = tmp_path / "executed"
     _Boom.marker = str(marker)
-    evil = pickle.dumps({"w": _Boom()})
+    evil = bytearray(pickle.dumps({"w": _Boom()}))
+    layout = chunk_layout({"a.bias": torch.ones(4)}, None)
 
     with pytest.raises(FrameError) as e:
-        _roundtrip(_frame(_good_header(evil), evil))
+        parse_chunk(evil, layout[0])
 
-    assert e.value.reason == "bad_payload"
+    assert e.value.reason in ("bad_payload", "bad_tensors")
     assert not marker.exists()
 
 
-def test_chunk_from_another_message_is_rejected() -> None:
-    first = encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=TENSORS, max_chunk_bytes=16)
-    other = encode_message(type="GLOBAL", task=1, round=2, sender="G", tensors=TENSORS, max_chunk_bytes=16)
-    with pytest.raises(FrameError) as e:
-        _roundtrip(message_bytes(first[:2] + other[2:]))
-    assert e.value.reason == "bad_chunk"
-
-
-@pytest.mark.parametrize(
-    ("tensors", "needle"),
-    [
-        ({"a.weight": torch.zeros(4, 3), "a.bias": torch.ones(4)}, "shape"),
-        ({"a.weight": torch.zeros(3, 4, dtype=torch.float64), "a.bias": torch.ones(4)}, "dtype"),
-        ({"a.weight": torch.zeros(3, 4)}, "names"),
-        ({"a.weight": torch.full((3, 4), float("nan")), "a.bias": torch.ones(4)}, "non-finite"),
-    ],
-    ids=["shape", "dtype", "missing", "nan"],
-)
-def test_check_tensors_rejects_mismatch(tensors: dict, needle: str) -> None:
-    with pytest.raises(FrameError, match=needle) as e:
-        check_tensors(tensors, TENSORS)
-    assert e.value.reason == "bad_tensors"
-
-
-def test_encode_frame_fills_length_and_checksum() -> None:
+def test_encode_frame_fills_length_and_digest() -> None:
     head, _payload = encode_frame(Header("UPDATE", 3, 1, "L2", 7), b"abc")
     magic, _v, _f, _r, hlen, plen = struct.unpack(">4sBBHIQ", head[:20])
     h = json.loads(head[20 : 20 + hlen])
-    assert (magic, plen, h["nbytes"], h["sha256"]) == (MAGIC, 3, 3, hashlib.sha256(b"abc").hexdigest())
+    assert (magic, plen, h["nbytes"], h["digest"]) == (MAGIC, 3, 3, xxhash.xxh3_128_hexdigest(b"abc"))
 
 
 def test_zero_copy_encoding_is_valid_safetensors() -> None:
     from safetensors.torch import load as st_load
 
-    tensors = {**TENSORS, "c": torch.tensor(3.5), "d": torch.arange(6, dtype=torch.int64).reshape(2, 3)}
-    pieces = encode_message(type="GLOBAL", task=1, round=1, sender="G", tensors=tensors)
+    tensors = {"c": torch.tensor(3.5), "d": torch.arange(6, dtype=torch.int64).reshape(2, 3), **TEMPLATE}
 
-    decoded = st_load(message_bytes(pieces[1:]))
+    decoded = st_load(_join(safetensors_pieces(tensors)))
 
     assert set(decoded) == set(tensors)
     assert all(torch.equal(decoded[k], v) for k, v in tensors.items())
 
 
-def test_large_tensor_is_sliced_across_chunks_and_merged() -> None:
-    big = {"w": torch.randn(100, 7), "b": torch.randn(7)}
-    groups = split_tensors(big, 7 * 4 * 30)  # 30 rows per chunk
-    pieces = encode_message(type="UPDATE", task=1, round=1, sender="L", tensors=big, num_examples=3,
-                            max_chunk_bytes=7 * 4 * 30)
-
-    msg = _roundtrip(message_bytes(pieces))
-
+def test_split_tensors_slices_a_large_tensor_by_rows() -> None:
+    groups = split_tensors({"w": torch.randn(100, 7), "b": torch.randn(7)}, 7 * 4 * 30)
     assert len(groups) >= 4 and any("w@" in n for g in groups for n in g)
-    assert msg is not None and msg.header.chunks == len(groups)
-    assert torch.equal(msg.tensors["w"], big["w"]) and torch.equal(msg.tensors["b"], big["b"])
-
-
-def test_slices_that_do_not_tile_are_rejected() -> None:
-    with pytest.raises(FrameError) as e:
-        merge_slices({"w@0": torch.zeros(2, 3), "w@3": torch.zeros(2, 3)})
-    assert e.value.reason == "bad_chunk"

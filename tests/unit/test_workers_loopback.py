@@ -33,7 +33,7 @@ def test_agent_configs_follow_the_trees() -> None:
     assert set(cfgs) == {"G", *LOCALS, "R"}
     assert cfgs["G"].is_global and not cfgs["G"].trains
     assert [p.site for p in cfgs["G"].broadcast_children] == ["A", "B"]
-    assert cfgs["G"].upload_children == ("A", "B", "R")
+    assert [p.site for p in cfgs["G"].upload_children] == ["A", "B", "R"]
     assert cfgs["R"].part_index is None and not cfgs["R"].expects_global
     assert cfgs["R"].upload_parent is not None and cfgs["R"].upload_parent.host == addrs["G"]
     assert sorted(c.part_index for c in cfgs.values() if c.part_index is not None) == list(range(6))
@@ -85,4 +85,4 @@ def test_relays_forward_and_aggregate_on_different_trees(tmp_path: Path) -> None
     r2 = [e for e in events["R2"] if e["event"] == "child_received" and e["round"] == 2]
     assert sorted(e["child"] for e in r2) == ["L2", "L3"]
     assert not any(e["event"] == "train_start" for e in events["R1"] + events["R2"]), "relays do not train"
-    assert any(e["event"] == "forward_sent" and e["peer"] == "L2" for e in events["R1"])
+    assert any(e["event"] == "forward_first" and e["peer"] == "L2" for e in events["R1"])

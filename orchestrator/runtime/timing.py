@@ -1,0 +1,122 @@
+"""A task's chunk size and timeouts, derived from its schedule and model (no fixed 60 s).
+
+Chunk size. A model of S bytes cut into chunks of c bytes crosses a pipeline of h stages (the
+overlay hops of the deepest chain, plus the last node's checking) in about::
+
+    T(c) = (S/c + h - 1) * (alpha + c/B)
+
+where B is the bottleneck rate and alpha the fixed cost of one chunk at one stage (a frame header,
+a digest, a parse, a queue hand-off). dT/dc = 0 gives ``c* = sqrt(S * alpha * B / (h - 1))``:
+small enough that a deep chain pipelines, large enough that the per-chunk cost stays small.
+`optimal_chunk_bytes` clamps c* to [`MIN_CHUNK_BYTES`, `MAX_CHUNK_BYTES`] and to S.
+
+Timeouts. A node waits for its upload children's chunks for `margin` times the task's
+store-and-forward round (broadcast + upload, at the emulated rates; `orchestrator.scheduling.cost`)
+plus a training allowance, multiplied by the height of its subtree, so that a parent never gives
+up on a child that is itself still waiting for a straggler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from orchestrator.scheduling.cost import RateFn, store_and_forward_s
+from orchestrator.scheduling.schedule import PROCEDURES, Schedule
+from topologies.model import NetworkModel
+
+#: Per-chunk cost at one stage, seconds (a frame header, digest, parse and queue hand-off of the
+#: agent, measured with benchmarks/bench_transfer.py on a 2-core machine: a few hundred us).
+ALPHA_S = 3e-4
+MIN_CHUNK_BYTES = 64 * 1024
+MAX_CHUNK_BYTES = 8 * 1024 * 1024
+#: Margin over the store-and-forward round before a child counts as a straggler.
+TIMEOUT_MARGIN = 3.0
+#: Floor under every timeout: process scheduling on a busy machine, not the network.
+TIMEOUT_FLOOR_S = 5.0
+
+
+def optimal_chunk_bytes(model_bytes: int, stages: int, rate_mbps: float, *, alpha_s: float = ALPHA_S) -> int:
+    """The chunk size that minimises T(c) (see the module docstring), clamped.
+
+    Parameters
+    ----------
+    model_bytes
+        S, the model's tensor bytes.
+    stages
+        h, the pipeline's stages (>= 1): overlay depth + 1.
+    rate_mbps
+        B, the bottleneck rate in Mbit/s.
+    """
+    if model_bytes <= 0 or rate_mbps <= 0:
+        raise ValueError("model_bytes and rate_mbps must be positive")
+    if stages <= 1:
+        best = float(model_bytes)
+    else:
+        best = math.sqrt(model_bytes * alpha_s * rate_mbps * 1e6 / 8 / (stages - 1))
+    return int(max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, model_bytes, best)))
+
+
+def pipelined_time_s(model_bytes: int, chunk_bytes: int, stages: int, rate_mbps: float,
+                     *, alpha_s: float = ALPHA_S) -> float:
+    """T(c) of the module docstring (for checking the optimum and for the docs' figures)."""
+    return (model_bytes / chunk_bytes + stages - 1) * (alpha_s + chunk_bytes * 8 / (rate_mbps * 1e6))
+
+
+@dataclass(frozen=True)
+class TaskTiming:
+    """What every agent of one task is told about sizes and time limits."""
+
+    chunk_bytes: int
+    child_timeout_s: Mapping[str, float]
+    connect_timeout_s: float
+    global_timeout_s: float
+    store_and_forward_s: float
+
+
+def subtree_heights(children: Mapping[str, list[str]], root: str) -> dict[str, int]:
+    """Height of every node's subtree (0 for a leaf)."""
+    out: dict[str, int] = {}
+
+    def height(n: str) -> int:
+        if n not in out:
+            out[n] = 0 if not children.get(n) else 1 + max(height(c) for c in children[n])
+        return out[n]
+
+    height(root)
+    return out
+
+
+def task_timing(
+    model: NetworkModel,
+    schedule: Schedule,
+    model_bytes: int,
+    *,
+    rate: RateFn,
+    train_allowance_s: float,
+    connect_timeout_s: float = 30.0,
+    propagation: bool = False,
+    margin: float = TIMEOUT_MARGIN,
+    chunk_bytes: int | None = None,
+) -> TaskTiming:
+    """Chunk size and timeouts of `schedule`'s task (see the module docstring)."""
+    sf = sum(store_and_forward_s(model, schedule, p, model_bytes, rate=rate, propagation=propagation)
+             for p in PROCEDURES)
+    links = [link for e in schedule.edges for link in e.links()]
+    bottleneck = min((rate(u, v) for u, v in links), default=1000.0)
+    stages = max(schedule.depth("broadcast"), schedule.depth("upload")) + 1
+    chunk = chunk_bytes or optimal_chunk_bytes(model_bytes, stages, bottleneck)
+    base = max(TIMEOUT_FLOOR_S, margin * sf + train_allowance_s)
+    children: dict[str, list[str]] = {}
+    for child, parent in schedule.upload_parent.items():
+        children.setdefault(parent, []).append(child)
+    heights = subtree_heights(children, schedule.global_site)
+    timeouts = {n: base * max(1, heights.get(n, 0)) for n in schedule.overlay_nodes}
+    return TaskTiming(
+        chunk_bytes=chunk,
+        child_timeout_s=timeouts,
+        connect_timeout_s=connect_timeout_s,
+        global_timeout_s=2 * max(timeouts.values()) + connect_timeout_s,
+        store_and_forward_s=sf,
+    )

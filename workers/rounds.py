@@ -1,0 +1,417 @@
+"""The round logic of one agent: a state machine fed by events, one chunk at a time.
+
+Events come from the transport's threads (a checked chunk arrived, a connection was accepted,
+connected or lost) through one queue; this module's `RoundEngine.run` consumes them on one thread
+and decides. Per round r (see docs/architecture.md, "Data plane"):
+
+- **Set-up, before round 1.** A node is *set up* when its outbound connections (to its broadcast
+  children and its upload parent) are connected, its inbound ones (from its broadcast parent and
+  its upload children) accepted, and every upload child said READY. It then says READY to its
+  upload parent. G starts round 1 when it is set up, so no round opens a connection.
+- **Broadcast, cut-through.** G sends GLOBAL(r) as chunks. A relay forwards chunk k to each
+  broadcast child as soon as chunk k arrived checked (same payload, its own header), and copies it
+  into its next model. With the last chunk it loads the model and, if it holds data, trains.
+- **Upload, pipelined aggregation.** For every chunk k an aggregator keeps the example-weighted sum
+  of what arrived for k (its own update once trained, each upload child's chunk k). As soon as every
+  contributor of the round has delivered chunk k, it sends the mean of chunk k upward, with the
+  summed example count, at once (G writes it into the new global model). A single contributor's
+  chunk is passed on as it is.
+- **Faults.** A child that has not delivered the chunk being waited for by the round's deadline is
+  a straggler; a child whose connection breaks is lost. Both are left out of the rest of the round
+  and logged. Because every chunk carries its own example count, leaving a contributor out part-way
+  keeps every chunk an exact weighted mean of what it holds.
+
+Timing events (JSON lines, `workers.events`): connected, round_start (G), global_first,
+forward_first, global_received, train_start, train_end, child_received, child_timeout, child_lost,
+connection_lost, update_first_sent, update_sent, aggregated, round_complete, rejected, stale, done.
+
+What this module must not do: touch sockets or files (it calls `Sender.send` and the learner).
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from workers.aggregate import ChunkSum
+from workers.config import AgentConfig
+from workers.events import EventLog
+from workers.framing import (
+    Buffer,
+    ChunkSpec,
+    FrameError,
+    Header,
+    TensorSet,
+    chunk_view,
+    encode_chunk,
+    encode_frame,
+    parse_chunk,
+    reheader,
+)
+
+SELF = ""  # the node's own contribution among a chunk's contributors
+
+
+class Sender(Protocol):
+    """An outbound connection (`workers.transport.Outbound`)."""
+
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None: ...
+
+
+class Learning(Protocol):
+    """What the engine needs of `workers.learning.Learner`."""
+
+    @property
+    def template(self) -> Mapping[str, torch.Tensor]: ...
+
+    def train(self) -> int: ...
+
+    def evaluate(self) -> tuple[float, float]: ...
+
+    def state(self) -> TensorSet: ...
+
+    def load(self, tensors: TensorSet) -> None: ...
+
+
+@dataclass
+class _Round:
+    number: int
+    start: float
+    deadline: float
+    chunks: list[ChunkSum]
+    excluded: dict[str, str] = field(default_factory=dict)  # child -> why
+    child_next: dict[str, int] = field(default_factory=dict)
+    global_next: int = 0
+    global_done: bool = False
+    own_done: bool = False
+    own_excluded: bool = False
+    late: bool = False
+    next_out: int = 0
+    min_examples: int | None = None
+    max_examples: int = 0
+
+
+class RoundEngine:
+    """One role of one task (see the module docstring). Transport threads call `post`."""
+
+    def __init__(
+        self,
+        cfg: AgentConfig,
+        learner: Learning,
+        layout: Sequence[ChunkSpec],
+        log: EventLog,
+        *,
+        broadcast_out: Mapping[str, Sender],
+        upload_out: Sender | None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.cfg = cfg
+        self.learner = learner
+        self.layout = tuple(layout)
+        self.log = log
+        self.broadcast_out = dict(broadcast_out)
+        self.upload_out = upload_out
+        self.clock = clock
+        self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self.dtypes = {k: v.dtype for k, v in learner.template.items()}
+        self._incoming = {k: v.clone() for k, v in learner.template.items()}
+        self._next_global: dict[str, torch.Tensor] = {}
+        self.rounds: dict[int, _Round] = {}
+        self.finished_rounds: set[int] = set()
+        self._connected: set[tuple[str, str]] = set()
+        self._ready_children: set[str] = set()
+        self.set_up = False
+        self.t_started = clock()
+        self.fatal: str | None = None
+
+    # -- from the transport's threads ----------------------------------------------------------------
+    def post(self, *event: Any) -> None:
+        self.events.put(event)
+
+    def check_frame(self, kind: str, peer: str, header: Header, payload: bytearray) -> TensorSet:
+        """Validate a frame against what may come on this connection (reader thread; raises
+        `FrameError`, after which the transport drops the connection)."""
+        allowed = {"broadcast": ("GLOBAL", "STOP"), "upload": ("UPDATE", "READY")}[kind]
+        if header.type not in allowed:
+            raise FrameError("wrong_port", f"{header.type} frame on the {kind} connection of {peer}", header)
+        if header.type in ("READY", "STOP"):
+            if payload:
+                raise FrameError("bad_payload", f"{header.type} carries no payload", header)
+            return {}
+        if not 1 <= header.round <= self.cfg.rounds:
+            raise FrameError("bad_round", f"round {header.round} outside 1..{self.cfg.rounds}", header)
+        if header.chunks != len(self.layout) or header.chunk >= len(self.layout):
+            raise FrameError("bad_chunk", f"chunk {header.chunk} of {header.chunks}; this task's model has "
+                             f"{len(self.layout)} chunks", header)
+        if header.type == "UPDATE" and header.num_examples == 0:
+            if payload:
+                raise FrameError("bad_tensors", "an UPDATE chunk with no examples must carry no tensors", header)
+            return {}
+        return parse_chunk(payload, self.layout[header.chunk], header)
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def run(self) -> int:
+        """Consume events until the last round is done; the exit status."""
+        idle_since = self.clock()
+        while not self._finished():
+            if self.fatal is not None:
+                self.log.emit("error", detail=self.fatal)
+                return 1
+            now = self.clock()
+            wait = self._next_deadline() - now
+            if now - idle_since > self.cfg.global_timeout_s:
+                self.log.emit("error", detail=f"no progress for {self.cfg.global_timeout_s:.0f} s")
+                return 1
+            try:
+                event = self.events.get(timeout=max(0.0, min(wait, 1.0)))
+            except queue.Empty:
+                self._on_deadlines()
+                continue
+            idle_since = self.clock()
+            getattr(self, "_on_" + event[0])(*event[1:])
+            self._on_deadlines()
+        return 0
+
+    def _finished(self) -> bool:
+        return self.cfg.rounds in self.finished_rounds
+
+    def _next_deadline(self) -> float:
+        pending = [r.deadline for r in self.rounds.values() if not r.late]
+        return min(pending, default=self.clock() + 1.0)
+
+    # -- set-up ------------------------------------------------------------------------------------------
+    def _needed(self) -> set[tuple[str, str]]:
+        need = {("out", c.site) for c in self.cfg.broadcast_children}
+        if self.cfg.upload_parent is not None:
+            need.add(("out", self.cfg.upload_parent.site))
+        if self.cfg.expects_global and self.cfg.broadcast_parent is not None:
+            need.add(("in-broadcast", self.cfg.broadcast_parent.site))
+        need |= {("in-upload", c.site) for c in self.cfg.upload_children}
+        return need
+
+    def _on_connected(self, peer: str, seconds: float, attempts: int) -> None:
+        self._connected.add(("out", peer))
+        self.log.emit("connect", peer=peer, connect_s=seconds, attempts=attempts)
+        self._check_set_up()
+
+    def _on_accepted(self, kind: str, peer: str) -> None:
+        self._connected.add((f"in-{kind}", peer))
+        self._check_set_up()
+
+    def _check_set_up(self) -> None:
+        if self.set_up or not self._needed() <= self._connected:
+            return
+        if self._ready_children != {c.site for c in self.cfg.upload_children}:
+            return
+        self.set_up = True
+        self.log.emit("connected", setup_s=self.clock() - self.t_started, connections=len(self._needed()))
+        if self.cfg.is_global:
+            self._start_round(1)
+        elif self.upload_out is not None:
+            self.upload_out.send(encode_frame(Header("READY", self.cfg.task, 0, self.cfg.site), b""), round=0)
+
+    # -- frames ------------------------------------------------------------------------------------------
+    def _on_frame(self, kind: str, peer: str, header: Header, payload: bytearray, tensors: TensorSet) -> None:
+        if header.type == "READY":
+            self._ready_children.add(peer)
+            self._check_set_up()
+        elif header.type == "STOP":
+            self.log.emit("stopped", peer=peer)
+            self.finished_rounds.add(self.cfg.rounds)
+        elif header.round in self.finished_rounds:
+            if header.chunk == 0:
+                self.log.emit("stale", round=header.round, peer=peer, type=header.type)
+        elif header.type == "GLOBAL":
+            self._on_global(header, payload, tensors)
+        else:
+            self._on_update(peer, header, tensors)
+
+    def _round(self, r: int) -> _Round:
+        st = self.rounds.get(r)
+        if st is None:
+            now = self.clock()
+            st = _Round(number=r, start=now, deadline=now + self.cfg.child_timeout_s,
+                        chunks=[ChunkSum() for _ in self.layout],
+                        child_next={c.site: 0 for c in self.cfg.upload_children})
+            st.own_excluded = not self.cfg.trains
+            st.own_done = not self.cfg.trains
+            self.rounds[r] = st
+        return st
+
+    def _on_global(self, header: Header, payload: bytearray, tensors: TensorSet) -> None:
+        r, k = header.round, header.chunk
+        for older in [s for s in self.rounds.values() if s.number < r and not s.global_done]:
+            self._give_up_own(older, "a later round's GLOBAL arrived")
+        st = self._round(r)
+        if st.global_done or k != st.global_next:
+            self.log.emit("rejected", round=r, reason="bad_chunk", detail=f"GLOBAL chunk {k}, expected {st.global_next}")
+            return
+        st.global_next += 1
+        if k == 0:
+            self.log.emit("global_first", round=r)
+        forwarded: list[Buffer] = [reheader(header, sender=self.cfg.site), memoryview(payload)]
+        for child, out in sorted(self.broadcast_out.items()):
+            out.send(forwarded, round=r, on_sent=self._once("forward_first", r, child) if k == 0 else None)
+        for p in self.layout[k].pieces:
+            whole = self._incoming[p.base]
+            (whole if p.first_row is None else whole[p.first_row : p.first_row + p.shape[0]]).copy_(tensors[p.name])
+        if k == len(self.layout) - 1:
+            st.global_done = True
+            self.log.emit("global_received", round=r, nbytes=sum(c.nbytes for c in self.layout))
+            self.learner.load(self._incoming)
+            if self.cfg.trains and not st.own_done:
+                self._train_and_add(st)
+            self._finalize(st)
+
+    def _on_update(self, child: str, header: Header, tensors: TensorSet) -> None:
+        r, k = header.round, header.chunk
+        st = self._round(r)
+        if child in st.excluded:
+            return  # left out of this round already (logged when it was)
+        if k != st.child_next.get(child, -1):
+            self._exclude(st, child, "rejected", f"UPDATE chunk {k}, expected {st.child_next.get(child)}")
+            self._finalize(st)
+            return
+        st.child_next[child] = k + 1
+        st.chunks[k].add(child, tensors, header.num_examples)
+        if k == len(self.layout) - 1:
+            self.log.emit("child_received", round=r, child=child, num_examples=header.num_examples)
+        self._finalize(st)
+
+    # -- faults --------------------------------------------------------------------------------------
+    def _on_lost(self, direction: str, peer: str, error: str) -> None:
+        """A connection broke (``in``: the peer's, to us; ``out``: ours, to the peer)."""
+        self.log.emit("connection_lost", peer=peer, direction=direction, detail=error)
+        if not self.set_up and direction == "out" and ("out", peer) not in self._connected:
+            self.fatal = f"could not connect to {peer}: {error}"
+            return
+        for st in list(self.rounds.values()):
+            if direction == "in" and peer in st.child_next and st.child_next[peer] < len(self.layout):
+                self._exclude(st, peer, "child_lost", error)
+                self._finalize(st)
+            elif direction == "in" and self.cfg.broadcast_parent is not None \
+                    and peer == self.cfg.broadcast_parent.site and not st.global_done:
+                self._give_up_own(st, f"broadcast parent {peer} lost: {error}")
+
+    def _on_rejected(self, kind: str, peer_ip: str, reason: str, detail: str) -> None:
+        self.log.emit("rejected", peer=peer_ip, port_kind=kind, reason=reason, detail=detail)
+
+    def _exclude(self, st: _Round, child: str, event: str, detail: str) -> None:
+        st.excluded[child] = event
+        self.log.emit(event, round=st.number, child=child, detail=detail,
+                      chunks_received=st.child_next.get(child, 0))
+
+    def _give_up_own(self, st: _Round, why: str) -> None:
+        if not st.own_done:
+            st.own_done = st.own_excluded = True
+            self.log.emit("own_excluded", round=st.number, detail=why)
+        st.global_done = True
+        self._finalize(st)
+
+    def _on_deadlines(self) -> None:
+        now = self.clock()
+        for st in list(self.rounds.values()):
+            if not st.late and now >= st.deadline:
+                st.late = True
+                self._finalize(st)
+
+    # -- learning and aggregation ---------------------------------------------------------------------
+    def _train_and_add(self, st: _Round) -> None:
+        self.log.emit("train_start", round=st.number)
+        n = self.learner.train()
+        self.log.emit("train_end", round=st.number, num_examples=n)
+        own = self.learner.state()
+        for k in range(st.next_out, len(self.layout)):
+            st.chunks[k].add(SELF, chunk_view(own, self.layout[k]), n)
+        st.own_done = True
+
+    def _contributors(self, st: _Round) -> set[str]:
+        who = {c for c in st.child_next if c not in st.excluded}
+        if not st.own_excluded:
+            who.add(SELF)
+        return who
+
+    def _finalize(self, st: _Round) -> None:
+        """Send (or, at G, keep) every chunk whose contributions are all in, in order."""
+        while st.next_out < len(self.layout):
+            k = st.next_out
+            waiting = self._contributors(st) - st.chunks[k].have
+            if waiting and st.late:
+                for child in sorted(waiting - {SELF}):
+                    self._exclude(st, child, "child_timeout", f"no chunk {k} within {self.cfg.child_timeout_s:.1f} s")
+                if SELF in waiting and not st.global_done:
+                    self._give_up_own(st, "no GLOBAL by the round's deadline")
+                    return  # _give_up_own finalized
+                waiting = self._contributors(st) - st.chunks[k].have
+            if waiting:
+                return
+            self._emit_chunk(st, k)
+            st.next_out += 1
+        if st.number not in self.finished_rounds and (st.global_done or not self.cfg.expects_global):
+            self._round_done(st)
+
+    def _emit_chunk(self, st: _Round, k: int) -> None:
+        acc = st.chunks[k]
+        st.chunks[k] = ChunkSum()  # free the sums
+        n = acc.num_examples
+        st.min_examples = n if st.min_examples is None else min(st.min_examples, n)
+        st.max_examples = max(st.max_examples, n)
+        mean = acc.mean(self.dtypes)
+        if self.cfg.is_global:
+            if mean is not None:
+                for p in self.layout[k].pieces:
+                    whole = self._next_global[p.base]
+                    (whole if p.first_row is None else whole[p.first_row : p.first_row + p.shape[0]]).copy_(mean[p.name])
+            return
+        assert self.upload_out is not None
+        header = Header("UPDATE", self.cfg.task, st.number, self.cfg.site, num_examples=n,
+                        chunk=k, chunks=len(self.layout))
+        last = k == len(self.layout) - 1
+        on_sent = self._once("update_sent", st.number, None, num_examples=n) if last else (
+            self._once("update_first_sent", st.number, None) if k == 0 else None)
+        self.upload_out.send(encode_chunk(header, mean), round=st.number, on_sent=on_sent)
+        if last:
+            self.log.emit("aggregated", round=st.number, num_examples=n, stragglers=sorted(st.excluded))
+
+    def _once(self, event: str, r: int, peer: str | None, **extra: Any) -> Callable[[], None]:
+        def emit() -> None:
+            self.log.emit(event, round=r, **({"peer": peer} if peer else {}), **extra)
+
+        return emit
+
+    # -- rounds at G ------------------------------------------------------------------------------------
+    def _start_round(self, r: int) -> None:
+        st = self._round(r)
+        st.start = self.log.emit("round_start", round=r)
+        st.deadline = st.start + self.cfg.child_timeout_s
+        st.global_done = True
+        state = self.learner.state()
+        self._next_global = {k: v.clone() for k, v in state.items()}
+        for k, spec in enumerate(self.layout):
+            frame = encode_chunk(Header("GLOBAL", self.cfg.task, r, self.cfg.site, chunk=k, chunks=len(self.layout)),
+                                 chunk_view(state, spec))
+            for child, out in sorted(self.broadcast_out.items()):
+                out.send(frame, round=r, on_sent=self._once("forward_first", r, child) if k == 0 else None)
+        if self.cfg.trains:
+            self._train_and_add(st)
+        self._finalize(st)
+
+    def _round_done(self, st: _Round) -> None:
+        self.finished_rounds.add(st.number)
+        del self.rounds[st.number]
+        if not self.cfg.is_global:
+            return
+        t_agg = self.log.emit("aggregated", round=st.number, num_examples=st.max_examples,
+                              num_updates=len(self._contributors(st)), stragglers=sorted(st.excluded))
+        self.learner.load(self._next_global)
+        accuracy, loss = self.learner.evaluate()
+        self.log.emit("round_complete", round=st.number, latency_s=t_agg - st.start, accuracy=accuracy, loss=loss,
+                      num_examples=st.max_examples, min_chunk_examples=st.min_examples or 0,
+                      stragglers=sorted(st.excluded))
+        if st.number < self.cfg.rounds:
+            self._start_round(st.number + 1)
