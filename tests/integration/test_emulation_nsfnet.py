@@ -25,6 +25,7 @@ from orchestrator.emulation.selftest import (
     ping_ok,
     poll_counter,
 )
+from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load
@@ -187,9 +188,9 @@ def test_background_pairs_are_routed_below_tasks(nsfnet: Emulation) -> None:
 
 
 def test_bad_requests_get_4xx_and_the_controller_keeps_running(nsfnet: Emulation, mst_schedule: Schedule) -> None:
-    bad = dataclasses.replace(mst_schedule, task_id=99).to_dict()
-    bad["paths"][0]["nodes"][-1] = "Atlantis"
-    bad["paths"][0]["to"] = "Atlantis"
+    bad = task_paths(dataclasses.replace(mst_schedule, task_id=99)).to_dict()
+    bad["paths"][0]["sites"][-1] = "Atlantis"
+    bad["paths"][0]["dst"] = "Atlantis"
     statuses = {}
     for name, call in {
         "malformed": lambda: nsfnet.client.request("PUT", "/tasks/99", "{oops"),
