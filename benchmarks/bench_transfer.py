@@ -156,13 +156,20 @@ def run(
         result = run_task(schedule, backend=NetnsBackend(pair), options=options, log_dir=log_dir)
     g = read_events(log_dir / "G.events.jsonl")
     loc = read_events(log_dir / "L.events.jsonl")
-    down = [8 * e["nbytes"] / e["send_s"] / 1e6 for e in g if e["event"] == "forward_sent"]
-    up = [8 * e["nbytes"] / e["send_s"] / 1e6 for e in loc if e["event"] == "update_sent"]
+    bits = 8 * result.model_bytes
+
+    def at(evs: list[dict[str, Any]], name: str, r: int) -> float:
+        return next(float(e["t"]) for e in evs if e["event"] == name and e.get("round") == r)
+
+    # Both agents log on CLOCK_MONOTONIC of one machine: G's round start to L holding the whole
+    # GLOBAL, and L's training end to G holding the aggregate (each includes encoding and checks).
+    down = [bits / (at(loc, "global_received", r) - at(g, "round_start", r)) / 1e6 for r in range(1, rounds + 1)]
+    up = [bits / (at(g, "aggregated", r) - at(loc, "train_end", r)) / 1e6 for r in range(1, rounds + 1)]
     return {
         "link": link,
         "model": model,
         "model_bytes": result.model_bytes,
-        "chunk_bytes": options.max_chunk_bytes,
+        "chunk_bytes": result.chunk_bytes,
         "rounds": rounds,
         "iperf3_mbps": {"G->L": raw_ab, "L->G": raw_ba},
         "agent_mbps": {"G->L": down, "L->G": up},

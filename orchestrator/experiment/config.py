@@ -35,7 +35,10 @@ class TaskConfig:
     demand_mbps: float = DEFAULT_DEMAND_MBPS
     partition: str = "iid"
     alpha: float = 0.5
-    round_timeout_s: float = 300.0
+    #: Keyword arguments of the model's factory (e.g. {hidden: 800}); JSON-safe values only.
+    model_args: Mapping[str, Any] = field(default_factory=dict)
+    #: What a round may spend training, on top of the transfer timeouts derived from the schedule.
+    train_allowance_s: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,7 @@ class ExperimentConfig:
         d["schedulers"] = list(self.schedulers)
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
+        d["task"]["model_args"] = dict(self.task.model_args)
         return d
 
 
@@ -117,6 +121,15 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
+def _model_args(key: str, v: Any) -> dict[str, Any]:
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+        raise ConfigError(f"{key} must be a mapping of argument names to values, got {v!r}")
+    for k, x in v.items():
+        if not isinstance(x, str | int | float | bool) or (isinstance(x, float) and x != x):
+            raise ConfigError(f"{key}.{k} must be a number, string or boolean, got {x!r}")
+    return dict(v)
+
+
 def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -130,7 +143,8 @@ def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, An
 
 TASK_SCHEMA: dict[str, Check] = {
     "model": _str, "rounds": _int(1, 1000), "demand_mbps": _num(0, lo_open=True),
-    "partition": _choice(PARTITIONS), "alpha": _num(0, lo_open=True), "round_timeout_s": _num(1),
+    "partition": _choice(PARTITIONS), "alpha": _num(0, lo_open=True), "model_args": _model_args,
+    "train_allowance_s": _num(0, lo_open=True),
 }
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),

@@ -3,15 +3,21 @@
 Summaries are computed from the database only (never from in-memory state of the runner), so
 anything plotted can be recomputed from the rows (`tests/unit/test_results.py` does).
 
-Per task: its mean round latency over the rounds it completed, its reserved bandwidth, its
-carried bytes, its mean ratio of measured round latency to the round's lower bound and its final
+Per task: its mean round latency over the rounds it completed without a straggler (rounds with
+one are counted separately), its reserved bandwidth, its carried bytes, its mean ratios of
+measured round latency to the round's lower bound and to the physical reference, and its final
 accuracy. Per point (scheduler, number of locals): the mean and the population standard
 deviation of those over the point's tasks that ran.
+
+Schedulers are compared on the same tasks (`paired_ratio`): the mean over tasks of the per-task
+ratio of one scheduler's figure to the other's, with a 95 % percentile-bootstrap confidence
+interval and the number of tasks and rounds behind it.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,6 +42,14 @@ class TaskResult:
     mean_latency_s: float | None
     mean_ratio_to_bound: float | None
     final_accuracy: float | None
+    model_bytes: int = 0
+    straggler_rounds: int = 0
+    mean_ratio_to_reference: float | None = None
+    mean_broadcast_to_bound: float | None = None
+    agents_ready_s: float | None = None
+    connect_s: float | None = None
+    chunk_bytes: int | None = None
+    reservation_enforced: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,8 @@ class PointSummary:
     carried_mb_mean: float | None
     ratio_to_bound_mean: float | None
     accuracy_mean: float | None
+    straggler_rounds: int = 0
+    ratio_to_reference_mean: float | None = None
 
 
 def _mean(xs: list[float]) -> float | None:
@@ -64,7 +80,8 @@ def _std(xs: list[float]) -> float | None:
 
 def task_results(db: ResultsDB, run_id: int) -> list[TaskResult]:
     tasks = db.query(
-        "SELECT t.scheduler, t.task_id, t.n_locals, t.state, t.carried_bytes, s.reserved_mbps "
+        "SELECT t.scheduler, t.task_id, t.n_locals, t.state, t.carried_bytes, t.model_bytes, t.setup_json, "
+        "s.reserved_mbps "
         "FROM tasks t LEFT JOIN schedules s USING (run_id, scheduler, task_id) WHERE t.run_id = ? "
         "ORDER BY t.scheduler, t.n_locals, t.task_id",
         (run_id,),
@@ -74,9 +91,13 @@ def task_results(db: ResultsDB, run_id: int) -> list[TaskResult]:
         rounds.setdefault((r["scheduler"], r["task_id"]), []).append(r)
     out = []
     for t in tasks:
-        rs = rounds.get((t["scheduler"], t["task_id"]), [])
+        every = rounds.get((t["scheduler"], t["task_id"]), [])
+        rs = [r for r in every if not r["stragglers"]]
         ratios = [r["latency_s"] / r["lower_bound_s"] for r in rs if r["lower_bound_s"]]
-        accs = [r["accuracy"] for r in rs if r["accuracy"] is not None]
+        to_ref = [r["latency_s"] / r["reference_s"] for r in rs if r["reference_s"]]
+        bc = [r["broadcast_all_s"] / r["broadcast_bound_s"] for r in rs if r["broadcast_bound_s"]]
+        accs = [r["accuracy"] for r in every if r["accuracy"] is not None]
+        setup = json.loads(t["setup_json"] or "{}")
         out.append(
             TaskResult(
                 scheduler=t["scheduler"],
@@ -85,10 +106,18 @@ def task_results(db: ResultsDB, run_id: int) -> list[TaskResult]:
                 state=t["state"],
                 reserved_mbps=t["reserved_mbps"] if t["state"] != "blocked" else None,
                 carried_bytes=t["carried_bytes"],
-                rounds=len(rs),
+                rounds=len(every),
                 mean_latency_s=_mean([r["latency_s"] for r in rs]),
                 mean_ratio_to_bound=_mean(ratios),
                 final_accuracy=accs[-1] if accs else None,
+                model_bytes=t["model_bytes"],
+                straggler_rounds=len(every) - len(rs),
+                mean_ratio_to_reference=_mean(to_ref),
+                mean_broadcast_to_bound=_mean(bc),
+                agents_ready_s=setup.get("agents_ready_s"),
+                connect_s=setup.get("connect_s"),
+                chunk_bytes=setup.get("chunk_bytes"),
+                reservation_enforced=setup.get("reservation_enforced"),
             )
         )
     return out
@@ -113,6 +142,9 @@ def summarize(db: ResultsDB, run_id: int) -> list[PointSummary]:
                 latency_s_mean=_mean(lat), latency_s_std=_std(lat),
                 reserved_mbps_mean=_mean(res), reserved_mbps_std=_std(res),
                 carried_mb_mean=_mean(carried), ratio_to_bound_mean=_mean(ratio), accuracy_mean=_mean(acc),
+                straggler_rounds=sum(t.straggler_rounds for t in trs),
+                ratio_to_reference_mean=_mean([t.mean_ratio_to_reference for t in ran
+                                               if t.mean_ratio_to_reference is not None]),
             )
         )
     return points
@@ -182,6 +214,50 @@ def plot(points: list[PointSummary], out_dir: Path) -> dict[str, dict[str, list[
     return drawn
 
 
+@dataclass(frozen=True)
+class PairedRatio:
+    """Mean over tasks of a per-task ratio, with its 95 % bootstrap confidence interval."""
+
+    mean: float
+    low: float
+    high: float
+    tasks: int
+    rounds: int
+
+    @property
+    def half_width_rel(self) -> float:
+        """Half the interval's width over the mean (the figure a reviewer reads as precision)."""
+        return (self.high - self.low) / 2 / self.mean if self.mean else float("inf")
+
+
+def bootstrap_ci(values: list[float], *, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
+    """95 % percentile-bootstrap interval of the mean of `values` (seeded: reproducible)."""
+    arr = np.asarray(values, dtype=float)
+    rng = np.random.default_rng(seed)
+    means = arr[rng.integers(0, len(arr), size=(resamples, len(arr)))].mean(axis=1)
+    lo, hi = np.percentile(means, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def paired_ratio(tasks: list[TaskResult], *, n_locals: int, numerator: str, denominator: str,
+                 figure: str = "mean_latency_s") -> PairedRatio | None:
+    """Per task run by both schedulers: figure(numerator) / figure(denominator); their mean and CI."""
+    by = {(t.scheduler, t.task_id): t for t in tasks if t.n_locals == n_locals}
+    ratios, rounds = [], 0
+    for (sched, task_id), a in by.items():
+        b = by.get((denominator, task_id))
+        if sched != numerator or b is None:
+            continue
+        x, y = getattr(a, figure), getattr(b, figure)
+        if x is not None and y:
+            ratios.append(x / y)
+            rounds += a.rounds - a.straggler_rounds + b.rounds - b.straggler_rounds
+    if not ratios:
+        return None
+    lo, hi = bootstrap_ci(ratios)
+    return PairedRatio(mean=statistics.fmean(ratios), low=lo, high=hi, tasks=len(ratios), rounds=rounds)
+
+
 def claims(points: list[PointSummary], *, n_locals: int = 8, flexible: str = "mst", fixed: str = "spff") -> dict[str, Any]:
     """The paper's two claims at `n_locals`: ratios flexible/fixed of reserved bandwidth and of
     mean round latency, with the spread (std/mean) of each side. Missing data gives None."""
@@ -207,8 +283,8 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path) -> Path:
         lines.append(f"- {k}: {v}")
     lines += ["", "## Summary", "",
               "| scheduler | locals | tasks ran / total | blocked | latency ms (mean ± std) | reserved Gbit/s (mean ± std) "
-              "| carried MB | latency / lower bound | accuracy |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| carried MB | latency / lower bound | latency / reference | rounds with stragglers | accuracy |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
 
     def fmt(x: float | None, scale: float = 1.0, digits: int = 2) -> str:
         return "-" if x is None else f"{x * scale:.{digits}f}"
@@ -218,7 +294,8 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path) -> Path:
             f"| {p.scheduler} | {p.n_locals} | {p.tasks_ran} / {p.tasks} | {p.blocked} "
             f"| {fmt(p.latency_s_mean, 1e3, 1)} ± {fmt(p.latency_s_std, 1e3, 1)} "
             f"| {fmt(p.reserved_mbps_mean, 1e-3)} ± {fmt(p.reserved_mbps_std, 1e-3)} "
-            f"| {fmt(p.carried_mb_mean, 1, 1)} | {fmt(p.ratio_to_bound_mean)} | {fmt(p.accuracy_mean, 1, 3)} |"
+            f"| {fmt(p.carried_mb_mean, 1, 1)} | {fmt(p.ratio_to_bound_mean)} | {fmt(p.ratio_to_reference_mean)} "
+            f"| {p.straggler_rounds} | {fmt(p.accuracy_mean, 1, 3)} |"
         )
     locals_seen = sorted({p.n_locals for p in points})
     if locals_seen:
@@ -235,8 +312,40 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path) -> Path:
                     f"- {text}: mst / spff = {ratio:.3f} (mst is {verdict}); spread over tasks (std/mean): "
                     f"mst {fmt(c[f'{key}_cv_mst'], 1, 3)}, spff {fmt(c[f'{key}_cv_spff'], 1, 3)}"
                 )
+    lines += _paired_section(db, run_id, locals_seen)
     lines += ["", "Figures: " + ", ".join(f"`{f}.png`" for f in FIGURES), ""]
     path = out_dir / "report.md"
     out_dir.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines))
     return path
+
+
+def _paired_section(db: ResultsDB, run_id: int, locals_seen: list[int]) -> list[str]:
+    """Latency ratios of every scheduler to spff on the same tasks, with 95 % bootstrap intervals,
+    and the figures outside the rounds (start-up, connection set-up, chunk size, reservations)."""
+    tasks = task_results(db, run_id)
+    others = sorted({t.scheduler for t in tasks} - {"spff"})
+    lines = ["", "## Latency against spff on the same tasks", "",
+             "Mean over tasks of the per-task ratio of mean round latency (rounds with stragglers left out), "
+             "95 % percentile-bootstrap interval.", "",
+             "| scheduler / spff | locals | ratio | 95 % CI | half-width / ratio | tasks | rounds |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for sched in others:
+        for n in locals_seen:
+            pr = paired_ratio(tasks, n_locals=n, numerator=sched, denominator="spff")
+            if pr is not None:
+                lines.append(f"| {sched} | {n} | {pr.mean:.3f} | [{pr.low:.3f}, {pr.high:.3f}] "
+                             f"| {pr.half_width_rel:.3f} | {pr.tasks} | {pr.rounds} |")
+    ran = [t for t in tasks if t.agents_ready_s is not None]
+    if ran:
+        def avg(xs: list[float]) -> str:
+            return f"{statistics.fmean(xs):.3f}" if xs else "-"
+
+        lines += ["", "## Outside the rounds", "",
+                  f"- agents ready (launch to the last one listening), mean: {avg([t.agents_ready_s or 0 for t in ran])} s",
+                  f"- connection set-up (every overlay edge, before round 1), mean: "
+                  f"{avg([t.connect_s or 0 for t in ran])} s",
+                  f"- chunk sizes used: {sorted({t.chunk_bytes for t in ran if t.chunk_bytes})}",
+                  f"- tasks whose reservation was enforced on the links: "
+                  f"{sum(bool(t.reservation_enforced) for t in ran)} of {len(ran)}"]
+    return lines

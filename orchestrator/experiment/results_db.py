@@ -55,6 +55,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     state TEXT NOT NULL CHECK (state IN ('pending', 'scheduled', 'running', 'done', 'blocked', 'failed')),
     reason TEXT NOT NULL DEFAULT '',
     carried_bytes INTEGER,
+    setup_json TEXT NOT NULL DEFAULT '{}',
     PRIMARY KEY (run_id, scheduler, task_id)
 );
 CREATE TABLE IF NOT EXISTS schedules (
@@ -78,6 +79,11 @@ CREATE TABLE IF NOT EXISTS rounds (
     accuracy REAL,
     lower_bound_s REAL,
     stragglers INTEGER NOT NULL DEFAULT 0,
+    broadcast_all_s REAL,
+    upload_tail_s REAL,
+    broadcast_bound_s REAL,
+    upload_bound_s REAL,
+    reference_s REAL,
     PRIMARY KEY (run_id, scheduler, task_id, round)
 );
 CREATE TABLE IF NOT EXISTS network_state (
@@ -235,12 +241,24 @@ class ResultsDB:
         accuracy: float | None,
         lower_bound_s: float | None,
         stragglers: int = 0,
+        broadcast_all_s: float | None = None,
+        upload_tail_s: float | None = None,
+        broadcast_bound_s: float | None = None,
+        upload_bound_s: float | None = None,
+        reference_s: float | None = None,
     ) -> None:
         self.conn.execute(
-            "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, scheduler, task_id, round_, latency_s, broadcast_s, train_s, upload_s, accuracy,
-             lower_bound_s, stragglers),
+             lower_bound_s, stragglers, broadcast_all_s, upload_tail_s, broadcast_bound_s, upload_bound_s,
+             reference_s),
         )
+
+    def set_task_setup(self, run_id: int, scheduler: str, task_id: int, **figures: float | int | bool) -> None:
+        """Figures of a task outside its rounds: agent start-up, connection set-up, chunk size, ..."""
+        with self._tx() as c:
+            c.execute("UPDATE tasks SET setup_json = ? WHERE run_id = ? AND scheduler = ? AND task_id = ?",
+                      (json.dumps(figures), run_id, scheduler, task_id))
 
     def record_link_stats(self, run_id: int, ts: float, stats: list[tuple[str, str, int, float]]) -> None:
         with self._tx() as c:

@@ -37,8 +37,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.report import claims, plot, summarize, write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
-from orchestrator.scheduling.cost import emulated_rate, round_lower_bound
+from orchestrator.scheduling.cost import emulated_rate, round_figures
 from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
@@ -95,7 +96,8 @@ def model_bytes_of(cfg: ExperimentConfig) -> int:
     from workers.models import build_model, state_nbytes
 
     data = load_dataset("digits")
-    return state_nbytes(build_model(cfg.task.model, input_shape=data.input_shape, num_classes=data.num_classes))
+    return state_nbytes(build_model(cfg.task.model, input_shape=data.input_shape, num_classes=data.num_classes,
+                                    model_args=dict(cfg.task.model_args)))
 
 
 def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: str) -> dict[str, Any]:
@@ -275,7 +277,10 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         hosting = emulation_options(backend_kind, log_dir=run_dir / "workers")
         with Emulation(plan, log_dir=run_dir / "emulation", **hosting) as emu:
             info = emu.info
-            db.set_environment(run_id, environment(cfg, plan, info, backend_kind))
+            reservations = emu.client.health().get("reservations", {})
+            db.set_environment(run_id, environment(cfg, plan, info, backend_kind) | {
+                "reservations_enforced": bool(reservations.get("enforced")),
+                "reservations_note": reservations.get("reason", "")})
             LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s", len(plan.switches),
                      getattr(info, "bringup_s", 0.0), getattr(info, "delay_emulated", False))
             flows = plan_background(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed) \
@@ -334,23 +339,32 @@ def _run_one(
     state.admit(schedule)
     delay = bool(getattr(emu.info, "delay_emulated", False))
     rate = emulated_rate(plan)
-    bound0 = round_lower_bound(model, schedule, task.model_bytes, rate=rate, propagation=delay).total_s
-    db.record_schedule(run_id, schedule, bound0)
+    figures = round_figures(model, schedule, task.model_bytes, rate=rate, propagation=delay)
+    db.record_schedule(run_id, schedule, figures.lower_bound.total_s)
     db.set_task_state(run_id, name, task.id, "running")
     bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
     log_dir = backend.task_log_dir(run_dir / "tasks" / f"{name}-{task.id}")
-    emu.install_task(schedule)
+    installed = emu.install_task(schedule)
     try:
-        options = fl_options(model=cfg.task.model, rounds=task.rounds, partitioning=cfg.task.partition,
-                             alpha=cfg.task.alpha, seed=cfg.seed + task.id,
-                             global_timeout_s=cfg.task.round_timeout_s)
+        options = fl_options(model=cfg.task.model, model_args=dict(cfg.task.model_args), rounds=task.rounds,
+                             partitioning=cfg.task.partition, alpha=cfg.task.alpha, seed=cfg.seed + task.id)
+        timing = task_timing(model, schedule, task.model_bytes, rate=rate, propagation=delay,
+                             train_allowance_s=cfg.task.train_allowance_s)
         with watch_rounds(log_dir, schedule, task.rounds, bar):
-            result = run_task(schedule, backend=backend, options=options, log_dir=log_dir)
+            result = run_task(schedule, backend=backend, options=options, log_dir=log_dir, timing=timing)
+        db.set_task_setup(run_id, name, task.id, agents_ready_s=result.agents_ready_s, connect_s=result.connect_s,
+                          chunk_bytes=result.chunk_bytes, connections_lost=result.connections_lost,
+                          reservation_enforced=bool(installed.get("reservation", {}).get("enforced")),
+                          store_and_forward_s=figures.store_and_forward.broadcast_s
+                          + figures.store_and_forward.upload_s)
         for r in result.rounds:
-            b = round_lower_bound(model, schedule, result.model_bytes, rate=rate, propagation=delay, train_s=r.train_s)
+            bound = replace(figures.lower_bound, train_s=r.train_s)
             db.record_round(run_id, name, task.id, r.round, latency_s=r.latency_s, broadcast_s=r.broadcast_s,
-                            train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=b.total_s,
-                            stragglers=len(r.stragglers))
+                            train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=bound.total_s,
+                            stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s,
+                            upload_tail_s=r.upload_tail_s, broadcast_bound_s=bound.broadcast_s,
+                            upload_bound_s=bound.upload_s,
+                            reference_s=figures.reference.broadcast_s + r.train_s + figures.reference.upload_s)
         db.set_carried_bytes(run_id, name, task.id, carried_bytes(emu.client, task.id))
         db.set_task_state(run_id, name, task.id, "done")
         last = result.rounds[-1] if result.rounds else None

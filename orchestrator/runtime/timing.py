@@ -8,7 +8,7 @@ overlay hops of the deepest chain, plus the last node's checking) in about::
 where B is the bottleneck rate and alpha the fixed cost of one chunk at one stage (a frame header,
 a digest, a parse, a queue hand-off). dT/dc = 0 gives ``c* = sqrt(S * alpha * B / (h - 1))``:
 small enough that a deep chain pipelines, large enough that the per-chunk cost stays small.
-`optimal_chunk_bytes` clamps c* to [`MIN_CHUNK_BYTES`, `MAX_CHUNK_BYTES`] and to S.
+`optimal_chunk_bytes` clamps c* to [`MIN_CHUNK_BYTES`, `MAX_CHUNK_BYTES`], then to S (one chunk).
 
 Timeouts. A node waits for its upload children's chunks for `margin` times the task's
 store-and-forward round (broadcast + upload, at the emulated rates; `orchestrator.scheduling.cost`)
@@ -55,7 +55,7 @@ def optimal_chunk_bytes(model_bytes: int, stages: int, rate_mbps: float, *, alph
         best = float(model_bytes)
     else:
         best = math.sqrt(model_bytes * alpha_s * rate_mbps * 1e6 / 8 / (stages - 1))
-    return int(max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, model_bytes, best)))
+    return int(min(model_bytes, max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, best))))
 
 
 def pipelined_time_s(model_bytes: int, chunk_bytes: int, stages: int, rate_mbps: float,
