@@ -34,6 +34,8 @@ experiment: setup
 
 benchmark:
 	$(PY) benchmarks/bench_scheduling.py
+	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_transfer.py
+	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_dataplane.py
 
 clean:
 	@if [ -x $(NETAI) ]; then $(NETAI) clean; else bash scripts/clean.sh; fi

@@ -1,6 +1,6 @@
 """The experiment runner: everything `sudo make experiment` does after set-up.
 
-One run (DESIGN.md, "Data flow of one experiment"):
+One run (docs/architecture.md, "Data flow of one experiment"):
 
 1. validate the config and check the machine *before* anything starts (root, Mininet, Open vSwitch,
    the controller, iperf3, the compute backend); a failure here leaves nothing behind;

@@ -4,7 +4,8 @@
 network). `run_task` starts the agents through a `ComputeBackend` (`orchestrator.runtime.backends`): all
 non-G agents first, then G once every other agent reported ``ready`` (so round 1 does not include
 process start-up), waits for all of them, and always stops them. `summarize` turns the agents'
-JSON-lines timing events into per-round results (DESIGN.md, "Definitions"):
+JSON-lines timing events into per-round results
+(docs/architecture.md, "Definitions of the measured quantities"):
 
 - ``latency_s``: G's round start to G holding the aggregate;
 - the breakdown follows the round's critical path, the local model whose training ended last:

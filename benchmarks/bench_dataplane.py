@@ -1,0 +1,183 @@
+"""Data-plane figures, measured in one run on this machine and printed as ratios.
+
+- pipelining: ring:14, 8 locals, a ~2.8 MB model, links shaped at 20 Mbit/s, mst: the broadcast
+  (round start to the last local holding the model) and the upload (the last training's end to
+  G holding the aggregate), each over S/B; store-and-forward would give about the tree's depth;
+- bound: NSFNET, 8 locals, a transfer-dominated model: round latency over the round's lower bound
+  (`orchestrator.scheduling.cost`), median per scheduler;
+- stalls: NSFNET, 8 locals, spff and mst, background traffic on, many rounds of a small model:
+  the largest round over the median round of its task;
+- isolation: a task's broadcast time with iperf3 saturating the links it uses, over the same
+  without (the task's reservation is its own htb class on every link).
+
+Usage: ``sudo .venv/bin/python benchmarks/bench_dataplane.py [--only NAME] [--rounds-stall N]``.
+Runs one Mininet at a time; needs root, Open vSwitch and the project's venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.emulation.network import Emulation  # noqa: E402
+from orchestrator.runtime.backends import ProcessBackend  # noqa: E402
+from orchestrator.runtime.task_runner import FLOptions, TaskResult, run_task  # noqa: E402
+from orchestrator.runtime.timing import task_timing  # noqa: E402
+from orchestrator.scheduling import NetworkState, Schedule, get_scheduler  # noqa: E402
+from orchestrator.scheduling.cost import emulated_rate, round_figures  # noqa: E402
+from orchestrator.scheduling.tasks import generate_tasks  # noqa: E402
+from topologies.loaders import load  # noqa: E402
+from topologies.model import NetworkModel  # noqa: E402
+from topologies.plan import EmulationPlan  # noqa: E402
+
+MODEL_ARGS = {"hidden": 800, "layers": 2}  # 2.8 MB of float32 weights
+
+
+def _model_bytes(model_args: dict[str, Any]) -> int:
+    from workers.data import load_dataset
+    from workers.models import build_model, state_nbytes
+
+    data = load_dataset("digits")
+    return state_nbytes(build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes,
+                                    model_args=model_args))
+
+
+def _run(emu: Emulation, model: NetworkModel, schedule: Schedule, *, rounds: int, model_args: dict[str, Any],
+         model_bytes: int, log_dir: Path) -> TaskResult:
+    rate = emulated_rate(emu.plan)
+    timing = task_timing(model, schedule, model_bytes, rate=rate, train_allowance_s=30.0)
+    backend = ProcessBackend({h.site: emu.host(h.site) for h in emu.plan.hosts})
+    emu.install_task(schedule)
+    try:
+        return run_task(schedule, backend=backend, log_dir=log_dir, timing=timing,
+                        options=FLOptions(model="mlp", model_args=model_args, rounds=rounds, local_epochs=1))
+    finally:
+        emu.client.remove_task(schedule.task_id)
+
+
+def _schedule(model: NetworkModel, name: str, locals_: int, seed: int, model_bytes: int) -> Schedule:
+    task = generate_tasks(model, count=1, locals_per_task=locals_, seed=seed, model_bytes=model_bytes,
+                          demand_mbps=1000.0)[0]
+    s = get_scheduler(name).schedule(NetworkState(model), task)
+    if s.blocked:
+        raise SystemExit(f"{name} blocked the benchmark task: {s.reason}")
+    return s
+
+
+def pipelining(tmp: Path) -> None:
+    model = load("ring:14")
+    plan = EmulationPlan.from_model(model, max_link_mbps=20)
+    s_bytes = _model_bytes(MODEL_ARGS)
+    sched = _schedule(model, "mst", 8, 3, s_bytes)
+    sb = s_bytes * 8 / (min(ln.emulated_mbps for ln in plan.links) * 1e6)
+    with Emulation(plan) as emu:
+        res = _run(emu, model, sched, rounds=4, model_args=MODEL_ARGS, model_bytes=s_bytes, log_dir=tmp / "pipe")
+    bc = statistics.median(r.broadcast_all_s for r in res.rounds) / sb
+    up = statistics.median(r.upload_tail_s for r in res.rounds) / sb
+    print(f"pipelining (ring:14, 8 locals, mst, {s_bytes / 1e6:.1f} MB, 20 Mbit/s, tree depth "
+          f"{sched.depth('broadcast')}/{sched.depth('upload')}, chunks of {res.chunk_bytes} B): "
+          f"broadcast / (S/B) median {bc:.2f}, upload / (S/B) median {up:.2f} (target <= 1.3)")
+
+
+def bound(tmp: Path) -> None:
+    model = load("sndlib/nobel-us")
+    plan = EmulationPlan.from_model(model, max_link_mbps=50)
+    args = {"hidden": 1200, "layers": 2}
+    s_bytes = _model_bytes(args)
+    with Emulation(plan) as emu:
+        for name in ("spff", "mst", "steiner"):
+            sched = _schedule(model, name, 8, 5, s_bytes)
+            res = _run(emu, model, sched, rounds=4, model_args=args, model_bytes=s_bytes, log_dir=tmp / f"b-{name}")
+            fig = round_figures(model, sched, s_bytes, rate=emulated_rate(plan), propagation=False)
+            ratios = [r.latency_s / (fig.lower_bound.broadcast_s + r.train_s + fig.lower_bound.upload_s)
+                      for r in res.rounds]
+            print(f"bound (NSFNET, 8 locals, {s_bytes / 1e6:.1f} MB at 50 Mbit/s): {name} latency / lower bound "
+                  f"median {statistics.median(ratios):.2f} over {len(ratios)} rounds (target <= 1.25)")
+
+
+def stalls(tmp: Path, rounds: int) -> None:
+    from orchestrator.emulation.background import BackgroundConfig, BackgroundTraffic, plan_background
+
+    model = load("sndlib/nobel-us")
+    plan = EmulationPlan.from_model(model, max_link_mbps=100)
+    args = {"hidden": 64}
+    s_bytes = _model_bytes(args)
+    cfg = BackgroundConfig(load=0.3, pairs=6)
+    worst = []
+    with Emulation(plan) as emu:
+        flows = plan_background(model, plan, cfg, topology="sndlib/nobel-us", seed=1)
+        emu.client.set_background([[f.src, f.dst] for f in flows])
+        traffic = BackgroundTraffic(emu.host, flows, cfg, seed=1, log_dir=tmp / "bg")
+        traffic.start()
+        try:
+            for name in ("spff", "mst"):
+                sched = _schedule(model, name, 8, 7, s_bytes)
+                res = _run(emu, model, sched, rounds=rounds, model_args=args, model_bytes=s_bytes,
+                           log_dir=tmp / f"s-{name}")
+                lat = [r.latency_s for r in res.rounds]
+                worst.append(max(lat) / statistics.median(lat))
+                print(f"stalls (NSFNET, 8 locals, {name}, background on): {len(lat)} rounds, largest / median round "
+                      f"{worst[-1]:.2f} (target < 3), median {statistics.median(lat) * 1e3:.1f} ms")
+        finally:
+            traffic.stop()
+
+
+def isolation(tmp: Path) -> None:
+    model = load("ring:6")
+    plan = EmulationPlan.from_model(model, max_link_mbps=30)
+    s_bytes = _model_bytes(MODEL_ARGS)
+    sched = _schedule(model, "mst", 3, 11, s_bytes)
+    reserved = sched.demand_mbps * plan.bw_scale
+    with Emulation(plan) as emu:
+        quiet = _run(emu, model, sched, rounds=3, model_args=MODEL_ARGS, model_bytes=s_bytes, log_dir=tmp / "i0")
+        # saturate every directed link the task's broadcast uses, with iperf3 between its end hosts
+        pairs = sorted({(e.path[0], e.path[-1]) for e in sched.edges_of("broadcast")})
+        emu.client.set_background([list(p) for p in pairs])
+        servers, clients = [], []
+        for i, (_a, b) in enumerate(pairs):
+            port = str(5300 + i)
+            servers.append(emu.host(b).popen(["iperf3", "-s", "-1", "-p", port, "-B", emu.host(b).IP()]))
+        for i, (a, b) in enumerate(pairs):
+            clients.append(emu.host(a).popen(["iperf3", "-c", emu.host(b).IP(), "-p", str(5300 + i), "-t", "60",
+                                              "-P", "4"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        try:
+            busy = _run(emu, model, sched, rounds=3, model_args=MODEL_ARGS, model_bytes=s_bytes, log_dir=tmp / "i1")
+        finally:
+            for p in clients + servers:
+                p.kill()
+                p.wait()
+    quiet_s = statistics.median(r.broadcast_all_s for r in quiet.rounds)
+    busy_s = statistics.median(r.broadcast_all_s for r in busy.rounds)
+    print(f"isolation (ring:6, 30 Mbit/s links, reserved {reserved:.1f} Mbit/s per path): broadcast with saturating "
+          f"background / without: {busy_s / quiet_s:.2f} (target <= 1.15)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", choices=("pipelining", "bound", "stalls", "isolation"))
+    parser.add_argument("--rounds-stall", type=int, default=250, help="rounds per scheduler in the stall run")
+    args = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench_dataplane: run as root (it starts Mininet)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="netai-bench-dp-") as d:
+        tmp = Path(d)
+        for name, fn in (("pipelining", pipelining), ("bound", bound), ("isolation", isolation)):
+            if args.only in (None, name):
+                fn(tmp)
+        if args.only in (None, "stalls"):
+            stalls(tmp, args.rounds_stall)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
