@@ -6,13 +6,13 @@ Open vSwitch bridge, the testbed's own host-to-switch data path. It measures raw
 then runs a real two-agent task (G in one namespace, one local model in the other) with a model
 of >= 40 MB of float32 weights and reads the agents' timing events:
 
-- GLOBAL (G -> L): G's ``forward_sent`` ``send_s`` (connect to the receiver having read,
-  checksummed, parsed and shape-checked every tensor and closed the connection);
-- UPDATE (L -> G): L's ``update_sent`` ``send_s``, likewise.
+- GLOBAL (G -> L): G's ``round_start`` to L's ``global_received`` (encoding, the transfer on the
+  round's open connection, and L's per-chunk digest and template checks, all included);
+- UPDATE (L -> G): L's ``train_end`` to G's ``aggregated``, likewise.
 
-Throughput = bytes on the wire / send_s. The figure printed is the median over rounds as a ratio to
-iperf3 in the same direction (target >= 0.7). Encoding (safetensors views + SHA-256, done once per
-message whatever the number of children) is reported separately.
+Throughput = model bytes / that time (both agents log on CLOCK_MONOTONIC of one machine). The figure
+printed is the median over rounds as a ratio to iperf3 in the same direction (targets: >= 0.7 on the
+raw veth, >= 0.9 over the testbed's own link).
 
 Run as root: ``sudo .venv/bin/python benchmarks/bench_transfer.py [--quick] [--json]``.
 """

@@ -1,7 +1,8 @@
 """Weighted federated averaging (FedAvg) as pure typed functions.
 
 `aggregate` is the plain reference (Flower's ``aggregate``): the example-weighted mean of several
-weight sets. `WeightedAccumulator` is the path the agent uses: it folds updates in one at a time,
+weight sets. `ChunkSum` is the path the agent's round engine uses, one chunk of the model at a
+time (`workers.rounds`). `WeightedAccumulator` is the same over whole tensor sets: it folds updates in one at a time,
 as they arrive, into float64 running sums (no list of all updates, one buffer per tensor), so a
 relay aggregates while its other children are still sending. Because a partial aggregate carries
 its example count, aggregating along any tree gives the flat FedAvg of the leaves (up to float

@@ -23,7 +23,11 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
 
 Timing events (JSON lines, `workers.events`): connected, round_start (G), global_first,
 forward_first, global_received, train_start, train_end, child_received, child_timeout, child_lost,
-connection_lost, update_first_sent, update_sent, aggregated, round_complete, rejected, stale, done.
+connection_lost, update_first_sent, update_sent, aggregated, round_complete, rejected, stale, connect,
+own_excluded, stopped, error, done.
+
+(Over 400 lines: one state machine whose handlers share the round's state; split apart, each piece
+would need all of it.)
 
 What this module must not do: touch sockets or files (it calls `Sender.send` and the learner).
 """

@@ -1,7 +1,7 @@
 """Turn a run's database rows into the results a researcher reads: CSVs, figures, a report.
 
 Summaries are computed from the database only (never from in-memory state of the runner), so
-anything plotted can be recomputed from the rows (`tests/unit/test_results.py` does).
+anything plotted can be recomputed from the rows (`tests/unit/test_experiment_pieces.py` does).
 
 Per task: its mean round latency over the rounds it completed without a straggler (rounds with
 one are counted separately), its reserved bandwidth, its carried bytes, its mean ratios of

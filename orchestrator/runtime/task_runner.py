@@ -1,9 +1,9 @@
 """Run one FL task on a `Schedule`: agent configs, start/stop through a compute backend, results.
 
 `agent_configs` turns a schedule into one `AgentConfig` per overlay node (pure; tested without any
-network). `run_task` starts the agents through a `ComputeBackend` (`orchestrator.runtime.backends`): all
-non-G agents first, then G once every other agent reported ``ready`` (so round 1 does not include
-process start-up), waits for all of them, and always stops them. `summarize` turns the agents'
+network). `run_task` starts every agent at once through a `ComputeBackend`
+(`orchestrator.runtime.backends`); the agents connect every overlay edge before G starts round 1
+(so no round includes process start-up or a connect), it waits for all of them, and always stops them. `summarize` turns the agents'
 JSON-lines timing events into per-round results
 (docs/architecture.md, "Definitions of the measured quantities"):
 
@@ -350,7 +350,7 @@ def run_task(
         for h in handles.values():
             h.stop()
     events = {n: read_events(p) for n, p in paths.items()}
-    return _task_result(schedule, backend.name, options, events, log_dir)
+    return _task_result(schedule, backend.name, options, events, log_dir, launched)
 
 
 def _wait_for_agents(handles: Mapping[str, WorkerHandle], paths: Mapping[str, Path], g: str, deadline: float,
@@ -371,7 +371,8 @@ def _wait_for_agents(handles: Mapping[str, WorkerHandle], paths: Mapping[str, Pa
 
 
 def _task_result(schedule: Schedule, backend: str, options: FLOptions,
-                 events: Mapping[str, Sequence[Mapping[str, Any]]], log_dir: Path) -> TaskResult:
+                 events: Mapping[str, Sequence[Mapping[str, Any]]], log_dir: Path, launched: float) -> TaskResult:
+    # The agents log on CLOCK_MONOTONIC, the clock `launched` was read on (one kernel, containers too).
     g_events = events.get(schedule.global_site, [])
     ready = [float(e["t"]) for evs in events.values() for e in evs if e.get("event") == "ready"]
     connected = [float(e["t"]) for e in g_events if e.get("event") == "connected"]
@@ -384,7 +385,7 @@ def _task_result(schedule: Schedule, backend: str, options: FLOptions,
         model_bytes=int(first_ready[0]["model_bytes"]) if first_ready else 0,
         log_dir=str(log_dir),
         rejected=tuple(dict(e) for evs in events.values() for e in evs if e.get("event") == "rejected"),
-        agents_ready_s=(max(ready) - min(ready)) if ready else 0.0,
+        agents_ready_s=max(0.0, max(ready) - launched) if ready else 0.0,
         connect_s=max(0.0, connected[0] - max(ready)) if connected and ready else 0.0,
         chunk_bytes=int(first_ready[0].get("chunk_bytes", 0)) if first_ready else 0,
         connections_lost=sum(1 for evs in events.values() for e in evs
