@@ -247,7 +247,7 @@ def _global(tmp_path: Path, timeout_s: float) -> AgentConfig:
                        events_path=str(tmp_path / "G.events.jsonl"))
 
 
-@pytest.mark.parametrize("l2_sends", ["nothing", "bad_frame", "half_then_breaks", "wrong_sender"])
+@pytest.mark.parametrize("l2_sends", ["nothing", "bad_frame", "wrong_shape", "half_then_breaks", "wrong_sender"])
 def test_global_completes_the_round_without_a_silent_bad_or_broken_child(tmp_path: Path, l2_sends: str) -> None:
     fakes = [FakeListener("127.0.0.62", BPORT), FakeListener("127.0.0.63", BPORT)]
     cfg = _global(tmp_path, 2.0 if l2_sends == "nothing" else 60.0)
@@ -268,6 +268,11 @@ def test_global_completes_the_round_without_a_silent_bad_or_broken_child(tmp_pat
         l2 = _chunks("UPDATE", 3, 1, "L2", l2_update, n=300)
         if l2_sends == "bad_frame":
             conns["L2"].sendall(l2[0][:-3] + b"xyz")
+        elif l2_sends == "wrong_shape":
+            piece = LAYOUT[0].pieces[0]
+            bad = {piece.name: torch.zeros(piece.shape[0] + 1, *piece.shape[1:])}  # one row too many
+            conns["L2"].sendall(b"".join(bytes(p) for p in encode_chunk(
+                Header("UPDATE", 3, 1, "L2", num_examples=300, chunk=0, chunks=len(LAYOUT)), bad)))
         elif l2_sends == "half_then_breaks":
             for frame in l2[:half]:
                 conns["L2"].sendall(frame)
@@ -285,6 +290,9 @@ def test_global_completes_the_round_without_a_silent_bad_or_broken_child(tmp_pat
     assert done["stragglers"] == ["L2"]
     expected_event = "child_timeout" if l2_sends == "nothing" else "child_lost"
     assert _wait_event(ev, expected_event, child="L2")["round"] == 1
+    rejected = {e["reason"] for e in _events(ev) if e["event"] == "rejected"}
+    assert rejected == {"bad_frame": {"bad_checksum"}, "wrong_shape": {"bad_tensors"},
+                        "wrong_sender": {"wrong_sender"}}.get(l2_sends, set())
     model = agent.learner.model.state_dict()
     for spec in LAYOUT:
         both = l2_sends == "half_then_breaks" and spec.index < half
