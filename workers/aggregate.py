@@ -125,6 +125,7 @@ class ChunkSum:
     num_examples: int = 0
     single: dict[str, torch.Tensor] | None = None
     sums: dict[str, torch.Tensor] | None = None
+    dtypes: dict[str, torch.dtype] = field(default_factory=dict)
 
     def add(self, who: str, tensors: Mapping[str, torch.Tensor], n: int) -> None:
         self.have.add(who)
@@ -132,6 +133,7 @@ class ChunkSum:
             return
         if self.num_examples == 0:
             self.single = dict(tensors)
+            self.dtypes = {k: v.dtype for k, v in tensors.items()}
         else:
             if self.sums is None:
                 assert self.single is not None
@@ -141,11 +143,11 @@ class ChunkSum:
                 self.sums[k].add_(v.to(torch.float64), alpha=n)
         self.num_examples += n
 
-    def mean(self, dtypes: Mapping[str, torch.dtype]) -> dict[str, torch.Tensor] | None:
+    def mean(self) -> dict[str, torch.Tensor] | None:
         """The example-weighted mean (None when nothing with examples arrived)."""
         if self.num_examples == 0:
             return None
         if self.sums is None:
             assert self.single is not None
             return self.single
-        return {k: (v / self.num_examples).to(dtypes[k]) for k, v in self.sums.items()}
+        return {k: (v / self.num_examples).to(self.dtypes[k]) for k, v in self.sums.items()}

@@ -122,7 +122,6 @@ class RoundEngine:
         self.upload_out = upload_out
         self.clock = clock
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
-        self.dtypes = {k: v.dtype for k, v in learner.template.items()}
         self._incoming = {k: v.clone() for k, v in learner.template.items()}
         self._next_global: dict[str, torch.Tensor] = {}
         self.rounds: dict[int, _Round] = {}
@@ -365,7 +364,7 @@ class RoundEngine:
         n = acc.num_examples
         st.min_examples = n if st.min_examples is None else min(st.min_examples, n)
         st.max_examples = max(st.max_examples, n)
-        mean = acc.mean(self.dtypes)
+        mean = acc.mean()
         if self.cfg.is_global:
             if mean is not None:
                 for p in self.layout[k].pieces:
