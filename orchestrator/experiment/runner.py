@@ -340,7 +340,7 @@ def _run_one(
     delay = bool(getattr(emu.info, "delay_emulated", False))
     rate = emulated_rate(plan)
     figures = round_figures(model, schedule, task.model_bytes, rate=rate, propagation=delay)
-    db.record_schedule(run_id, schedule, figures.lower_bound.total_s)
+    db.record_schedule(run_id, schedule, figures.lower_bound.lower_s)
     db.set_task_state(run_id, name, task.id, "running")
     bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
     log_dir = backend.task_log_dir(run_dir / "tasks" / f"{name}-{task.id}")
@@ -358,13 +358,13 @@ def _run_one(
                           store_and_forward_s=figures.store_and_forward.broadcast_s
                           + figures.store_and_forward.upload_s)
         for r in result.rounds:
-            bound = replace(figures.lower_bound, train_s=r.train_s)
+            bound = replace(figures.lower_bound, train_s=r.train_min_s)
             db.record_round(run_id, name, task.id, r.round, latency_s=r.latency_s, broadcast_s=r.broadcast_s,
-                            train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=bound.total_s,
+                            train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=bound.lower_s,
                             stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s,
                             upload_tail_s=r.upload_tail_s, broadcast_bound_s=bound.broadcast_s,
                             upload_bound_s=bound.upload_s,
-                            reference_s=figures.reference.broadcast_s + r.train_s + figures.reference.upload_s)
+                            reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
         db.set_carried_bytes(run_id, name, task.id, carried_bytes(emu.client, task.id))
         db.set_task_state(run_id, name, task.id, "done")
         last = result.rounds[-1] if result.rounds else None

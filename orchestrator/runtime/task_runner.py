@@ -177,6 +177,8 @@ class RoundResult:
     broadcast_all_s: float = 0.0
     #: The last local's training end to G holding the aggregate.
     upload_tail_s: float = 0.0
+    #: The shortest local training of the round (what a round's lower bound may count).
+    train_min_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -259,6 +261,9 @@ def summarize(
                     if (e := at(events.get(site, []), "global_received", r)) is not None]
         trained = [float(e["t"]) for site in schedule.local_sites
                    if (e := at(events.get(site, []), "train_end", r)) is not None]
+        spans = [float(e["t"]) - float(s["t"]) for site in schedule.local_sites
+                 if (e := at(events.get(site, []), "train_end", r)) is not None
+                 and (s := at(events.get(site, []), "train_start", r)) is not None]
         if crit is None:
             broadcast = train = 0.0
         else:
@@ -277,6 +282,7 @@ def summarize(
                 stragglers=tuple(left_out),
                 broadcast_all_s=max(received) - t0 if received else 0.0,
                 upload_tail_s=t_agg - max(trained) if trained else 0.0,
+                train_min_s=min(spans) if spans else 0.0,
             )
         )
     return results

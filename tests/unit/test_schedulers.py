@@ -276,3 +276,13 @@ def test_bound_without_propagation_and_with_emulated_rates() -> None:
     # 1 MB over 100 Mbit/s = 80 ms per procedure, no fiber delay.
     assert b.broadcast_s == pytest.approx(0.08) and b.upload_s == pytest.approx(0.08)
     assert b.total_s == pytest.approx(0.66)
+
+
+def test_a_round_lower_bound_overlaps_the_procedures() -> None:
+    from orchestrator.scheduling.cost import RoundBound
+
+    b = RoundBound(broadcast_s=0.3, train_s=0.1, upload_s=0.5)
+
+    # a near local may upload while a far one still receives: only the larger procedure counts
+    assert b.lower_s == pytest.approx(0.6)
+    assert b.total_s == pytest.approx(0.9) and b.lower_s < b.total_s
