@@ -65,9 +65,10 @@ def _run(emu: Emulation, model: NetworkModel, schedule: Schedule, *, rounds: int
         emu.client.remove_task(schedule.task_id)
 
 
-def _schedule(model: NetworkModel, name: str, locals_: int, seed: int, model_bytes: int) -> Schedule:
+def _schedule(model: NetworkModel, name: str, locals_: int, seed: int, model_bytes: int,
+              demand_mbps: float = 1000.0) -> Schedule:
     task = generate_tasks(model, count=1, locals_per_task=locals_, seed=seed, model_bytes=model_bytes,
-                          demand_mbps=1000.0)[0]
+                          demand_mbps=demand_mbps)[0]
     s = get_scheduler(name).schedule(NetworkState(model), task)
     if s.blocked:
         raise SystemExit(f"{name} blocked the benchmark task: {s.reason}")
@@ -138,7 +139,9 @@ def isolation(tmp: Path) -> None:
     model = load("ring:6")
     plan = EmulationPlan.from_model(model, max_link_mbps=30)
     s_bytes = _model_bytes(MODEL_ARGS)
-    sched = _schedule(model, "mst", 3, 11, s_bytes)
+    # the task reserves half of every link it crosses (a lightpath of half the link's rate)
+    half = 0.5 * min(ln.capacity_mbps for ln in model.iter_links())
+    sched = _schedule(model, "mst", 3, 11, s_bytes, demand_mbps=half)
     reserved = sched.demand_mbps * plan.bw_scale
     with Emulation(plan) as emu:
         quiet = _run(emu, model, sched, rounds=3, model_args=MODEL_ARGS, model_bytes=s_bytes, log_dir=tmp / "i0")
@@ -168,12 +171,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=("pipelining", "bound", "stalls", "isolation"))
     parser.add_argument("--rounds-stall", type=int, default=250, help="rounds per scheduler in the stall run")
+    parser.add_argument("--keep", type=Path, help="keep the agents' logs in this directory")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
         print("bench_dataplane: run as root (it starts Mininet)", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory(prefix="netai-bench-dp-") as d:
-        tmp = Path(d)
+        tmp = args.keep or Path(d)
         for name, fn in (("pipelining", pipelining), ("bound", bound), ("isolation", isolation)):
             if args.only in (None, name):
                 fn(tmp)

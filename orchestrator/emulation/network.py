@@ -56,11 +56,13 @@ from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import Schedule
 from topologies.errors import TopologyError
 from topologies.mininet_topo import HostParams, PlanTopo, switch_interfaces
-from topologies.plan import EmulationPlan
+from topologies.plan import IP_PREFIX_LEN, EmulationPlan
 
 LOG = logging.getLogger(__name__)
 LOG_ROOT = Path(os.environ.get("NETAI_LOG_DIR", "/var/log/netai"))
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
+#: TCP's minimum retransmission timeout on the hosts' routes (see `Emulation._set_rto_min`).
+RTO_MIN_MS = 10
 
 _delay_warning_given = False
 
@@ -344,6 +346,27 @@ class Emulation:
         for h in self.net.hosts:
             # IPv6 neighbour discovery would only be dropped by the table-miss entry; keep counters clean.
             h.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
+            self._set_rto_min(h)
+
+    @staticmethod
+    def _set_rto_min(host: Any) -> None:
+        """TCP's minimum retransmission timeout on the host's route to the emulated network.
+
+        Linux's default (200 ms) is meant for WAN round trips; here they are below a millisecond, so
+        one lost tail segment of a small message cost a round 200-300 ms (measured: the round's
+        largest/median ratio up to 70 on NSFNET with background load). Data-centre fabrics lower it
+        the same way, per route.
+        """
+        intf = host.defaultIntf()
+        if intf is None:
+            return
+        prefix = f"10.0.0.0/{IP_PREFIX_LEN}"
+        cmd = ["ip", "route", "replace", prefix, "dev", str(intf), "proto", "kernel", "scope", "link",
+               "src", str(host.IP()), "rto_min", f"{RTO_MIN_MS}ms"]
+        proc = host.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        _out, err = proc.communicate(timeout=10)
+        if proc.returncode != 0:
+            raise EmulationError(f"{host.name}: setting rto_min failed: {err.decode(errors='replace').strip()}")
 
     def stop(self) -> EmulationInfo | None:
         """Tear everything down (idempotent) and check that nothing of the run is left."""
