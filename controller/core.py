@@ -12,6 +12,10 @@ installed and their summaries, like ``/health``, say that the reservation is not
 
 It must not import the OpenFlow framework, block on anything but its sender and its shaper, or open
 sockets. Errors carry an HTTP-like `status` so the REST layer can map them without knowing the cases.
+
+Over 400 lines: every decision of the controller (switches, tasks, background, reservations,
+counters) works on one locked state; the pure builders live in `controller.flows` and
+`controller.shaping`.
 """
 
 from __future__ import annotations

@@ -30,6 +30,9 @@ Pure builders turn `TaskPaths` + `EmulationPlan` into ``tc`` argument lists (`ta
 `install_commands`, `remove_commands`, `batch_text`); a `TcRunner` executes them
 (`SubprocessTc`: ``tc -batch -`` with the lines on stdin, never a shell). This module imports
 nothing from the orchestrator or the workers.
+
+Over 400 lines: the htb layout, class-id allocation and the u32 filters are one mechanism whose
+pure builders and runner are tested together.
 """
 
 from __future__ import annotations

@@ -22,6 +22,9 @@ empties the system temp dir).
 Mininet runs are machine-global (interface names): callers serialise runs (the project wraps
 commands that start Mininet in ``flock /tmp/netai-mininet.lock``). This module must not run
 ``mn -c`` nor touch anything without the run's marks.
+
+Over 400 lines: bring-up, signals and teardown of one run share its state (processes, bridges,
+state file); cleanup of crashed runs lives in `orchestrator.emulation.cleanup`.
 """
 
 from __future__ import annotations

@@ -243,60 +243,11 @@ def self_test(
         )
         say(f"up: {info.switches_connected}/{len(plan.switches)} switches in {info.bringup_s:.2f} s")
         emu.install_task(schedule)
-        # Overlay neighbours reach each other on the edge's port.
-        failures = []
-        for edge in schedule.edges:
-            r = iperf(emu.host(edge.src), emu.host(edge.dst), edge_port(schedule, edge.procedure), nbytes=64_000)
-            if not r.ok:
-                failures.append(f"{edge.procedure} {edge.src}->{edge.dst}: {r.error}")
-        result["paths_ok"] = not failures
-        result["path_failures"] = failures
-        say(f"paths: {len(schedule.edges) - len(failures)}/{len(schedule.edges)} overlay edges carry TCP")
-        # Two hosts no route joins stay isolated (TCP on a task port and ICMP).
-        a, b = iso_a, iso_b
-        tcp = iperf(emu.host(a), emu.host(b), edge_port(schedule, "broadcast"), nbytes=10_000, connect_timeout_s=1.0)
-        icmp = ping_ok(emu.host(a), emu.host(b))
-        result["isolation_ok"] = not tcp.ok and not icmp
-        result["isolated_pair"] = [a, b]
-        say(f"isolation {a} <-> {b}: {'ok' if result['isolation_ok'] else 'BROKEN'}")
-        # Flow tables equal the schedule's entries.
-        diffs = compare_flow_tables(emu, expected_entries(plan, [schedule]))
-        result["flows_match"] = not diffs
-        result["flow_diffs"] = diffs
-        say(f"flow tables: {'match' if not diffs else f'{len(diffs)} switch(es) differ'} the schedule")
-        # The task's byte counters grow by at least the bytes sent over one edge.
-        edge = max(schedule.edges, key=lambda e: len(e.path))
-        first_dpid = plan.switch(edge.src).dpid
-
-        def edge_bytes() -> int:
-            dst_ip = plan.host(edge.dst).ip
-            port = edge_port(schedule, edge.procedure)
-            return sum(
-                f["bytes"] for f in emu.client.flows(task.id)
-                if f["dpid"] == first_dpid and f["match"].get("ipv4_dst") == dst_ip and f["match"].get("tcp_dst") == port
-            )
-
-        before = edge_bytes()
-        sent = iperf(emu.host(edge.src), emu.host(edge.dst), edge_port(schedule, edge.procedure), nbytes=2_000_000)
-        # Payload the receiver got is a lower bound of the bytes (with headers) the entry carried.
-        grown = poll_counter(lambda: edge_bytes() - before, sent.bytes_received) if sent.ok else 0
-        result["bytes_ok"] = sent.ok and sent.bytes_received > 0 and grown >= sent.bytes_received
-        result["bytes_sent"], result["bytes_counted"] = sent.bytes_received, grown
-        say(f"byte counters: {sent.bytes_received} payload bytes received, {grown} counted on {edge.src}'s switch")
-        # iperf3 over a shaped multi-hop path (a background route between two other hosts).
-        a, b, path = perf_a, perf_b, perf_path
-        emu.client.set_background([[a, b]])
-        configured = min(plan_link_mbps(plan, u, v) for u, v in itertools.pairwise(path))
-        r = iperf(emu.host(a), emu.host(b), 5201, seconds=iperf_seconds)
-        result.update(
-            iperf_path=path,
-            iperf_mbps=round(r.mbps, 3),
-            iperf_configured_mbps=configured,
-            iperf_ratio=round(r.mbps / configured, 4) if r.ok else 0.0,
-            iperf_ratio_of_ceiling=round(r.mbps / (configured * GOODPUT_CEILING), 4) if r.ok else 0.0,
-        )
-        say(f"iperf3 {a}->{b} over {len(path) - 1} shaped links: {r.mbps:.1f} of {configured:g} Mbit/s "
-            f"(ratio {result['iperf_ratio']:.3f} of line rate)")
+        _check_paths(emu, schedule, result, say)
+        _check_isolation(emu, schedule, (iso_a, iso_b), result, say)
+        _check_flows(emu, schedule, result, say)
+        _check_bytes(emu, schedule, result, say)
+        _check_iperf(emu, (perf_a, perf_b, perf_path), iperf_seconds, result, say)
     info = emu.info
     assert info is not None
     result["teardown_clean"] = bool(info.teardown_clean)
@@ -315,3 +266,78 @@ def plan_link_mbps(plan: EmulationPlan, a: str, b: str) -> float:
         if {ln.a, ln.b} == {a, b}:
             return ln.emulated_mbps
     raise ValueError(f"no link {a}-{b}")
+
+
+Say = Callable[[str], None]
+
+
+def _check_paths(emu: Emulation, schedule: Schedule, result: dict[str, Any], say: Say) -> None:
+    """Overlay neighbours reach each other on the edge's port."""
+    failures = []
+    for edge in schedule.edges:
+        r = iperf(emu.host(edge.src), emu.host(edge.dst), edge_port(schedule, edge.procedure), nbytes=64_000)
+        if not r.ok:
+            failures.append(f"{edge.procedure} {edge.src}->{edge.dst}: {r.error}")
+    result["paths_ok"] = not failures
+    result["path_failures"] = failures
+    say(f"paths: {len(schedule.edges) - len(failures)}/{len(schedule.edges)} overlay edges carry TCP")
+
+
+def _check_isolation(emu: Emulation, schedule: Schedule, pair: tuple[str, str], result: dict[str, Any],
+                     say: Say) -> None:
+    """Two hosts no route joins stay isolated (TCP on a task port and ICMP)."""
+    a, b = pair
+    tcp = iperf(emu.host(a), emu.host(b), edge_port(schedule, "broadcast"), nbytes=10_000, connect_timeout_s=1.0)
+    icmp = ping_ok(emu.host(a), emu.host(b))
+    result["isolation_ok"] = not tcp.ok and not icmp
+    result["isolated_pair"] = [a, b]
+    say(f"isolation {a} <-> {b}: {'ok' if result['isolation_ok'] else 'BROKEN'}")
+
+
+def _check_flows(emu: Emulation, schedule: Schedule, result: dict[str, Any], say: Say) -> None:
+    """Flow tables equal the schedule's entries."""
+    diffs = compare_flow_tables(emu, expected_entries(emu.plan, [schedule]))
+    result["flows_match"] = not diffs
+    result["flow_diffs"] = diffs
+    say(f"flow tables: {'match' if not diffs else f'{len(diffs)} switch(es) differ'} the schedule")
+
+
+def _check_bytes(emu: Emulation, schedule: Schedule, result: dict[str, Any], say: Say) -> None:
+    """The task's byte counters grow by at least the bytes sent over one edge."""
+    plan = emu.plan
+    edge = max(schedule.edges, key=lambda e: len(e.path))
+    first_dpid = plan.switch(edge.src).dpid
+    dst_ip = plan.host(edge.dst).ip
+    port = edge_port(schedule, edge.procedure)
+
+    def edge_bytes() -> int:
+        return sum(
+            f["bytes"] for f in emu.client.flows(schedule.task_id)
+            if f["dpid"] == first_dpid and f["match"].get("ipv4_dst") == dst_ip and f["match"].get("tcp_dst") == port
+        )
+
+    before = edge_bytes()
+    sent = iperf(emu.host(edge.src), emu.host(edge.dst), port, nbytes=2_000_000)
+    # Payload the receiver got is a lower bound of the bytes (with headers) the entry carried.
+    grown = poll_counter(lambda: edge_bytes() - before, sent.bytes_received) if sent.ok else 0
+    result["bytes_ok"] = sent.ok and sent.bytes_received > 0 and grown >= sent.bytes_received
+    result["bytes_sent"], result["bytes_counted"] = sent.bytes_received, grown
+    say(f"byte counters: {sent.bytes_received} payload bytes received, {grown} counted on {edge.src}'s switch")
+
+
+def _check_iperf(emu: Emulation, pair: tuple[str, str, list[str]], seconds: float, result: dict[str, Any],
+                 say: Say) -> None:
+    """iperf3 over a shaped multi-hop path (a background route between two other hosts)."""
+    a, b, path = pair
+    emu.client.set_background([[a, b]])
+    configured = min(plan_link_mbps(emu.plan, u, v) for u, v in itertools.pairwise(path))
+    r = iperf(emu.host(a), emu.host(b), 5201, seconds=seconds)
+    result.update(
+        iperf_path=path,
+        iperf_mbps=round(r.mbps, 3),
+        iperf_configured_mbps=configured,
+        iperf_ratio=round(r.mbps / configured, 4) if r.ok else 0.0,
+        iperf_ratio_of_ceiling=round(r.mbps / (configured * GOODPUT_CEILING), 4) if r.ok else 0.0,
+    )
+    say(f"iperf3 {a}->{b} over {len(path) - 1} shaped links: {r.mbps:.1f} of {configured:g} Mbit/s "
+        f"(ratio {result['iperf_ratio']:.3f} of line rate)")

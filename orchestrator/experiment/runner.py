@@ -15,6 +15,9 @@ One run (docs/architecture.md, "Data flow of one experiment"):
 
 Ctrl-C or SIGTERM: the emulation and the workers are torn down, the run is marked interrupted,
 and the results written so far are kept.
+
+Over 400 lines: preflight, task sets, progress and the run loop share the run's objects; the results
+side (CSV, figures, report) already lives in `orchestrator.experiment.report`.
 """
 
 from __future__ import annotations
