@@ -139,9 +139,9 @@ def isolation(tmp: Path) -> None:
     model = load("ring:6")
     plan = EmulationPlan.from_model(model, max_link_mbps=30)
     s_bytes = _model_bytes(MODEL_ARGS)
-    # each path reserves a quarter of every link it crosses (a tree may put two copies on one link)
-    quarter = 0.25 * min(ln.capacity_mbps for ln in model.iter_links())
-    sched = _schedule(model, "mst", 3, 11, s_bytes, demand_mbps=quarter)
+    # each path reserves one whole lightpath (a demand fits one wavelength) on every link it crosses
+    lightpath = min(ln.wavelength_mbps for ln in model.iter_links())
+    sched = _schedule(model, "mst", 3, 11, s_bytes, demand_mbps=lightpath)
     reserved = sched.demand_mbps * plan.bw_scale
     with Emulation(plan) as emu:
         quiet = _run(emu, model, sched, rounds=3, model_args=MODEL_ARGS, model_bytes=s_bytes, log_dir=tmp / "i0")
