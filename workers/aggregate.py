@@ -114,18 +114,17 @@ def aggregate_tensors(results: Sequence[tuple[Mapping[str, torch.Tensor], int]])
 
 @dataclass
 class ChunkSum:
-    """The example-weighted sum of one chunk's contributions, folded in as they arrive.
+    """The example-weighted mean of one chunk's contributions, folded in as they arrive.
 
     One contribution is kept as it is (and passed on unchanged: the mean of one); from the second
-    on, sums are float64. `mean` casts back to each piece's dtype. Contributions with no examples
-    only mark the contributor as heard from.
+    on, a `WeightedAccumulator` sums in float64. Contributions with no examples only mark the
+    contributor as heard from.
     """
 
     have: set[str] = field(default_factory=set)
     num_examples: int = 0
     single: dict[str, torch.Tensor] | None = None
-    sums: dict[str, torch.Tensor] | None = None
-    dtypes: dict[str, torch.dtype] = field(default_factory=dict)
+    sums: WeightedAccumulator | None = None
 
     def add(self, who: str, tensors: Mapping[str, torch.Tensor], n: int) -> None:
         self.have.add(who)
@@ -133,21 +132,21 @@ class ChunkSum:
             return
         if self.num_examples == 0:
             self.single = dict(tensors)
-            self.dtypes = {k: v.dtype for k, v in tensors.items()}
         else:
             if self.sums is None:
                 assert self.single is not None
-                self.sums = {k: v.to(torch.float64) * self.num_examples for k, v in self.single.items()}
+                self.sums = WeightedAccumulator()
+                self.sums.add(self.single, self.num_examples)
                 self.single = None
-            for k, v in tensors.items():
-                self.sums[k].add_(v.to(torch.float64), alpha=n)
+            self.sums.add(tensors, n)
         self.num_examples += n
 
     def mean(self) -> dict[str, torch.Tensor] | None:
         """The example-weighted mean (None when nothing with examples arrived)."""
         if self.num_examples == 0:
             return None
-        if self.sums is None:
-            assert self.single is not None
-            return self.single
+        if self.sums is not None:
+            return self.sums.result()
+        assert self.single is not None
+        return self.single
         return {k: (v / self.num_examples).to(self.dtypes[k]) for k, v in self.sums.items()}

@@ -14,9 +14,6 @@ from typing import Any
 #: Chunk size of GLOBAL and UPDATE messages (1 MiB was fastest in benchmarks/bench_transfer.py).
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 
-#: Slack on top of the model's tensor bytes for the safetensors header of each chunk.
-PAYLOAD_SLACK_BYTES = 1024 * 1024
-
 
 @dataclass(frozen=True, kw_only=True)
 class Peer:

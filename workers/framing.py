@@ -29,7 +29,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Final
 
 import torch
@@ -40,8 +40,6 @@ VERSION: Final = 2
 FIXED = struct.Struct(">4sBBHIQ")
 FIXED_LEN: Final = FIXED.size  # 20
 MAX_HEADER_BYTES: Final = 64 * 1024
-#: Default payload limit; agents pass a tighter one derived from their model's size.
-DEFAULT_MAX_PAYLOAD_BYTES: Final = 2 * 1024**3
 MAX_CHUNKS: Final = 4096
 
 #: Message types. GLOBAL: the global weights, parent -> child (broadcast port).
@@ -189,18 +187,13 @@ def encode_frame(header: Header, payload: Buffer | list[Buffer]) -> list[Buffer]
     for p in parts:
         digest.update(p)
         size += len(p) if isinstance(p, bytes) else p.nbytes
-    h = Header(
-        type=header.type,
-        task=header.task,
-        round=header.round,
-        sender=header.sender,
-        num_examples=header.num_examples,
-        nbytes=size,
-        digest=digest.hexdigest() if size else "",
-        chunk=header.chunk,
-        chunks=header.chunks,
-    ).to_json()
-    return [FIXED.pack(MAGIC, VERSION, 0, 0, len(h), size) + h, *parts]
+    return [_header_bytes(replace(header, nbytes=size, digest=digest.hexdigest() if size else "")), *parts]
+
+
+def _header_bytes(header: Header) -> bytes:
+    """The fixed header and the JSON header of a frame whose payload has `header.nbytes` bytes."""
+    h = header.to_json()
+    return FIXED.pack(MAGIC, VERSION, 0, 0, len(h), header.nbytes) + h
 
 
 def split_tensors(tensors: Mapping[str, torch.Tensor], max_chunk_bytes: int | None) -> list[TensorSet]:
@@ -254,6 +247,10 @@ class PieceSpec:
     def nbytes(self) -> int:
         return math.prod(self.shape) * _itemsize(self.dtype)
 
+    def view(self, whole: torch.Tensor) -> torch.Tensor:
+        """This piece of the whole tensor `whole` (a view: writing to it writes `whole`)."""
+        return whole if self.first_row is None else whole[self.first_row : self.first_row + self.shape[0]]
+
 
 @dataclass(frozen=True)
 class ChunkSpec:
@@ -291,11 +288,7 @@ def chunk_layout(template: Mapping[str, torch.Tensor], max_chunk_bytes: int | No
 
 def chunk_view(state: Mapping[str, torch.Tensor], spec: ChunkSpec) -> TensorSet:
     """The pieces of chunk `spec` as views of the whole tensors in `state` (no copy)."""
-    out: TensorSet = {}
-    for p in spec.pieces:
-        t = state[p.base]
-        out[p.name] = t if p.first_row is None else t[p.first_row : p.first_row + p.shape[0]]
-    return out
+    return {p.name: p.view(state[p.base]) for p in spec.pieces}
 
 
 def encode_chunk(header: Header, tensors: Mapping[str, torch.Tensor] | None) -> list[Buffer]:
@@ -306,12 +299,7 @@ def encode_chunk(header: Header, tensors: Mapping[str, torch.Tensor] | None) -> 
 def reheader(header: Header, *, sender: str) -> bytes:
     """The fixed + JSON header of a frame forwarded unchanged but for its sender (a relay's
     GLOBAL chunk: the payload and its digest are reused as received)."""
-    h = Header(header.type, header.task, header.round, sender, header.num_examples, header.nbytes,
-               header.digest, header.chunk, header.chunks).to_json()
-    return FIXED.pack(MAGIC, VERSION, 0, 0, len(h), header.nbytes) + h
-
-
-_DTYPE_BY_ST: Final = {v: k for k, v in _ST_DTYPES.items()}
+    return _header_bytes(replace(header, sender=sender))
 
 
 def parse_chunk(payload: bytearray, spec: ChunkSpec, header: Header | None = None) -> TensorSet:

@@ -261,8 +261,7 @@ class RoundEngine:
         for child, out in sorted(self.broadcast_out.items()):
             out.send(forwarded, round=r, on_sent=self._once("forward_first", r, child) if k == 0 else None)
         for p in self.layout[k].pieces:
-            whole = self._incoming[p.base]
-            (whole if p.first_row is None else whole[p.first_row : p.first_row + p.shape[0]]).copy_(tensors[p.name])
+            p.view(self._incoming[p.base]).copy_(tensors[p.name])
         if k == len(self.layout) - 1:
             st.global_done = True
             self.log.emit("global_received", round=r, nbytes=sum(c.nbytes for c in self.layout))
@@ -368,8 +367,7 @@ class RoundEngine:
         if self.cfg.is_global:
             if mean is not None:
                 for p in self.layout[k].pieces:
-                    whole = self._next_global[p.base]
-                    (whole if p.first_row is None else whole[p.first_row : p.first_row + p.shape[0]]).copy_(mean[p.name])
+                    p.view(self._next_global[p.base]).copy_(mean[p.name])
             return
         assert self.upload_out is not None
         header = Header("UPDATE", self.cfg.task, st.number, self.cfg.site, num_examples=n,

@@ -160,8 +160,6 @@ class Outbound:
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._stopping = threading.Event()
         self._broken_round: int | None = None
-        self.connected = threading.Event()
-        self.failed: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name=f"send-{peer}", daemon=True)
 
     def start(self) -> None:
@@ -202,7 +200,6 @@ class Outbound:
                 pause = min(BACKOFF_MAX_S, pause * 2)
                 continue
             self.sock = s
-            self.connected.set()
             self.on_connect(self.peer, time.monotonic() - t0, attempts)
             return
 
@@ -219,7 +216,6 @@ class Outbound:
         try:
             self._connect()
         except OSError as e:
-            self.failed = e
             self.on_lost(self.peer, e)
             return
         while True:

@@ -231,39 +231,35 @@ def summarize(
     RuntimeError
         If G did not complete every round.
     """
-    g = events.get(schedule.global_site, [])
-
-    def at(evs: Sequence[Mapping[str, Any]], name: str, r: int) -> Mapping[str, Any] | None:
+    # One pass over every agent's events: (site, event, round) -> the first such event's time.
+    first: dict[tuple[str, str, int], Mapping[str, Any]] = {}
+    left_out_by_round: dict[int, set[str]] = {}
+    for site, evs in events.items():
         for e in evs:
-            if e.get("event") == name and e.get("round") == r:
-                return e
-        return None
+            if "round" not in e:
+                continue
+            first.setdefault((site, e["event"], e["round"]), e)
+            if e["event"] in ("child_timeout", "child_lost"):
+                lost = " (lost)" if e["event"] == "child_lost" else ""
+                left_out_by_round.setdefault(e["round"], set()).add(f"{e['child']}{lost}")
 
+    def times(name: str, r: int) -> dict[str, float]:
+        """Site -> time of its `name` event in round `r`, over the local sites that logged one."""
+        return {s: float(e["t"]) for s in schedule.local_sites if (e := first.get((s, name, r))) is not None}
+
+    g = schedule.global_site
     results = []
     for r in range(1, rounds + 1):
-        start, done, agg = at(g, "round_start", r), at(g, "round_complete", r), at(g, "aggregated", r)
+        start, done, agg = (first.get((g, name, r)) for name in ("round_start", "round_complete", "aggregated"))
         if start is None or done is None or agg is None:
-            raise RuntimeError(f"G ({schedule.global_site}) did not complete round {r}")
-        # Critical path: the local model whose training ended last (among those G heard from).
-        crit: tuple[float, float] | None = None  # (received, train_end) of that local
-        for site in schedule.local_sites:
-            ev = events.get(site, [])
-            rec, te = at(ev, "global_received", r), at(ev, "train_end", r)
-            if rec is not None and te is not None:
-                if crit is None or float(te["t"]) > crit[1]:
-                    crit = (float(rec["t"]), float(te["t"]))
+            raise RuntimeError(f"G ({g}) did not complete round {r}")
         t0, t_agg = float(start["t"]), float(agg["t"])
         latency = t_agg - t0
-        left_out = sorted({f"{e['child']}{' (lost)' if e['event'] == 'child_lost' else ''}"
-                           for evs in events.values() for e in evs
-                           if e.get("round") == r and e.get("event") in ("child_timeout", "child_lost")})
-        received = [float(e["t"]) for site in schedule.local_sites
-                    if (e := at(events.get(site, []), "global_received", r)) is not None]
-        trained = [float(e["t"]) for site in schedule.local_sites
-                   if (e := at(events.get(site, []), "train_end", r)) is not None]
-        spans = [float(e["t"]) - float(s["t"]) for site in schedule.local_sites
-                 if (e := at(events.get(site, []), "train_end", r)) is not None
-                 and (s := at(events.get(site, []), "train_start", r)) is not None]
+        received, trained, began = times("global_received", r), times("train_end", r), times("train_start", r)
+        # Critical path: the local model whose training ended last (among those that logged both).
+        crit_site = max((s for s in trained if s in received), key=trained.__getitem__, default=None)
+        crit = None if crit_site is None else (received[crit_site], trained[crit_site])
+        spans = [trained[s] - began[s] for s in trained if s in began]
         if crit is None:
             broadcast = train = 0.0
         else:
@@ -279,9 +275,9 @@ def summarize(
                 accuracy=float(done["accuracy"]),
                 loss=float(done["loss"]),
                 num_examples=int(done["num_examples"]),
-                stragglers=tuple(left_out),
-                broadcast_all_s=max(received) - t0 if received else 0.0,
-                upload_tail_s=t_agg - max(trained) if trained else 0.0,
+                stragglers=tuple(sorted(left_out_by_round.get(r, ()))),
+                broadcast_all_s=max(received.values()) - t0 if received else 0.0,
+                upload_tail_s=t_agg - max(trained.values()) if trained else 0.0,
                 train_min_s=min(spans) if spans else 0.0,
             )
         )
