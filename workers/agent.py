@@ -52,6 +52,8 @@ class Agent:
         self.engine = RoundEngine(cfg, self.learner, self.layout, log,
                                   broadcast_out=self.broadcast_out, upload_out=self.upload_out)
         self.listeners: list[Listener] = []
+        #: How long `run` lets the last frames drain before it closes (shortened by `cancel`).
+        self.flush_timeout_s = FLUSH_TIMEOUT_S
 
     def _outbound(self, site: str, host: str, port: int) -> Outbound:
         return Outbound(
@@ -79,6 +81,11 @@ class Agent:
         )
         self.listeners.append(listener)
 
+    def cancel(self, reason: str) -> None:
+        """End the role early (thread-safe): `run` returns 1 soon after, its frames not waited for."""
+        self.flush_timeout_s = 1.0
+        self.engine.post("cancel", reason)
+
     def run(self) -> int:
         cfg = self.cfg
         if cfg.expects_global and cfg.broadcast_parent is not None:
@@ -96,11 +103,11 @@ class Agent:
                 out.start()
             status = self.engine.run()
         finally:
-            drained = all(out.flush_and_close(FLUSH_TIMEOUT_S) for out in outbound)
+            drained = all(out.flush_and_close(self.flush_timeout_s) for out in outbound)
             for listener in self.listeners:
                 listener.close()
         if not drained:
-            self.log.emit("error", detail=f"outgoing frames did not drain within {FLUSH_TIMEOUT_S:.0f} s")
+            self.log.emit("error", detail=f"outgoing frames did not drain within {self.flush_timeout_s:.0f} s")
         self.log.emit("done", status=status)
         return status
 

@@ -6,6 +6,8 @@ builds it from a schedule (`orchestrator.runtime.task_runner.agent_configs`) wit
 
 from __future__ import annotations
 
+import hashlib
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -128,3 +130,16 @@ def normalize_spec(spec: str) -> str:
     if sep and target.endswith(".py"):
         return f"{Path(target).expanduser().resolve()}:{attr}"
     return spec
+
+
+_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,47}")
+
+
+def file_stem(site: str) -> str:
+    """A file-name-safe identifier of a site: the name itself when it is plain ASCII (letters,
+    digits, ``_.-``, not leading ``.`` or ``-``), else an ASCII slug of it plus 8 hex digits of its
+    SHA-256. Distinct sites get distinct stems; the site name itself stays data."""
+    if _PLAIN.fullmatch(site):
+        return site
+    slug = re.sub(r"[^A-Za-z0-9]+", "_", site).strip("_")[:24] or "site"
+    return f"{slug}-{hashlib.sha256(site.encode('utf-8')).hexdigest()[:8]}"

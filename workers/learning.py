@@ -6,6 +6,8 @@ This is the only part of the agent that runs the model; it does no I/O.
 from __future__ import annotations
 
 import copy
+import functools
+import json
 
 import torch
 from torch import nn
@@ -16,13 +18,19 @@ from workers.framing import TensorSet
 from workers.models import build_model, state_nbytes
 
 
+@functools.lru_cache(maxsize=8)
+def _dataset(name: str, seed: int, args_json: str) -> Dataset:
+    """A dataset, loaded once per process: the roles of a site server share it (read only)."""
+    return load_dataset(name, seed=seed, **json.loads(args_json))
+
+
 class Learner:
     """The model, the data and the training of one agent (`cfg.part_index` None: holds no data part)."""
 
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         torch.set_num_threads(max(1, cfg.threads))
-        self.data: Dataset = load_dataset(cfg.dataset, seed=cfg.data_seed, **dict(cfg.dataset_args))
+        self.data: Dataset = _dataset(cfg.dataset, cfg.data_seed, json.dumps(dict(cfg.dataset_args), sort_keys=True))
         self.model: nn.Module = build_model(
             cfg.model,
             input_shape=self.data.input_shape,
@@ -94,3 +102,13 @@ class Learner:
 
     def load(self, tensors: TensorSet) -> None:
         self.model.load_state_dict(tensors)
+
+
+def warm_process() -> None:
+    """Pay a process's one-time costs (the dataset library, torch's first forward and backward
+    pass) once, so that a site server's first role starts as fast as its later ones."""
+    data = _dataset("digits", 0, "{}")
+    model = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    nn.functional.cross_entropy(model(data.test_x[:32]), data.test_y[:32]).backward()
+    opt.step()

@@ -23,7 +23,7 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
 
 Timing events (JSON lines, `workers.events`): connected, round_start (G), global_first,
 forward_first, global_received, train_start, train_end, child_received, child_timeout, child_lost,
-connection_lost, update_first_sent, update_sent, aggregated, round_complete, rejected, stale, connect,
+connection_lost, connection_closed, update_first_sent, update_sent, aggregated, round_complete, rejected, stale, connect,
 own_excluded, stopped, error, done.
 
 (Over 400 lines: one state machine whose handlers share the round's state; split apart, each piece
@@ -197,6 +197,9 @@ class RoundEngine:
         need |= {("in-upload", c.site) for c in self.cfg.upload_children}
         return need
 
+    def _on_cancel(self, reason: str) -> None:
+        self.fatal = f"cancelled: {reason}"
+
     def _on_connected(self, peer: str, seconds: float, attempts: int) -> None:
         self._connected.add(("out", peer))
         self.log.emit("connect", peer=peer, connect_s=seconds, attempts=attempts)
@@ -287,7 +290,12 @@ class RoundEngine:
 
     # -- faults --------------------------------------------------------------------------------------
     def _on_lost(self, direction: str, peer: str, error: str) -> None:
-        """A connection broke (``in``: the peer's, to us; ``out``: ours, to the peer)."""
+        """A connection broke (``in``: the peer's, to us; ``out``: ours, to the peer). A peer that
+        closes its connection after sending all it owes (its last round's chunks) has not been
+        lost: that is logged as ``connection_closed``."""
+        if direction == "in" and self._owes_nothing(peer):
+            self.log.emit("connection_closed", peer=peer, direction=direction, detail=error)
+            return
         self.log.emit("connection_lost", peer=peer, direction=direction, detail=error)
         if not self.set_up and direction == "out" and ("out", peer) not in self._connected:
             self.fatal = f"could not connect to {peer}: {error}"
@@ -299,6 +307,18 @@ class RoundEngine:
             elif direction == "in" and self.cfg.broadcast_parent is not None \
                     and peer == self.cfg.broadcast_parent.site and not st.global_done:
                 self._give_up_own(st, f"broadcast parent {peer} lost: {error}")
+
+    def _owes_nothing(self, peer: str) -> bool:
+        last = self.cfg.rounds
+        if last in self.finished_rounds:
+            return True
+        st = self.rounds.get(last)
+        if st is None:
+            return False
+        if peer in {c.site for c in self.cfg.upload_children}:
+            return st.child_next.get(peer, 0) >= len(self.layout)
+        parent = self.cfg.broadcast_parent
+        return parent is not None and peer == parent.site and st.global_done
 
     def _on_rejected(self, kind: str, peer_ip: str, reason: str, detail: str) -> None:
         self.log.emit("rejected", peer=peer_ip, port_kind=kind, reason=reason, detail=detail)

@@ -80,19 +80,18 @@ def resolve_backend(name: str) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from orchestrator.runtime.compute import check_model
     from orchestrator.runtime.task_runner import FLOptions, TaskResult, run_task
     from orchestrator.scheduling import NetworkState, get_scheduler
     from orchestrator.scheduling.tasks import generate_tasks
     from topologies.loaders import load
-    from workers.models import ModelSpecError, normalize_spec, resolve_factory
+    from workers.models import normalize_spec
 
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
     args.model = normalize_spec(args.model)
-    try:
-        resolve_factory(args.model)
-    except ModelSpecError as e:
-        raise ConfigError(str(e)) from e
+    model_args = _model_args(args.model_arg)
+    check_model(args.model, model_args)  # a broken model: one line, exit 2, before anything starts
     model = load(args.topology)
     (task,) = generate_tasks(model, count=1, locals_per_task=args.locals, seed=args.seed,
                              model_name=args.model, rounds=args.rounds)
@@ -100,7 +99,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if schedule.blocked:
         raise ConfigError(f"{args.scheduler} cannot place the task: {schedule.reason}")
     backend_kind = resolve_backend(args.backend)
-    options = FLOptions(model=args.model, model_args=_model_args(args.model_arg), rounds=args.rounds,
+    options = FLOptions(model=args.model, model_args=model_args, rounds=args.rounds,
                         partitioning=args.partition, alpha=args.alpha, seed=args.seed,
                         local_epochs=args.local_epochs, lr=args.lr, child_timeout_s=args.child_timeout)
     log_dir: Path = args.log_dir or DEFAULT_LOG_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-task{task.id}"
@@ -112,12 +111,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         if backend_kind == "loopback":
             from orchestrator.runtime.backends import LoopbackBackend
+            from orchestrator.runtime.compute import ComputeManager
 
-            result = run_task(schedule, backend=LoopbackBackend(schedule.overlay_nodes), options=options,
-                              log_dir=log_dir)
+            nodes = schedule.overlay_nodes
+            with ComputeManager(LoopbackBackend(nodes, log_root=log_dir), nodes) as manager:
+                result = run_task(schedule, manager=manager, options=options, log_dir=manager.task_dir("agents"))
         else:
             result = _run_emulated(schedule, model, backend_kind, options, log_dir)
-    except (RuntimeError, TimeoutError) as e:  # an agent failed: say why in one line, status 1
+    except (RuntimeError, TimeoutError) as e:  # a role or a server failed: say why in one line, status 1
         print(f"netai: task {task.id} failed: {e}", file=sys.stderr)
         return 1
     if args.json:
@@ -130,7 +131,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _run_emulated(schedule: Any, model: Any, kind: str, options: Any, log_dir: Path) -> Any:
     from orchestrator.emulation.network import Emulation
-    from orchestrator.runtime.backends import emulation_options, open_backend
+    from orchestrator.runtime.backends import emulation_options, open_compute
     from orchestrator.runtime.task_runner import run_task
     from topologies.plan import EmulationPlan
 
@@ -145,14 +146,12 @@ def _run_emulated(schedule: Any, model: Any, kind: str, options: Any, log_dir: P
         with Emulation(plan, log_dir=log_dir / "emulation",
                        **emulation_options(kind, log_dir=log_dir / "workers")) as emu:
             run_id = emu.run_id
-            backend = open_backend(kind, emu)
-            emu.install_task(schedule)
-            task_dir = backend.task_log_dir(log_dir / "agents")
-            try:
-                return run_task(schedule, backend=backend, options=options, log_dir=task_dir)
-            finally:
-                backend.after_task(task_dir)
-                emu.client.remove_task(schedule.task_id)
+            with open_compute(kind, emu, log_root=log_dir / "workers") as manager:
+                emu.install_task(schedule)
+                try:
+                    return run_task(schedule, manager=manager, options=options, log_dir=manager.task_dir("agents"))
+                finally:
+                    emu.client.remove_task(schedule.task_id)
     finally:
         if kind == "docker" and run_id:
             # Mininet removes each container with its host; this catches any a failed teardown left.

@@ -26,6 +26,8 @@ from topologies.plan import MAX_EMULATED_MBPS
 BACKENDS = ("auto", "docker", "process")
 PATTERNS = ("constant", "poisson", "demand-matrix")
 PARTITIONS = ("iid", "dirichlet")
+MODES = ("sequential", "online")
+ARRIVALS = ("poisson", "all")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,20 @@ class EmulationConfig:
 
 
 @dataclass(frozen=True)
+class OnlineConfig:
+    """How tasks arrive in the online mode: `tasks` of them, by a Poisson process of mean
+    inter-arrival `mean_interarrival_s` or all at once, each drawing its number of locals from the
+    config's `locals`; the same trace (from `seed`) for every scheduler."""
+
+    tasks: int = 30
+    arrival: str = "poisson"
+    mean_interarrival_s: float = 2.0
+    seed: int = 1
+    #: Seconds between samples of the running tasks, bandwidth, memory and the sites' CPU.
+    sample_s: float = 1.0
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     name: str
     topology: str = DEFAULT_TOPOLOGY
@@ -59,6 +75,10 @@ class ExperimentConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
     emulation: EmulationConfig = field(default_factory=EmulationConfig)
     background: BackgroundConfig = field(default_factory=BackgroundConfig)
+    #: ``sequential``: one task at a time, every scheduler on the same tasks (paired comparison);
+    #: ``online``: tasks arrive (`online`) and run side by side, one scheduler after the other.
+    mode: str = "sequential"
+    online: OnlineConfig = field(default_factory=OnlineConfig)
 
     def network(self) -> NetworkModel:
         return load(self.topology, compute_sites=list(self.compute_sites) if self.compute_sites else None)
@@ -71,6 +91,8 @@ class ExperimentConfig:
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
         d["task"]["model_args"] = dict(self.task.model_args)
+        if self.mode != "online":
+            del d["online"]  # the section is only allowed with mode: online
         return d
 
 
@@ -153,8 +175,12 @@ BACKGROUND_SCHEMA: dict[str, Check] = {
     "enabled": _bool, "pattern": _choice(PATTERNS), "load": _num(0, 1), "pairs": _int(1, 1000),
     "mean_on_s": _num(0, lo_open=True), "mean_off_s": _num(0, lo_open=True),
 }
+ONLINE_SCHEMA: dict[str, Check] = {
+    "tasks": _int(1, 10_000), "arrival": _choice(ARRIVALS), "mean_interarrival_s": _num(0, lo_open=True),
+    "seed": _int(0), "sample_s": _num(0.1, 60),
+}
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
-            "task", "emulation", "background")
+            "task", "emulation", "background", "mode", "online")
 
 
 def parse_config(raw: Any, *, where: str = "config") -> ExperimentConfig:
@@ -207,7 +233,11 @@ def _parse(raw: Any, where: str) -> ExperimentConfig:
         task=TaskConfig(**_section("task", raw.get("task"), TASK_SCHEMA)),
         emulation=EmulationConfig(**_section("emulation", raw.get("emulation"), EMULATION_SCHEMA)),
         background=BackgroundConfig(**_section("background", raw.get("background"), BACKGROUND_SCHEMA)),
+        mode=_choice(MODES)("mode", raw.get("mode", "sequential")),
+        online=OnlineConfig(**_section("online", raw.get("online"), ONLINE_SCHEMA)),
     )
+    if "online" in raw and cfg.mode != "online":
+        raise ConfigError("an online section needs mode: online")
     model = cfg.network()
     limit = max_locals(model)
     too_many = [n for n in cfg.locals if n > limit]

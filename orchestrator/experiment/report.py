@@ -50,6 +50,18 @@ class TaskResult:
     connect_s: float | None = None
     chunk_bytes: int | None = None
     reservation_enforced: bool | None = None
+    #: On the run's clock (seconds since the emulation and the site servers were up).
+    arrival_s: float | None = None
+    admitted_s: float | None = None
+    first_broadcast_s: float | None = None
+    finished_s: float | None = None
+    #: Admission to G's first broadcast byte (schedule, flows, roles, connections).
+    start_overhead_s: float | None = None
+    #: Arrival to the end of the task (done or failed).
+    completion_s: float | None = None
+    #: Sum of the task's round latencies (its time in rounds).
+    rounds_s: float | None = None
+    reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,8 +92,8 @@ def _std(xs: list[float]) -> float | None:
 
 def task_results(db: ResultsDB, run_id: int) -> list[TaskResult]:
     tasks = db.query(
-        "SELECT t.scheduler, t.task_id, t.n_locals, t.state, t.carried_bytes, t.model_bytes, t.setup_json, "
-        "s.reserved_mbps "
+        "SELECT t.scheduler, t.task_id, t.n_locals, t.state, t.reason, t.carried_bytes, t.model_bytes, t.setup_json, "
+        "t.arrival_s, t.admitted_s, t.first_broadcast_s, t.finished_s, t.start_overhead_s, s.reserved_mbps "
         "FROM tasks t LEFT JOIN schedules s USING (run_id, scheduler, task_id) WHERE t.run_id = ? "
         "ORDER BY t.scheduler, t.n_locals, t.task_id",
         (run_id,),
@@ -118,9 +130,45 @@ def task_results(db: ResultsDB, run_id: int) -> list[TaskResult]:
                 connect_s=setup.get("connect_s"),
                 chunk_bytes=setup.get("chunk_bytes"),
                 reservation_enforced=setup.get("reservation_enforced"),
+                arrival_s=t["arrival_s"], admitted_s=t["admitted_s"], first_broadcast_s=t["first_broadcast_s"],
+                finished_s=t["finished_s"], start_overhead_s=t["start_overhead_s"],
+                completion_s=None if t["finished_s"] is None or t["arrival_s"] is None
+                else t["finished_s"] - t["arrival_s"],
+                rounds_s=sum(r["latency_s"] for r in every) if every else None,
+                reason=t["reason"] or "",
             )
         )
     return out
+
+
+def useful_time(tasks: list[TaskResult], clock_end_s: float | None) -> float | None:
+    """Time in rounds over the run's wall time after bring-up: the length of the union of the tasks'
+    round intervals (first broadcast to the end of the last round; overlapping tasks count once)
+    over the run clock's span. None without rounds or an end time."""
+    spans = sorted((t.first_broadcast_s, t.first_broadcast_s + t.rounds_s) for t in tasks
+                   if t.first_broadcast_s is not None and t.rounds_s)
+    if not spans or not clock_end_s:
+        return None
+    total, cur_a, cur_b = 0.0, spans[0][0], spans[0][1]
+    for a, b in spans[1:]:
+        if a > cur_b:
+            total += cur_b - cur_a
+            cur_a, cur_b = a, b
+        else:
+            cur_b = max(cur_b, b)
+    total += cur_b - cur_a
+    return total / clock_end_s
+
+
+def max_overlap(tasks: list[TaskResult]) -> int:
+    """The largest number of tasks running at one time (admitted, not yet finished)."""
+    edges = sorted([(t.admitted_s, 1) for t in tasks if t.admitted_s is not None and t.finished_s is not None]
+                   + [(t.finished_s, -1) for t in tasks if t.admitted_s is not None and t.finished_s is not None])
+    best = cur = 0
+    for _, d in edges:
+        cur += d
+        best = max(best, cur)
+    return best
 
 
 def summarize(db: ResultsDB, run_id: int) -> list[PointSummary]:
@@ -278,7 +326,15 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path) -> Path:
     """A markdown report: the environment, the summary table and the paper's two claims."""
     run = db.run(run_id)
     points = summarize(db, run_id)
-    lines = [f"# Run {run_id}: {run['name']}", "", f"Status: **{run['status']}**", "", "## Environment", ""]
+    tasks = task_results(db, run_id)
+    lines = [f"# Run {run_id}: {run['name']}", "", f"Status: **{run['status']}**"
+             + (f" ({run['note']})" if run.get("note") else ""), ""]
+    failed = [t for t in tasks if t.state == "failed"]
+    if failed:
+        lines += [f"**{len(failed)} of {len(tasks)} tasks failed.** First reasons:", ""]
+        lines += [f"- {t.scheduler} task {t.task_id}: {t.reason or 'no reason recorded'}" for t in failed[:5]]
+        lines.append("")
+    lines += ["## Environment", ""]
     for k, v in sorted(run["environment"].items()):
         lines.append(f"- {k}: {v}")
     lines += ["", "## Summary", "",
@@ -313,6 +369,9 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path) -> Path:
                     f"mst {fmt(c[f'{key}_cv_mst'], 1, 3)}, spff {fmt(c[f'{key}_cv_spff'], 1, 3)}"
                 )
     lines += _paired_section(db, run_id, locals_seen)
+    lines += _time_section(tasks, run["environment"].get("clock_end_s"))
+    if run["environment"].get("mode") == "online":
+        lines += _online_section(db, run_id, tasks)
     lines += ["", "Figures: " + ", ".join(f"`{f}.png`" for f in FIGURES), ""]
     path = out_dir / "report.md"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -341,11 +400,106 @@ def _paired_section(db: ResultsDB, run_id: int, locals_seen: list[int]) -> list[
         def avg(xs: list[float]) -> str:
             return f"{statistics.fmean(xs):.3f}" if xs else "-"
 
+        overhead = [t.start_overhead_s for t in ran if t.start_overhead_s is not None]
         lines += ["", "## Outside the rounds", "",
-                  f"- agents ready (launch to the last one listening), mean: {avg([t.agents_ready_s or 0 for t in ran])} s",
+                  f"- start overhead (admission to G's first broadcast byte), median: "
+                  f"{statistics.median(overhead):.3f} s" if overhead else "- start overhead: -",
+                  f"- roles ready (sent to the site servers to the last one listening), mean: "
+                  f"{avg([t.agents_ready_s or 0 for t in ran])} s",
                   f"- connection set-up (every overlay edge, before round 1), mean: "
                   f"{avg([t.connect_s or 0 for t in ran])} s",
                   f"- chunk sizes used: {sorted({t.chunk_bytes for t in ran if t.chunk_bytes})}",
                   f"- tasks whose reservation was enforced on the links: "
                   f"{sum(bool(t.reservation_enforced) for t in ran)} of {len(ran)}"]
     return lines
+
+
+def _time_section(tasks: list[TaskResult], clock_end_s: float | None) -> list[str]:
+    useful = useful_time(tasks, clock_end_s)
+    if useful is None or clock_end_s is None:
+        return []
+    return ["", "## Where the time went", "",
+            f"- run wall time after bring-up: {clock_end_s:.1f} s; time in rounds (any task in a round): "
+            f"{useful * clock_end_s:.1f} s; useful time {useful:.3f}",
+            f"- most tasks running at once: {max_overlap(tasks)}"]
+
+
+def online_figures(db: ResultsDB, run_id: int, tasks: list[TaskResult]) -> list[dict[str, Any]]:
+    """Per scheduler: tasks, blocked, failed, blocking ratio, mean round latency, median completion
+    time, most tasks at once, peak memory in use, mean reserved and carried bandwidth, and the CPU
+    seconds each site's server used over the scheduler's trace."""
+    out = []
+    for sched in sorted({t.scheduler for t in tasks}):
+        ts = [t for t in tasks if t.scheduler == sched]
+        lat = [t.mean_latency_s for t in ts if t.mean_latency_s is not None]
+        comp = [t.completion_s for t in ts if t.completion_s is not None and t.state == "done"]
+        samples = db.query("SELECT * FROM samples WHERE run_id = ? AND scheduler = ? ORDER BY t_s", (run_id, sched))
+        mem = [s["memory_used_bytes"] for s in samples if s["memory_used_bytes"] is not None]
+        carried = [s["carried_mbps"] for s in samples if s["carried_mbps"] is not None]
+        cpu = db.query("SELECT site, MAX(cpu_s) - MIN(cpu_s) AS cpu FROM site_samples WHERE run_id = ? "
+                       "AND scheduler = ? GROUP BY site ORDER BY site", (run_id, sched))
+        out.append({
+            "scheduler": sched, "tasks": len(ts), "done": sum(t.state == "done" for t in ts),
+            "blocked": sum(t.state == "blocked" for t in ts), "failed": sum(t.state == "failed" for t in ts),
+            "blocking_ratio": sum(t.state == "blocked" for t in ts) / len(ts),
+            "latency_s_mean": _mean(lat), "completion_s_median": statistics.median(comp) if comp else None,
+            "max_overlap": max_overlap(ts), "memory_peak_bytes": max(mem) if mem else None,
+            "reserved_mbps_mean": _mean([s["reserved_mbps"] for s in samples]),
+            "carried_mbps_mean": _mean(carried),
+            "site_cpu_s": {r["site"]: round(r["cpu"], 2) for r in cpu},
+        })
+    return out
+
+
+def _online_section(db: ResultsDB, run_id: int, tasks: list[TaskResult]) -> list[str]:
+    def f(x: float | None, scale: float = 1.0, d: int = 3) -> str:
+        return "-" if x is None else f"{x * scale:.{d}f}"
+
+    lines = ["", "## Online: tasks arriving and running side by side", "",
+             "| scheduler | tasks | done | blocked | failed | blocking ratio | latency ms (mean) "
+             "| completion s (median) | most at once | peak memory GB | reserved Gbit/s (mean) "
+             "| carried Gbit/s (mean) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    figs = online_figures(db, run_id, tasks)
+    for o in figs:
+        lines.append(f"| {o['scheduler']} | {o['tasks']} | {o['done']} | {o['blocked']} | {o['failed']} "
+                     f"| {o['blocking_ratio']:.3f} | {f(o['latency_s_mean'], 1e3, 1)} | {f(o['completion_s_median'], 1, 1)} "
+                     f"| {o['max_overlap']} | {f(o['memory_peak_bytes'], 1e-9, 2)} | {f(o['reserved_mbps_mean'], 1e-3)} "
+                     f"| {f(o['carried_mbps_mean'], 1e-3)} |")
+    lines += ["", "CPU seconds used by each site's server over each scheduler's trace:", ""]
+    for o in figs:
+        lines.append(f"- {o['scheduler']}: " + ", ".join(f"{s} {c}" for s, c in o["site_cpu_s"].items()))
+    lines += ["", "Figure: `online_bandwidth.png` (reserved and carried bandwidth and tasks running over time)."]
+    return lines
+
+
+def plot_online(db: ResultsDB, run_id: int, out_dir: Path) -> Path | None:
+    """Reserved and carried bandwidth and the tasks running over time, one panel per scheduler."""
+    samples = db.query("SELECT * FROM samples WHERE run_id = ? ORDER BY scheduler, t_s", (run_id,))
+    if not samples:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scheds = sorted({s["scheduler"] for s in samples})
+    fig, axes = plt.subplots(len(scheds), 1, figsize=(7, 2.6 * len(scheds)), squeeze=False)
+    for ax, sched in zip(axes[:, 0], scheds, strict=True):
+        rows = [s for s in samples if s["scheduler"] == sched]
+        t0 = rows[0]["t_s"]
+        t = [r["t_s"] - t0 for r in rows]
+        ax.plot(t, [r["reserved_mbps"] / 1e3 for r in rows], label="reserved")
+        ax.plot(t, [(r["carried_mbps"] or 0.0) / 1e3 for r in rows], label="carried")
+        ax.set_ylabel("Gbit/s")
+        ax.set_title(sched)
+        ax2 = ax.twinx()
+        ax2.step(t, [r["running"] for r in rows], where="post", color="grey", alpha=0.5, label="running")
+        ax2.set_ylabel("tasks running")
+        ax.legend(loc="upper left", fontsize=8)
+    axes[-1, 0].set_xlabel("seconds since the scheduler's first arrival")
+    fig.tight_layout()
+    path = out_dir / "online_bandwidth.png"
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

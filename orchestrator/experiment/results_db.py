@@ -56,6 +56,13 @@ CREATE TABLE IF NOT EXISTS tasks (
     reason TEXT NOT NULL DEFAULT '',
     carried_bytes INTEGER,
     setup_json TEXT NOT NULL DEFAULT '{}',
+    -- seconds since the run's clock started (the emulation and the site servers up)
+    arrival_s REAL,
+    admitted_s REAL,
+    first_broadcast_s REAL,
+    finished_s REAL,
+    -- admission to G's first broadcast byte: schedule, flows, roles, connections
+    start_overhead_s REAL,
     PRIMARY KEY (run_id, scheduler, task_id)
 );
 CREATE TABLE IF NOT EXISTS schedules (
@@ -104,6 +111,24 @@ CREATE TABLE IF NOT EXISTS link_stats (
     b TEXT NOT NULL,
     tx_bytes INTEGER NOT NULL,
     rate_mbps REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS samples (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    t_s REAL NOT NULL,
+    running INTEGER NOT NULL,
+    reserved_mbps REAL NOT NULL,
+    carried_mbps REAL,
+    memory_used_bytes INTEGER
+);
+CREATE TABLE IF NOT EXISTS site_samples (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    t_s REAL NOT NULL,
+    site TEXT NOT NULL,
+    cpu_s REAL NOT NULL,
+    pss_bytes INTEGER NOT NULL,
+    roles INTEGER NOT NULL
 );
 CREATE TABLE IF NOT EXISTS background (
     run_id INTEGER NOT NULL,
@@ -163,6 +188,12 @@ class ResultsDB:
             "UPDATE runs SET environment_json = ? WHERE id = ?", (json.dumps(environment, sort_keys=True), run_id)
         )
 
+    def update_environment(self, run_id: int, **items: Any) -> None:
+        """Add or replace some entries of the run's environment record."""
+        env = self.run(run_id)["environment"]
+        env.update(items)
+        self.set_environment(run_id, env)
+
     def finish_run(self, run_id: int, status: str, note: str = "") -> None:
         if status not in RUN_STATUSES or status == "running":
             raise ValueError(f"a run finishes as completed, interrupted or failed, not {status!r}")
@@ -201,6 +232,30 @@ class ResultsDB:
             "UPDATE tasks SET state = ?, reason = ? WHERE run_id = ? AND scheduler = ? AND task_id = ?",
             (state, reason, run_id, scheduler, task_id),
         )
+
+    def set_task_times(self, run_id: int, scheduler: str, task_id: int, **times: float | None) -> None:
+        """Set some of a task's times (arrival_s, admitted_s, first_broadcast_s, finished_s,
+        start_overhead_s), in seconds on the run's clock."""
+        allowed = {"arrival_s", "admitted_s", "first_broadcast_s", "finished_s", "start_overhead_s"}
+        bad = set(times) - allowed
+        if bad:
+            raise ValueError(f"unknown task times {sorted(bad)}")
+        if not times:
+            return
+        cols = ", ".join(f"{k} = ?" for k in times)  # column names from the fixed set above, values bound
+        self.conn.execute(f"UPDATE tasks SET {cols} WHERE run_id = ? AND scheduler = ? AND task_id = ?",
+                          (*times.values(), run_id, scheduler, task_id))
+
+    def record_sample(self, run_id: int, scheduler: str, t_s: float, *, running: int, reserved_mbps: float,
+                      carried_mbps: float | None, memory_used_bytes: int | None,
+                      sites: dict[str, tuple[float, int, int]]) -> None:
+        """One sample of the online mode: tasks running, reserved and carried bandwidth (model units,
+        summed over links), the machine's memory in use, and per site (cpu_s, pss_bytes, roles)."""
+        with self._tx() as c:
+            c.execute("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?)",
+                      (run_id, scheduler, t_s, running, reserved_mbps, carried_mbps, memory_used_bytes))
+            c.executemany("INSERT INTO site_samples VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          [(run_id, scheduler, t_s, site, cpu, pss, roles) for site, (cpu, pss, roles) in sites.items()])
 
     def set_carried_bytes(self, run_id: int, scheduler: str, task_id: int, carried_bytes: int) -> None:
         self.conn.execute(

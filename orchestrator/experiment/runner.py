@@ -38,11 +38,9 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.report import claims, plot, summarize, write_csvs, write_report
+from orchestrator.experiment.report import claims, plot, plot_online, summarize, write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
-from orchestrator.runtime.timing import task_timing
-from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
-from orchestrator.scheduling.cost import emulated_rate, round_figures
+from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
@@ -94,13 +92,10 @@ def preflight(cfg: ExperimentConfig) -> str:
 
 
 def model_bytes_of(cfg: ExperimentConfig) -> int:
-    """Size of the task model's weights on the wire (a GLOBAL or UPDATE payload)."""
-    from workers.data import load_dataset
-    from workers.models import build_model, state_nbytes
+    """Build the task's model once here (see `check_model`); the size of its weights on the wire."""
+    from orchestrator.runtime.compute import check_model
 
-    data = load_dataset("digits")
-    return state_nbytes(build_model(cfg.task.model, input_shape=data.input_shape, num_classes=data.num_classes,
-                                    model_args=dict(cfg.task.model_args)))
+    return check_model(cfg.task.model, cfg.task.model_args)
 
 
 def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: str) -> dict[str, Any]:
@@ -170,21 +165,20 @@ def round_progress(events: dict[str, list[dict[str, Any]]], schedule: Schedule) 
 
 
 def _read_events(log_dir: Path) -> dict[str, list[dict[str, Any]]]:
+    """The events of a task's roles by site (the site each event names; file names are safe stems)."""
     events: dict[str, list[dict[str, Any]]] = {}
     for path in log_dir.glob("*.events.jsonl"):
         try:
             lines = path.read_text().splitlines()
         except OSError:
             continue
-        parsed = []
         for line in lines:
             try:
                 ev = json.loads(line)
             except ValueError:
                 continue  # a line being written
-            if isinstance(ev, dict):
-                parsed.append(ev)
-        events[path.name.removesuffix(".events.jsonl")] = parsed
+            if isinstance(ev, dict) and isinstance(ev.get("site"), str):
+                events.setdefault(ev["site"], []).append(ev)
     return events
 
 
@@ -222,47 +216,25 @@ def task_sets(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> d
     }
 
 
-def measured_background(client: Any, plan: EmulationPlan) -> dict[tuple[str, str], float]:
-    """Current load per directed link from the controller's port statistics, in model units."""
-    loads: dict[tuple[str, str], float] = {}
-    for link in client.link_stats():
-        try:
-            (a, b), rate = link["link"], float(link["rate_mbps"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        loads[(str(a), str(b))] = rate / plan.bw_scale
-    return loads
-
-
-def carried_bytes(client: Any, task_id: int, *, settle_s: float = 1.2, timeout_s: float = 10.0) -> int:
-    """Sum over switches of the task's flow byte counters (cookie = task id).
-
-    Open vSwitch refreshes OpenFlow counters from its datapath about every 0.5-1 s, so the sum is
-    read until two reads `settle_s` apart agree (or `timeout_s` passes).
-    """
-    deadline = time.monotonic() + timeout_s
-    last = int(client.task_bytes(task_id))
-    while time.monotonic() < deadline:
-        time.sleep(settle_s)
-        now = int(client.task_bytes(task_id))
-        if now == last:
-            break
-        last = now
-    return last
-
-
 def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True) -> RunOutcome:
-    """Run `cfg` for real (see the module docstring); returns where the results are."""
+    """Run `cfg` for real (see the module docstring); returns where the results are.
+
+    The status is ``completed`` when at least one task completed, ``failed`` when none did (or the
+    run broke), ``interrupted`` on Ctrl-C or SIGTERM.
+    """
     from orchestrator.emulation.background import BackgroundTraffic, plan_background
     from orchestrator.emulation.network import Emulation
-    from orchestrator.runtime.backends import emulation_options, open_backend
-    from orchestrator.runtime.task_runner import FLOptions, run_task
+    from orchestrator.experiment.task_manager import RunClock, TaskManager
+    from orchestrator.runtime.backends import emulation_options, open_compute
 
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
     backend_kind = preflight(cfg)
     model_bytes = model_bytes_of(cfg)
-    tasks = task_sets(cfg, model, model_bytes)
+    if backend_kind == "docker":
+        from orchestrator.runtime.backends import ensure_worker_image
+
+        ensure_worker_image()  # the image carries the project's code: keep it in step with the checkout
     run_dir = out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir.mkdir(parents=True, exist_ok=False)
     log_handler = logging.FileHandler(run_dir / "experiment.log")
@@ -272,41 +244,47 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     db = ResultsDB(run_dir / "results.db")
     run_id = db.start_run(cfg.name, cfg.to_dict())
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
-    total = sum(len(ts) for ts in tasks.values()) * len(cfg.schedulers)
-    bar = Progress(total, enabled=progress)
     status, note = "failed", ""
-    bg_results: list[Any] = []
+    tm: TaskManager | None = None
     try:
         hosting = emulation_options(backend_kind, log_dir=run_dir / "workers")
-        with Emulation(plan, log_dir=run_dir / "emulation", **hosting) as emu:
+        with Emulation(plan, log_dir=run_dir / "emulation", **hosting) as emu, \
+                open_compute(backend_kind, emu, log_root=run_dir / "workers") as compute:
             info = emu.info
             reservations = emu.client.health().get("reservations", {})
             db.set_environment(run_id, environment(cfg, plan, info, backend_kind) | {
                 "reservations_enforced": bool(reservations.get("enforced")),
-                "reservations_note": reservations.get("reason", "")})
-            LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s", len(plan.switches),
-                     getattr(info, "bringup_s", 0.0), getattr(info, "delay_emulated", False))
+                "reservations_note": reservations.get("reason", ""), "mode": cfg.mode})
+            LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s; %d site servers up",
+                     len(plan.switches), getattr(info, "bringup_s", 0.0), getattr(info, "delay_emulated", False),
+                     len(compute.servers))
             flows = plan_background(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed) \
                 if cfg.background.enabled else []
             if flows:
                 emu.client.set_background([[f.src, f.dst] for f in flows])
             traffic = BackgroundTraffic(emu.host, flows, cfg.background, seed=cfg.seed, log_dir=run_dir / "background")
-            backend = open_backend(backend_kind, emu)
             traffic.start()
+            clock = RunClock()
+            tm = TaskManager(db=db, run_id=run_id, emu=emu, plan=plan, model=model, compute=compute, cfg=cfg,
+                             run_dir=run_dir, clock=clock, release_on_end=cfg.mode == "online")
             try:
-                states = {(s, n): NetworkState(model) for s in cfg.schedulers for n in cfg.locals}
-                for n in cfg.locals:
-                    for task in tasks[n]:
-                        for name in cfg.schedulers:
-                            _run_one(db, run_id, emu, plan, model, backend, cfg, states[(name, n)], name, task,
-                                     run_dir, bar, FLOptions, run_task)
-                            bar.advance_run()
+                if cfg.mode == "online":
+                    from orchestrator.experiment.online import run_online
+
+                    run_online(tm, model, model_bytes, progress=progress)
+                else:
+                    _run_sequential(tm, model, model_bytes, progress=progress)
             finally:
-                bg_results = traffic.stop()
-                for r in bg_results:
+                with contextlib.suppress(Exception):
+                    tm.settle_counters(wait=True)
+                db.update_environment(run_id, clock_end_s=round(clock.now(), 3))
+                for r in traffic.stop():
                     db.record_background(run_id, r.src, r.dst, r.offered_mbps / plan.bw_scale,
                                          None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)
-        status = "completed"
+        done = tm.outcomes["done"]
+        status = "completed" if done else "failed"
+        failed = tm.outcomes["failed"]
+        note = "no task completed" if not done else (f"{failed} task(s) failed" if failed else "")
     except KeyboardInterrupt:
         status, note = "interrupted", "interrupted by the user (Ctrl-C)"
         raise
@@ -317,7 +295,6 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         note = f"{type(e).__name__}: {e}"
         raise
     finally:
-        bar.close()
         db.finish_run(run_id, status, note)
         report = _write_results(db, run_id, run_dir)
         db.close()
@@ -326,66 +303,37 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report)
 
 
-def _run_one(
-    db: ResultsDB, run_id: int, emu: Any, plan: EmulationPlan, model: NetworkModel, backend: Any,
-    cfg: ExperimentConfig, state: NetworkState, name: str, task: Task, run_dir: Path, bar: Progress,
-    fl_options: Any, run_task: Any,
-) -> None:
-    db.record_task(run_id, name, task)
-    state.set_background(measured_background(emu.client, plan))
-    db.record_network_state(run_id, name, task.id, state)
-    schedule = get_scheduler(name).schedule(state, task)
-    if schedule.blocked:
-        LOG.info("task %d (%d locals) blocked by %s: %s", task.id, len(task.local_sites), name, schedule.reason)
-        db.set_task_state(run_id, name, task.id, "blocked", schedule.reason)
-        return
-    state.admit(schedule)
-    delay = bool(getattr(emu.info, "delay_emulated", False))
-    rate = emulated_rate(plan)
-    figures = round_figures(model, schedule, task.model_bytes, rate=rate, propagation=delay)
-    db.record_schedule(run_id, schedule, figures.lower_bound.lower_s)
-    db.set_task_state(run_id, name, task.id, "running")
-    bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
-    log_dir = backend.task_log_dir(run_dir / "tasks" / f"{name}-{task.id}")
-    installed = emu.install_task(schedule)
+def _run_sequential(tm: Any, model: NetworkModel, model_bytes: int, *, progress: bool) -> None:
+    """Every point's tasks, one at a time, every scheduler on the same task before the next (so
+    background load and machine noise hit the schedulers alike)."""
+    cfg = tm.cfg
+    tasks = task_sets(cfg, model, model_bytes)
+    bar = Progress(sum(len(ts) for ts in tasks.values()) * len(cfg.schedulers), enabled=progress)
+    states = {(s, n): NetworkState(model) for s in cfg.schedulers for n in cfg.locals}
     try:
-        options = fl_options(model=cfg.task.model, model_args=dict(cfg.task.model_args), rounds=task.rounds,
-                             partitioning=cfg.task.partition, alpha=cfg.task.alpha, seed=cfg.seed + task.id)
-        timing = task_timing(model, schedule, task.model_bytes, rate=rate, propagation=delay,
-                             train_allowance_s=cfg.task.train_allowance_s)
-        with watch_rounds(log_dir, schedule, task.rounds, bar):
-            result = run_task(schedule, backend=backend, options=options, log_dir=log_dir, timing=timing)
-        db.set_task_setup(run_id, name, task.id, agents_ready_s=result.agents_ready_s, connect_s=result.connect_s,
-                          chunk_bytes=result.chunk_bytes, connections_lost=result.connections_lost,
-                          reservation_enforced=bool(installed.get("reservation", {}).get("enforced")),
-                          store_and_forward_s=figures.store_and_forward.broadcast_s
-                          + figures.store_and_forward.upload_s)
-        for r in result.rounds:
-            bound = replace(figures.lower_bound, train_s=r.train_min_s)
-            db.record_round(run_id, name, task.id, r.round, latency_s=r.latency_s, broadcast_s=r.broadcast_s,
-                            train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=bound.lower_s,
-                            stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s,
-                            upload_tail_s=r.upload_tail_s, broadcast_bound_s=bound.broadcast_s,
-                            upload_bound_s=bound.upload_s,
-                            reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
-        db.set_carried_bytes(run_id, name, task.id, carried_bytes(emu.client, task.id))
-        db.set_task_state(run_id, name, task.id, "done")
-        last = result.rounds[-1] if result.rounds else None
-        LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s", task.id, name, len(result.rounds),
-                 last.latency_s if last else float("nan"), f"{last.accuracy:.3f}" if last else "-")
-    except (RuntimeError, TimeoutError, ConfigError) as e:
-        LOG.warning("task %d %s failed: %s", task.id, name, e)
-        db.set_task_state(run_id, name, task.id, "failed", str(e).splitlines()[0] if str(e) else type(e).__name__)
+        for n in cfg.locals:
+            for task in tasks[n]:
+                for name in cfg.schedulers:
+                    tm.arrive(name, task)
+                    live = tm.admit(name, task, states[(name, n)])
+                    if live is not None:
+                        bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
+                        nodes = live.schedule.overlay_nodes
+                        with watch_rounds(live.execution.log_dir, live.schedule, task.rounds, bar):
+                            while not tm.check(live, tm.compute.poll(nodes)):
+                                tm.settle_counters()
+                                time.sleep(0.05)  # poll interval of the roles' states; tasks have budgets
+                    tm.settle_counters()
+                    bar.advance_run()
     finally:
-        backend.after_task(log_dir)
-        with contextlib.suppress(Exception):
-            emu.client.remove_task(task.id)
+        bar.close()
 
 
 def _write_results(db: ResultsDB, run_id: int, run_dir: Path) -> Path | None:
     try:
         write_csvs(db, run_id, run_dir)
         plot(summarize(db, run_id), run_dir)
+        plot_online(db, run_id, run_dir)
         return write_report(db, run_id, run_dir)
     except Exception:
         LOG.exception("writing the results failed")
@@ -394,9 +342,15 @@ def _write_results(db: ResultsDB, run_id: int, run_dir: Path) -> Path | None:
 
 def print_summary(outcome: RunOutcome) -> None:
     """The summary table and the paper's two claims, on the terminal."""
+    from orchestrator.experiment.report import task_results
+
     with ResultsDB(outcome.run_dir / "results.db") as db:
         points = summarize(db, outcome.run_id)
-    print(f"\nrun {outcome.run_id} {outcome.status}: results in {outcome.run_dir}")
+        tasks = task_results(db, outcome.run_id)
+    counts = {s: sum(t.state == s for t in tasks) for s in ("done", "failed", "blocked")}
+    failed = f"; {counts['failed']} of {len(tasks)} tasks FAILED" if counts["failed"] else ""
+    print(f"\nrun {outcome.run_id} {outcome.status}: {counts['done']} of {len(tasks)} tasks done, "
+          f"{counts['blocked']} blocked{failed}; results in {outcome.run_dir}")
     print(f"{'scheduler':<10}{'locals':>7}{'ran':>6}{'blocked':>8}{'latency ms':>12}{'± std':>9}"
           f"{'reserved Gb/s':>15}{'carried MB':>12}{'/bound':>8}{'accuracy':>10}")
 

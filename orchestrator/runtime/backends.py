@@ -1,22 +1,24 @@
-"""Compute backends: where and how a task's agents run.
+"""Site backends: where a compute site's server (`workers.site_server`) runs.
 
 - ``loopback``: plain processes on this machine, each bound to its own 127.0.0.x address; no
   Mininet, no root. For quick checks and unit-level end-to-end tests.
-- ``process``: the agent from the project's venv in a Mininet host's network namespace
+- ``process``: the server from the project's venv in a Mininet host's network namespace
   (``host.popen``), bound to the host's emulated IP.
-- ``docker``: the agent in a container that *is* the Mininet host: `DockerWorkerHost` starts a
+- ``docker``: the server in a container that *is* the Mininet host: `DockerWorkerHost` starts a
   container with ``--network none`` and the site's CPU and memory limits, then runs the node's
   shell with ``mnexec -a <container pid>`` (cwd ``/``), so Mininet wires and configures its
-  interfaces like any host's (the way Containernet does it). The agent runs by ``docker exec``,
-  inside the container's cgroups, so the limits apply to it.
+  interfaces like any host's (the way Containernet does it). The server runs by ``docker exec``,
+  inside the container's cgroups, so the limits apply to it and to every role it hosts.
 
-`pick_backend("auto")` is ``docker`` when a Docker daemon answers and the worker image exists,
-else ``process``. Every container this module starts carries the label ``org.netai.run`` so a
-crashed run's leftovers can be found and removed (`remove_containers`).
+Servers are started once per emulation by the computing manager (`orchestrator.runtime.compute`),
+with argument lists only; file names come from safe host identifiers (Mininet's ``h1``..), never
+from site names. `pick_backend("auto")` is ``docker`` when a Docker daemon answers and the worker
+image exists, else ``process``. Every container this module starts carries the label
+``org.netai.run`` so a crashed run's leftovers can be found and removed (`remove_containers`).
 
 What this module must not do: start anything listening on a wildcard address, or leave a
-container or process behind on any exit path (callers use the backends as context managers or
-call `stop` in a ``finally``).
+container or process behind on any exit path (the computing manager stops every server in a
+``finally``; the emulation's teardown removes the containers).
 """
 
 from __future__ import annotations
@@ -26,35 +28,34 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from workers.config import AgentConfig
 
 DEFAULT_IMAGE = os.environ.get("NETAI_WORKER_IMAGE", "netai-worker:latest")
 RUN_LABEL = "org.netai.run"
 SITE_LABEL = "org.netai.site"
 #: Where the per-run log directory is mounted inside worker containers.
 CONTAINER_LOG_DIR = "/netai/run"
+#: Where the site servers' control socket directory is mounted inside worker containers.
+CONTAINER_CTL_DIR = "/netai/ctl"
 BACKENDS = ("loopback", "process", "docker")
 
 
-def _write_config(log_dir: Path, config: AgentConfig) -> Path:
-    import json
-
-    path = log_dir / f"{config.site}.config.json"
-    path.write_text(json.dumps(config.to_dict(), indent=1), encoding="utf-8")
-    return path
+def new_ctl_dir() -> Path:
+    """A fresh directory for the site servers' control sockets, only its owner may enter (short, so
+    socket paths stay under the kernel's 108-byte limit)."""
+    return Path(tempfile.mkdtemp(prefix="netai-ctl-"))
 
 
 class ProcessHandle:
-    """An agent running as a local `subprocess.Popen` (loopback, or in a Mininet host)."""
+    """A site server running as a local `subprocess.Popen` (loopback, or in a Mininet host)."""
 
-    def __init__(self, site: str, popen: subprocess.Popen[bytes]) -> None:
-        self.site = site
+    def __init__(self, popen: subprocess.Popen[bytes]) -> None:
         self.popen = popen
 
     def poll(self) -> int | None:
@@ -70,101 +71,105 @@ class ProcessHandle:
                 self.popen.wait(timeout=5)
 
 
-class _AgentProcesses:
-    """What the loopback and process backends share: an agent is a process of the project's venv,
-    logging to the task's directory (hosts share the file system). Subclasses say where it runs."""
+class _LocalServers:
+    """What the loopback and process backends share: a server is a process of the project's venv
+    on this machine's file system (paths are the same inside). Subclasses say where it runs."""
 
+    name: str
+    log_root: Path
+    ctl_dir: Path
     _python: str
 
     def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         raise NotImplementedError
 
-    def task_log_dir(self, wanted: Path) -> Path:
-        """The directory a task's agents log to (created)."""
-        wanted.mkdir(parents=True, exist_ok=True)
-        return wanted
+    def inside(self, path: Path) -> str:
+        return str(path.resolve())
 
-    def after_task(self, log_dir: Path) -> None:
-        """Nothing to release: `run_task` stopped the processes."""
-
-    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
-        cfg = _with_events(config, log_dir)
-        path = _write_config(log_dir, cfg)
-        out = open(log_dir / f"{site}.out.txt", "wb")
-        try:
-            popen = self._popen(
-                site,
-                [self._python, "-m", "workers.agent", "--config", str(path)],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                cwd=str(Path(__file__).resolve().parent.parent),
-                env=_agent_env(),
-            )
-        finally:
-            out.close()
-        return ProcessHandle(site, popen)
+    def launch_server(self, site: str, argv: list[str], *, out_name: str) -> ProcessHandle:
+        out_dir = self.log_root / "servers"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / out_name, "ab") as out:
+            popen = self._popen(site, [self._python, "-m", "workers.site_server", *argv], stdout=out,
+                                stderr=subprocess.STDOUT, cwd=str(_ROOT), env=_server_env())
+        return ProcessHandle(popen)
 
 
-class LoopbackBackend(_AgentProcesses):
-    """Agents as local processes on 127.0.0.x addresses (no Mininet, no root).
+class LoopbackBackend(_LocalServers):
+    """Site servers as local processes on 127.0.0.x addresses (no Mininet, no root).
 
     Parameters
     ----------
     sites
-        The overlay nodes, in a fixed order: site i gets 127.0.0.(first_octet + i).
+        The compute sites, in a fixed order: site i gets 127.0.0.(first_octet + i).
+    log_root
+        Where the servers' output and the tasks' events go (created).
     """
 
     name = "loopback"
 
-    def __init__(self, sites: Iterable[str], *, first_octet: int = 2, python: str = sys.executable) -> None:
+    def __init__(self, sites: Iterable[str], *, log_root: Path, first_octet: int = 2,
+                 python: str = sys.executable) -> None:
         sites = list(sites)
         if first_octet + len(sites) > 254:
             raise ConfigError(f"{len(sites)} sites do not fit in 127.0.0.{first_octet}-254")
         self._addr = {s: f"127.0.0.{first_octet + i}" for i, s in enumerate(sites)}
+        self._id = {s: f"n{i + 1}" for i, s in enumerate(sites)}
         self._python = python
+        self.log_root = log_root
+        log_root.mkdir(parents=True, exist_ok=True)
+        self.ctl_dir = new_ctl_dir()
 
     def address(self, site: str) -> str:
         return self._addr[site]
+
+    def host_id(self, site: str) -> str:
+        return self._id[site]
 
     def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         return subprocess.Popen(cmd, **kw)
 
 
-def _with_events(config: AgentConfig, log_dir: Path) -> AgentConfig:
-    from dataclasses import replace
-
-    return replace(config, events_path=str(log_dir / f"{config.site}.events.jsonl"))
+_ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def _agent_env() -> dict[str, str]:
+def _server_env() -> dict[str, str]:
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(_ROOT)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("OMP_NUM_THREADS", "1")
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-class ProcessBackend(_AgentProcesses):
-    """Agents in Mininet hosts' namespaces, from the project's venv.
+class ProcessBackend(_LocalServers):
+    """Site servers in Mininet hosts' namespaces, from the project's venv.
 
     Parameters
     ----------
     hosts
         Site -> Mininet host object (``net.get(plan.host(site).name)``).
+    log_root
+        Where the servers' output and the tasks' events go (created).
     """
 
     name = "process"
 
-    def __init__(self, hosts: Mapping[str, Any], *, python: str = sys.executable) -> None:
+    def __init__(self, hosts: Mapping[str, Any], *, log_root: Path, python: str = sys.executable) -> None:
         self._hosts = dict(hosts)
         self._python = python
+        self.log_root = log_root
+        log_root.mkdir(parents=True, exist_ok=True)
+        self.ctl_dir = new_ctl_dir()
 
     def address(self, site: str) -> str:
         try:
             return str(self._hosts[site].IP())
         except KeyError as e:
             raise ConfigError(f"site {site!r} has no emulated host") from e
+
+    def host_id(self, site: str) -> str:
+        return str(self._hosts[site].name)
 
     def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         popen: subprocess.Popen[bytes] = self._hosts[site].popen(cmd, **kw)
@@ -275,19 +280,21 @@ def _wait_running(container: Any, timeout_s: float) -> int:
 
 
 class ExecHandle:
-    """An agent started by ``docker exec`` in a worker container."""
+    """A site server started by ``docker exec`` in a worker container."""
 
-    def __init__(self, site: str, host: Any, exec_id: str) -> None:
-        self.site = site
+    def __init__(self, host: Any, exec_id: str) -> None:
         self.host = host
         self.exec_id = exec_id
 
     def poll(self) -> int | None:
-        info = self.host.dclient.api.exec_inspect(self.exec_id)
+        try:
+            info = self.host.dclient.api.exec_inspect(self.exec_id)
+        except Exception:  # noqa: BLE001 -- the container is gone, and the server with it
+            return -9
         if info.get("Running"):
             return None
         code = info.get("ExitCode")
-        return None if code is None else int(code)
+        return -9 if code is None else int(code)
 
     def stop(self) -> None:
         if self.poll() is None:
@@ -300,22 +307,21 @@ class ExecHandle:
 
 
 class DockerBackend:
-    """Agents in the worker containers that are the Mininet hosts (`DockerWorkerHost`).
+    """Site servers in the worker containers that are the Mininet hosts (`DockerWorkerHost`).
 
     Parameters
     ----------
     hosts
-        Site -> `DockerWorkerHost`; all mount the same host directory `log_root` at
-        `CONTAINER_LOG_DIR` (see `emulation_options`).
+        Site -> `DockerWorkerHost`; all mount the same host directories: `log_root` at
+        `CONTAINER_LOG_DIR` and `ctl_dir` at `CONTAINER_CTL_DIR` (see `emulation_options`).
     """
 
     name = "docker"
 
-    def __init__(self, hosts: Mapping[str, Any], *, log_root: Path) -> None:
+    def __init__(self, hosts: Mapping[str, Any], *, log_root: Path, ctl_dir: Path) -> None:
         self._hosts = dict(hosts)
         self.log_root = log_root.resolve()
-        #: Every agent started, for inspection (which container ran it) and cleanup.
-        self.started: list[ExecHandle] = []
+        self.ctl_dir = ctl_dir
 
     def address(self, site: str) -> str:
         try:
@@ -323,53 +329,32 @@ class DockerBackend:
         except KeyError as e:
             raise ConfigError(f"site {site!r} has no emulated host") from e
 
+    def host_id(self, site: str) -> str:
+        return str(self._hosts[site].name)
+
     def container(self, site: str) -> Any:
         """The Docker SDK container object of a site's host."""
         return self._hosts[site].container
 
-    def task_log_dir(self, wanted: Path) -> Path:
-        """A directory under the containers' mount for one task; `wanted` becomes a link to it."""
-        real = self.log_root / wanted.name
-        real.mkdir(parents=True, exist_ok=True)
-        if wanted.resolve() != real:
-            wanted.parent.mkdir(parents=True, exist_ok=True)
-            if not wanted.exists() and not wanted.is_symlink():
-                wanted.symlink_to(real, target_is_directory=True)
-        return wanted
-
-    def _in_container(self, path: Path) -> str:
+    def inside(self, path: Path) -> str:
         real = path.resolve()
-        try:
-            rel = real.relative_to(self.log_root)
-        except ValueError as e:
-            raise ConfigError(f"{path} is not under the containers' log mount {self.log_root}") from e
-        return f"{CONTAINER_LOG_DIR}/{rel}".rstrip("/.") if str(rel) != "." else CONTAINER_LOG_DIR
+        for host_dir, mount in ((self.log_root, CONTAINER_LOG_DIR), (self.ctl_dir.resolve(), CONTAINER_CTL_DIR)):
+            if real.is_relative_to(host_dir):
+                rel = real.relative_to(host_dir)
+                return mount if str(rel) == "." else f"{mount}/{rel}"
+        raise ConfigError(f"{path} is not under a directory the worker containers mount")
 
-    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ExecHandle:
-        from dataclasses import replace
-
-        host = self._hosts[site]
-        inside = self._in_container(log_dir)
-        cfg = replace(config, events_path=f"{inside}/{site}.events.jsonl")
-        _write_config(log_dir, cfg)
-        exec_id = host.exec_agent(f"{inside}/{site}.config.json", f"{inside}/{site}.out.txt")
-        handle = ExecHandle(site, host, exec_id)
-        self.started.append(handle)
-        return handle
-
-    def after_task(self, log_dir: Path) -> None:
-        """Kill any agent of the task still running (they normally have exited)."""
-        for h in self.started:
-            h.stop()
-        self.started.clear()
+    def launch_server(self, site: str, argv: list[str], *, out_name: str) -> ExecHandle:
+        return ExecHandle(self._hosts[site], self._hosts[site].exec_server(argv))
 
 
 # -- wiring into the emulation -------------------------------------------------------------------------
 def emulation_options(kind: str, *, log_dir: Path, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
-    """Keyword arguments for `orchestrator.emulation.network.Emulation` that host a backend's workers.
+    """Keyword arguments for `orchestrator.emulation.network.Emulation` that host a backend's servers.
 
     ``docker``: every host is a `DockerWorkerHost` of `image` with its site's CPU and memory limits,
-    mounting `log_dir` (created) at `CONTAINER_LOG_DIR`. ``process``: plain Mininet hosts ({}).
+    mounting `log_dir` (created; the servers' log root) at `CONTAINER_LOG_DIR` and a fresh control
+    socket directory at `CONTAINER_CTL_DIR`. ``process``: plain Mininet hosts ({}).
     """
     if kind == "process":
         return {}
@@ -377,24 +362,38 @@ def emulation_options(kind: str, *, log_dir: Path, image: str = DEFAULT_IMAGE) -
         raise ConfigError(f"backend {kind!r} does not run in the emulation (use docker or process)")
     log_dir.mkdir(parents=True, exist_ok=True)
     root = str(log_dir.resolve())
+    ctl = str(new_ctl_dir())
 
     def params(h: Any) -> dict[str, Any]:
-        return {"image": image, "cpus": float(h.cpu), "memory_mb": int(h.memory_mb), "log_dir": root}
+        return {"image": image, "cpus": float(h.cpu), "memory_mb": int(h.memory_mb), "log_dir": root,
+                "ctl_dir": ctl}
 
     from orchestrator.runtime.docker_host import make_docker_host_class
 
     return {"host_cls": make_docker_host_class(), "host_params": params}
 
 
-def open_backend(kind: str, emu: Any) -> ProcessBackend | DockerBackend:
-    """The compute backend over a running emulation's hosts (one per compute site)."""
+def open_backend(kind: str, emu: Any, *, log_root: Path) -> ProcessBackend | DockerBackend:
+    """The site backend over a running emulation's hosts (one per compute site).
+
+    `log_root`: the servers' log root for the process backend; the docker backend's is the directory
+    its containers mount (given to `emulation_options`).
+    """
     hosts = {h.site: emu.host(h.site) for h in emu.plan.hosts}
     if kind == "process":
-        return ProcessBackend(hosts)
+        return ProcessBackend(hosts, log_root=log_root)
     if kind == "docker":
-        roots = {getattr(h, "log_dir", None) for h in hosts.values()}
-        if len(roots) != 1 or None in roots:
+        mounts = {(getattr(h, "log_dir", None), getattr(h, "ctl_dir", None)) for h in hosts.values()}
+        if len(mounts) != 1 or None in next(iter(mounts)):
             raise ConfigError("the emulation's hosts are not worker containers: build it with "
                               "emulation_options('docker', log_dir=...)")
-        return DockerBackend(hosts, log_root=Path(str(roots.pop())))
+        log_dir, ctl_dir = mounts.pop()
+        return DockerBackend(hosts, log_root=Path(str(log_dir)), ctl_dir=Path(str(ctl_dir)))
     raise ConfigError(f"backend {kind!r} does not run in the emulation (use docker or process)")
+
+
+def open_compute(kind: str, emu: Any, *, log_root: Path) -> Any:
+    """A `ComputeManager` (not yet started) with one site server per compute site of `emu`."""
+    from orchestrator.runtime.compute import ComputeManager
+
+    return ComputeManager(open_backend(kind, emu, log_root=log_root), [h.site for h in emu.plan.hosts])

@@ -2,7 +2,7 @@
 
 The container starts with ``--network none`` and the site's CPU and memory limits; the node's
 shell joins its namespaces with ``mnexec -a``, so Mininet wires and configures the host's
-interfaces like any host's. Agents run in it by ``docker exec`` (inside the container's cgroups).
+interfaces like any host's. The site server runs in it by ``docker exec`` (inside the container's cgroups).
 Imported only when the docker backend is used (it needs Mininet).
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 from mininet.node import Host
 
 from orchestrator.runtime.backends import (
+    CONTAINER_CTL_DIR,
     CONTAINER_LOG_DIR,
     DEFAULT_IMAGE,
     RUN_LABEL,
@@ -29,7 +30,8 @@ class DockerWorkerHost(Host):
 
     Extra parameters (Mininet passes ``addHost`` keyword arguments through): ``image``,
     ``run_id`` (container label), ``cpus`` (CPU limit, cores), ``memory_mb``, ``log_dir``
-    (host directory mounted at `CONTAINER_LOG_DIR`), ``docker_client``.
+    (host directory mounted at `CONTAINER_LOG_DIR`), ``ctl_dir`` (the site servers' control
+    socket directory, mounted at `CONTAINER_CTL_DIR`), ``docker_client``.
     """
 
     def __init__(
@@ -41,6 +43,7 @@ class DockerWorkerHost(Host):
         cpus: float | None = None,
         memory_mb: int | None = None,
         log_dir: str | None = None,
+        ctl_dir: str | None = None,
         docker_client: Any = None,
         **params: Any,
     ) -> None:
@@ -49,6 +52,7 @@ class DockerWorkerHost(Host):
         self.cpus = cpus
         self.memory_mb = memory_mb
         self.log_dir = log_dir
+        self.ctl_dir = ctl_dir
         self.dclient = docker_client
         self.container: Any = None
         super().__init__(name, **params)
@@ -74,8 +78,13 @@ class DockerWorkerHost(Host):
             kwargs["nano_cpus"] = int(self.cpus * 1e9)
         if self.memory_mb:
             kwargs["mem_limit"] = f"{int(self.memory_mb)}m"
+        volumes = {}
         if self.log_dir:
-            kwargs["volumes"] = {self.log_dir: {"bind": CONTAINER_LOG_DIR, "mode": "rw"}}
+            volumes[self.log_dir] = {"bind": CONTAINER_LOG_DIR, "mode": "rw"}
+        if self.ctl_dir:
+            volumes[self.ctl_dir] = {"bind": CONTAINER_CTL_DIR, "mode": "rw"}
+        if volumes:
+            kwargs["volumes"] = volumes
         self.container = self.dclient.containers.run(self.image, **kwargs)
         cpid = _wait_running(self.container, 60.0)
         # Mininet's hook for how a node's shell is spawned is startShell's `mnopts` (mnexec's
@@ -117,15 +126,13 @@ class DockerWorkerHost(Host):
                 pass
             self.container = None
 
-    def exec_agent(self, config_path_in_container: str, out_path_in_container: str) -> str:
-        """Start the agent by ``docker exec`` (inside the container's cgroups); the exec id."""
+    def exec_server(self, argv: list[str]) -> str:
+        """Start the site server (``python -m workers.site_server`` + `argv`, an argument list) by
+        ``docker exec``, inside the container's cgroups; the exec id."""
         api = self.dclient.api
         ex = api.exec_create(
-            self.container.id,
-            ["python", "-m", "workers.agent", "--config", config_path_in_container,
-             "--log-file", out_path_in_container],
-            environment={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"},
-            workdir="/",
+            self.container.id, ["python", "-m", "workers.site_server", *argv],
+            environment={"PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}, workdir="/",
         )
         api.exec_start(ex["Id"], detach=True)
         return str(ex["Id"])

@@ -1,9 +1,10 @@
 """Run one FL task on a `Schedule`: agent configs, start/stop through a compute backend, results.
 
 `agent_configs` turns a schedule into one `AgentConfig` per overlay node (pure; tested without any
-network). `run_task` starts every agent at once through a `ComputeBackend`
-(`orchestrator.runtime.backends`); the agents connect every overlay edge before G starts round 1
-(so no round includes process start-up or a connect), it waits for all of them, and always stops them. `summarize` turns the agents'
+network). `TaskExecution` sends every node's role at once to its site's server through the
+computing manager (`orchestrator.runtime.compute`); the roles connect every overlay edge before G
+starts round 1 (so no round includes a start-up or a connect), it follows them, and always stops
+them; `run_task` runs one task to the end. `summarize` turns the roles'
 JSON-lines timing events into per-round results
 (docs/architecture.md, "Definitions of the measured quantities"):
 
@@ -21,7 +22,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.timing import TaskTiming, subtree_heights
@@ -54,30 +55,6 @@ class FLOptions:
     threads: int = 1
 
 
-class WorkerHandle(Protocol):
-    """A started agent (process or container)."""
-
-    site: str
-
-    def poll(self) -> int | None:
-        """The exit status, or None while it runs."""
-
-    def stop(self) -> None:
-        """Kill it if it still runs and release what it holds; idempotent."""
-
-
-class ComputeBackend(Protocol):
-    """Places an agent on a site (see `orchestrator.runtime.backends`)."""
-
-    name: str
-
-    def address(self, site: str) -> str:
-        """The IPv4 address the site's agent binds to and is reached at."""
-
-    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> WorkerHandle:
-        """Start the site's agent with `config` (its events file is ``log_dir/<site>.events.jsonl``)."""
-
-
 def _check_trees(schedule: Schedule, addresses: Mapping[str, str]) -> None:
     if schedule.blocked:
         raise ConfigError(f"task {schedule.task_id} is blocked: {schedule.reason}")
@@ -101,7 +78,6 @@ def agent_configs(
     addresses: Mapping[str, str],
     options: FLOptions,
     timing: TaskTiming | None = None,
-    events_dir: Mapping[str, str] | None = None,
 ) -> dict[str, AgentConfig]:
     """One agent config per overlay node of `schedule`.
 
@@ -112,8 +88,6 @@ def agent_configs(
     timing
         Chunk size and timeouts derived from the schedule (`orchestrator.runtime.timing`); None:
         `options`' fixed values, a node's child timeout scaled by the height of its subtree.
-    events_dir
-        Site -> directory (as the agent sees it) for its events file; None: the agents log to stdout.
 
     Raises
     ------
@@ -154,7 +128,6 @@ def agent_configs(
             part_index=part_of.get(n), local_epochs=options.local_epochs, batch_size=options.batch_size,
             lr=options.lr, child_timeout_s=timing.child_timeout_s[n], connect_timeout_s=timing.connect_timeout_s,
             global_timeout_s=timing.global_timeout_s, max_chunk_bytes=timing.chunk_bytes, threads=options.threads,
-            events_path=None if events_dir is None else f"{events_dir[n]}/{n}.events.jsonl",
         )
         for n in nodes
     }
@@ -190,13 +163,17 @@ class TaskResult:
     model_bytes: int
     log_dir: str
     rejected: tuple[dict[str, Any], ...] = ()
-    #: From launching the agents to the last one listening (processes, torch, model, data).
+    #: From sending the roles to the site servers to the last one listening (model, data, warm-up).
     agents_ready_s: float = 0.0
-    #: From the last agent listening to G knowing every connection of the task is up.
+    #: From the last role listening to G knowing every connection of the task is up.
     connect_s: float = 0.0
     chunk_bytes: int = 0
     #: Connections that broke during the rounds (each also ends a straggler or a lost round).
     connections_lost: int = 0
+    #: CLOCK_MONOTONIC times: roles sent to the servers, G starting round 1's broadcast, G done.
+    started_t: float = 0.0
+    first_broadcast_t: float = 0.0
+    finished_t: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -302,83 +279,142 @@ def missing_events(
     return problems
 
 
-# -- running ----------------------------------------------------------------------------------------
-def _last_words(events_path: Path) -> str:
-    """The agent's last error event or output line (for one-line error messages)."""
-    errors = [e for e in read_events(events_path) if e.get("event") == "error"]
-    if errors:
-        return str(errors[-1].get("detail", "error"))
-    out = events_path.with_name(events_path.name.replace(".events.jsonl", ".out.txt"))
-    lines = out.read_text(errors="replace").strip().splitlines() if out.exists() else []
-    return lines[-1] if lines else f"no output (see {out})"
+# -- running ---------------------------------------------------------------------------------------
+class TaskExecution:
+    """One task's roles on the site servers of a `ComputeManager`, started and followed without
+    blocking (the online mode runs many side by side; `run_task` runs one to the end).
+
+    `start` ships the model if it is a file and sends one ``start`` per overlay node; `check` takes
+    the servers' status replies and says whether every role has finished, raising if one failed,
+    its server is gone, or the deadline passed; `stop` cancels and forgets the roles (idempotent);
+    `result` summarizes the events.
+    """
+
+    def __init__(self, schedule: Schedule, *, manager: Any, options: FLOptions, log_dir: Path,
+                 timing: TaskTiming | None = None, ready_timeout_s: float = 180.0) -> None:
+        self.schedule = schedule
+        self.manager = manager
+        self.options = options
+        self.log_dir = log_dir
+        nodes = schedule.overlay_nodes
+        self.configs = agent_configs(schedule, addresses={n: manager.address(n) for n in nodes},
+                                     options=options, timing=timing)
+        self.paths = {n: manager.events_file(log_dir, n) for n in nodes}
+        g = schedule.global_site
+        self.budget_s = ready_timeout_s + self.configs[g].global_timeout_s * (options.rounds + 1)
+        self.started_t = 0.0
+        self._started: list[str] = []
+
+    def start(self) -> None:
+        """Send every node's role to its site's server (the model shipped first if it is a file)."""
+        from dataclasses import replace
+
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        nodes = self.schedule.overlay_nodes
+        spec = self.manager.ship_model(self.options.model, nodes)
+        for p in self.paths.values():
+            p.unlink(missing_ok=True)
+        self.started_t = time.monotonic()
+        for n in nodes:
+            self.manager.start_role(n, replace(self.configs[n], model=spec), self.paths[n])
+            self._started.append(n)
+
+    def check(self, statuses: Mapping[str, Mapping[str, Any]]) -> bool:
+        """True once every role has finished with status 0 (`statuses`: `ComputeManager.poll`'s reply).
+
+        Raises
+        ------
+        RuntimeError
+            A role failed, or the server of one of the task's sites is gone.
+        TimeoutError
+            The task did not finish within its budget.
+        """
+        key = str(self.schedule.task_id)
+        failed, running = {}, []
+        for n in self.schedule.overlay_nodes:
+            if n in self.manager.lost:
+                failed[n] = f"its site server is gone ({self.manager.lost[n]})"
+                continue
+            role = statuses.get(n, {}).get("roles", {}).get(key)
+            if role is None:
+                running.append(n)
+            elif role["state"] == "failed":
+                failed[n] = role.get("error") or _last_words(self.paths[n])
+            elif role["state"] != "done":
+                running.append(n)
+        if failed:
+            why = "; ".join(f"{n}: {w}" for n, w in failed.items())
+            raise RuntimeError(f"task {self.schedule.task_id}: roles failed: {why}; logs in {self.log_dir}")
+        if not running:
+            return True
+        if time.monotonic() > self.started_t + self.budget_s:
+            raise TimeoutError(f"task {self.schedule.task_id}: the roles of {sorted(running)} did not finish "
+                               f"in time; logs in {self.log_dir}")
+        return False
+
+    def stop(self) -> None:
+        """Cancel any role still running and drop every role's record on its server."""
+        for n in self._started:
+            self.manager.stop_role(n, self.schedule.task_id)
+        self._started.clear()
+
+    def events(self) -> dict[str, list[dict[str, Any]]]:
+        return {n: read_events(p) for n, p in self.paths.items()}
+
+    def result(self) -> TaskResult:
+        return _task_result(self.schedule, self.manager.name, self.options, self.events(), self.log_dir,
+                            self.started_t)
 
 
 def run_task(
     schedule: Schedule,
     *,
-    backend: ComputeBackend,
+    manager: Any,
     options: FLOptions,
     log_dir: Path,
     timing: TaskTiming | None = None,
     ready_timeout_s: float = 180.0,
 ) -> TaskResult:
-    """Run the task's agents to completion and summarize; every agent is stopped on every exit path.
+    """Run the task's roles on the site servers of `manager` to completion and summarize; every
+    role is stopped on every exit path.
 
-    All agents start at once; they connect every overlay edge before G starts round 1.
+    All roles start at once; they connect every overlay edge before G starts round 1.
 
     Raises
     ------
     ConfigError
-        Bad schedule (see `agent_configs`).
+        Bad schedule (see `agent_configs`), or a server refused a role.
     RuntimeError, TimeoutError
-        An agent failed or did not finish in time (the message names it and its log).
+        A role failed or did not finish in time (the message names it and its log).
     """
-    log_dir.mkdir(parents=True, exist_ok=True)
-    nodes = schedule.overlay_nodes
-    configs = agent_configs(schedule, addresses={n: backend.address(n) for n in nodes}, options=options,
-                            timing=timing)
-    paths = {n: log_dir / f"{n}.events.jsonl" for n in nodes}
-    for p in paths.values():
-        p.unlink(missing_ok=True)
-    handles: dict[str, WorkerHandle] = {}
-    g = schedule.global_site
-    launched = time.monotonic()
-    budget_s = ready_timeout_s + configs[g].global_timeout_s * (options.rounds + 1)
+    run = TaskExecution(schedule, manager=manager, options=options, log_dir=log_dir, timing=timing,
+                        ready_timeout_s=ready_timeout_s)
     try:
-        for n in nodes:
-            handles[n] = backend.start(n, configs[n], log_dir=log_dir)
-        _wait_for_agents(handles, paths, g, launched + budget_s, log_dir)
+        run.start()
+        while not run.check(manager.poll(schedule.overlay_nodes)):
+            time.sleep(0.05)  # poll interval of the roles' states, bounded by the task's budget
     finally:
-        for h in handles.values():
-            h.stop()
-    events = {n: read_events(p) for n, p in paths.items()}
-    return _task_result(schedule, backend.name, options, events, log_dir, launched)
+        run.stop()
+    return run.result()
 
 
-def _wait_for_agents(handles: Mapping[str, WorkerHandle], paths: Mapping[str, Path], g: str, deadline: float,
-                     log_dir: Path) -> None:
-    """Poll the agents' exit statuses until all have exited 0; raise on a failure or the deadline."""
-    while True:
-        status = {n: h.poll() for n, h in handles.items()}
-        failed = {n: s for n, s in status.items() if s not in (None, 0)}
-        if failed:
-            why = "; ".join(f"{n}: {_last_words(paths[n])}" for n in failed)
-            raise RuntimeError(f"agents failed (exit status {failed}): {why}; logs in {log_dir}")
-        if all(s == 0 for s in status.values()):
-            return
-        if time.monotonic() > deadline:
-            waiting = sorted(n for n, s in status.items() if s is None)
-            raise TimeoutError(f"the agents of {waiting} did not finish in time; logs in {log_dir}")
-        time.sleep(0.1)  # poll interval of the agents' exit status, bounded by the deadline
+def _last_words(events_path: Path) -> str:
+    """The role's last error event (for one-line error messages)."""
+    errors = [e for e in read_events(events_path) if e.get("event") == "error"]
+    if errors:
+        return str(errors[-1].get("detail", "error"))
+    return f"no error logged (see {events_path})"
 
 
 def _task_result(schedule: Schedule, backend: str, options: FLOptions,
                  events: Mapping[str, Sequence[Mapping[str, Any]]], log_dir: Path, launched: float) -> TaskResult:
-    # The agents log on CLOCK_MONOTONIC, the clock `launched` was read on (one kernel, containers too).
+    # The roles log on CLOCK_MONOTONIC, the clock `launched` was read on (one kernel, containers too).
     g_events = events.get(schedule.global_site, [])
     ready = [float(e["t"]) for evs in events.values() for e in evs if e.get("event") == "ready"]
     connected = [float(e["t"]) for e in g_events if e.get("event") == "connected"]
     first_ready = [e for e in g_events if e.get("event") == "ready"]
+    first_round = [float(e["t"]) for e in g_events if e.get("event") == "round_start" and e.get("round") == 1]
+    done = [float(e["t"]) for e in g_events if e.get("event") == "done"]
     return TaskResult(
         task_id=schedule.task_id,
         backend=backend,
@@ -392,4 +428,7 @@ def _task_result(schedule: Schedule, backend: str, options: FLOptions,
         chunk_bytes=int(first_ready[0].get("chunk_bytes", 0)) if first_ready else 0,
         connections_lost=sum(1 for evs in events.values() for e in evs
                              if e.get("event") == "connection_lost" and e.get("direction") == "in"),
+        started_t=launched,
+        first_broadcast_t=first_round[0] if first_round else 0.0,
+        finished_t=done[-1] if done else 0.0,
     )

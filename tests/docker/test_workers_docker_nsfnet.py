@@ -1,5 +1,7 @@
 """NSFNET in Mininet with every host a worker container: an `mst` task with 8 local models runs
-3 rounds end to end; every agent runs in its site's container; no container is left afterwards."""
+3 rounds end to end on the site servers, each in its site's container; a topology with awkward
+site names and a user's model file (shipped by content, no image rebuild) run too; no container is
+left afterwards."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from orchestrator.runtime.backends import (
     RUN_LABEL,
     docker_client,
     emulation_options,
-    open_backend,
+    open_compute,
     remove_containers,
 )
 from orchestrator.runtime.task_runner import FLOptions, missing_events, read_events, run_task
@@ -41,26 +43,26 @@ def test_nsfnet_mst_task_in_containers(tmp_path: Path) -> None:
             limits = {c.labels["org.netai.site"]: (c.attrs["HostConfig"]["NanoCpus"], c.attrs["HostConfig"]["Memory"])
                       for c in containers}
             assert limits == {h.name: (int(h.cpu * 1e9), h.memory_mb * 2**20) for h in plan.hosts}
-            backend = open_backend("docker", emu)
-            emu.install_task(schedule)
-            log_dir = backend.task_log_dir(tmp_path / "task")
+            with open_compute("docker", emu, log_root=tmp_path / "workers") as manager:
+                emu.install_task(schedule)
+                log_dir = manager.task_dir("task")
 
-            result = run_task(schedule, backend=backend, options=FLOptions(rounds=3, model="mlp"),
-                              log_dir=log_dir)
+                result = run_task(schedule, manager=manager, options=FLOptions(rounds=3, model="mlp"),
+                                  log_dir=log_dir)
 
-            ran_in = {h.site: client.api.exec_inspect(h.exec_id)["ContainerID"] for h in backend.started}
-            expected = {site: backend.container(site).id for site in schedule.overlay_nodes}
-            exit_codes = {h.site: h.poll() for h in backend.started}
-            backend.after_task(log_dir)
-            emu.client.remove_task(task.id)
+                ran_in = {s: client.api.exec_inspect(srv.proc.exec_id)["ContainerID"]
+                          for s, srv in manager.servers.items()}
+                expected = {h.site: manager.backend.container(h.site).id for h in plan.hosts}
+                running = {s: srv.proc.poll() for s, srv in manager.servers.items()}
+                emu.client.remove_task(task.id)
     finally:
         left = client.containers.list(all=True, filters={"label": f"{RUN_LABEL}={run_id}"}) if run_id else []
         remove_containers(client, run_id=run_id or None)
 
     assert left == [], f"containers left after the emulation: {[c.name for c in left]}"
-    assert ran_in == expected, "each agent runs in its own site's container"
-    assert set(exit_codes.values()) == {0}
-    events = {n: read_events(log_dir / f"{n}.events.jsonl") for n in schedule.overlay_nodes}
+    assert ran_in == expected, "each site's server runs in its own site's container"
+    assert set(running.values()) == {None}, "the servers outlive the task"
+    events = {n: read_events(manager.events_file(log_dir, n)) for n in schedule.overlay_nodes}
     assert missing_events(schedule, events, rounds=3) == []
     assert [r.round for r in result.rounds] == [1, 2, 3]
     print("\nNSFNET/mst/8 locals in containers, per round: "
@@ -68,3 +70,35 @@ def test_nsfnet_mst_task_in_containers(tmp_path: Path) -> None:
                       f"u {r.upload_s * 1e3:.1f}) acc {r.accuracy:.3f}" for r in result.rounds))
     assert all(r.num_examples > 0 and r.stragglers == () for r in result.rounds)
     assert result.rounds[-1].accuracy > result.rounds[0].accuracy
+
+
+def test_awkward_names_and_a_user_model_in_containers(tmp_path: Path) -> None:
+    from tests.integration.test_workers_process import AWKWARD_TOPOLOGY, USER_MODEL
+
+    topo = tmp_path / "awkward.yaml"
+    topo.write_text(AWKWARD_TOPOLOGY, encoding="utf-8")
+    user = tmp_path / "user models" / "tiny.py"
+    user.parent.mkdir()
+    user.write_text(USER_MODEL)
+    model = load(str(topo))
+    plan = EmulationPlan.from_model(model)
+    (task,) = generate_tasks(model, count=1, locals_per_task=3, seed=1, rounds=2)
+    schedule = get_scheduler("mst").schedule(NetworkState(model), task)
+    client = docker_client()
+    run_id = ""
+    try:
+        with Emulation(plan, log_dir=tmp_path / "emulation",
+                       **emulation_options("docker", log_dir=tmp_path / "workers")) as emu:
+            run_id = emu.run_id
+            with open_compute("docker", emu, log_root=tmp_path / "workers") as manager:
+                emu.install_task(schedule)
+                result = run_task(schedule, manager=manager, options=FLOptions(rounds=2, model=f"{user}:make"),
+                                  log_dir=manager.task_dir("task"))
+                mounts = {m["Destination"] for c in client.containers.list(filters={"label": f"{RUN_LABEL}={run_id}"})
+                          for m in c.attrs["Mounts"]}
+    finally:
+        remove_containers(client, run_id=run_id or None)
+
+    assert [r.round for r in result.rounds] == [1, 2]
+    assert result.model_bytes == (64 * 16 + 16 + 16 * 10 + 10) * 4, "the user's model was shipped and built"
+    assert mounts == {"/netai/run", "/netai/ctl"}, "no bind mount of the user's paths"

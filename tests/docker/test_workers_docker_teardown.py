@@ -1,5 +1,5 @@
 """No worker container outlives `netai task run --backend docker`: not on Ctrl-C in the middle of a
-round, not when the agents fail."""
+round, not when the roles fail, and nothing starts for a model that cannot be built."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_ctrl_c_mid_task_removes_every_container(tmp_path: Path) -> None:
     try:
         deadline = time.monotonic() + 120
         seen: list[str] = []
-        while not any("round_start" in p.read_text() for p in tmp_path.glob("agents/*.events.jsonl")):
+        while not any("round_start" in p.read_text() for p in tmp_path.glob("workers/tasks/agents/*.events.jsonl")):
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() < deadline, "the task did not start a round within 120 s"
             time.sleep(0.2)
@@ -52,11 +52,27 @@ def test_ctrl_c_mid_task_removes_every_container(tmp_path: Path) -> None:
     assert [n for n in _our_containers() if n not in before] == []
 
 
-def test_failing_agents_remove_every_container(tmp_path: Path) -> None:
+def test_a_model_that_raises_is_refused_before_anything_starts(tmp_path: Path) -> None:
     before = _our_containers()
     res = subprocess.run(_netai("--rounds", "1", "--model", "mlp", "--model-arg", "bogus=1", "--log-dir",
                                 str(tmp_path)), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith("netai: ") and "cannot be built" in last and "bogus" in last
+    assert not (tmp_path / "emulation").exists(), "nothing was started"
+    assert [n for n in _our_containers() if n not in before] == []
+
+
+def test_failing_roles_remove_every_container(tmp_path: Path) -> None:
+    # builds (the preflight) but fails in every role's warm-up pass on the servers
+    model = tmp_path / "broken.py"
+    model.write_text("from torch import nn\n\nclass Broken(nn.Linear):\n    def forward(self, x):\n"
+                     "        raise RuntimeError('forward is broken')\n\n"
+                     "def make(*, input_shape, num_classes):\n    return Broken(64, num_classes)\n")
+    before = _our_containers()
+    res = subprocess.run(_netai("--rounds", "1", "--model", f"{model}:make", "--log-dir", str(tmp_path / "logs")),
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 1
     last = res.stderr.strip().splitlines()[-1]
-    assert last.startswith("netai: task") and "failed" in last and "bogus" in last
+    assert last.startswith("netai: task") and "failed" in last and "forward is broken" in last
     assert [n for n in _our_containers() if n not in before] == []

@@ -1,4 +1,4 @@
-"""The process backend: agents from the venv in plain Mininet hosts of the emulation."""
+"""The process backend: site servers from the venv in plain Mininet hosts of the emulation."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.emulation.network import Emulation
-from orchestrator.runtime.backends import emulation_options, open_backend
+from orchestrator.runtime.backends import emulation_options, open_compute
 from orchestrator.runtime.task_runner import FLOptions, missing_events, read_events, run_task
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.tasks import generate_tasks
@@ -17,6 +17,29 @@ from topologies.plan import EmulationPlan
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
+AWKWARD_TOPOLOGY = """\
+name: awkward
+defaults: {wavelengths: 8, wavelength_mbps: 10000}
+sites:
+  - {name: Kansas City}
+  - {name: São Paulo}
+  - {name: "$(touch pwned);"}
+  - {name: New York}
+links:
+  - {a: Kansas City, b: São Paulo, length_km: 100}
+  - {a: São Paulo, b: "$(touch pwned);", length_km: 100}
+  - {a: "$(touch pwned);", b: New York, length_km: 100}
+  - {a: New York, b: Kansas City, length_km: 150}
+"""
+
+USER_MODEL = """\
+from torch import nn
+
+
+def make(*, input_shape, num_classes, width=16):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))
+"""
+
 
 @pytest.mark.parametrize("scheduler", ["spff", "mst"])
 def test_task_runs_in_mininet_hosts(tmp_path: Path, scheduler: str) -> None:
@@ -24,20 +47,44 @@ def test_task_runs_in_mininet_hosts(tmp_path: Path, scheduler: str) -> None:
     plan = EmulationPlan.from_model(model)
     (task,) = generate_tasks(model, count=1, locals_per_task=4, seed=2, rounds=2)
     schedule = get_scheduler(scheduler).schedule(NetworkState(model), task)
-    with Emulation(plan, log_dir=tmp_path / "emulation", **emulation_options("process", log_dir=tmp_path)) as emu:
-        backend = open_backend("process", emu)
+    with Emulation(plan, log_dir=tmp_path / "emulation", **emulation_options("process", log_dir=tmp_path)) as emu, \
+            open_compute("process", emu, log_root=tmp_path / "workers") as manager:
         emu.install_task(schedule)
-        log_dir = backend.task_log_dir(tmp_path / "task")
+        log_dir = manager.task_dir("task")
 
-        result = run_task(schedule, backend=backend, options=FLOptions(rounds=2), log_dir=log_dir)
+        result = run_task(schedule, manager=manager, options=FLOptions(rounds=2), log_dir=log_dir)
 
-        # OVS refreshes OpenFlow counters about every second: poll, bounded
-        deadline = time.monotonic() + 10
-        while (carried := emu.client.task_bytes(task.id)) == 0 and time.monotonic() < deadline:
-            time.sleep(0.2)
-    events = {n: read_events(log_dir / f"{n}.events.jsonl") for n in schedule.overlay_nodes}
+        # OVS refreshes OpenFlow counters about every second: read until two reads 1.2 s apart agree
+        deadline, carried = time.monotonic() + 15, -1
+        while (now := emu.client.task_bytes(task.id)) != carried and time.monotonic() < deadline:
+            carried = now
+            time.sleep(1.2)
+    events = {n: read_events(manager.events_file(log_dir, n)) for n in schedule.overlay_nodes}
     ready = {n: next(e for e in ev if e["event"] == "ready") for n, ev in events.items()}
     assert missing_events(schedule, events, rounds=2) == []
-    assert all(ready[n]["host"] == plan.host(n).ip for n in schedule.overlay_nodes), "agents bind the host IPs"
+    assert all(ready[n]["host"] == plan.host(n).ip for n in schedule.overlay_nodes), "roles bind the host IPs"
     assert carried > 2 * result.model_bytes, "the task's traffic took the task's flow entries"
     assert [r.round for r in result.rounds] == [1, 2] and result.rounds[-1].accuracy > 0.3
+    assert result.connections_lost == 0, "children closing after their last update are not lost"
+
+
+def test_awkward_site_names_and_a_user_model_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    topo = tmp_path / "awkward.yaml"
+    topo.write_text(AWKWARD_TOPOLOGY, encoding="utf-8")
+    user = tmp_path / "user models" / "tiny.py"
+    user.parent.mkdir()
+    user.write_text(USER_MODEL)
+    model = load(str(topo))
+    plan = EmulationPlan.from_model(model)
+    (task,) = generate_tasks(model, count=1, locals_per_task=3, seed=1, rounds=2)
+    schedule = get_scheduler("mst").schedule(NetworkState(model), task)
+    with Emulation(plan, log_dir=tmp_path / "emulation") as emu, \
+            open_compute("process", emu, log_root=tmp_path / "workers") as manager:
+        emu.install_task(schedule)
+        result = run_task(schedule, manager=manager, options=FLOptions(rounds=2, model=f"{user}:make"),
+                          log_dir=manager.task_dir("task"))
+
+    assert [r.round for r in result.rounds] == [1, 2]
+    assert result.model_bytes == (64 * 16 + 16 + 16 * 10 + 10) * 4, "the user's model was shipped and built"
+    assert not any(p.name == "pwned" for p in tmp_path.rglob("pwned")) and not Path("/pwned").exists()

@@ -197,9 +197,9 @@ def test_round_progress_counts_completed_rounds_and_locals_trained(tmp_path: Pat
         "B": [{"event": "train_end", "round": 1}, {"event": "train_end", "round": 2}],
         "C": [{"event": "train_end", "round": 1}],
     }
-    for site, evs in lines.items():
-        text = "\n".join(_json.dumps(e, separators=(",", ":")) for e in evs)
-        (tmp_path / f"{site}.events.jsonl").write_text(text + '\n{"event":"train_st')  # a line being written
+    for i, (site, evs) in enumerate(lines.items()):  # file names are safe stems; events name their site
+        text = "\n".join(_json.dumps(e | {"site": site}, separators=(",", ":")) for e in evs)
+        (tmp_path / f"n{i}.events.jsonl").write_text(text + '\n{"event":"train_st')  # a line being written
 
     done, trained = round_progress(_read_events(tmp_path), s)
 

@@ -1,20 +1,47 @@
-"""End to end without root: G and 6 local models on a 3-level tree, agents on 127.0.0.x."""
+"""End to end without root: G and 6 local models on a 3-level tree, roles on loopback site servers
+(127.0.0.x), one set of servers for the whole module (they host every test's tasks)."""
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.backends import LoopbackBackend
-from orchestrator.runtime.task_runner import FLOptions, agent_configs, missing_events, read_events, run_task
+from orchestrator.runtime.compute import ComputeManager
+from orchestrator.runtime.task_runner import (
+    FLOptions,
+    TaskResult,
+    agent_configs,
+    missing_events,
+    read_events,
+    run_task,
+)
 from orchestrator.scheduling.schedule import Schedule, task_ports
 
 # G -> A, B; A -> L1, L2, L3 ... : three levels, A and B hold local models too.
 TREE = {"A": "G", "B": "G", "L1": "A", "L2": "A", "L3": "B", "L4": "B"}
 LOCALS = ("A", "B", "L1", "L2", "L3", "L4")
+
+
+SITES = ("G", *LOCALS, "R", "R1", "R2", "L1'", "L2'", "L3'")
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComputeManager]:
+    root = tmp_path_factory.mktemp("servers")
+    with ComputeManager(LoopbackBackend(SITES, log_root=root), SITES) as cm:
+        yield cm
+
+
+def _run(cm: ComputeManager, sched: Schedule, name: str, **options: Any) -> tuple[TaskResult, Path]:
+    log_dir = cm.task_dir(name)
+    result = run_task(sched, manager=cm, options=FLOptions(**options), log_dir=log_dir)
+    return result, log_dir
 
 
 def _schedule(upload: dict[str, str] | None = None) -> Schedule:
@@ -50,11 +77,10 @@ def test_agent_configs_reject_a_tree_that_misses_a_local() -> None:
 
 
 @pytest.mark.slow
-def test_loopback_task_learns_digits(tmp_path: Path) -> None:
+def test_loopback_task_learns_digits(servers: ComputeManager) -> None:
     sched = _schedule()
 
-    result = run_task(sched, backend=LoopbackBackend(sched.overlay_nodes),
-                      options=FLOptions(rounds=5, model="mlp", partitioning="iid"), log_dir=tmp_path)
+    result, log_dir = _run(servers, sched, "learns", rounds=5, model="mlp", partitioning="iid")
 
     acc = [r.accuracy for r in result.rounds]
     print("loopback accuracy per round:", " ".join(f"{a:.3f}" for a in acc))
@@ -64,22 +90,21 @@ def test_loopback_task_learns_digits(tmp_path: Path) -> None:
     assert acc[-1] > 0.85
     assert all(r.num_examples == 1438 and r.stragglers == () for r in result.rounds)
     assert all(abs(r.broadcast_s + r.train_s + r.upload_s - r.latency_s) < 1e-6 for r in result.rounds)
-    events = {n: read_events(tmp_path / f"{n}.events.jsonl") for n in sched.overlay_nodes}
+    events = {n: read_events(servers.events_file(log_dir, n)) for n in sched.overlay_nodes}
     assert missing_events(sched, events, rounds=5) == []
     assert result.rejected == ()
 
 
 @pytest.mark.slow
-def test_relays_forward_and_aggregate_on_different_trees(tmp_path: Path) -> None:
+def test_relays_forward_and_aggregate_on_different_trees(servers: ComputeManager) -> None:
     # Broadcast: G -> R1 (relay) -> L1, L2; G -> L3. Upload: L1 -> R1 -> G; L2, L3 -> R2 (upload-only relay) -> G.
     sched = Schedule(task_id=12, scheduler="hand", global_site="G", local_sites=("L1", "L2", "L3"),
                      demand_mbps=1.0, broadcast_parent={"R1": "G", "L1": "R1", "L2": "R1", "L3": "G"},
                      upload_parent={"L1": "R1", "R1": "G", "L2": "R2", "L3": "R2", "R2": "G"})
 
-    result = run_task(sched, backend=LoopbackBackend(sched.overlay_nodes),
-                      options=FLOptions(rounds=2, model="mlp", local_epochs=1), log_dir=tmp_path)
+    result, log_dir = _run(servers, sched, "relays", rounds=2, model="mlp", local_epochs=1)
 
-    events = {n: read_events(tmp_path / f"{n}.events.jsonl") for n in sched.overlay_nodes}
+    events = {n: read_events(servers.events_file(log_dir, n)) for n in sched.overlay_nodes}
     assert missing_events(sched, events, rounds=2) == []
     assert all(r.num_examples == 1438 and r.stragglers == () for r in result.rounds)
     r2 = [e for e in events["R2"] if e["event"] == "child_received" and e["round"] == 2]

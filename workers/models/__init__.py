@@ -19,6 +19,7 @@ import importlib.util
 import itertools
 import math
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,9 @@ from workers.config import normalize_spec
 ModelFactory = Callable[..., nn.Module]
 
 _REGISTRY: dict[str, ModelFactory] = {}
+#: A site server builds the models of several tasks' roles at once, each from its own seed: the
+#: seeding and the factory call hold this lock, on a forked global RNG.
+_BUILD_LOCK = threading.Lock()
 
 
 class ModelSpecError(ValueError):
@@ -99,9 +103,10 @@ def build_model(
     model_args: dict[str, Any] | None = None,
 ) -> nn.Module:
     """Build the model a spec names, with weights initialised from `seed`."""
-    factory = resolve_factory(spec)
-    torch.manual_seed(seed)
-    model = factory(input_shape=tuple(input_shape), num_classes=num_classes, **(model_args or {}))
+    with _BUILD_LOCK, torch.random.fork_rng(devices=[]):
+        factory = resolve_factory(spec)
+        torch.manual_seed(seed)
+        model = factory(input_shape=tuple(input_shape), num_classes=num_classes, **(model_args or {}))
     if not isinstance(model, nn.Module):
         raise ModelSpecError(f"model {spec!r} returned {type(model).__name__}, not a torch.nn.Module")
     return model

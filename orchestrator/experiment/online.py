@@ -1,0 +1,139 @@
+"""The online mode: tasks arrive over time and run side by side on the shared network.
+
+`arrival_trace` draws the tasks and their arrival times once, from ``online.seed``: ``poisson``
+(exponential inter-arrival times of mean ``online.mean_interarrival_s``) or ``all`` (every task at
+time 0); each task draws its number of locals from the config's ``locals``. Every scheduler gets
+the same trace, one scheduler after the other on the same emulation, each from an empty network
+state, so their runs do not disturb each other.
+
+`run_online` admits each task when it arrives (on the live state: running tasks' reservations and
+the measured load), follows every running task, and ends each after its rounds, releasing its
+reservation. Every ``online.sample_s`` it records the tasks running, the reserved and the carried
+bandwidth (model units, summed over links; carried from the task flows' byte counters), the
+machine's memory in use, and every site server's CPU seconds, memory and roles
+(`ResultsDB.record_sample`).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.scheduling import NetworkState
+from orchestrator.scheduling.tasks import Task, generate_tasks
+from topologies.model import NetworkModel
+
+LOG = logging.getLogger("netai.online")
+
+
+def arrival_trace(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> list[tuple[float, Task]]:
+    """(arrival time in seconds from the start, task) for ``cfg.online.tasks`` tasks, in arrival order."""
+    on = cfg.online
+    rng = random.Random(on.seed)
+    t, trace = 0.0, []
+    for k in range(on.tasks):
+        n = rng.choice(cfg.locals)
+        (task,) = generate_tasks(model, count=1, locals_per_task=n, seed=on.seed * 100_003 + k, first_id=k + 1,
+                                 model_name=cfg.task.model, rounds=cfg.task.rounds,
+                                 demand_mbps=cfg.task.demand_mbps, model_bytes=model_bytes)
+        if on.arrival == "poisson" and k > 0:
+            t += rng.expovariate(1.0 / on.mean_interarrival_s)
+        trace.append((t, task))
+    return trace
+
+
+def memory_used_bytes() -> int | None:
+    """The machine's memory in use (MemTotal - MemAvailable), or None where /proc/meminfo lacks it."""
+    try:
+        info = {k: int(v.split()[0]) * 1024 for k, _, v in
+                (line.partition(":") for line in Path("/proc/meminfo").read_text().splitlines())}
+        return info["MemTotal"] - info["MemAvailable"]
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+class _Sampler:
+    """Reserved and carried bandwidth, memory and the sites' load, every `period_s`."""
+
+    def __init__(self, tm: Any, scheduler: str, period_s: float) -> None:
+        self.tm = tm
+        self.scheduler = scheduler
+        self.period_s = period_s
+        self.next_t = 0.0
+        self._last_bytes: dict[int, int] = {}
+        self._last_t: float | None = None
+
+    def carried_mbps(self, live_ids: set[int], now: float) -> float | None:
+        try:
+            flows = self.tm.emu.client.flows()
+        except Exception:  # noqa: BLE001 -- the controller did not answer this time: no figure
+            return None
+        by_task: dict[int, int] = {}
+        for f in flows:
+            if f.get("task") in live_ids:
+                by_task[f["task"]] = by_task.get(f["task"], 0) + int(f.get("bytes", 0))
+        rate = None
+        if self._last_t is not None and now > self._last_t:
+            delta = sum(max(0, b - self._last_bytes.get(t, 0)) for t, b in by_task.items())
+            rate = delta * 8 / 1e6 / (now - self._last_t) / self.tm.plan.bw_scale
+        self._last_bytes, self._last_t = by_task, now
+        return rate
+
+    def maybe(self, live: list[Any], statuses: dict[str, dict[str, Any]]) -> None:
+        now = self.tm.clock.now()
+        if now < self.next_t:
+            return
+        self.next_t = now + self.period_s
+        sites = {s: (float(st.get("cpu_s", 0.0)), int(st.get("pss_bytes", 0)), len(st.get("roles", {})))
+                 for s, st in statuses.items()}
+        self.tm.db.record_sample(
+            self.tm.run_id, self.scheduler, now, running=len(live),
+            reserved_mbps=sum(lv.schedule.reserved_mbps_total for lv in live),
+            carried_mbps=self.carried_mbps({lv.install_id for lv in live}, now),
+            memory_used_bytes=memory_used_bytes(), sites=sites)
+
+
+def run_online(tm: Any, model: NetworkModel, model_bytes: int, *, progress: bool = True) -> None:
+    """Run the arrival trace under every scheduler of ``tm.cfg`` in turn (see the module docstring)."""
+    cfg = tm.cfg
+    trace = arrival_trace(cfg, model, model_bytes)
+    LOG.info("online: %d tasks over %.1f s (%s), schedulers %s", len(trace), trace[-1][0] if trace else 0.0,
+             cfg.online.arrival, ", ".join(cfg.schedulers))
+    for name in cfg.schedulers:
+        _run_trace(tm, name, trace, NetworkState(model))
+        tm.settle_counters(wait=True)  # this scheduler's flows gone before the next one's trace
+
+
+def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: NetworkState) -> None:
+    pending = deque(trace)
+    live: list[Any] = []
+    sampler = _Sampler(tm, scheduler, tm.cfg.online.sample_s)
+    start = tm.clock.now()
+    ended = 0
+    while pending or live:
+        now = tm.clock.now() - start
+        while pending and pending[0][0] <= now:
+            _, task = pending.popleft()
+            tm.arrive(scheduler, task)
+            admitted = tm.admit(scheduler, task, state)
+            if admitted is None:
+                ended += 1
+            else:
+                live.append(admitted)
+            LOG.info("%s: task %d arrived at %.1f s (%d locals): %s; %d running", scheduler, task.id, now,
+                     len(task.local_sites), "admitted" if admitted else "not admitted", len(live))
+        statuses = tm.compute.poll()
+        for lv in list(live):
+            if tm.check(lv, statuses):
+                live.remove(lv)
+                ended += 1
+        sampler.maybe(live, statuses)
+        tm.settle_counters()
+        if pending or live:
+            time.sleep(0.1)  # poll interval; every task has its own budget (TaskExecution.check)
+    LOG.info("%s: %d tasks ended in %.1f s", scheduler, ended, tm.clock.now() - start)

@@ -1,0 +1,261 @@
+"""The AI task manager: the task database's life cycle of every task, on the live network state.
+
+A task goes ``pending`` (arrived) -> ``scheduled`` (admitted: placed on the live state, its flows
+and reservation installed) -> ``running`` (its roles sent to the site servers) -> ``done`` or
+``failed``; or ``pending`` -> ``blocked`` (no feasible placement). Each state change is written to
+the results database with the time on the run's clock (`RunClock`): arrival, admitted, first
+broadcast (G starting round 1), finished; ``start_overhead_s`` is admitted -> first broadcast.
+
+What the scheduler sees when a task arrives (`NetworkState`): the reservations of the tasks
+holding links (running tasks in the online mode; in the sequential mode, the point's earlier
+tasks, as in the paper's static evaluation) and the background load measured from the switches'
+port statistics, less what the running tasks' own reservations account for on each link.
+
+A task that ends (done or failed) has its roles stopped and forgotten on the servers, and, after
+its flow counters have settled (`CounterReads`: Open vSwitch refreshes them about once a second),
+its carried bytes recorded and its flows and rate classes removed; in the online mode it releases
+its reservation at once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.runtime.compute import ServerLost
+from orchestrator.runtime.task_runner import FLOptions, TaskExecution
+from orchestrator.runtime.timing import task_timing
+from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
+from orchestrator.scheduling.cost import RoundFigures, emulated_rate, round_figures
+from orchestrator.scheduling.tasks import Task
+from topologies.model import NetworkModel
+from topologies.plan import EmulationPlan
+
+LOG = logging.getLogger("netai.tasks")
+
+
+class RunClock:
+    """Seconds since the run's clock started (CLOCK_MONOTONIC, which the roles' events use too)."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+
+    def now(self) -> float:
+        return time.monotonic() - self.t0
+
+    def of(self, monotonic_t: float) -> float:
+        return monotonic_t - self.t0
+
+
+@dataclass
+class LiveTask:
+    """A task admitted by one scheduler and not yet ended."""
+
+    scheduler: str
+    task: Task
+    schedule: Schedule
+    state: NetworkState
+    figures: RoundFigures
+    execution: TaskExecution
+    admitted_s: float
+    reservation_enforced: bool
+    #: The id its flows (cookie), ports and roles carry: unique in the run, so that the same task under
+    #: the next scheduler never meets this one's flows while their counters settle.
+    install_id: int
+
+
+@dataclass
+class CounterReads:
+    """Tasks whose flow counters are still settling: (scheduler, task id) -> (last read, bytes)."""
+
+    settle_s: float = 1.2
+    #: (scheduler, task id, install id) -> (time of the last read, its bytes)
+    pending: dict[tuple[str, int, int], tuple[float, int | None]] = field(default_factory=dict)
+
+
+def measured_background(client: Any, plan: EmulationPlan) -> dict[tuple[str, str], float]:
+    """Current load per directed link from the controller's port statistics, in model units."""
+    loads: dict[tuple[str, str], float] = {}
+    for link in client.link_stats():
+        try:
+            (a, b), rate = link["link"], float(link["rate_mbps"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        loads[(str(a), str(b))] = rate / plan.bw_scale
+    return loads
+
+
+class TaskManager:
+    """Admits, follows and ends tasks for one run (see the module docstring).
+
+    Parameters
+    ----------
+    release_on_end
+        Release a task's reservation in its `NetworkState` when it ends (the online mode); the
+        sequential mode keeps the point's earlier tasks' reservations, as the paper's evaluation does.
+    """
+
+    def __init__(self, *, db: ResultsDB, run_id: int, emu: Any, plan: EmulationPlan, model: NetworkModel,
+                 compute: Any, cfg: ExperimentConfig, run_dir: Path, clock: RunClock,
+                 release_on_end: bool) -> None:
+        self.db = db
+        self.run_id = run_id
+        self.emu = emu
+        self.plan = plan
+        self.model = model
+        self.compute = compute
+        self.cfg = cfg
+        self.run_dir = run_dir
+        self.clock = clock
+        self.release_on_end = release_on_end
+        self.counters = CounterReads()
+        self.delay = bool(getattr(emu.info, "delay_emulated", False))
+        self.rate = emulated_rate(plan)
+        #: Tasks that ended, by outcome (done, failed, blocked).
+        self.outcomes: dict[str, int] = {"done": 0, "failed": 0, "blocked": 0}
+        self._install_ids = itertools.count(1)
+
+    # -- arrival and admission ------------------------------------------------------------------------
+    def arrive(self, scheduler: str, task: Task) -> None:
+        self.db.record_task(self.run_id, scheduler, task, state="pending")
+        self.db.set_task_times(self.run_id, scheduler, task.id, arrival_s=self.clock.now())
+
+    def admit(self, scheduler: str, task: Task, state: NetworkState) -> LiveTask | None:
+        """Schedule `task` on the live `state`, install it and send its roles; None if blocked or
+        failed at start (both recorded)."""
+        state.set_background(self._background(state))
+        self.db.record_network_state(self.run_id, scheduler, task.id, state)
+        schedule = get_scheduler(scheduler).schedule(state, task)
+        if schedule.blocked:
+            LOG.info("task %d (%d locals) blocked by %s: %s", task.id, len(task.local_sites), scheduler,
+                     schedule.reason)
+            self.db.set_task_state(self.run_id, scheduler, task.id, "blocked", schedule.reason)
+            self.outcomes["blocked"] += 1
+            return None
+        state.admit(schedule)
+        figures = round_figures(self.model, schedule, task.model_bytes, rate=self.rate, propagation=self.delay)
+        self.db.record_schedule(self.run_id, schedule, figures.lower_bound.lower_s)
+        admitted = self.clock.now()
+        self.db.set_task_state(self.run_id, scheduler, task.id, "scheduled")
+        self.db.set_task_times(self.run_id, scheduler, task.id, admitted_s=admitted)
+        name = f"{scheduler}-{task.id}"
+        log_dir = self.compute.task_dir(name)
+        link = self.run_dir / "tasks" / name
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists() and not link.is_symlink():
+            link.symlink_to(log_dir.resolve(), target_is_directory=True)
+        options = FLOptions(model=self.cfg.task.model, model_args=dict(self.cfg.task.model_args), rounds=task.rounds,
+                            partitioning=self.cfg.task.partition, alpha=self.cfg.task.alpha,
+                            seed=self.cfg.seed + task.id)
+        timing = task_timing(self.model, schedule, task.model_bytes, rate=self.rate, propagation=self.delay,
+                             train_allowance_s=self.cfg.task.train_allowance_s)
+        install_id = next(self._install_ids)
+        wire = replace(schedule, task_id=install_id)
+        execution = TaskExecution(wire, manager=self.compute, options=options, log_dir=log_dir, timing=timing)
+        live = LiveTask(scheduler=scheduler, task=task, schedule=schedule, state=state, figures=figures,
+                        execution=execution, admitted_s=admitted, reservation_enforced=False, install_id=install_id)
+        try:
+            installed = self.emu.install_task(wire)
+            live.reservation_enforced = bool(installed.get("reservation", {}).get("enforced"))
+            execution.start()
+        except (RuntimeError, TimeoutError, ConfigError, ServerLost, OSError) as e:
+            self._end(live, "failed", f"start: {e}")
+            return None
+        self.db.set_task_state(self.run_id, scheduler, task.id, "running")
+        return live
+
+    def _background(self, state: NetworkState) -> dict[tuple[str, str], float]:
+        """Measured load per link less the reservations the state already holds there (the running
+        tasks' traffic is counted by their reservations, not twice)."""
+        measured = measured_background(self.emu.client, self.plan)
+        return {k: max(0.0, v - state.ai_mbps(*k)) for k, v in measured.items()}
+
+    # -- following -----------------------------------------------------------------------------------------
+    def check(self, live: LiveTask, statuses: dict[str, dict[str, Any]]) -> bool:
+        """Whether `live` has ended (done or failed; recorded either way)."""
+        try:
+            if not live.execution.check(statuses):
+                return False
+        except (RuntimeError, TimeoutError) as e:
+            self._end(live, "failed", str(e).splitlines()[0])
+            return True
+        self._end(live, "done", "")
+        return True
+
+    def _end(self, live: LiveTask, outcome: str, reason: str) -> None:
+        sched, task = live.scheduler, live.task
+        live.execution.stop()
+        finished = self.clock.now()
+        self.db.set_task_times(self.run_id, sched, task.id, finished_s=finished)
+        if outcome == "done":
+            try:
+                self._record_result(live)
+            except RuntimeError as e:  # G's events lack a round: the task did not complete
+                outcome, reason = "failed", str(e)
+        if outcome == "failed":
+            LOG.warning("task %d %s failed: %s", task.id, sched, reason)
+        self.db.set_task_state(self.run_id, sched, task.id, outcome, reason)
+        self.outcomes[outcome] += 1
+        if self.release_on_end:
+            with contextlib.suppress(KeyError):
+                live.state.release(task.id)
+        self.counters.pending[(sched, task.id, live.install_id)] = (time.monotonic(), None)
+
+    def _record_result(self, live: LiveTask) -> None:
+        result = live.execution.result()
+        sched, task, figures = live.scheduler, live.task, live.figures
+        first = self.clock.of(result.first_broadcast_t) if result.first_broadcast_t else None
+        self.db.set_task_times(self.run_id, sched, task.id, first_broadcast_s=first,
+                               start_overhead_s=None if first is None else first - live.admitted_s)
+        self.db.set_task_setup(
+            self.run_id, sched, task.id, agents_ready_s=result.agents_ready_s, connect_s=result.connect_s,
+            chunk_bytes=result.chunk_bytes, connections_lost=result.connections_lost,
+            reservation_enforced=live.reservation_enforced,
+            store_and_forward_s=figures.store_and_forward.broadcast_s + figures.store_and_forward.upload_s)
+        for r in result.rounds:
+            bound = replace(figures.lower_bound, train_s=r.train_min_s)
+            self.db.record_round(
+                self.run_id, sched, task.id, r.round, latency_s=r.latency_s, broadcast_s=r.broadcast_s,
+                train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=bound.lower_s,
+                stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s, upload_tail_s=r.upload_tail_s,
+                broadcast_bound_s=bound.broadcast_s, upload_bound_s=bound.upload_s,
+                reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
+        last = result.rounds[-1] if result.rounds else None
+        LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, sched,
+                 len(result.rounds), last.latency_s if last else float("nan"),
+                 f"{last.accuracy:.3f}" if last else "-", "-" if first is None else f"{first - live.admitted_s:.2f}")
+
+    # -- carried bytes, then the flows' removal ----------------------------------------------------------
+    def settle_counters(self, *, wait: bool = False) -> None:
+        """Record the carried bytes of ended tasks whose counters agree over two reads `settle_s` apart,
+        then remove their flows. `wait`: block until every pending task is done (at most ~10 s each)."""
+        deadline = time.monotonic() + 10.0 * max(1, len(self.counters.pending))
+        while self.counters.pending:
+            now = time.monotonic()
+            for key, (t_last, last) in list(self.counters.pending.items()):
+                if now - t_last < self.counters.settle_s:
+                    continue
+                sched, task_id, install_id = key
+                try:
+                    got = int(self.emu.client.task_bytes(install_id))
+                except Exception:  # noqa: BLE001 -- the task's flows were never installed
+                    got = last if last is not None else -1
+                if got == last or got < 0 or (wait and now > deadline):
+                    if got >= 0:
+                        self.db.set_carried_bytes(self.run_id, sched, task_id, got)
+                    with contextlib.suppress(Exception):
+                        self.emu.client.remove_task(install_id)
+                    del self.counters.pending[key]
+                else:
+                    self.counters.pending[key] = (now, got)
+            if not wait:
+                return
+            time.sleep(0.1)  # between counter reads; bounded by the deadline

@@ -1,0 +1,323 @@
+"""The computing manager: one long-lived site server per compute site, and the roles it hosts.
+
+`ComputeManager` starts a site server (`workers.site_server`) on every compute site through a
+backend (`orchestrator.runtime.backends`: loopback, process, docker), all at once, and holds one
+control connection to each (`workers.control`, a Unix socket in a directory only root can
+enter). After that, starting a task's roles costs one ``start`` message per overlay node.
+
+It ships a model given as a file to the servers of the tasks that use it: the orchestrator reads the
+file, and the servers get its text by content (``put_module``, keyed by its SHA-256) and load it
+under the same rules as any model spec. No image rebuild, no bind mount of the user's paths.
+
+A server that dies (killed, out of memory, crashed) is detected when it is polled or sent a
+request: `poll` reports it in `lost`, the tasks with roles there fail with its exit status, and
+`close` still stops everything else. `close` runs on every exit path (the manager is a context
+manager); closing a server's control connection also makes it stop its roles and exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.errors import ConfigError
+from workers.config import AgentConfig, file_stem
+from workers.control import ProtocolError, module_digest, recv_message, send_message, shipped_spec
+
+LOG = logging.getLogger("netai.compute")
+
+#: How long one control request may take before its server counts as hung.
+REQUEST_TIMEOUT_S = 30.0
+
+
+def check_model(spec: str, model_args: Mapping[str, Any]) -> int:
+    """Build a model spec once on this machine, before anything starts, as every server will; the
+    size of its weights on the wire (a GLOBAL or UPDATE payload).
+
+    Raises
+    ------
+    ConfigError
+        One line naming the model and what went wrong (whatever its factory raised).
+    """
+    from workers.data import load_dataset
+    from workers.models import build_model, state_nbytes
+
+    data = load_dataset("digits")
+    try:
+        built = build_model(spec, input_shape=data.input_shape, num_classes=data.num_classes,
+                            model_args=dict(model_args))
+    except Exception as e:  # noqa: BLE001 -- the user's factory may raise anything: one line, exit 2
+        raise ConfigError(f"model {spec!r} cannot be built: {type(e).__name__}: {e}") from None
+    return state_nbytes(built)
+
+
+class ServerProcess(Protocol):
+    """A started site server (a process, or an exec in a container)."""
+
+    def poll(self) -> int | None:
+        """The exit status, or None while it runs."""
+
+    def stop(self) -> None:
+        """Kill it if it still runs; idempotent."""
+
+
+class SiteBackend(Protocol):
+    """Where site servers run (see `orchestrator.runtime.backends`)."""
+
+    name: str
+    #: The host directory the servers' log root is (task directories are made under it).
+    log_root: Path
+    #: The directory of the control sockets, on the host.
+    ctl_dir: Path
+
+    def address(self, site: str) -> str:
+        """The IPv4 address the site's server and roles bind to."""
+
+    def host_id(self, site: str) -> str:
+        """A safe identifier of the site's host (file names); the site name stays data."""
+
+    def launch_server(self, site: str, argv: list[str], *, out_name: str) -> ServerProcess:
+        """Start ``python -m workers.site_server`` + `argv` on the site; output to ``servers/<out_name>``
+        under the log root."""
+
+    def inside(self, path: Path) -> str:
+        """`path` (under `log_root` or `ctl_dir`) as the site's server sees it."""
+
+
+@dataclass
+class _Server:
+    site: str
+    proc: ServerProcess
+    sock_path: Path
+    conn: socket.socket | None = None
+    pid: int = 0
+
+
+class ServerLost(RuntimeError):
+    """A site server died or stopped answering."""
+
+
+class ComputeManager:
+    """Site servers on `sites` of `backend`; a context manager (`close` on every exit path)."""
+
+    def __init__(self, backend: SiteBackend, sites: Iterable[str], *, start_timeout_s: float = 180.0,
+                 max_roles: int = 64) -> None:
+        self.backend = backend
+        self.sites = list(dict.fromkeys(sites))
+        self.start_timeout_s = start_timeout_s
+        self.max_roles = max_roles
+        self.servers: dict[str, _Server] = {}
+        #: Site -> why its server is gone (detected by `poll` or a failed request).
+        self.lost: dict[str, str] = {}
+        self._shipped: dict[str, set[str]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    @property
+    def log_root(self) -> Path:
+        return self.backend.log_root
+
+    def address(self, site: str) -> str:
+        return self.backend.address(site)
+
+    # -- life cycle ----------------------------------------------------------------------------------
+    def __enter__(self) -> ComputeManager:
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> float:
+        """Launch every site's server at once and connect to each; the seconds it took.
+
+        Raises
+        ------
+        RuntimeError
+            A server exited before it answered (its last output line in the message).
+        TimeoutError
+            Not every server answered within `start_timeout_s`.
+        """
+        t0 = time.monotonic()
+        (self.log_root / "servers").mkdir(parents=True, exist_ok=True)
+        for site in self.sites:
+            hid = self.backend.host_id(site)
+            sock = self.backend.ctl_dir / f"{hid}.sock"
+            argv = ["--site", site, "--address", self.backend.address(site),
+                    "--socket", self.backend.inside(sock), "--log-root", self.backend.inside(self.log_root),
+                    "--max-roles", str(self.max_roles),
+                    "--log-file", self.backend.inside(self.log_root / "servers" / f"{hid}.out.txt")]
+            proc = self.backend.launch_server(site, argv, out_name=f"{hid}.out.txt")
+            self.servers[site] = _Server(site=site, proc=proc, sock_path=sock)
+        deadline = t0 + self.start_timeout_s
+        for srv in self.servers.values():
+            self._connect(srv, deadline)
+        took = time.monotonic() - t0
+        LOG.info("%d site servers (%s) up in %.1f s", len(self.servers), self.name, took)
+        return took
+
+    def _connect(self, srv: _Server, deadline: float) -> None:
+        while True:
+            status = srv.proc.poll()
+            if status is not None:
+                raise RuntimeError(f"the site server of {srv.site!r} exited with status {status} before it "
+                                   f"answered: {self.last_words(srv.site)}")
+            if srv.sock_path.exists():
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    s.connect(str(srv.sock_path))
+                except OSError:
+                    s.close()
+                else:
+                    s.settimeout(REQUEST_TIMEOUT_S)
+                    srv.conn = s
+                    reply = self._request(srv.site, {"op": "hello"})
+                    srv.pid = int(reply.get("pid", 0))
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the site server of {srv.site!r} did not answer within "
+                                   f"{self.start_timeout_s:.0f} s: {self.last_words(srv.site)}")
+            time.sleep(0.05)  # waiting for the server to import torch and listen, bounded by the deadline
+
+    def last_words(self, site: str) -> str:
+        """The last line a site's server wrote (for one-line error messages)."""
+        out = self.log_root / "servers" / f"{self.backend.host_id(site)}.out.txt"
+        lines = out.read_text(errors="replace").strip().splitlines() if out.exists() else []
+        return lines[-1] if lines else f"no output (see {out})"
+
+    def close(self) -> None:
+        """Shut every server down (closing its connection stops its roles), then make sure it exited."""
+        for srv in self.servers.values():
+            if srv.conn is not None:
+                with contextlib.suppress(OSError, ConnectionError, ProtocolError):
+                    send_message(srv.conn, {"op": "shutdown"})
+                    srv.conn.settimeout(10.0)
+                    recv_message(srv.conn)
+                with contextlib.suppress(OSError):
+                    srv.conn.close()
+                srv.conn = None
+        deadline = time.monotonic() + 10.0
+        for srv in self.servers.values():
+            while srv.proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)  # the server stops its roles and exits; bounded
+            srv.proc.stop()
+        self.servers.clear()
+        shutil.rmtree(self.backend.ctl_dir, ignore_errors=True)
+
+    # -- requests ------------------------------------------------------------------------------------
+    def _request(self, site: str, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """Send one request and return its reply; ServerLost if the server is gone, ConfigError if it
+        refused the request."""
+        if site in self.lost:
+            raise ServerLost(f"the site server of {site!r} is gone: {self.lost[site]}")
+        srv = self.servers.get(site)
+        if srv is None or srv.conn is None:
+            raise ConfigError(f"no site server on {site!r}")
+        with self._lock:
+            try:
+                send_message(srv.conn, msg)
+                reply = recv_message(srv.conn)
+            except (OSError, ConnectionError) as e:
+                reply, why = None, f"{type(e).__name__}: {e}"
+            else:
+                why = "it closed the control connection"
+        if reply is None:
+            self._mark_lost(srv, why)
+            raise ServerLost(f"the site server of {site!r} is gone: {self.lost[site]}")
+        if not reply.get("ok"):
+            raise ConfigError(f"the site server of {site!r} refused {msg.get('op')}: {reply.get('error')}")
+        return reply
+
+    def _mark_lost(self, srv: _Server, why: str) -> None:
+        time.sleep(0.1)  # let a dying process be reaped so its exit status is known
+        status = srv.proc.poll()
+        self.lost[srv.site] = f"exited with status {status}" if status is not None else why
+        LOG.warning("site server of %r lost: %s", srv.site, self.lost[srv.site])
+        if srv.conn is not None:
+            with contextlib.suppress(OSError):
+                srv.conn.close()
+            srv.conn = None
+
+    def ship_model(self, spec: str, sites: Iterable[str]) -> str:
+        """The spec the servers of `sites` load the model by: a ``file.py:factory`` spec is read here
+        and sent by content (once per server); any other spec is returned unchanged."""
+        target, sep, factory = spec.rpartition(":")
+        if not sep or not target.endswith(".py"):
+            return spec
+        path = Path(target)
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"cannot read model file {path}: {e}") from e
+        digest = module_digest(source)
+        for site in sites:
+            have = self._shipped.setdefault(site, set())
+            if digest not in have:
+                self._request(site, {"op": "put_module", "digest": digest, "source": source})
+                have.add(digest)
+        return shipped_spec(digest, factory)
+
+    def start_role(self, site: str, cfg: AgentConfig, events_file: Path) -> None:
+        """Start `cfg`'s role on its site's server, logging to `events_file` (under the log root)."""
+        try:
+            rel = events_file.resolve().relative_to(self.log_root.resolve())
+        except ValueError as e:
+            raise ConfigError(f"{events_file} is not under the site servers' log root {self.log_root}") from e
+        self._request(site, {"op": "start", "config": cfg.to_dict(), "events": str(rel)})
+
+    def stop_role(self, site: str, task: int) -> None:
+        """Cancel a task's role if it still runs and drop its record; quiet if the server is gone."""
+        with contextlib.suppress(ServerLost, ConfigError):
+            reply = self._request(site, {"op": "status"})
+            role = reply.get("roles", {}).get(str(task))
+            if role is None:
+                return
+            if role.get("state") in ("starting", "running"):
+                self._request(site, {"op": "stop", "task": task})
+                deadline = time.monotonic() + 10.0
+                while time.monotonic() < deadline:
+                    role = self._request(site, {"op": "status"}).get("roles", {}).get(str(task), {})
+                    if role.get("state") not in ("starting", "running"):
+                        break
+                    time.sleep(0.05)  # the role's thread winds down; bounded
+            self._request(site, {"op": "forget", "task": task})
+
+    def poll(self, sites: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Site -> the server's status reply (roles, cpu_s, rss_bytes), for live servers among
+        `sites` (default all); a dead one is added to `lost` instead."""
+        out: dict[str, dict[str, Any]] = {}
+        for site in self.sites if sites is None else sites:
+            if site in self.lost:
+                continue
+            srv = self.servers.get(site)
+            if srv is not None and srv.proc.poll() is not None:
+                self._mark_lost(srv, "exited")
+                continue
+            with contextlib.suppress(ServerLost):
+                out[site] = self._request(site, {"op": "status"})
+        return out
+
+    def events_file(self, log_dir: Path, site: str) -> Path:
+        """The events file of `site`'s role in the task directory `log_dir` (a safe file name)."""
+        return log_dir / f"{file_stem(site)}.events.jsonl"
+
+    def task_dir(self, name: str) -> Path:
+        """A new directory under the log root for one task's events (`name` must be a safe stem)."""
+        path = self.log_root / "tasks" / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path

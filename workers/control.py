@@ -1,0 +1,139 @@
+"""The site server's control protocol: small JSON messages over one Unix stream socket.
+
+The computing manager (`orchestrator.runtime.compute`) holds one connection to each site server
+(`workers.site_server`) and sends requests one at a time; each gets one reply. A message is a
+4-byte big-endian length followed by that many bytes of UTF-8 JSON holding one object. Nothing is
+ever pickled; every request is checked here, field by field, before the server acts on it.
+
+Requests (``op`` and its fields; every reply has ``ok`` and, when not ok, ``error``):
+
+- ``hello``: the server's site, address, pid and protocol version.
+- ``put_module`` ``digest`` ``source``: store a model file's text under its SHA-256 (checked).
+- ``start`` ``config`` ``events``: start a role of a task from an `AgentConfig` (JSON) whose model
+  may name a stored module as ``@sha256:<digest>:<factory>``; ``events`` is the role's events file,
+  relative to the server's log root.
+- ``status``: every role's state (starting, running, done, failed), exit status and last error, and
+  the server's CPU seconds and resident memory.
+- ``stop`` ``task``: cancel a task's role; ``forget`` ``task``: drop a finished role's record.
+- ``shutdown``: stop every role and exit. Closing the connection does the same.
+
+The socket is a file in a directory only root can enter; the server binds no network address for
+its control (the roles bind their task ports on the site's own address only).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+import struct
+from collections.abc import Mapping
+from typing import Any
+
+PROTOCOL_VERSION = 1
+#: Largest control message (a model file's source travels in one).
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+#: A shipped module's spec: ``@sha256:<64 hex digits>:<factory name>``.
+SHIPPED_PREFIX = "@sha256:"
+_DIGEST = re.compile(r"[0-9a-f]{64}")
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_LEN = struct.Struct(">I")
+
+OPS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "hello": {},
+    "put_module": {"digest": str, "source": str},
+    "start": {"config": dict, "events": str},
+    "status": {},
+    "stop": {"task": int},
+    "forget": {"task": int},
+    "shutdown": {},
+}
+
+
+class ProtocolError(ValueError):
+    """A malformed or unknown message (the connection stays usable unless the framing broke)."""
+
+
+def send_message(sock: socket.socket, msg: Mapping[str, Any]) -> None:
+    data = json.dumps(msg, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    if len(data) > MAX_MESSAGE_BYTES:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes | None:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            if got == 0:
+                return None
+            raise ConnectionError(f"control connection closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def recv_message(sock: socket.socket) -> dict[str, Any] | None:
+    """One message; None on a clean end of stream. Raises ConnectionError on a torn message and
+    ProtocolError (after reading it whole) on one that is not a JSON object."""
+    head = _recv_exact(sock, _LEN.size)
+    if head is None:
+        return None
+    (n,) = _LEN.unpack(head)
+    if n > MAX_MESSAGE_BYTES:
+        raise ConnectionError(f"control message of {n} bytes exceeds {MAX_MESSAGE_BYTES}")
+    body = _recv_exact(sock, n)
+    if body is None:
+        raise ConnectionError("control connection closed inside a message")
+    try:
+        msg = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise ProtocolError(f"not JSON: {e}") from e
+    if not isinstance(msg, dict):
+        raise ProtocolError("a control message must be a JSON object")
+    return msg
+
+
+def check_request(msg: Mapping[str, Any]) -> str:
+    """The request's op, after checking its fields' presence and types (no others allowed)."""
+    op = msg.get("op")
+    if not isinstance(op, str) or op not in OPS:
+        raise ProtocolError(f"unknown op {op!r}: one of {sorted(OPS)}")
+    fields = OPS[op]
+    extra = set(msg) - set(fields) - {"op"}
+    if extra:
+        raise ProtocolError(f"{op}: unknown fields {sorted(extra)}")
+    for name, kind in fields.items():
+        if name not in msg:
+            raise ProtocolError(f"{op}: missing {name!r}")
+        value = msg[name]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ProtocolError(f"{op}: {name!r} has the wrong type ({type(value).__name__})")
+    if op == "put_module":
+        if not _DIGEST.fullmatch(msg["digest"]):
+            raise ProtocolError("put_module: digest must be 64 lowercase hex digits")
+        if module_digest(msg["source"]) != msg["digest"]:
+            raise ProtocolError("put_module: the source does not match its digest")
+    return op
+
+
+def module_digest(source: str) -> str:
+    return hashlib.sha256(source.encode("utf-8")).hexdigest()
+
+
+def shipped_spec(digest: str, factory: str) -> str:
+    """The model spec of a shipped module's factory (see `parse_shipped`)."""
+    return f"{SHIPPED_PREFIX}{digest}:{factory}"
+
+
+def parse_shipped(spec: str) -> tuple[str, str] | None:
+    """(digest, factory) of a shipped spec, None for any other spec; ProtocolError if malformed."""
+    if not spec.startswith(SHIPPED_PREFIX):
+        return None
+    digest, sep, factory = spec[len(SHIPPED_PREFIX):].partition(":")
+    if not sep or not _DIGEST.fullmatch(digest) or not _IDENT.fullmatch(factory):
+        raise ProtocolError(f"bad shipped model spec {spec!r}")
+    return digest, factory

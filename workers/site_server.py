@@ -1,0 +1,295 @@
+"""The site server: one long-lived worker process per compute site, hosting the roles of many tasks.
+
+Started once per emulation on the site's backend (its container, its Mininet host, or a loopback
+address) by the computing manager (`orchestrator.runtime.compute`)::
+
+    python -m workers.site_server --site NAME --address IP --socket PATH --log-root DIR
+
+It imports torch once, then serves the control protocol (`workers.control`) on the Unix socket
+`PATH`: one connection, requests one at a time. A ``start`` request runs a role of a task
+(`workers.agent.Agent`) on a thread of this process, so starting a task's roles costs messages,
+not processes. When the control connection closes (the manager is done, or died), the server stops
+every role and exits.
+
+What it checks before it starts a role: the config is a valid `AgentConfig`; the role binds to this
+site's address (``--address``) and no other; its events file lies under ``--log-root``; its model is
+a registered name, an importable module, or a module shipped to this server by ``put_module`` (never a
+path on the server's file system); at most ``--max-roles`` roles are active.
+
+What it must not do: bind a network address for control, unpickle anything, or load a model file
+it was not sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from workers.config import AgentConfig
+from workers.control import (
+    PROTOCOL_VERSION,
+    ProtocolError,
+    check_request,
+    parse_shipped,
+    recv_message,
+    send_message,
+)
+from workers.events import EventLog
+
+DEFAULT_MAX_ROLES = 64
+
+
+class _RoleLog(EventLog):
+    """The role's events, remembering its last error for the status reply."""
+
+    last_error = ""
+
+    def emit(self, event: str, round: int | None = None, **extra: Any) -> float:
+        if event == "error":
+            self.last_error = str(extra.get("detail", "error"))
+        return super().emit(event, round, **extra)
+
+
+class Role:
+    """One role of one task on this server, run on its own thread."""
+
+    def __init__(self, cfg: AgentConfig, events_path: Path) -> None:
+        self.cfg = cfg
+        self.events_path = events_path
+        self.state = "starting"
+        self.status: int | None = None
+        self.error = ""
+        self._agent: Any = None
+        self._cancel: str | None = None
+        self._lock = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name=f"task{cfg.task}", daemon=True)
+
+    def _run(self) -> None:
+        from workers.agent import Agent
+
+        status = 1
+        with open(self.events_path, "a", encoding="utf-8") as stream:
+            log = _RoleLog(self.cfg, stream)
+            try:
+                agent = Agent(self.cfg, log)
+                with self._lock:
+                    self._agent, self.state, cancel = agent, "running", self._cancel
+                if cancel is not None:
+                    agent.cancel(cancel)
+                status = agent.run()
+            except Exception as e:  # noqa: BLE001 -- any failure of the role is reported, the server goes on
+                log.emit("error", detail=f"{type(e).__name__}: {e}")
+            with self._lock:
+                self.error = log.last_error if status != 0 else ""
+                self.status = status
+                self.state = "done" if status == 0 else "failed"
+
+    def cancel(self, reason: str) -> None:
+        with self._lock:
+            self._cancel = reason
+            agent = self._agent
+        if agent is not None:
+            agent.cancel(reason)
+
+    @property
+    def active(self) -> bool:
+        return self.state in ("starting", "running")
+
+    def report(self) -> dict[str, Any]:
+        with self._lock:
+            return {"site": self.cfg.site, "state": self.state, "status": self.status, "error": self.error}
+
+
+def _memory_bytes() -> tuple[int, int]:
+    """(resident, proportional) set size of this process: RSS counts the shared libraries in full in
+    every server, PSS divides each shared page among the processes that map it (sums to the machine's)."""
+    rss = pss = 0
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            key, _, rest = line.partition(":")
+            if key in ("Rss", "Pss"):
+                kib = int(rest.split()[0]) * 1024
+                rss, pss = (kib, pss) if key == "Rss" else (rss, kib)
+    except (OSError, IndexError, ValueError):
+        pass
+    return rss, pss
+
+
+class SiteServer:
+    """The roles of one site and the requests that manage them (`handle` answers one request)."""
+
+    def __init__(self, *, site: str, address: str, log_root: Path, cache_dir: Path,
+                 max_roles: int = DEFAULT_MAX_ROLES) -> None:
+        self.site = site
+        self.address = address
+        self.log_root = log_root.resolve()
+        self.cache_dir = cache_dir
+        self.max_roles = max_roles
+        self.roles: dict[int, Role] = {}
+        self.modules: set[str] = set()
+
+    def handle(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """The reply to one request; a bad request gets ``ok: false`` and changes nothing."""
+        try:
+            op = check_request(msg)
+            return {"ok": True, **getattr(self, "_op_" + op)(msg)}
+        except (ProtocolError, ValueError) as e:
+            return {"ok": False, "error": str(e)}
+
+    def _op_hello(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        return {"site": self.site, "address": self.address, "pid": os.getpid(), "version": PROTOCOL_VERSION}
+
+    def _op_put_module(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        path = self.cache_dir / f"{msg['digest']}.py"
+        if msg["digest"] not in self.modules:
+            path.write_text(msg["source"], encoding="utf-8")
+            self.modules.add(msg["digest"])
+        return {}
+
+    def _events_path(self, rel: str) -> Path:
+        p = Path(rel)
+        if p.is_absolute() or ".." in p.parts or not p.parts:
+            raise ValueError(f"events path {rel!r} must be relative to the log root, without '..'")
+        path = (self.log_root / p).resolve()
+        if not path.is_relative_to(self.log_root) or not path.parent.is_dir():
+            raise ValueError(f"events path {rel!r} is not in an existing directory under the log root")
+        return path
+
+    def _model_spec(self, spec: str) -> str:
+        shipped = parse_shipped(spec)
+        if shipped is not None:
+            digest, factory = shipped
+            if digest not in self.modules:
+                raise ValueError(f"model module {digest[:12]} was not sent to this server (put_module)")
+            return f"{self.cache_dir / (digest + '.py')}:{factory}"
+        target = spec.rpartition(":")[0]
+        if target.endswith(".py"):
+            raise ValueError(f"model {spec!r}: a model file reaches a site server by put_module, not by path")
+        return spec
+
+    def _op_start(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        from dataclasses import replace
+
+        cfg = AgentConfig.from_dict(msg["config"])
+        if cfg.site != self.site:
+            raise ValueError(f"this server hosts site {self.site!r}, not {cfg.site!r}")
+        if cfg.host != self.address:
+            raise ValueError(f"a role binds to this site's address {self.address}, not {cfg.host}")
+        old = self.roles.get(cfg.task)
+        if old is not None:
+            raise ValueError(f"task {cfg.task} already has a role here ({old.state}); forget it first")
+        if sum(r.active for r in self.roles.values()) >= self.max_roles:
+            raise ValueError(f"this server already runs {self.max_roles} roles")
+        events = self._events_path(msg["events"])
+        cfg = replace(cfg, model=self._model_spec(cfg.model), events_path=str(events))
+        role = Role(cfg, events)
+        self.roles[cfg.task] = role
+        role.thread.start()
+        return {}
+
+    def _op_status(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        t = os.times()
+        rss, pss = _memory_bytes()
+        return {"roles": {str(k): r.report() for k, r in self.roles.items()},
+                "cpu_s": t.user + t.system, "rss_bytes": rss, "pss_bytes": pss, "threads": threading.active_count()}
+
+    def _role(self, task: int) -> Role:
+        role = self.roles.get(task)
+        if role is None:
+            raise ValueError(f"no role of task {task} here")
+        return role
+
+    def _op_stop(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        self._role(msg["task"]).cancel("stopped by the computing manager")
+        return {}
+
+    def _op_forget(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        role = self._role(msg["task"])
+        if role.active:
+            raise ValueError(f"the role of task {msg['task']} is still {role.state}: stop it first")
+        del self.roles[msg["task"]]
+        return {}
+
+    def _op_shutdown(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        return {}
+
+    def stop_all(self, timeout_s: float = 5.0) -> None:
+        for role in self.roles.values():
+            if role.active:
+                role.cancel("the site server is shutting down")
+        for role in self.roles.values():
+            role.thread.join(timeout=timeout_s)
+
+
+def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
+    """Listen on `sock_path`, serve one control connection, stop every role when it ends."""
+    sock_path.unlink(missing_ok=True)
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # the socket file: owner only
+    try:
+        lsock.bind(str(sock_path))
+    finally:
+        os.umask(old_umask)
+    lsock.listen(1)
+    print(f"site server of {server.site!r} at {server.address}, pid {os.getpid()}, control {sock_path}",
+          file=out, flush=True)
+    conn, _ = lsock.accept()
+    lsock.close()
+    sock_path.unlink(missing_ok=True)
+    try:
+        while True:
+            try:
+                msg = recv_message(conn)
+            except ProtocolError as e:
+                send_message(conn, {"ok": False, "error": str(e)})
+                continue
+            if msg is None:
+                break
+            send_message(conn, server.handle(msg))
+            if msg.get("op") == "shutdown":
+                break
+    except (ConnectionError, OSError) as e:
+        print(f"control connection lost: {e}", file=out, flush=True)
+    finally:
+        conn.close()
+        server.stop_all()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workers.site_server", description=__doc__.split("\n")[0])
+    parser.add_argument("--site", required=True, help="the site's name (data: any text)")
+    parser.add_argument("--address", required=True, help="the site's own IPv4 address; roles bind to it only")
+    parser.add_argument("--socket", required=True, type=Path, help="the control socket's path")
+    parser.add_argument("--log-root", required=True, type=Path, help="the directory the roles' events go under")
+    parser.add_argument("--max-roles", type=int, default=DEFAULT_MAX_ROLES)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (intra-op) of the process")
+    parser.add_argument("--log-file", type=Path, help="write the server's own output to this file")
+    args = parser.parse_args(argv)
+    if args.log_file:
+        sys.stdout = sys.stderr = open(args.log_file, "a", encoding="utf-8", buffering=1)
+    if args.address in ("", "0.0.0.0", "::"):
+        print("site server: --address must be the site's own address, not a wildcard", file=sys.stderr)
+        return 2
+    import torch  # once, before any role: roles then start in milliseconds
+
+    import workers.agent  # noqa: F401 -- the agent's modules, loaded once too
+    from workers.learning import warm_process
+
+    torch.set_num_threads(max(1, args.threads))
+    warm_process()
+    with tempfile.TemporaryDirectory(prefix="netai-models-") as cache:
+        server = SiteServer(site=args.site, address=args.address, log_root=args.log_root, cache_dir=Path(cache),
+                            max_roles=args.max_roles)
+        return serve(server, args.socket, out=sys.stdout)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
