@@ -36,6 +36,7 @@ benchmark:
 	$(PY) benchmarks/bench_scheduling.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_transfer.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_dataplane.py
+	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_servers.py
 
 clean:
 	@if [ -x $(NETAI) ]; then $(NETAI) clean; else bash scripts/clean.sh; fi

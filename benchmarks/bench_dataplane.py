@@ -17,11 +17,13 @@ Runs one Mininet at a time; needs root, Open vSwitch and the project's venv.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +32,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.emulation.network import Emulation  # noqa: E402
-from orchestrator.runtime.backends import ProcessBackend  # noqa: E402
+from orchestrator.runtime.backends import open_compute  # noqa: E402
+from orchestrator.runtime.compute import ComputeManager  # noqa: E402
 from orchestrator.runtime.task_runner import FLOptions, TaskResult, run_task  # noqa: E402
 from orchestrator.runtime.timing import task_timing  # noqa: E402
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler  # noqa: E402
@@ -52,14 +55,28 @@ def _model_bytes(model_args: dict[str, Any]) -> int:
                                     model_args=model_args))
 
 
+_MANAGERS: dict[int, ComputeManager] = {}
+
+
+@contextlib.contextmanager
+def _emulation(plan: EmulationPlan, log_root: Path) -> Iterator[Emulation]:
+    """The emulation with a site server on every host (the process backend)."""
+    with Emulation(plan) as emu, open_compute("process", emu, log_root=log_root) as manager:
+        _MANAGERS[id(emu)] = manager
+        try:
+            yield emu
+        finally:
+            _MANAGERS.pop(id(emu), None)
+
+
 def _run(emu: Emulation, model: NetworkModel, schedule: Schedule, *, rounds: int, model_args: dict[str, Any],
          model_bytes: int, log_dir: Path) -> TaskResult:
     rate = emulated_rate(emu.plan)
     timing = task_timing(model, schedule, model_bytes, rate=rate, train_allowance_s=30.0)
-    backend = ProcessBackend({h.site: emu.host(h.site) for h in emu.plan.hosts})
+    manager = _MANAGERS[id(emu)]
     emu.install_task(schedule)
     try:
-        return run_task(schedule, backend=backend, log_dir=log_dir, timing=timing,
+        return run_task(schedule, manager=manager, log_dir=manager.task_dir(log_dir.name), timing=timing,
                         options=FLOptions(model="mlp", model_args=model_args, rounds=rounds, local_epochs=1))
     finally:
         emu.client.remove_task(schedule.task_id)
@@ -81,7 +98,7 @@ def pipelining(tmp: Path) -> None:
     s_bytes = _model_bytes(MODEL_ARGS)
     sched = _schedule(model, "mst", 8, 3, s_bytes)
     sb = s_bytes * 8 / (min(ln.emulated_mbps for ln in plan.links) * 1e6)
-    with Emulation(plan) as emu:
+    with _emulation(plan, tmp / "servers") as emu:
         res = _run(emu, model, sched, rounds=4, model_args=MODEL_ARGS, model_bytes=s_bytes, log_dir=tmp / "pipe")
     bc = statistics.median(r.broadcast_all_s for r in res.rounds) / sb
     up = statistics.median(r.upload_tail_s for r in res.rounds) / sb
@@ -95,7 +112,7 @@ def bound(tmp: Path) -> None:
     plan = EmulationPlan.from_model(model, max_link_mbps=50)
     args = {"hidden": 1200, "layers": 2}
     s_bytes = _model_bytes(args)
-    with Emulation(plan) as emu:
+    with _emulation(plan, tmp / "servers") as emu:
         for name in ("spff", "mst", "steiner"):
             sched = _schedule(model, name, 8, 5, s_bytes)
             res = _run(emu, model, sched, rounds=4, model_args=args, model_bytes=s_bytes, log_dir=tmp / f"b-{name}")
@@ -117,7 +134,7 @@ def stalls(tmp: Path, rounds: int) -> None:
     s_bytes = _model_bytes(args)
     cfg = BackgroundConfig(load=0.3, pairs=6)
     worst = []
-    with Emulation(plan) as emu:
+    with _emulation(plan, tmp / "servers") as emu:
         flows = plan_background(model, plan, cfg, topology="sndlib/nobel-us", seed=1)
         emu.client.set_background([[f.src, f.dst] for f in flows])
         traffic = BackgroundTraffic(emu.host, flows, cfg, seed=1, log_dir=tmp / "bg")
@@ -143,7 +160,7 @@ def isolation(tmp: Path) -> None:
     lightpath = min(ln.wavelength_mbps for ln in model.iter_links())
     sched = _schedule(model, "mst", 3, 11, s_bytes, demand_mbps=lightpath)
     reserved = sched.demand_mbps * plan.bw_scale
-    with Emulation(plan) as emu:
+    with _emulation(plan, tmp / "servers") as emu:
         quiet = _run(emu, model, sched, rounds=3, model_args=MODEL_ARGS, model_bytes=s_bytes, log_dir=tmp / "i0")
         # saturate every directed link the task's broadcast uses, with iperf3 between its end hosts
         pairs = sorted({(e.path[0], e.path[-1]) for e in sched.edges_of("broadcast")})

@@ -26,17 +26,16 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.runtime.backends import ProcessHandle, _agent_env, _write_config  # noqa: E402
+from orchestrator.runtime.backends import _LocalServers, new_ctl_dir  # noqa: E402
+from orchestrator.runtime.compute import ComputeManager  # noqa: E402
 from orchestrator.runtime.task_runner import FLOptions, read_events, run_task  # noqa: E402
 from orchestrator.scheduling.schedule import Schedule  # noqa: E402
-from workers.config import AgentConfig  # noqa: E402
 
 ADDR_A, ADDR_B = "10.213.0.1", "10.213.0.2"
 
@@ -119,27 +118,26 @@ def iperf3_mbps(pair: VethPair, *, seconds: int, reverse: bool) -> float:
         server.wait()
 
 
-class NetnsBackend:
-    """G in namespace A, the local model in namespace B (a compute backend for `run_task`)."""
+class NetnsBackend(_LocalServers):
+    """G's site server in namespace A, the local model's in namespace B (a site backend)."""
 
     name = "netns"
 
-    def __init__(self, pair: VethPair) -> None:
+    def __init__(self, pair: VethPair, *, log_root: Path) -> None:
         self.pair = pair
         self._where = {"G": (pair.ns_a, ADDR_A), "L": (pair.ns_b, ADDR_B)}
+        self._python = sys.executable
+        self.log_root = log_root
+        self.ctl_dir = new_ctl_dir()
 
     def address(self, site: str) -> str:
         return self._where[site][1]
 
-    def start(self, site: str, config: AgentConfig, *, log_dir: Path) -> ProcessHandle:
-        cfg = replace(config, events_path=str(log_dir / f"{site}.events.jsonl"))
-        path = _write_config(log_dir, cfg)
-        with open(log_dir / f"{site}.out.txt", "wb") as out:
-            popen = subprocess.Popen(
-                self.pair.exec(self._where[site][0], sys.executable, "-m", "workers.agent", "--config", str(path)),
-                stdout=out, stderr=subprocess.STDOUT, cwd=str(ROOT), env=_agent_env(),
-            )
-        return ProcessHandle(site, popen)
+    def host_id(self, site: str) -> str:
+        return site
+
+    def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(self.pair.exec(self._where[site][0], *cmd), **kw)
 
 
 def run(
@@ -153,9 +151,11 @@ def run(
     with VethPair(link) as pair:
         raw_ab = iperf3_mbps(pair, seconds=iperf_s, reverse=False)
         raw_ba = iperf3_mbps(pair, seconds=iperf_s, reverse=True)
-        result = run_task(schedule, backend=NetnsBackend(pair), options=options, log_dir=log_dir)
-    g = read_events(log_dir / "G.events.jsonl")
-    loc = read_events(log_dir / "L.events.jsonl")
+        with ComputeManager(NetnsBackend(pair, log_root=log_dir), ["G", "L"]) as manager:
+            task_dir = manager.task_dir("task")
+            result = run_task(schedule, manager=manager, options=options, log_dir=task_dir)
+    g = read_events(task_dir / "G.events.jsonl")
+    loc = read_events(task_dir / "L.events.jsonl")
     bits = 8 * result.model_bytes
 
     def at(evs: list[dict[str, Any]], name: str, r: int) -> float:

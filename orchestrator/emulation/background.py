@@ -192,7 +192,7 @@ class BackgroundTraffic:
             host = self.hosts(f.dst)
             self._servers.append(
                 self._popen(f.dst, ["iperf3", "-s", "-B", host.IP(), "-p", str(f.port)],
-                            stdout=subprocess.DEVNULL, log_name=f"server-{f.dst}-{f.port}.err")
+                            stdout=subprocess.DEVNULL, log_name=f"server-{host.name}-{f.port}.err")
             )
         for i, f in enumerate(self.flows):
             t = threading.Thread(target=self._run_flow, args=(i, f), name=f"bg-{f.src}-{f.dst}", daemon=True)
@@ -203,7 +203,9 @@ class BackgroundTraffic:
         src, dst = self.hosts(f.src), self.hosts(f.dst)
         cmd = ["iperf3", "-c", dst.IP(), "-B", src.IP(), "-p", str(f.port), "-b", f"{f.rate_mbps:.3f}M",
                "-t", str(max(1, round(duration_s))) if duration_s else "0", "-J", "--connect-timeout", "5000"]
-        proc = self._popen(f.src, cmd, stdout=subprocess.PIPE, log_name=f"client-{f.src}-{f.dst}.err")
+        # file names from the hosts' names (h1, h2, ..), never from site names
+        log_name = f"client-{self.hosts(f.src).name}-{self.hosts(f.dst).name}-{f.port}.err"
+        proc = self._popen(f.src, cmd, stdout=subprocess.PIPE, log_name=log_name)
         with self._lock:
             self._clients.add(proc)
         return proc

@@ -84,9 +84,9 @@ class _Sampler:
         self._last_bytes, self._last_t = by_task, now
         return rate
 
-    def maybe(self, live: list[Any], statuses: dict[str, dict[str, Any]]) -> None:
+    def maybe(self, live: list[Any], statuses: dict[str, dict[str, Any]], *, force: bool = False) -> None:
         now = self.tm.clock.now()
-        if now < self.next_t:
+        if now < self.next_t and not force:
             return
         self.next_t = now + self.period_s
         sites = {s: (float(st.get("cpu_s", 0.0)), int(st.get("pss_bytes", 0)), len(st.get("roles", {})))
@@ -136,4 +136,5 @@ def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: 
         tm.settle_counters()
         if pending or live:
             time.sleep(0.1)  # poll interval; every task has its own budget (TaskExecution.check)
+    sampler.maybe(live, tm.compute.poll(), force=True)  # the trace's end: its last CPU and memory figures
     LOG.info("%s: %d tasks ended in %.1f s", scheduler, ended, tm.clock.now() - start)

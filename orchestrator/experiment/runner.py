@@ -38,14 +38,19 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.online import run_online
 from orchestrator.experiment.report import claims, plot, plot_online, summarize, write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.experiment.task_manager import RunClock, TaskManager
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger("netai.experiment")
+# The online mode and the task manager are imported above, not in run_experiment: their loggers must
+# exist before Mininet is imported (loggers made after it get Mininet's logger class, whose records
+# do not reach the run's log file).
 
 
 @dataclass(frozen=True)
@@ -224,7 +229,6 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     """
     from orchestrator.emulation.background import BackgroundTraffic, plan_background
     from orchestrator.emulation.network import Emulation
-    from orchestrator.experiment.task_manager import RunClock, TaskManager
     from orchestrator.runtime.backends import emulation_options, open_compute
 
     model = cfg.network()
@@ -269,8 +273,6 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
                              run_dir=run_dir, clock=clock, release_on_end=cfg.mode == "online")
             try:
                 if cfg.mode == "online":
-                    from orchestrator.experiment.online import run_online
-
                     run_online(tm, model, model_bytes, progress=progress)
                 else:
                     _run_sequential(tm, model, model_bytes, progress=progress)

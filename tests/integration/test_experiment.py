@@ -102,6 +102,13 @@ def test_trimmed_quick_experiment_end_to_end(tmp_path: Path, figures: list[str])
     assert len(background) == 6
     assert all(b["achieved_mbps"] is not None and b["achieved_mbps"] > 0.5 * b["offered_mbps"] for b in background)
     assert db.query("SELECT COUNT(*) AS n FROM network_state")[0]["n"] == 3 * 2 * 21
+    # each task's life on the run's clock, in order, and its start overhead in tasks.csv
+    times = db.query("SELECT arrival_s, admitted_s, first_broadcast_s, finished_s, start_overhead_s FROM tasks")
+    for t in times:
+        assert 0 <= t["arrival_s"] <= t["admitted_s"] <= t["first_broadcast_s"] <= t["finished_s"], t
+        assert t["start_overhead_s"] == pytest.approx(t["first_broadcast_s"] - t["admitted_s"])
+    header = (run_dir / "tasks.csv").read_text().splitlines()[0].split(",")
+    assert "start_overhead_s" in header
     # the plotted means come from the rows
     drawn = plot(summarize(db, 1), tmp_path / "replot")
     assert assert_plotted_means_match_rows(db, 1, drawn) == 2 * 3
@@ -148,4 +155,141 @@ def test_ctrl_c_tears_down_and_keeps_finished_rounds(tmp_path: Path) -> None:
     kept = db.query("SELECT COUNT(*) AS n FROM rounds")[0]["n"]
     assert kept >= rounds
     assert (db_path.parent / "report.md").read_text().count("interrupted") >= 1
+    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    path = tmp_path / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+USER_MODEL = """\
+from torch import nn
+
+
+def make(*, input_shape, num_classes, width=16):
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))
+"""
+
+
+def test_online_mode_with_a_user_model(tmp_path: Path) -> None:
+    model = _write(tmp_path, "my models/tiny.py", USER_MODEL)
+    config = _write(tmp_path, "online.yaml", yaml.safe_dump({
+        "name": "online-test", "topology": "sndlib/nobel-us", "mode": "online", "schedulers": ["spff", "mst"],
+        "locals": [2, 4], "online": {"tasks": 6, "arrival": "poisson", "mean_interarrival_s": 0.3, "seed": 3,
+                                     "sample_s": 0.5},
+        "task": {"model": f"{model}:make", "model_args": {"width": 24}, "rounds": 3},
+        "background": {"enabled": True, "pairs": 4}}))
+    out = tmp_path / "runs"
+
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    stdout, _ = proc.communicate(timeout=1200)
+
+    assert proc.returncode == 0, stdout[-3000:]
+    run_dir = run_dir_of(out)
+    db = ResultsDB(run_dir / "results.db")
+    assert db.run(1)["status"] == "completed"
+    tasks = db.query("SELECT * FROM tasks ORDER BY scheduler, task_id")
+    assert len(tasks) == 12 and {t["scheduler"] for t in tasks} == {"spff", "mst"}
+    # the same arrival trace for both schedulers
+    trace = {s: [(t["task_id"], t["global_site"], t["local_sites_json"]) for t in tasks if t["scheduler"] == s]
+             for s in ("spff", "mst")}
+    assert trace["spff"] == trace["mst"]
+    for t in tasks:
+        assert t["state"] in ("done", "blocked"), t  # none left pending, scheduled or running
+        assert t["arrival_s"] is not None
+        if t["state"] == "done":
+            assert t["arrival_s"] <= t["admitted_s"] <= t["first_broadcast_s"] <= t["finished_s"], t
+            assert t["model_bytes"] == (64 * 24 + 24 + 24 * 10 + 10) * 4, "the user's model, shipped"
+        else:
+            assert t["admitted_s"] is None and t["first_broadcast_s"] is None
+    done = [t for t in tasks if t["state"] == "done"]
+    # rounds only between a task's first broadcast and its end
+    for t in done:
+        rounds = db.query("SELECT latency_s FROM rounds WHERE scheduler = ? AND task_id = ?",
+                          (t["scheduler"], t["task_id"]))
+        assert len(rounds) == 3
+        assert sum(r["latency_s"] for r in rounds) <= t["finished_s"] - t["first_broadcast_s"] + 1e-6
+    samples = db.query("SELECT * FROM samples")
+    assert samples and max(s["running"] for s in samples) >= 2, "tasks ran side by side"
+    assert db.query("SELECT COUNT(DISTINCT site) AS n FROM site_samples")[0]["n"] == 14
+    report = (run_dir / "report.md").read_text()
+    assert "## Online" in report and "blocking ratio" in report
+    assert (run_dir / "online_bandwidth.png").stat().st_size > 0
+    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+
+
+def test_a_model_that_raises_exits_2_before_bring_up(tmp_path: Path) -> None:
+    model = _write(tmp_path, "bad.py", "def make(**kw):\n    raise ValueError('no such layer')\n")
+    config = trimmed_quick(tmp_path, task={"model": f"{model}:make", "rounds": 1})
+    out = tmp_path / "runs"
+
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    stdout, _ = proc.communicate(timeout=300)
+
+    assert proc.returncode == 2, stdout
+    assert stdout.strip().splitlines()[-1] == (f"netai: error: model '{model}:make' cannot be built: "
+                                              "ValueError: no such layer")
+    assert not out.exists(), "nothing was started or written"
+    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+
+
+def test_every_task_failing_exits_nonzero(tmp_path: Path) -> None:
+    # builds here (the preflight) but every role fails on its server (the warm-up's forward pass)
+    model = _write(tmp_path, "broken.py", "from torch import nn\n\nclass Broken(nn.Linear):\n"
+                   "    def forward(self, x):\n        raise RuntimeError('forward is broken')\n\n"
+                   "def make(*, input_shape, num_classes):\n    return Broken(64, num_classes)\n")
+    config = trimmed_quick(tmp_path, locals=[2], tasks_per_point=1, schedulers=["spff", "mst"],
+                           task={"model": f"{model}:make", "rounds": 1})
+    out = tmp_path / "runs"
+
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    stdout, _ = proc.communicate(timeout=600)
+
+    assert proc.returncode == 1, stdout[-3000:]
+    run_dir = run_dir_of(out)
+    db = ResultsDB(run_dir / "results.db")
+    run = db.run(1)
+    assert run["status"] == "failed" and run["note"] == "no task completed"
+    states = db.query("SELECT state, reason FROM tasks")
+    assert [s["state"] for s in states] == ["failed", "failed"]
+    assert all("forward is broken" in s["reason"] for s in states)
+    assert "0 of 2 tasks done" in stdout and "2 of 2 tasks FAILED" in stdout
+    report = (run_dir / "report.md").read_text()
+    assert "Status: **failed** (no task completed)" in report and "**2 of 2 tasks failed.**" in report
+    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+
+
+def test_a_killed_site_server_is_reported_and_the_run_ends_clean(tmp_path: Path) -> None:
+    config = trimmed_quick(tmp_path, locals=[2], tasks_per_point=3, schedulers=["spff", "mst"],
+                           task={"model": "mlp", "rounds": 40})
+    out = tmp_path / "runs"
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and proc.poll() is None:
+        dirs = list(out.glob("*-*"))
+        if dirs and list(dirs[0].glob("tasks/*/*.events.jsonl")):
+            break
+        time.sleep(0.2)
+    time.sleep(1.0)  # into the first task's rounds
+    servers = subprocess.run(["pgrep", "-f", "-x", r".*python.* -m workers\.site_server .*"], capture_output=True,
+                             text=True).stdout.split()
+    assert servers, "no site server found"
+    for pid in servers:
+        os.kill(int(pid), signal.SIGKILL)
+
+    stdout, _ = proc.communicate(timeout=600)
+
+    run_dir = run_dir_of(out)
+    db = ResultsDB(run_dir / "results.db")
+    states = db.query("SELECT state, reason FROM tasks")
+    assert len(states) == 6 and all(s["state"] in ("done", "failed") for s in states)
+    failed = [s for s in states if s["state"] == "failed"]
+    assert failed and all("site server" in s["reason"] for s in failed), failed
+    done = len(states) - len(failed)
+    assert proc.returncode == (0 if done else 1), stdout[-3000:]
+    assert db.run(1)["status"] == ("completed" if done else "failed")
+    assert f"{len(failed)} of 6 tasks failed" in (run_dir / "report.md").read_text()
     assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}

@@ -58,3 +58,13 @@ def test_partition_rejects_bad_options(kw: dict, needle: str) -> None:
 def test_unknown_dataset() -> None:
     with pytest.raises(ValueError, match="unknown dataset"):
         load_dataset("imagenet")
+
+
+def test_digits_read_without_scikit_learn_match_load_digits() -> None:
+    from sklearn.datasets import load_digits
+
+    from workers.data import _digits
+
+    pixels, labels = _digits()
+    bunch = load_digits()
+    assert np.array_equal(pixels, bunch.data) and np.array_equal(labels, bunch.target)
