@@ -15,8 +15,8 @@ moves over the network.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -49,7 +49,7 @@ def _digits() -> tuple[np.ndarray, np.ndarray]:
     spec = importlib.util.find_spec("sklearn")
     if spec is None or not spec.submodule_search_locations:
         raise ValueError("the digits dataset needs scikit-learn installed (its data file)")
-    path = Path(list(spec.submodule_search_locations)[0]) / "datasets" / "data" / "digits.csv.gz"
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
     data = np.loadtxt(path, delimiter=",")
     return data[:, :-1], data[:, -1].astype(int)
 
