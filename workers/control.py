@@ -89,12 +89,16 @@ def recv_message(sock: socket.socket) -> dict[str, Any] | None:
     if body is None:
         raise ConnectionError("control connection closed inside a message")
     try:
-        msg = json.loads(body.decode("utf-8"))
+        msg = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
     except (UnicodeDecodeError, ValueError) as e:
         raise ProtocolError(f"not JSON: {e}") from e
     if not isinstance(msg, dict):
         raise ProtocolError("a control message must be a JSON object")
     return msg
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def check_request(msg: Mapping[str, Any]) -> str:

@@ -44,6 +44,8 @@ from workers.control import (
 from workers.events import EventLog
 
 DEFAULT_MAX_ROLES = 64
+#: How long a server waits for its manager to connect before it gives up and exits.
+ACCEPT_TIMEOUT_S = 600.0
 
 
 class _RoleLog(EventLog):
@@ -74,20 +76,26 @@ class Role:
     def _run(self) -> None:
         from workers.agent import Agent
 
-        status = 1
-        with open(self.events_path, "a", encoding="utf-8") as stream:
-            log = _RoleLog(self.cfg, stream)
-            try:
-                agent = Agent(self.cfg, log)
-                with self._lock:
-                    self._agent, self.state, cancel = agent, "running", self._cancel
-                if cancel is not None:
-                    agent.cancel(cancel)
-                status = agent.run()
-            except Exception as e:  # noqa: BLE001 -- any failure of the role is reported, the server goes on
-                log.emit("error", detail=f"{type(e).__name__}: {e}")
+        status, error = 1, ""
+        try:
+            with open(self.events_path, "a", encoding="utf-8") as stream:
+                log = _RoleLog(self.cfg, stream)
+                try:
+                    agent = Agent(self.cfg, log)
+                    with self._lock:
+                        self._agent, self.state, cancel = agent, "running", self._cancel
+                    if cancel is not None:
+                        agent.cancel(cancel)
+                    status = agent.run()
+                except BaseException as e:  # noqa: BLE001 -- any failure of the role (even SystemExit from a
+                    # user's model) is reported; the server and its other roles go on
+                    log.emit("error", detail=f"{type(e).__name__}: {e}")
+                error = log.last_error
+        except OSError as e:
+            error = f"cannot write the events file: {e}"
+        finally:
             with self._lock:
-                self.error = log.last_error if status != 0 else ""
+                self.error = error if status != 0 else ""
                 self.status = status
                 self.state = "done" if status == 0 else "failed"
 
@@ -141,7 +149,9 @@ class SiteServer:
             op = check_request(msg)
             return {"ok": True, **getattr(self, "_op_" + op)(msg)}
         except (ProtocolError, ValueError) as e:
-            return {"ok": False, "error": str(e)}
+            return {"ok": False, "error": str(e)[:2000]}
+        except Exception as e:  # noqa: BLE001 -- a request the checks missed must not end the server
+            return {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
 
     def _op_hello(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         return {"site": self.site, "address": self.address, "pid": os.getpid(), "version": PROTOCOL_VERSION}
@@ -160,6 +170,8 @@ class SiteServer:
         path = (self.log_root / p).resolve()
         if not path.is_relative_to(self.log_root) or not path.parent.is_dir():
             raise ValueError(f"events path {rel!r} is not in an existing directory under the log root")
+        if not path.name.endswith(".events.jsonl") or path.is_dir():
+            raise ValueError(f"events path {rel!r} must name a *.events.jsonl file")
         return path
 
     def _model_spec(self, spec: str) -> str:
@@ -238,10 +250,18 @@ def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
     finally:
         os.umask(old_umask)
     lsock.listen(1)
+    lsock.settimeout(ACCEPT_TIMEOUT_S)  # a manager that died before it connected: do not wait forever
     print(f"site server of {server.site!r} at {server.address}, pid {os.getpid()}, control {sock_path}",
           file=out, flush=True)
-    conn, _ = lsock.accept()
-    lsock.close()
+    try:
+        conn, _ = lsock.accept()
+    except TimeoutError:
+        print(f"no manager connected within {ACCEPT_TIMEOUT_S:.0f} s: exiting", file=out, flush=True)
+        sock_path.unlink(missing_ok=True)
+        return 1
+    finally:
+        lsock.close()
+    conn.settimeout(None)
     sock_path.unlink(missing_ok=True)
     try:
         while True:
@@ -252,7 +272,10 @@ def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
                 continue
             if msg is None:
                 break
-            send_message(conn, server.handle(msg))
+            try:
+                send_message(conn, server.handle(msg))
+            except ProtocolError as e:  # a reply too large to send: say so instead
+                send_message(conn, {"ok": False, "error": str(e)})
             if msg.get("op") == "shutdown":
                 break
     except (ConnectionError, OSError) as e:

@@ -118,8 +118,8 @@ def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: 
     while pending or live:
         now = tm.clock.now() - start
         while pending and pending[0][0] <= now:
-            _, task = pending.popleft()
-            tm.arrive(scheduler, task)
+            t_arrival, task = pending.popleft()
+            tm.arrive(scheduler, task, at_s=start + t_arrival)  # the trace's time, however late the loop is
             admitted = tm.admit(scheduler, task, state)
             if admitted is None:
                 ended += 1

@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS tasks (
     admitted_s REAL,
     first_broadcast_s REAL,
     finished_s REAL,
-    -- admission to G's first broadcast byte: schedule, flows, roles, connections
+    -- admission (placed on the live state) to G's first broadcast byte: flows, roles, connections
     start_overhead_s REAL,
     PRIMARY KEY (run_id, scheduler, task_id)
 );

@@ -27,10 +27,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.results_db import ResultsDB
-from orchestrator.runtime.compute import ServerLost
 from orchestrator.runtime.task_runner import FLOptions, TaskExecution
 from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
@@ -64,7 +62,7 @@ class LiveTask:
     schedule: Schedule
     state: NetworkState
     figures: RoundFigures
-    execution: TaskExecution
+    execution: TaskExecution | None
     admitted_s: float
     reservation_enforced: bool
     #: The id its flows (cookie), ports and roles carry: unique in the run, so that the same task under
@@ -124,9 +122,10 @@ class TaskManager:
         self._install_ids = itertools.count(1)
 
     # -- arrival and admission ------------------------------------------------------------------------
-    def arrive(self, scheduler: str, task: Task) -> None:
+    def arrive(self, scheduler: str, task: Task, at_s: float | None = None) -> None:
+        """Record `task`'s arrival (at `at_s` on the run's clock; default now)."""
         self.db.record_task(self.run_id, scheduler, task, state="pending")
-        self.db.set_task_times(self.run_id, scheduler, task.id, arrival_s=self.clock.now())
+        self.db.set_task_times(self.run_id, scheduler, task.id, arrival_s=self.clock.now() if at_s is None else at_s)
 
     def admit(self, scheduler: str, task: Task, state: NetworkState) -> LiveTask | None:
         """Schedule `task` on the live `state`, install it and send its roles; None if blocked or
@@ -146,28 +145,29 @@ class TaskManager:
         admitted = self.clock.now()
         self.db.set_task_state(self.run_id, scheduler, task.id, "scheduled")
         self.db.set_task_times(self.run_id, scheduler, task.id, admitted_s=admitted)
-        name = f"{scheduler}-{task.id}"
-        log_dir = self.compute.task_dir(name)
-        link = self.run_dir / "tasks" / name
-        link.parent.mkdir(parents=True, exist_ok=True)
-        if not link.exists() and not link.is_symlink():
-            link.symlink_to(log_dir.resolve(), target_is_directory=True)
-        options = FLOptions(model=self.cfg.task.model, model_args=dict(self.cfg.task.model_args), rounds=task.rounds,
-                            partitioning=self.cfg.task.partition, alpha=self.cfg.task.alpha,
-                            seed=self.cfg.seed + task.id)
-        timing = task_timing(self.model, schedule, task.model_bytes, rate=self.rate, propagation=self.delay,
-                             train_allowance_s=self.cfg.task.train_allowance_s)
         install_id = next(self._install_ids)
         wire = replace(schedule, task_id=install_id)
-        execution = TaskExecution(wire, manager=self.compute, options=options, log_dir=log_dir, timing=timing)
         live = LiveTask(scheduler=scheduler, task=task, schedule=schedule, state=state, figures=figures,
-                        execution=execution, admitted_s=admitted, reservation_enforced=False, install_id=install_id)
-        try:
+                        execution=None, admitted_s=admitted, reservation_enforced=False, install_id=install_id)
+        try:  # from here on, any failure ends the task as failed: roles, flows and reservation released
+            name = f"{scheduler}-{task.id}"
+            log_dir = self.compute.task_dir(name)
+            link = self.run_dir / "tasks" / name
+            link.parent.mkdir(parents=True, exist_ok=True)
+            if not link.exists() and not link.is_symlink():
+                link.symlink_to(log_dir.resolve(), target_is_directory=True)
+            options = FLOptions(model=self.cfg.task.model, model_args=dict(self.cfg.task.model_args),
+                                rounds=task.rounds, partitioning=self.cfg.task.partition, alpha=self.cfg.task.alpha,
+                                seed=self.cfg.seed + task.id)
+            timing = task_timing(self.model, schedule, task.model_bytes, rate=self.rate, propagation=self.delay,
+                                 train_allowance_s=self.cfg.task.train_allowance_s)
+            live.execution = TaskExecution(wire, manager=self.compute, options=options, log_dir=log_dir,
+                                           timing=timing)
             installed = self.emu.install_task(wire)
             live.reservation_enforced = bool(installed.get("reservation", {}).get("enforced"))
-            execution.start()
-        except (RuntimeError, TimeoutError, ConfigError, ServerLost, OSError) as e:
-            self._end(live, "failed", f"start: {e}")
+            live.execution.start()
+        except Exception as e:  # noqa: BLE001 -- whatever went wrong, the task is recorded as failed
+            self._end(live, "failed", f"start: {type(e).__name__}: {e}")
             return None
         self.db.set_task_state(self.run_id, scheduler, task.id, "running")
         return live
@@ -181,6 +181,7 @@ class TaskManager:
     # -- following -----------------------------------------------------------------------------------------
     def check(self, live: LiveTask, statuses: dict[str, dict[str, Any]]) -> bool:
         """Whether `live` has ended (done or failed; recorded either way)."""
+        assert live.execution is not None
         try:
             if not live.execution.check(statuses):
                 return False
@@ -191,25 +192,31 @@ class TaskManager:
         return True
 
     def _end(self, live: LiveTask, outcome: str, reason: str) -> None:
+        """Record how `live` ended and release what it holds, whatever goes wrong on the way."""
         sched, task = live.scheduler, live.task
-        live.execution.stop()
         finished = self.clock.now()
-        self.db.set_task_times(self.run_id, sched, task.id, finished_s=finished)
-        if outcome == "done":
-            try:
-                self._record_result(live)
-            except RuntimeError as e:  # G's events lack a round: the task did not complete
-                outcome, reason = "failed", str(e)
-        if outcome == "failed":
-            LOG.warning("task %d %s failed: %s", task.id, sched, reason)
-        self.db.set_task_state(self.run_id, sched, task.id, outcome, reason)
-        self.outcomes[outcome] += 1
-        if self.release_on_end:
-            with contextlib.suppress(KeyError):
-                live.state.release(task.id)
-        self.counters.pending[(sched, task.id, live.install_id)] = (time.monotonic(), None)
+        try:
+            if live.execution is not None:
+                live.execution.stop()
+            if outcome == "done":
+                try:
+                    finished = self._record_result(live) or finished
+                except Exception as e:  # noqa: BLE001 -- G's events lack a round, or are unreadable
+                    outcome, reason = "failed", f"{type(e).__name__}: {e}"
+        finally:
+            if outcome == "failed":
+                LOG.warning("task %d %s failed: %s", task.id, sched, reason)
+            self.db.set_task_times(self.run_id, sched, task.id, finished_s=finished)
+            self.db.set_task_state(self.run_id, sched, task.id, outcome, reason)
+            self.outcomes[outcome] += 1
+            if self.release_on_end:
+                with contextlib.suppress(KeyError):
+                    live.state.release(task.id)
+            self.counters.pending[(sched, task.id, live.install_id)] = (time.monotonic(), None)
 
-    def _record_result(self, live: LiveTask) -> None:
+    def _record_result(self, live: LiveTask) -> float | None:
+        """Record the rounds and figures of a task that completed; G's end on the run's clock."""
+        assert live.execution is not None
         result = live.execution.result()
         sched, task, figures = live.scheduler, live.task, live.figures
         first = self.clock.of(result.first_broadcast_t) if result.first_broadcast_t else None
@@ -232,6 +239,7 @@ class TaskManager:
         LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, sched,
                  len(result.rounds), last.latency_s if last else float("nan"),
                  f"{last.accuracy:.3f}" if last else "-", "-" if first is None else f"{first - live.admitted_s:.2f}")
+        return self.clock.of(result.finished_t) if result.finished_t else None
 
     # -- carried bytes, then the flows' removal ----------------------------------------------------------
     def settle_counters(self, *, wait: bool = False) -> None:

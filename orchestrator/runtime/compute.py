@@ -158,10 +158,11 @@ class ComputeManager:
         for site in self.sites:
             hid = self.backend.host_id(site)
             sock = self.backend.ctl_dir / f"{hid}.sock"
-            argv = ["--site", site, "--address", self.backend.address(site),
-                    "--socket", self.backend.inside(sock), "--log-root", self.backend.inside(self.log_root),
-                    "--max-roles", str(self.max_roles),
-                    "--log-file", self.backend.inside(self.log_root / "servers" / f"{hid}.out.txt")]
+            # --key=value: a value that starts with "-" (a site named "-west") stays a value
+            argv = [f"--site={site}", f"--address={self.backend.address(site)}",
+                    f"--socket={self.backend.inside(sock)}", f"--log-root={self.backend.inside(self.log_root)}",
+                    f"--max-roles={self.max_roles}",
+                    f"--log-file={self.backend.inside(self.log_root / 'servers' / f'{hid}.out.txt')}"]
             proc = self.backend.launch_server(site, argv, out_name=f"{hid}.out.txt")
             self.servers[site] = _Server(site=site, proc=proc, sock_path=sock)
         deadline = t0 + self.start_timeout_s
@@ -213,9 +214,12 @@ class ComputeManager:
                 srv.conn = None
         deadline = time.monotonic() + 10.0
         for srv in self.servers.values():
-            while srv.proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)  # the server stops its roles and exits; bounded
-            srv.proc.stop()
+            try:
+                while srv.proc.poll() is None and time.monotonic() < deadline:
+                    time.sleep(0.05)  # the server stops its roles and exits; bounded
+                srv.proc.stop()
+            except Exception as e:  # noqa: BLE001 -- one server's stop failing must not spare the others
+                LOG.warning("stopping the site server of %r: %s", srv.site, e)
         self.servers.clear()
         shutil.rmtree(self.backend.ctl_dir, ignore_errors=True)
 
@@ -232,6 +236,8 @@ class ComputeManager:
             try:
                 send_message(srv.conn, msg)
                 reply = recv_message(srv.conn)
+            except ProtocolError as e:  # too large to send (a model file over the limit): nothing was sent
+                raise ConfigError(f"cannot send {msg.get('op')} to the site server of {site!r}: {e}") from e
             except (OSError, ConnectionError) as e:
                 reply, why = None, f"{type(e).__name__}: {e}"
             else:

@@ -73,17 +73,9 @@ def test_nsfnet_mst_task_in_containers(tmp_path: Path) -> None:
 
 
 def test_awkward_names_and_a_user_model_in_containers(tmp_path: Path) -> None:
-    from tests.integration.test_workers_process import AWKWARD_TOPOLOGY, USER_MODEL
+    from tests.integration.test_workers_process import awkward_task
 
-    topo = tmp_path / "awkward.yaml"
-    topo.write_text(AWKWARD_TOPOLOGY, encoding="utf-8")
-    user = tmp_path / "user models" / "tiny.py"
-    user.parent.mkdir()
-    user.write_text(USER_MODEL)
-    model = load(str(topo))
-    plan = EmulationPlan.from_model(model)
-    (task,) = generate_tasks(model, count=1, locals_per_task=3, seed=1, rounds=2)
-    schedule = get_scheduler("mst").schedule(NetworkState(model), task)
+    plan, schedule, user = awkward_task(tmp_path)
     client = docker_client()
     run_id = ""
     try:
@@ -92,7 +84,7 @@ def test_awkward_names_and_a_user_model_in_containers(tmp_path: Path) -> None:
             run_id = emu.run_id
             with open_compute("docker", emu, log_root=tmp_path / "workers") as manager:
                 emu.install_task(schedule)
-                result = run_task(schedule, manager=manager, options=FLOptions(rounds=2, model=f"{user}:make"),
+                result = run_task(schedule, manager=manager, options=FLOptions(rounds=2, model=user),
                                   log_dir=manager.task_dir("task"))
                 mounts = {m["Destination"] for c in client.containers.list(filters={"label": f"{RUN_LABEL}={run_id}"})
                           for m in c.attrs["Mounts"]}

@@ -3,6 +3,7 @@ round, not when the roles fail, and nothing starts for a model that cannot be bu
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -75,4 +76,30 @@ def test_failing_roles_remove_every_container(tmp_path: Path) -> None:
     assert res.returncode == 1
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("netai: task") and "failed" in last and "forward is broken" in last
+    assert [n for n in _our_containers() if n not in before] == []
+
+
+def test_a_user_model_file_runs_in_containers_without_an_image_rebuild(tmp_path: Path) -> None:
+    model = tmp_path / "my models" / "tiny.py"
+    model.parent.mkdir()
+    model.write_text("from torch import nn\n\ndef make(*, input_shape, num_classes, width=16):\n"
+                     "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))\n")
+    client = docker_client()
+    try:
+        image_before = client.images.get("netai-worker:latest").id
+    finally:
+        client.close()
+    before = _our_containers()
+    res = subprocess.run(_netai("--rounds", "2", "--model", f"{model}:make", "--model-arg", "width=24", "--json",
+                                "--log-dir", str(tmp_path / "logs")), cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout)
+    assert out["backend"] == "docker" and [r["round"] for r in out["rounds"]] == [1, 2]
+    assert out["model_bytes"] == (64 * 24 + 24 + 24 * 10 + 10) * 4, "the user's model, shipped by content"
+    client = docker_client()
+    try:
+        assert client.images.get("netai-worker:latest").id == image_before, "no image rebuild"
+    finally:
+        client.close()
     assert [n for n in _our_containers() if n not in before] == []

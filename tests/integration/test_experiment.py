@@ -158,6 +158,14 @@ def test_ctrl_c_tears_down_and_keeps_finished_rounds(tmp_path: Path) -> None:
     assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
 
 
+def run_config(config: Path, out: Path, *, timeout: float) -> tuple[int, str, Path, ResultsDB]:
+    """Run an experiment config with the CLI: exit status, output, run directory, results database."""
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    stdout, _ = proc.communicate(timeout=timeout)
+    run_dir = run_dir_of(out)
+    return proc.returncode, stdout, run_dir, ResultsDB(run_dir / "results.db")
+
+
 def _write(tmp_path: Path, name: str, text: str) -> Path:
     path = tmp_path / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,14 +190,9 @@ def test_online_mode_with_a_user_model(tmp_path: Path) -> None:
                                      "sample_s": 0.5},
         "task": {"model": f"{model}:make", "model_args": {"width": 24}, "rounds": 3},
         "background": {"enabled": True, "pairs": 4}}))
-    out = tmp_path / "runs"
+    status, stdout, run_dir, db = run_config(config, tmp_path / "runs", timeout=1200)
 
-    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
-    stdout, _ = proc.communicate(timeout=1200)
-
-    assert proc.returncode == 0, stdout[-3000:]
-    run_dir = run_dir_of(out)
-    db = ResultsDB(run_dir / "results.db")
+    assert status == 0, stdout[-3000:]
     assert db.run(1)["status"] == "completed"
     tasks = db.query("SELECT * FROM tasks ORDER BY scheduler, task_id")
     assert len(tasks) == 12 and {t["scheduler"] for t in tasks} == {"spff", "mst"}
@@ -243,14 +246,9 @@ def test_every_task_failing_exits_nonzero(tmp_path: Path) -> None:
                    "def make(*, input_shape, num_classes):\n    return Broken(64, num_classes)\n")
     config = trimmed_quick(tmp_path, locals=[2], tasks_per_point=1, schedulers=["spff", "mst"],
                            task={"model": f"{model}:make", "rounds": 1})
-    out = tmp_path / "runs"
+    status, stdout, run_dir, db = run_config(config, tmp_path / "runs", timeout=600)
 
-    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
-    stdout, _ = proc.communicate(timeout=600)
-
-    assert proc.returncode == 1, stdout[-3000:]
-    run_dir = run_dir_of(out)
-    db = ResultsDB(run_dir / "results.db")
+    assert status == 1, stdout[-3000:]
     run = db.run(1)
     assert run["status"] == "failed" and run["note"] == "no task completed"
     states = db.query("SELECT state, reason FROM tasks")

@@ -10,7 +10,7 @@ import pytest
 from orchestrator.emulation.network import Emulation
 from orchestrator.runtime.backends import emulation_options, open_compute
 from orchestrator.runtime.task_runner import FLOptions, missing_events, read_events, run_task
-from orchestrator.scheduling import NetworkState, get_scheduler
+from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
@@ -68,21 +68,25 @@ def test_task_runs_in_mininet_hosts(tmp_path: Path, scheduler: str) -> None:
     assert result.connections_lost == 0, "children closing after their last update are not lost"
 
 
-def test_awkward_site_names_and_a_user_model_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.chdir(tmp_path)
+def awkward_task(tmp_path: Path) -> tuple[EmulationPlan, Schedule, str]:
+    """The awkward topology's plan, an mst schedule of 3 locals on it, and a user model file's spec."""
     topo = tmp_path / "awkward.yaml"
     topo.write_text(AWKWARD_TOPOLOGY, encoding="utf-8")
     user = tmp_path / "user models" / "tiny.py"
     user.parent.mkdir()
     user.write_text(USER_MODEL)
     model = load(str(topo))
-    plan = EmulationPlan.from_model(model)
     (task,) = generate_tasks(model, count=1, locals_per_task=3, seed=1, rounds=2)
-    schedule = get_scheduler("mst").schedule(NetworkState(model), task)
+    return EmulationPlan.from_model(model), get_scheduler("mst").schedule(NetworkState(model), task), f"{user}:make"
+
+
+def test_awkward_site_names_and_a_user_model_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    plan, schedule, user = awkward_task(tmp_path)
     with Emulation(plan, log_dir=tmp_path / "emulation") as emu, \
             open_compute("process", emu, log_root=tmp_path / "workers") as manager:
         emu.install_task(schedule)
-        result = run_task(schedule, manager=manager, options=FLOptions(rounds=2, model=f"{user}:make"),
+        result = run_task(schedule, manager=manager, options=FLOptions(rounds=2, model=user),
                           log_dir=manager.task_dir("task"))
 
     assert [r.round for r in result.rounds] == [1, 2]

@@ -31,7 +31,7 @@ from workers.control import (
 )
 from workers.site_server import SiteServer
 
-AWKWARD = ("Kansas City", "São Paulo", "$(touch pwned);", "New York")
+AWKWARD = ("Kansas City", "São Paulo", "$(touch pwned);", "-west")
 
 
 # -- the protocol's checks (no sockets, no roles started) -------------------------------------------------
@@ -68,6 +68,9 @@ def _cfg(**over: Any) -> dict[str, Any]:
     ({"op": "start", "config": _cfg(model="@sha256:zz:make"), "events": "t1/A.events.jsonl"}, "bad shipped"),
     ({"op": "start", "config": _cfg(pickle=b"x".hex()), "events": "t1/A.events.jsonl"}, "unknown agent config keys"),
     ({"op": "forget", "task": 7}, "no role of task 7"),
+    ({"op": "start", "config": _cfg(), "events": "t1"}, "must name a *.events.jsonl file"),
+    ({"op": "start", "config": _cfg(), "events": "t1/A.out.txt"}, "must name a *.events.jsonl file"),
+    ({"op": "start", "config": _cfg(rounds="3"), "events": "t1/A.events.jsonl"}, "TypeError"),
 ])
 def test_server_refuses_bad_requests_and_starts_nothing(tmp_path: Path, msg: dict[str, Any], why: str) -> None:
     server = _server(tmp_path)
@@ -98,6 +101,10 @@ def test_control_framing_rejects_oversized_and_non_objects() -> None:
             recv_message(b)
         send_message(a, {"op": "hello"})
         assert recv_message(b) == {"op": "hello"}
+        body = b'{"op":"stop","task":NaN}'
+        a.sendall(struct.pack(">I", len(body)) + body)
+        with pytest.raises(ProtocolError, match="NaN is not JSON"):
+            recv_message(b)
         a.sendall(struct.pack(">I", MAX_MESSAGE_BYTES + 1))
         with pytest.raises(ConnectionError, match="exceeds"):
             recv_message(b)
@@ -151,7 +158,7 @@ def test_tasks_share_servers_with_awkward_names_and_a_shipped_model(servers: Com
     user.write_text("from torch import nn\n\ndef make(*, input_shape, num_classes, width=16):\n"
                     "    return nn.Sequential(nn.Flatten(), nn.Linear(64, width), nn.ReLU(), nn.Linear(width, num_classes))\n")
     pids = {s: srv.pid for s, srv in servers.servers.items()}
-    one = _sched(1, "Kansas City", ("São Paulo", "$(touch pwned);", "A"), relay="New York")
+    one = _sched(1, "Kansas City", ("São Paulo", "$(touch pwned);", "A"), relay="-west")
     two = _sched(2, "B", ("Kansas City", "G"))
     runs = [TaskExecution(one, manager=servers, options=FLOptions(rounds=2, model=f"{user}:make",
                                                                   model_args={"width": 24}),

@@ -34,7 +34,7 @@ ModelFactory = Callable[..., nn.Module]
 _REGISTRY: dict[str, ModelFactory] = {}
 #: A site server builds the models of several tasks' roles at once, each from its own seed: the
 #: seeding and the factory call hold this lock, on a forked global RNG.
-_BUILD_LOCK = threading.Lock()
+_BUILD_LOCK = threading.RLock()  # re-entrant: a factory may build another registered model
 
 
 class ModelSpecError(ValueError):
