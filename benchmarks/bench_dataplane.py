@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.emulation.network import Emulation  # noqa: E402
 from orchestrator.runtime.backends import open_compute  # noqa: E402
-from orchestrator.runtime.compute import ComputeManager  # noqa: E402
+from orchestrator.runtime.compute import ComputeManager, check_model  # noqa: E402
 from orchestrator.runtime.task_runner import FLOptions, TaskResult, run_task  # noqa: E402
 from orchestrator.runtime.timing import task_timing  # noqa: E402
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler  # noqa: E402
@@ -47,12 +47,7 @@ MODEL_ARGS = {"hidden": 800, "layers": 2}  # 2.8 MB of float32 weights
 
 
 def _model_bytes(model_args: dict[str, Any]) -> int:
-    from workers.data import load_dataset
-    from workers.models import build_model, state_nbytes
-
-    data = load_dataset("digits")
-    return state_nbytes(build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes,
-                                    model_args=model_args))
+    return check_model("mlp", model_args)
 
 
 _MANAGERS: dict[int, ComputeManager] = {}

@@ -79,12 +79,7 @@ class Learner:
     def _warm_up(self) -> None:
         """One training step on a throw-away copy of the model, so that torch's one-time start-up
         costs (kernels, optimizer) are paid before ``ready`` and not inside round 1's timings."""
-        twin = copy.deepcopy(self.model)
-        twin.train()
-        opt = torch.optim.SGD(twin.parameters(), lr=self.cfg.lr, momentum=0.9)
-        out = twin(self.data.test_x[: self.cfg.batch_size])
-        nn.functional.cross_entropy(out, self.data.test_y[: self.cfg.batch_size]).backward()
-        opt.step()
+        _one_step(copy.deepcopy(self.model), self.data, lr=self.cfg.lr, batch_size=self.cfg.batch_size)
         self.evaluate()
 
     @torch.no_grad()
@@ -108,7 +103,13 @@ def warm_process() -> None:
     """Pay a process's one-time costs (the dataset library, torch's first forward and backward
     pass) once, so that a site server's first role starts as fast as its later ones."""
     data = _dataset("digits", 0, "{}")
-    model = build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    nn.functional.cross_entropy(model(data.test_x[:32]), data.test_y[:32]).backward()
+    _one_step(build_model("mlp", input_shape=data.input_shape, num_classes=data.num_classes), data,
+              lr=0.1, batch_size=32)
+
+
+def _one_step(model: nn.Module, data: Dataset, *, lr: float, batch_size: int) -> None:
+    """One SGD step (the training's optimizer) of `model` on the first test batch (warm-up only)."""
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    nn.functional.cross_entropy(model(data.test_x[:batch_size]), data.test_y[:batch_size]).backward()
     opt.step()

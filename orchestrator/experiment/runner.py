@@ -42,6 +42,7 @@ from orchestrator.experiment.online import run_online
 from orchestrator.experiment.report import claims, plot, plot_online, summarize, write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.task_manager import RunClock, TaskManager
+from orchestrator.runtime.compute import check_model
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.model import NetworkModel
@@ -94,13 +95,6 @@ def preflight(cfg: ExperimentConfig) -> str:
         finally:
             client.close()
     return backend
-
-
-def model_bytes_of(cfg: ExperimentConfig) -> int:
-    """Build the task's model once here (see `check_model`); the size of its weights on the wire."""
-    from orchestrator.runtime.compute import check_model
-
-    return check_model(cfg.task.model, cfg.task.model_args)
 
 
 def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: str) -> dict[str, Any]:
@@ -234,7 +228,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
     backend_kind = preflight(cfg)
-    model_bytes = model_bytes_of(cfg)
+    model_bytes = check_model(cfg.task.model, cfg.task.model_args)  # a broken model: exit 2, nothing started
     if backend_kind == "docker":
         from orchestrator.runtime.backends import ensure_worker_image
 

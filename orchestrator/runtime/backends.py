@@ -142,7 +142,22 @@ def _server_env() -> dict[str, str]:
     return env
 
 
-class ProcessBackend(_LocalServers):
+class _EmulatedHosts:
+    """Sites that are Mininet hosts (plain or containers): their address and safe identifier."""
+
+    _hosts: dict[str, Any]
+
+    def address(self, site: str) -> str:
+        try:
+            return str(self._hosts[site].IP())
+        except KeyError as e:
+            raise ConfigError(f"site {site!r} has no emulated host") from e
+
+    def host_id(self, site: str) -> str:
+        return str(self._hosts[site].name)
+
+
+class ProcessBackend(_EmulatedHosts, _LocalServers):
     """Site servers in Mininet hosts' namespaces, from the project's venv.
 
     Parameters
@@ -161,15 +176,6 @@ class ProcessBackend(_LocalServers):
         self.log_root = log_root
         log_root.mkdir(parents=True, exist_ok=True)
         self.ctl_dir = new_ctl_dir()
-
-    def address(self, site: str) -> str:
-        try:
-            return str(self._hosts[site].IP())
-        except KeyError as e:
-            raise ConfigError(f"site {site!r} has no emulated host") from e
-
-    def host_id(self, site: str) -> str:
-        return str(self._hosts[site].name)
 
     def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         popen: subprocess.Popen[bytes] = self._hosts[site].popen(cmd, **kw)
@@ -306,7 +312,7 @@ class ExecHandle:
                     pass
 
 
-class DockerBackend:
+class DockerBackend(_EmulatedHosts):
     """Site servers in the worker containers that are the Mininet hosts (`DockerWorkerHost`).
 
     Parameters
@@ -322,15 +328,6 @@ class DockerBackend:
         self._hosts = dict(hosts)
         self.log_root = log_root.resolve()
         self.ctl_dir = ctl_dir
-
-    def address(self, site: str) -> str:
-        try:
-            return str(self._hosts[site].IP())
-        except KeyError as e:
-            raise ConfigError(f"site {site!r} has no emulated host") from e
-
-    def host_id(self, site: str) -> str:
-        return str(self._hosts[site].name)
 
     def container(self, site: str) -> Any:
         """The Docker SDK container object of a site's host."""

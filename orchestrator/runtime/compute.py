@@ -310,10 +310,8 @@ class ComputeManager:
         for site in self.sites if sites is None else sites:
             if site in self.lost:
                 continue
-            srv = self.servers.get(site)
-            if srv is not None and srv.proc.poll() is not None:
-                self._mark_lost(srv, "exited")
-                continue
+            # a dead server shows as a closed control connection: `_request` marks it lost (no
+            # process or Docker query per poll, which runs every few tens of milliseconds)
             with contextlib.suppress(ServerLost):
                 out[site] = self._request(site, {"op": "status"})
         return out
