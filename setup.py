@@ -12,7 +12,7 @@ setup(
     ),
     python_requires=">=3.10",
     packages=find_packages(include=["topologies*", "controller*", "workers*", "orchestrator*"]),
-    package_data={"topologies": ["data/*.yaml"], "workers": ["docker/*"]},
+    package_data={"topologies": ["data/*.yaml"], "workers": ["docker/*"], "orchestrator": ["dashboard/static/*"]},
     install_requires=[
         "networkx>=3.1",
         "topohub>=1.5",
@@ -24,8 +24,10 @@ setup(
         "net": ["os-ken==3.1.1", "WebOb>=1.8", "Routes>=2.5"],
         # The FL workers: the torch pin keeps pip on the CPU wheel.
         "fl": ["torch==2.13.0", "safetensors>=0.4", "scikit-learn>=1.3", "xxhash>=3.4"],
-        "experiment": ["matplotlib>=3.7", "rich>=13", "docker>=7.1"],
-        "test": ["pytest>=7", "hypothesis>=6", "ruff>=0.4", "mypy>=1.8", "types-PyYAML", "types-requests"],
+        "experiment": ["matplotlib>=3.7", "rich>=13", "docker>=7.1", "prometheus_client>=0.20"],
+        "test": ["pytest>=7", "hypothesis>=6", "ruff>=0.4", "mypy>=1.8", "types-PyYAML", "types-requests",
+                 # drives Debian's chromium (chromium-driver) in the dashboard's browser tests
+                 "selenium>=4.20"],
     },
     entry_points={"console_scripts": ["netai = orchestrator.cli:main"]},
 )

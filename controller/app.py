@@ -2,14 +2,15 @@
 
 Start it with::
 
-    NETAI_PLAN_FILE=plan.json NETAI_REST_PORT=8181 \\
+    NETAI_PLAN_FILE=plan.json NETAI_REST_PORT=8181 NETAI_CONNECTIVITY=best-effort \\
         osken-manager --ofp-listen-host 127.0.0.1 --ofp-tcp-listen-port 6653 controller.app
 
 It reads the `EmulationPlan` (JSON) named by ``NETAI_PLAN_FILE``, serves the REST API
 (`controller.rest`) on 127.0.0.1:``NETAI_REST_PORT``, and drives the switches proactively: on
-connection a switch is cleared and given the entries the core expects (table-miss drop, background,
-tasks); `install`/`remove_cookie` send flow mods followed by a barrier and wait for it; port
-counters are polled every `PORT_POLL_INTERVAL_S`; port-status messages are recorded.
+connection a switch is cleared and given the entries the core expects (table-miss drop, best-effort
+connectivity unless ``NETAI_CONNECTIVITY=strict``, background, tasks); `install`/`remove_cookie`
+send flow mods followed by a barrier and wait for it; port counters are polled every
+`PORT_POLL_INTERVAL_S`; port-status messages are recorded.
 
 Reserved rates are enforced with ``tc`` on the switch interfaces (`controller.shaping.TcShaper`
 through `SubprocessTc`): the app runs as root in the namespace the switch interfaces live in. When
@@ -41,7 +42,14 @@ from controller.compat import (
     set_ev_cls,
 )
 from controller.core import ControllerCore, ControllerError, FlowStat, PortStat, Unavailable
-from controller.flows import COOKIE_MASK_ALL, FlowEntry, make_match
+from controller.flows import (
+    BEST_EFFORT,
+    CONNECTIVITY_MODES,
+    COOKIE_MASK_ALL,
+    ENV_CONNECTIVITY,
+    FlowEntry,
+    make_match,
+)
 from controller.rest import RestApi
 from controller.shaping import ENV_LINK_DELAY, SubprocessTc, TcShaper
 from topologies.plan import EmulationPlan
@@ -66,10 +74,12 @@ def build_match(parser: Any, entry: FlowEntry) -> Any:
 
 
 def build_instructions(ofp: Any, parser: Any, entry: FlowEntry) -> list[Any]:
-    """Apply-actions output to one port, or nothing (drop)."""
+    """Apply-actions: a DSCP rewrite (if any), then output to one port; or nothing (drop)."""
     if entry.out_port is None:
         return []
-    return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, [parser.OFPActionOutput(entry.out_port)])]
+    actions = [] if entry.set_dscp is None else [parser.OFPActionSetField(ip_dscp=entry.set_dscp)]
+    actions.append(parser.OFPActionOutput(entry.out_port))
+    return [parser.OFPInstructionActions(ofp.OFPIT_APPLY_ACTIONS, actions)]
 
 
 def flow_add(datapath: Any, entry: FlowEntry) -> Any:
@@ -101,12 +111,14 @@ def flow_delete(datapath: Any, cookie: int | None) -> Any:
 
 
 def entry_from_stats(dpid: int, stat: Any) -> FlowEntry:
-    """A `FlowEntry` from an OFPFlowStats body item (single output or drop only)."""
-    out_port = None
+    """A `FlowEntry` from an OFPFlowStats body item (drop, or an output after an optional DSCP rewrite)."""
+    out_port = set_dscp = None
     for inst in stat.instructions:
         for action in getattr(inst, "actions", []):
             if hasattr(action, "port"):
                 out_port = int(action.port)
+            elif getattr(action, "key", None) == "ip_dscp":
+                set_dscp = int(action.value)
     fields = {k: v for k, v in stat.match.items()}
     return FlowEntry(
         dpid=dpid,
@@ -115,6 +127,7 @@ def entry_from_stats(dpid: int, stat: Any) -> FlowEntry:
         match=make_match(**fields),
         out_port=out_port,
         table_id=int(stat.table_id),
+        set_dscp=set_dscp,
     )
 
 
@@ -140,8 +153,11 @@ class NetaiController(BaseApp):
             raise RuntimeError(f"{ENV_PLAN_FILE} must name the emulation plan JSON file")
         with open(plan_file) as f:
             self.plan = EmulationPlan.from_dict(json.load(f))
+        connectivity = os.environ.get(ENV_CONNECTIVITY) or BEST_EFFORT
+        if connectivity not in CONNECTIVITY_MODES:
+            raise RuntimeError(f"{ENV_CONNECTIVITY} must be one of {', '.join(CONNECTIVITY_MODES)}, got {connectivity!r}")
         shaper = TcShaper(self.plan, SubprocessTc(), delay=os.environ.get(ENV_LINK_DELAY) == "1")
-        self.core = ControllerCore(self.plan, self, shaper=shaper)
+        self.core = ControllerCore(self.plan, self, shaper=shaper, connectivity=connectivity)
         self.datapaths: dict[int, Any] = {}
         self._pending: dict[tuple[int, int], _Pending] = {}
         rest_port = int(os.environ.get(ENV_REST_PORT, DEFAULT_REST_PORT))
@@ -150,8 +166,8 @@ class NetaiController(BaseApp):
         # Bind now, so that a taken port stops the manager at once with a clear error.
         self._server = hub.WSGIServer((REST_HOST, rest_port), RestApi(self.core))
         self.logger.info(
-            "netai controller (%s): topology %s, %d switches, REST on %s:%d",
-            FRAMEWORK, self.plan.topology, len(self.plan.switches), REST_HOST, rest_port,
+            "netai controller (%s): topology %s, %d switches, connectivity %s, REST on %s:%d",
+            FRAMEWORK, self.plan.topology, len(self.plan.switches), connectivity, REST_HOST, rest_port,
         )
         self.threads.append(hub.spawn(self._server.serve_forever))
         self.threads.append(hub.spawn(self._poll_ports))

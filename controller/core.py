@@ -5,6 +5,11 @@ background pairs, the port states and the port counters. It decides which flow e
 switch must hold and hands them to a `FlowSender` (the os-ken app in production, a fake flow table
 in tests). The northbound REST layer (`controller.rest`) calls it; so does the app's event handlers.
 
+Connectivity (`controller.flows`): in ``best-effort`` mode every switch also holds the best-effort
+entries that route every host pair below tasks and background; in ``strict`` mode (the core's
+default; the app passes the mode it was started with) only tasks and background routes carry
+anything.
+
 Reserved rates are enforced through an optional `controller.shaping.Shaper` (htb classes per task on
 the switch-to-switch links): a task's classes go in after its flow entries and leave with them.
 Without a shaper, or while it cannot shape (no ``tc``, no interfaces yet), tasks are still
@@ -29,10 +34,15 @@ from typing import Any, Protocol
 
 from controller.flows import (
     BACKGROUND_COOKIE,
+    BEST_EFFORT,
+    CONNECTIVITY_MODES,
+    STRICT,
     FlowBuildError,
     FlowEntry,
     background_entries,
+    best_effort_entries,
     by_dpid,
+    entry_kind,
     normalize_pairs,
     table_miss_entry,
     task_entries,
@@ -151,6 +161,13 @@ class ControllerCore:
         Seconds, monotonic; injectable for tests.
     shaper
         Enforces reserved rates on the links (`controller.shaping.TcShaper`); None: not enforced.
+    connectivity
+        ``strict`` or ``best-effort`` (see the module docstring).
+
+    Raises
+    ------
+    ValueError
+        On an unknown connectivity mode.
     """
 
     def __init__(
@@ -160,8 +177,13 @@ class ControllerCore:
         *,
         clock: Callable[[], float] = time.monotonic,
         shaper: Shaper | None = None,
+        connectivity: str = STRICT,
     ) -> None:
+        if connectivity not in CONNECTIVITY_MODES:
+            raise ValueError(f"connectivity must be one of {', '.join(CONNECTIVITY_MODES)}, got {connectivity!r}")
         self.plan = plan
+        self.connectivity = connectivity
+        self.best_effort: list[FlowEntry] = best_effort_entries(plan) if connectivity == BEST_EFFORT else []
         self.sender = sender
         self.shaper = shaper
         self.clock = clock
@@ -181,9 +203,10 @@ class ControllerCore:
 
     # -- switch life cycle -------------------------------------------------------------------------
     def expected_entries(self, dpid: int) -> list[FlowEntry]:
-        """Everything switch `dpid` must hold now: table-miss drop, background, tasks."""
+        """Everything switch `dpid` must hold now: table-miss drop, best-effort (if on), background, tasks."""
         with self._lock:
             entries = [table_miss_entry(dpid)]
+            entries += [e for e in self.best_effort if e.dpid == dpid]
             entries += [e for e in self.background if e.dpid == dpid]
             for task in self.tasks.values():
                 entries += [e for e in task.entries if e.dpid == dpid]
@@ -434,6 +457,7 @@ class ControllerCore:
                     switch=self._switch_name(dpid),
                     site=self._site_name(dpid),
                     task=st.entry.cookie if 0 < st.entry.cookie < BACKGROUND_COOKIE else None,
+                    kind=entry_kind(st.entry.cookie),
                     packets=st.packets,
                     bytes=st.bytes,
                     duration_s=st.duration_s,
@@ -491,6 +515,7 @@ class ControllerCore:
                 "missing": [self._switch_name(d) for d in missing],
                 "tasks": sorted(self.tasks),
                 "background_pairs": len(self.background_pairs),
+                "connectivity": self.connectivity,
                 "port_events": len(self.port_events),
                 "errors": list(self.errors)[-10:],
                 "uptime_s": round(self.clock() - self.started_at, 3),

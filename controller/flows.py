@@ -7,8 +7,21 @@ with that port as TCP *source* port) follows the reverse of the same path. The c
 id, so flow statistics and deletion select a task by cookie.
 
 Background traffic between two hosts gets IPv4 src/dst entries along a shortest path (fewest hops,
-ties broken by the plan's link order) at a lower priority, in both directions. A table-miss entry
-drops everything else: ARP is static, so nothing floods, and a host pair with no route is isolated.
+ties broken by the plan's link order) at a lower priority, in both directions.
+
+Best-effort connectivity (`best_effort_entries`, the controller's default; ``strict`` leaves it out)
+gives every host pair a fewest-hops route below the background's priority, so that ``ping`` and a
+hand-run ``iperf3`` work on a running network: on every switch, one IPv4 entry per destination host
+(match ``ipv4_dst``), towards it along a shortest-path tree rooted at it. Per destination rather than
+per pair: hosts x switches entries instead of pairs x hops, and the trees make the routes
+consistent hop by hop. These entries also set the IP DSCP to Lower Effort (`LOWER_EFFORT_DSCP`,
+RFC 8622), which the links' shaping classifies into their lowest class (`controller.shaping`), so
+best-effort traffic only uses what tasks and background leave. A packet that a task or background
+entry matches on its first switch is never marked: those entries win there, and they lead to the
+same destination hop by hop.
+
+A table-miss entry drops everything else: ARP is static, so nothing floods, and in ``strict`` mode
+a host pair with no route is isolated.
 
 This module does no I/O and knows nothing of OpenFlow libraries: it returns `FlowEntry` values; the
 SDN app turns them into messages (`controller.app`) and `parse_ofctl_dump` reads them back from
@@ -31,15 +44,30 @@ from topologies.plan import HOST_PORT, EmulationPlan
 ETH_TYPE_IPV4 = 0x0800
 IP_PROTO_TCP = 6
 
-#: Priorities: task paths win over background routes; the table-miss entry drops the rest.
+#: Priorities: task paths win over background routes, which win over best-effort connectivity; the
+#: table-miss entry drops the rest.
 TASK_PRIORITY = 200
 BACKGROUND_PRIORITY = 100
+BEST_EFFORT_PRIORITY = 10
 TABLE_MISS_PRIORITY = 0
 
-#: Cookies outside the task-id range (task ids are positive and below 2**63).
+#: Cookies outside the task-id range (task ids are positive and below 2**63): 0 for the table-miss
+#: entry, and from 2**63 up the controller's own routes.
 TABLE_MISS_COOKIE = 0
 BACKGROUND_COOKIE = 1 << 63
+BEST_EFFORT_COOKIE = BACKGROUND_COOKIE + 1
 COOKIE_MASK_ALL = (1 << 64) - 1
+
+#: The DSCP best-effort entries set: Lower Effort (RFC 8622), shaped into the links' lowest class.
+LOWER_EFFORT_DSCP = 1
+
+#: Connectivity modes: ``best-effort`` (every host pair routed, below tasks and background) or
+#: ``strict`` (only tasks and background routes carry anything).
+BEST_EFFORT = "best-effort"
+STRICT = "strict"
+CONNECTIVITY_MODES = (BEST_EFFORT, STRICT)
+#: The environment variable the emulation starts the controller with to choose the mode (default best-effort).
+ENV_CONNECTIVITY = "NETAI_CONNECTIVITY"
 
 MatchValue = int | str
 Match = tuple[tuple[str, MatchValue], ...]
@@ -60,8 +88,9 @@ class FlowBuildError(ValueError):
 class FlowEntry:
     """One OpenFlow 1.3 entry in table 0: match fields (OXM names), priority, cookie, output port.
 
-    `out_port` None means drop (no instructions). `match` is a sorted tuple of (field, value) so
-    that entries compare and hash by value.
+    `out_port` None means drop (no instructions). `set_dscp`, when given, rewrites the IP DSCP
+    before the output (best-effort entries). `match` is a sorted tuple of (field, value) so that
+    entries compare and hash by value.
     """
 
     dpid: int
@@ -70,14 +99,15 @@ class FlowEntry:
     match: Match
     out_port: int | None
     table_id: int = 0
+    set_dscp: int | None = None
 
     @property
     def match_dict(self) -> dict[str, MatchValue]:
         return dict(self.match)
 
-    def key(self) -> tuple[int, int, int, int, Match, int | None]:
+    def key(self) -> tuple[int, int, int, int, Match, int | None, int | None]:
         """What makes two entries the same entry on a switch (counters aside)."""
-        return (self.dpid, self.table_id, self.priority, self.cookie, self.match, self.out_port)
+        return (self.dpid, self.table_id, self.priority, self.cookie, self.match, self.out_port, self.set_dscp)
 
     def sort_key(self) -> tuple[int, int, int, int, str, int]:
         """Switch, table, then highest priority first: the order ``ovs-ofctl`` lists them in."""
@@ -90,8 +120,18 @@ class FlowEntry:
             "priority": self.priority,
             "cookie": self.cookie,
             "match": self.match_dict,
-            "actions": [] if self.out_port is None else [{"type": "OUTPUT", "port": self.out_port}],
+            "actions": self.actions(),
         }
+
+    def actions(self) -> list[dict[str, Any]]:
+        """The apply-actions in order, as JSON: a DSCP rewrite (if any) and the output (none: drop)."""
+        if self.out_port is None:
+            return []
+        out: list[dict[str, Any]] = []
+        if self.set_dscp is not None:
+            out.append({"type": "SET_FIELD", "field": "ip_dscp", "value": self.set_dscp})
+        out.append({"type": "OUTPUT", "port": self.out_port})
+        return out
 
 
 # -- small builders -------------------------------------------------------------------------------
@@ -258,6 +298,38 @@ def background_entries(plan: EmulationPlan, pairs: Iterable[Sequence[str]]) -> l
     return sorted(entries.values(), key=FlowEntry.sort_key)
 
 
+def best_effort_entries(plan: EmulationPlan) -> list[FlowEntry]:
+    """Best-effort connectivity between every pair of hosts (see the module docstring).
+
+    On every switch, one entry per destination host: IPv4 to its address, DSCP set to
+    `LOWER_EFFORT_DSCP`, out towards it along a fewest-hops tree rooted at its site (the host port
+    on its own switch). A switch that cannot reach a host (a disconnected plan) gets no entry for it.
+    """
+    g = plan_graph(plan)
+    entries = []
+    for host in plan.hosts:
+        # One breadth-first tree per destination: each switch's next hop continues its parent's route.
+        towards = nx.shortest_path(g, target=host.site)
+        match = make_match(eth_type=ETH_TYPE_IPV4, ipv4_dst=host.ip)
+        for site, path in towards.items():
+            port = HOST_PORT if len(path) == 1 else plan.port_towards(site, path[1])
+            entries.append(FlowEntry(dpid=plan.switch(site).dpid, priority=BEST_EFFORT_PRIORITY,
+                                     cookie=BEST_EFFORT_COOKIE, match=match, out_port=port,
+                                     set_dscp=LOWER_EFFORT_DSCP))
+    return sorted(entries, key=FlowEntry.sort_key)
+
+
+def entry_kind(cookie: int) -> str:
+    """What installed an entry, from its cookie: ``task``, ``background``, ``best-effort`` or ``table-miss``."""
+    if cookie == TABLE_MISS_COOKIE:
+        return "table-miss"
+    if cookie == BACKGROUND_COOKIE:
+        return "background"
+    if cookie == BEST_EFFORT_COOKIE:
+        return "best-effort"
+    return "task" if 0 < cookie < BACKGROUND_COOKIE else "other"
+
+
 def by_dpid(entries: Iterable[FlowEntry]) -> dict[int, list[FlowEntry]]:
     out: dict[int, list[FlowEntry]] = {}
     for e in entries:
@@ -289,6 +361,9 @@ _OFCTL_SHORTHANDS: Mapping[str, Mapping[str, int]] = {
 _SKIP_FIELDS = frozenset({"cookie", "duration", "table", "n_packets", "n_bytes", "idle_age", "hard_age",
                           "idle_timeout", "hard_timeout", "priority", "reset_counts", "send_flow_rem"})
 _OUTPUT_RE = re.compile(r"^(?:output:)?(\d+)$")
+#: A DSCP rewrite as ovs-ofctl prints it: an OpenFlow 1.2+ set-field (DSCP, or the TOS byte), or the
+#: OpenFlow 1.0 form (the TOS byte).
+_SET_DSCP_RE = re.compile(r"^(?:set_field:(0x[0-9a-fA-F]+|\d+)->(ip_dscp|nw_tos)|mod_nw_tos:(\d+))$")
 
 
 def _int(text: str) -> int:
@@ -301,7 +376,8 @@ def parse_ofctl_line(dpid: int, line: str) -> FlowEntry | None:
     Raises
     ------
     ValueError
-        On an action other than a single output or drop (the project installs no others).
+        On actions other than drop, a single output, or a DSCP rewrite and an output (the project
+        installs no others).
     """
     line = line.strip()
     if "actions=" not in line:
@@ -330,17 +406,32 @@ def parse_ofctl_line(dpid: int, line: str) -> FlowEntry | None:
             fields[name] = value if name in {"ipv4_src", "ipv4_dst"} else _int(value)
         else:
             raise ValueError(f"unknown match field {key!r} in {line!r}")
-    actions = actions.strip()
-    if actions == "drop" or actions == "":
-        out_port = None
-    else:
-        m = _OUTPUT_RE.match(actions)
-        if not m:
-            raise ValueError(f"unexpected actions {actions!r} in {line!r}")
-        out_port = int(m.group(1))
+    out_port, set_dscp = _parse_actions(actions.strip(), line)
     return FlowEntry(
-        dpid=dpid, priority=priority, cookie=cookie, match=make_match(**fields), out_port=out_port, table_id=table_id
+        dpid=dpid, priority=priority, cookie=cookie, match=make_match(**fields), out_port=out_port, table_id=table_id,
+        set_dscp=set_dscp,
     )
+
+
+def _parse_actions(actions: str, line: str) -> tuple[int | None, int | None]:
+    """(output port, DSCP set) of an ``actions=`` value: drop, an output, or a DSCP rewrite then an output."""
+    if actions in ("drop", ""):
+        return None, None
+    *rewrites, last = actions.split(",")
+    m = _OUTPUT_RE.match(last)
+    if not m or len(rewrites) > 1:
+        raise ValueError(f"unexpected actions {actions!r} in {line!r}")
+    set_dscp = None
+    if rewrites:
+        d = _SET_DSCP_RE.match(rewrites[0])
+        if not d:
+            raise ValueError(f"unexpected actions {actions!r} in {line!r}")
+        if d.group(3) is not None:
+            set_dscp = int(d.group(3)) >> 2
+        else:
+            value = _int(d.group(1))
+            set_dscp = value if d.group(2) == "ip_dscp" else value >> 2
+    return int(m.group(1)), set_dscp
 
 
 def parse_ofctl_dump(dpid: int, text: str) -> list[FlowEntry]:

@@ -6,12 +6,18 @@ Every shaped switch-to-switch egress interface (the directed link a->b leaves a'
     5:0   root qdisc htb, default 5:2 (what no filter claims is background)
     └─ 5:1   the link: rate = ceil = the plan's emulated rate
        ├─ 5:2    background: rate = BACKGROUND_SHARE of the link, ceil = the link, prio 1
+       ├─ 5:3    best-effort connectivity: rate = MIN_RATE_MBPS, ceil = the link, prio 2
        └─ 5:N    one class per task (N = 0x10, 0x11, ...; a task has the same N on every link):
                  rate = the task's guaranteed rate on the link, ceil = the link, prio 0
 
-The emulation builds 5:0, 5:1 and 5:2 when it brings the links up (`base_layout`, used by
-Mininet's interface class); the controller adds a task's classes and filters after the task's flow
-entries and removes them with the entries (`TcShaper`).
+The emulation builds 5:0, 5:1, 5:2, 5:3 and the best-effort filter when it brings the links up
+(`base_layout`, used by Mininet's interface class); the controller adds a task's classes and
+filters after the task's flow entries and removes them with the entries (`TcShaper`).
+
+Best-effort connectivity (`controller.flows.best_effort_entries`) marks its packets with the Lower
+Effort DSCP; one u32 filter per link (preference `BEST_EFFORT_FILTER_PRIO`, below any task's) sends
+them to 5:3, the lowest class: it is guaranteed next to nothing and borrows only after the tasks and
+the background, so a ``ping`` or a hand-run ``iperf3`` never takes a task's reserved rate.
 
 A reservation is a guarantee, not a cap: a task's class is guaranteed the sum of the
 `PathSpec.reserved_mbps` of the task's paths that cross the link, and borrows up to the link's rate
@@ -46,6 +52,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from controller.flows import LOWER_EFFORT_DSCP
 from controller.paths import TaskPaths
 from topologies.errors import TopologyError
 from topologies.plan import EmulationPlan
@@ -57,11 +64,15 @@ ENV_LINK_DELAY = "NETAI_LINK_DELAY"
 ROOT_MAJOR = 5
 LINK_CLASS = 1
 BACKGROUND_CLASS = 2
+BEST_EFFORT_CLASS = 3
 FIRST_TASK_CLASS = 0x10
 LAST_TASK_CLASS = 0xFFFF
 #: htb priorities (lower is better): spare capacity goes to task classes before the background.
 TASK_PRIO = 0
 BACKGROUND_PRIO = 1
+BEST_EFFORT_PRIO = 2
+#: The preference of the best-effort filter (task filters use their class minor, from 0x10).
+BEST_EFFORT_FILTER_PRIO = 1
 #: The background's guaranteed share of every link (the tasks' guarantees share the rest).
 BACKGROUND_SHARE = 0.01
 #: The rate of a task class with nothing guaranteed (htb needs a positive rate): 1 kbit/s.
@@ -114,14 +125,24 @@ def _htb(rate_mbps: float, ceil_mbps: float, prio: int | None = None) -> list[st
     return args + (["prio", str(prio)] if prio is not None else [])
 
 
+def best_effort_filter_match() -> list[str]:
+    """u32 match of the packets best-effort entries marked: DSCP = Lower Effort (ECN bits ignored)."""
+    return ["match", "ip", "dsfield", f"{LOWER_EFFORT_DSCP << 2:#04x}", "0xfc"]
+
+
 def base_layout(dev: str, link_mbps: float) -> list[TcCommand]:
-    """The root qdisc, the link class and the background class of one interface (see the module docstring)."""
+    """The root qdisc, the link, background and best-effort classes and the best-effort filter of
+    one interface (see the module docstring)."""
     return [
         ["qdisc", "add", "dev", dev, "root", "handle", f"{ROOT_MAJOR}:0", "htb", "default", f"{BACKGROUND_CLASS:x}"],
         ["class", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "classid", classid(LINK_CLASS),
          *_htb(link_mbps, link_mbps)],
         ["class", "add", "dev", dev, "parent", classid(LINK_CLASS), "classid", classid(BACKGROUND_CLASS),
          *_htb(background_rate_mbps(link_mbps), link_mbps, BACKGROUND_PRIO)],
+        ["class", "add", "dev", dev, "parent", classid(LINK_CLASS), "classid", classid(BEST_EFFORT_CLASS),
+         *_htb(MIN_RATE_MBPS, link_mbps, BEST_EFFORT_PRIO)],
+        ["filter", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "protocol", "ip", "prio",
+         str(BEST_EFFORT_FILTER_PRIO), "u32", *best_effort_filter_match(), "flowid", classid(BEST_EFFORT_CLASS)],
     ]
 
 

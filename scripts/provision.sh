@@ -24,8 +24,9 @@ pip_quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a dire
 
 if [ -z "${NETAI_NO_SYSTEM:-}" ]; then
 # 1. OS packages --------------------------------------------------------------------------------
+# (chromium and chromium-driver: the browser the dashboard's tests drive, headless)
 PKGS="mininet openvswitch-switch iperf3 ethtool iproute2 net-tools iputils-ping python3-venv python3-dev
-      python3-pip debootstrap procps psmisc"
+      python3-pip debootstrap procps psmisc chromium chromium-driver"
 if [ -z "${NETAI_SKIP_DOCKER:-}" ]; then PKGS="$PKGS docker.io"; fi
 missing=""
 for p in $PKGS; do

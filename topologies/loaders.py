@@ -164,6 +164,23 @@ def _split_attrs(attrs: Mapping[str, Any], allowed: frozenset[str], what: str, w
     return {k: v for k, v in attrs.items() if k in allowed}
 
 
+def _position(attrs: Mapping[str, Any]) -> dict[str, float]:
+    """A node's lon/lat from foreign formats: TopoHub's ``pos`` [lon, lat], Topology Zoo's
+    Longitude/Latitude. Nothing when absent or not a plausible position."""
+    pos = attrs.get("pos")
+    if isinstance(pos, (list, tuple)) and len(pos) == 2:
+        lon, lat = pos
+    else:
+        lon, lat = attrs.get("Longitude"), attrs.get("Latitude")
+    try:
+        lon_f, lat_f = float(lon), float(lat)
+    except (TypeError, ValueError):
+        return {}
+    if not (-180.0 <= lon_f <= 180.0 and -90.0 <= lat_f <= 90.0):
+        return {}
+    return {"lon": lon_f, "lat": lat_f}
+
+
 def from_graph(g: nx.Graph, *, name: str, where: str = "graph") -> NetworkModel:
     """Build a model from a networkx graph whose attributes follow the module docstring."""
     if g.is_directed():
@@ -188,6 +205,7 @@ def from_graph(g: nx.Graph, *, name: str, where: str = "graph") -> NetworkModel:
             {k: v for k, v in attrs.items() if k != "name"}, SITE_KEYS - {"name"}, f"site {labels[node]!r}", where
         )
         spec["name"] = labels[node]
+        spec.update(_position(attrs))
         sites.append(spec)
     links = []
     for u, v, attrs in g.edges(data=True):

@@ -22,7 +22,7 @@ from topologies.errors import TopologyError
 #: Propagation delay in fiber, ms per km (light at about 2/3 c: 5 us/km).
 FIBER_DELAY_MS_PER_KM = 0.005
 
-SITE_KEYS = frozenset({"name", "has_compute", "cpu", "memory_mb"})
+SITE_KEYS = frozenset({"name", "has_compute", "cpu", "memory_mb", "lon", "lat"})
 LINK_KEYS = frozenset(
     {"a", "b", "capacity_mbps", "length_km", "delay_ms", "wavelengths", "wavelength_mbps"}
 )
@@ -41,6 +41,10 @@ class Site:
     has_compute: bool = True
     cpu: float = DEFAULT_CPU
     memory_mb: int = DEFAULT_MEMORY_MB
+    #: Geographic position in degrees, where the topology gives one (drawing only; distances come
+    #: from the links' lengths).
+    lon: float | None = None
+    lat: float | None = None
 
 
 @dataclass(frozen=True)
@@ -96,7 +100,15 @@ def make_site(spec: Mapping[str, Any], *, where: str = "site") -> Site:
     memory = spec.get("memory_mb", DEFAULT_MEMORY_MB)
     if isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0:
         raise TopologyError(f"site {name!r}: memory_mb must be a positive integer, got {memory!r}")
-    return Site(name=name, has_compute=has_compute, cpu=cpu, memory_mb=memory)
+    position = {}
+    for key, bound in (("lon", 180.0), ("lat", 90.0)):
+        value = spec.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -bound <= value <= bound:
+            raise TopologyError(f"site {name!r}: {key} must be a number in [-{bound:g}, {bound:g}], got {value!r}")
+        position[key] = float(value)
+    return Site(name=name, has_compute=has_compute, cpu=cpu, memory_mb=memory, **position)
 
 
 def make_link(spec: Mapping[str, Any], *, where: str = "link") -> Link:

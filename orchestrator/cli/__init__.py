@@ -24,6 +24,7 @@ SUBCOMMAND_MODULES = (
     "orchestrator.cli.net",
     "orchestrator.cli.task",
     "orchestrator.cli.experiment",
+    "orchestrator.cli.dashboard",
 )
 
 USAGE_ERRORS: tuple[type[Exception], ...] = (ConfigError, TopologyError)

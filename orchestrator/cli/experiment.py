@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from orchestrator.cli.dashboard import add_dashboard_args
 from orchestrator.experiment.config import load_config
 
 
@@ -22,7 +23,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         from orchestrator.experiment.config import parse_config
 
         cfg = parse_config(cfg.to_dict(), where=str(args.config))  # re-validate the trimmed copy
-    outcome = run_experiment(cfg, out_root=Path(args.out), progress=not args.no_progress)
+    outcome = run_experiment(cfg, out_root=Path(args.out), progress=not args.no_progress,
+                             dashboard_port=args.dashboard_port if args.dashboard else None)
     print_summary(outcome)
     if outcome.report:
         print(f"report: {outcome.report}")
@@ -37,4 +39,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", type=int, help="override: tasks per point")
     p.add_argument("--rounds", type=int, help="override: rounds per task")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    add_dashboard_args(p)
     p.set_defaults(func=cmd_experiment)

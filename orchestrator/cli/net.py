@@ -1,7 +1,9 @@
 """`netai net up`, `netai net test`, `netai flows`, `netai links` and `netai clean`: the emulated network.
 
 - ``net up``: bring a topology up (controller + Mininet) and open Mininet's CLI (or, with
-  ``--no-cli``, wait for Ctrl-C/SIGTERM); everything is torn down on exit.
+  ``--no-cli``, wait for Ctrl-C/SIGTERM); everything is torn down on exit. Hosts have best-effort
+  connectivity (every pair routed, below tasks and background) unless ``--strict``; other processes
+  work with the running network (``netai schedule --install``, ``netai task run --attach``).
 - ``net test``: the self-test of `orchestrator.emulation.selftest.self_test`; non-zero exit when a check fails.
 - ``flows`` / ``links``: live, refreshing tables of flow entries (with counters) and link utilisation
   read from the controller's REST API of the running network (``--once`` for one snapshot).
@@ -20,10 +22,13 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.dashboard import add_dashboard_args
 from orchestrator.errors import ConfigError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
+from topologies.model import NetworkModel
 from topologies.plan import DEFAULT_MAX_LINK_MBPS, EmulationPlan
 
 
@@ -32,27 +37,30 @@ def _need_root(what: str) -> None:
         raise ConfigError(f"{what} needs root (Mininet and Open vSwitch): run it with sudo")
 
 
-def _plan(args: argparse.Namespace) -> EmulationPlan:
-    model = load(args.topology)
-    return EmulationPlan.from_model(model, max_link_mbps=args.max_link_mbps)
-
-
 # -- net up ---------------------------------------------------------------------------------------
 def cmd_net_up(args: argparse.Namespace) -> int:
     _need_root("netai net up")
     from orchestrator.emulation.network import Emulation, EmulationError
 
-    plan = _plan(args)
-    emu = Emulation(plan, mininet_log_level="info", connect_timeout_s=args.timeout)
+    model = load(args.topology)
+    plan = EmulationPlan.from_model(model, max_link_mbps=args.max_link_mbps)
+    emu = Emulation(plan, mininet_log_level="info", connect_timeout_s=args.timeout,
+                    connectivity="strict" if args.strict else "best-effort")
+    live = LiveRecord(emu, model, plan, port=args.dashboard_port if args.dashboard else None)  # a taken port: exit 2
     try:
-        with emu:
+        with emu, live:
             info = emu.info
             assert info is not None
             print(f"*** {plan.topology}: {info.switches_connected}/{len(plan.switches)} switches connected "
                   f"in {info.bringup_s:.2f} s; datapath {info.datapath}; "
                   f"delay {'emulated' if info.delay_emulated else 'NOT emulated (no netem)'}")
             print(f"*** controller REST API: {info.controller_rest}  (netai flows / netai links)")
-            print(f"*** logs: {info.log_dir}")
+            print("*** connectivity: " + ("strict (only tasks' paths and background routes carry traffic)"
+                                          if args.strict else "best-effort between every pair of hosts "
+                                          "(below tasks and background; --strict turns it off)"))
+            print(f"*** logs: {info.log_dir}; link load and tasks recorded in {live.db_path}")
+            if live.dashboard is not None:
+                print(f"*** dashboard: {live.dashboard.url}", flush=True)
             if args.no_cli:
                 print("*** running; Ctrl-C or SIGTERM tears it down", flush=True)
                 while True:
@@ -68,6 +76,58 @@ def cmd_net_up(args: argparse.Namespace) -> int:
         _print_teardown(emu)
         raise
     return _print_teardown(emu)
+
+
+class LiveRecord:
+    """What `net up` records while the network runs, in ``<log dir>/results.db``: link load about once
+    a second (`LinkRecorder`), and the tasks that other processes run on it (`netai task run --attach`
+    finds the database, its run and its clock in the run's state). With `port`, the live dashboard
+    (which also shows tasks installed at the controller from elsewhere). Entered after the emulation."""
+
+    def __init__(self, emu: Any, model: NetworkModel, plan: EmulationPlan, *, port: int | None,
+                 name: str = "net-up") -> None:
+        from orchestrator.dashboard.server import Dashboard
+
+        self.emu = emu
+        self.model = model
+        self.plan = plan
+        self.db_path = Path(emu.log_dir) / "results.db"
+        self.dashboard = None if port is None else Dashboard(self.db_path, port=port, live=True, show_installed=True)
+        self.recorder: Any = None
+        self.db: Any = None
+        self.run_id = 0
+        self.name = name
+        self.clock: Any = None
+
+    def __enter__(self) -> LiveRecord:
+        from orchestrator.experiment.link_recorder import LinkRecorder
+        from orchestrator.experiment.results_db import ResultsDB
+        from orchestrator.experiment.task_manager import RunClock
+
+        self.db = ResultsDB(self.db_path)
+        model = self.model
+        self.run_id = self.db.start_run(self.name, {"topology": self.plan.topology}, {
+            "mode": "live", "delay_emulated": bool(getattr(self.emu.info, "delay_emulated", False))})
+        self.db.record_topology(self.run_id, model.name, model.to_dict(), self.plan.to_dict())
+        clock = self.clock = RunClock()
+        self.recorder = LinkRecorder(self.emu.client, self.plan, self.db_path, self.run_id, clock=clock.now).start()
+        state = getattr(self.emu, "state", None)
+        if state is not None:
+            state.db_path, state.db_run_id, state.clock_zero = str(self.db_path), self.run_id, clock.t0
+            state.save()
+        if self.dashboard is not None:
+            self.dashboard.controller = self.emu.client
+            self.dashboard.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.dashboard is not None:
+            self.dashboard.close()
+        if self.recorder is not None:
+            self.recorder.stop()
+        if self.db is not None:
+            self.db.finish_run(self.run_id, "completed" if exc[0] is None else "interrupted")
+            self.db.close()
 
 
 def _print_teardown(emu: Any) -> int:
@@ -158,6 +218,10 @@ def _refresh(args: argparse.Namespace, render: Callable[[], str]) -> int:
         return 0
 
 
+#: The task column of entries no task installed: background routes, best-effort connectivity.
+_FLOW_KIND_LABELS = {"background": "bg", "best-effort": "be"}
+
+
 def render_flows(flows: list[dict[str, Any]]) -> str:
     lines = [f"{'switch':<7}{'site':<18}{'task':>6}{'prio':>6}  {'match':<62}{'out':>5}{'packets':>10}{'bytes':>13}"]
     for f in flows:
@@ -165,8 +229,8 @@ def render_flows(flows: list[dict[str, Any]]) -> str:
         m.pop("eth_type", None)
         m.pop("ip_proto", None)
         match = ",".join(f"{k}={v}" for k, v in m.items()) or "*"
-        out = f["actions"][0]["port"] if f["actions"] else "drop"
-        task = f["task"] if f["task"] is not None else ("bg" if f["priority"] == 100 else "-")
+        out = next((a["port"] for a in f["actions"] if "port" in a), "drop")
+        task = f["task"] if f["task"] is not None else _FLOW_KIND_LABELS.get(str(f.get("kind")), "-")
         lines.append(f"{f['switch']:<7}{str(f['site'])[:17]:<18}{task!s:>6}{f['priority']:>6}  {match[:61]:<62}"
                      f"{out!s:>5}{f['packets']:>10}{f['bytes']:>13}")
     lines.append(f"{len(flows)} entries")
@@ -242,6 +306,9 @@ def register(subparsers: Any) -> None:
     _add_topology_args(up)
     up.add_argument("--no-cli", action="store_true", help="no Mininet CLI: stay up until Ctrl-C/SIGTERM")
     up.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for all switches")
+    up.add_argument("--strict", action="store_true",
+                    help="no best-effort connectivity: only tasks' paths and background routes carry traffic")
+    add_dashboard_args(up)
     up.set_defaults(func=cmd_net_up)
 
     test = net_sub.add_parser("test", help="self-test: bring up, install an mst schedule, check, tear down")

@@ -10,18 +10,31 @@ Backends (`orchestrator.runtime.backends`): ``loopback`` (no Mininet, no root: a
 ``docker`` when root, a Docker daemon and the worker image are there, else ``process`` as root,
 else ``loopback``). The emulated backends bring up the emulation (Mininet + controller), install the
 task's schedule, run the task, and tear everything down on every exit path.
+
+``--attach`` runs the task on the network ``netai net up`` runs (as root, from another terminal)::
+
+    sudo netai task run --attach --scheduler mst --locals 3 --rounds 3
+
+It schedules on that network's topology and installed reservations, installs the task's paths,
+starts site servers in the task's hosts (entering their network namespaces), reports each round as
+it ends and removes the paths at the end (`orchestrator.experiment.attach`); ``netai flows --task
+ID`` shows its entries meanwhile. When ``net up`` records a results database, the task goes there.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.cli.dashboard import add_dashboard_args
 from orchestrator.errors import ConfigError
 
 DEFAULT_LOG_ROOT = Path(os.environ.get("NETAI_TASK_LOG_DIR", "/var/tmp/netai-tasks"))
@@ -33,7 +46,8 @@ def register(subparsers: Any) -> None:
     sub.required = True
     run = sub.add_parser("run", help="schedule a task and run it (per-round latency breakdown and accuracy)",
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    run.add_argument("--topology", required=True, help="topology name (e.g. triangle, sndlib/nobel-us)")
+    run.add_argument("--topology", help="topology name (e.g. triangle, sndlib/nobel-us); required unless "
+                     "--attach (then default: the running network's)")
     run.add_argument("--scheduler", default="mst", help="scheduler name (default mst)")
     run.add_argument("--locals", type=int, required=True, help="number of local models")
     run.add_argument("--rounds", type=int, default=3)
@@ -50,6 +64,14 @@ def register(subparsers: Any) -> None:
                      help="per-child wait of a node, seconds (scaled by its subtree height)")
     run.add_argument("--log-dir", type=Path, default=None, help=f"default {DEFAULT_LOG_ROOT}/<time>-task<id>")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("--attach", action="store_true",
+                     help="run on the network `netai net up` runs (root): its hosts, its controller")
+    run.add_argument("--url", help="with --attach: controller REST URL of the running network (default: the only one)")
+    run.add_argument("--task-id", type=int, default=None,
+                     help="with --attach: the task's id (default: one above every installed or recorded task's)")
+    run.add_argument("--train-allowance", type=float, default=30.0, metavar="S",
+                     help="with --attach: what a round may spend training on top of its transfer timeouts, s")
+    add_dashboard_args(run)
     run.set_defaults(func=cmd_run)
 
 
@@ -91,6 +113,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
     args.model = normalize_spec(args.model)
     model_args = _model_args(args.model_arg)
+    if args.attach:
+        if args.dashboard:
+            raise ConfigError("--dashboard goes with the network: `netai net up --dashboard` shows attached tasks")
+        return _cmd_attach(args, model_args)
+    if args.topology is None:
+        raise ConfigError("--topology is required (or --attach, to run on the network `netai net up` runs)")
+    if args.url or args.task_id is not None:
+        raise ConfigError("--url and --task-id go with --attach")
     check_model(args.model, model_args)  # a broken model: one line, exit 2, before anything starts
     model = load(args.topology)
     (task,) = generate_tasks(model, count=1, locals_per_task=args.locals, seed=args.seed,
@@ -99,6 +129,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if schedule.blocked:
         raise ConfigError(f"{args.scheduler} cannot place the task: {schedule.reason}")
     backend_kind = resolve_backend(args.backend)
+    if args.dashboard and backend_kind == "loopback":
+        raise ConfigError("--dashboard shows an emulated network: use the docker or process backend (root)")
     options = FLOptions(model=args.model, model_args=model_args, rounds=args.rounds,
                         partitioning=args.partition, alpha=args.alpha, seed=args.seed,
                         local_epochs=args.local_epochs, lr=args.lr, child_timeout_s=args.child_timeout)
@@ -117,7 +149,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             with ComputeManager(LoopbackBackend(nodes, log_root=log_dir), nodes) as manager:
                 result = run_task(schedule, manager=manager, options=options, log_dir=manager.task_dir("agents"))
         else:
-            result = _run_emulated(schedule, model, backend_kind, options, log_dir)
+            result = _run_emulated(task, schedule, model, backend_kind, options, log_dir,
+                                   dashboard_port=args.dashboard_port if args.dashboard else None)
     except (RuntimeError, TimeoutError) as e:  # a role or a server failed: say why in one line, status 1
         print(f"netai: task {task.id} failed: {e}", file=sys.stderr)
         return 1
@@ -129,10 +162,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_emulated(schedule: Any, model: Any, kind: str, options: Any, log_dir: Path) -> Any:
+def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any, log_dir: Path, *,
+                  dashboard_port: int | None = None) -> Any:
+    """Bring the emulation up, run the task, tear down. The run is recorded in
+    ``<log dir>/emulation/results.db`` (link load, the task's states, rounds and per-node times), so
+    `netai dashboard` replays it; with `dashboard_port`, the live dashboard serves it meanwhile."""
+    from orchestrator.cli.net import LiveRecord
     from orchestrator.emulation.network import Emulation
+    from orchestrator.experiment.attach import LiveRecorder
     from orchestrator.runtime.backends import emulation_options, open_compute
-    from orchestrator.runtime.task_runner import run_task
+    from orchestrator.runtime.task_runner import TaskExecution
+    from orchestrator.scheduling.cost import emulated_rate, round_figures
     from topologies.plan import EmulationPlan
 
     if kind == "docker":
@@ -142,15 +182,40 @@ def _run_emulated(schedule: Any, model: Any, kind: str, options: Any, log_dir: P
     plan = EmulationPlan.from_model(model)
     log_dir.mkdir(parents=True, exist_ok=True)
     run_id = ""
+    emu = Emulation(plan, log_dir=log_dir / "emulation", **emulation_options(kind, log_dir=log_dir / "workers"))
+    live = LiveRecord(emu, model, plan, port=dashboard_port, name="task-run")  # a taken port: exit 2 here
     try:
-        with Emulation(plan, log_dir=log_dir / "emulation",
-                       **emulation_options(kind, log_dir=log_dir / "workers")) as emu:
+        with emu, live:
             run_id = emu.run_id
+            if live.dashboard is not None:
+                print(f"netai: live dashboard at {live.dashboard.url}", flush=True)
+            rec = LiveRecorder(live.db, live.run_id, live.clock.t0)
+            sched = schedule.scheduler
+            rec.arrive(sched, task)
+            figures = round_figures(model, schedule, task.model_bytes, rate=emulated_rate(plan),
+                                    propagation=bool(getattr(emu.info, "delay_emulated", False)))
+            rec.db.record_schedule(rec.run_id, schedule, figures.lower_bound.lower_s)
             with open_compute(kind, emu, log_root=log_dir / "workers") as manager:
                 emu.install_task(schedule)
+                rec.state(sched, task.id, "scheduled", admitted_s=rec.now())
+                execution = TaskExecution(schedule, manager=manager, options=options, log_dir=manager.task_dir("agents"))
+                outcome, reason = "failed", "interrupted"
                 try:
-                    return run_task(schedule, manager=manager, options=options, log_dir=manager.task_dir("agents"))
+                    execution.start()
+                    rec.state(sched, task.id, "running")
+                    while not execution.check(manager.poll(schedule.overlay_nodes)):
+                        time.sleep(0.05)  # poll interval of the roles' states, bounded by the task's budget
+                    execution.stop()
+                    result = execution.result()
+                    rec.rounds(schedule, figures, list(result.rounds), execution.events())
+                    outcome, reason = "done", ""
+                    return result
+                except (RuntimeError, TimeoutError) as e:
+                    reason = str(e).splitlines()[0]
+                    raise
                 finally:
+                    execution.stop()
+                    rec.state(sched, task.id, outcome, reason, finished_s=rec.now())
                     emu.client.remove_task(schedule.task_id)
     finally:
         if kind == "docker" and run_id:
@@ -164,10 +229,93 @@ def _run_emulated(schedule: Any, model: Any, kind: str, options: Any, log_dir: P
                 client.close()
 
 
+ROUND_HEADER = f"{'round':>5} {'latency ms':>11} {'broadcast':>10} {'train':>8} {'upload':>8} {'accuracy':>9}  stragglers"
+
+
+def _round_line(r: Any) -> str:
+    return (f"{r.round:>5} {r.latency_s * 1e3:>11.1f} {r.broadcast_s * 1e3:>10.1f} {r.train_s * 1e3:>8.1f} "
+            f"{r.upload_s * 1e3:>8.1f} {r.accuracy:>9.3f}  {', '.join(r.stragglers) or '-'}")
+
+
 def _print_table(result: Any) -> None:
-    print(f"{'round':>5} {'latency ms':>11} {'broadcast':>10} {'train':>8} {'upload':>8} {'accuracy':>9}  stragglers")
+    print(ROUND_HEADER)
     for r in result.rounds:
-        print(f"{r.round:>5} {r.latency_s * 1e3:>11.1f} {r.broadcast_s * 1e3:>10.1f} {r.train_s * 1e3:>8.1f} "
-              f"{r.upload_s * 1e3:>8.1f} {r.accuracy:>9.3f}  {', '.join(r.stragglers) or '-'}")
+        print(_round_line(r))
     print(f"backend {result.backend}; model {result.model_bytes / 1e6:.2f} MB; "
           f"{len(result.rejected)} frames rejected; logs in {result.log_dir}")
+
+
+# -- --attach ---------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _sigterm_exits() -> Iterator[None]:
+    """SIGTERM (and SIGHUP) end the process through the exception path, so the task's paths, roles and
+    servers are removed as on Ctrl-C."""
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+def _cmd_attach(args: argparse.Namespace, model_args: dict[str, Any]) -> int:
+    """``--attach``: the task on the running network (see the module docstring)."""
+    from orchestrator.emulation.running import find_running
+    from orchestrator.experiment.attach import AttachRequest, run_attached
+    from orchestrator.runtime.compute import check_model
+    from orchestrator.runtime.task_runner import FLOptions
+    from orchestrator.scheduling import get_scheduler
+
+    if args.backend not in ("auto", "process"):
+        raise ConfigError("--attach runs the roles as processes in the running network's hosts: "
+                          "--backend must be auto or process")
+    if args.task_id is not None and not 0 < args.task_id < 2**63:
+        raise ConfigError(f"--task-id must be a positive integer below 2**63, got {args.task_id}")
+    if args.train_allowance <= 0:
+        raise ConfigError(f"--train-allowance must be positive, got {args.train_allowance}")
+    get_scheduler(args.scheduler)  # an unknown name: one line, exit 2
+    if os.geteuid() != 0:
+        raise ConfigError("--attach enters the running network's hosts (network namespaces): run it with sudo")
+    model_bytes = check_model(args.model, model_args)  # a broken model: one line, exit 2, before anything starts
+    net = find_running(args.url)
+    options = FLOptions(model=args.model, model_args=model_args, rounds=args.rounds, partitioning=args.partition,
+                        alpha=args.alpha, seed=args.seed, local_epochs=args.local_epochs, lr=args.lr,
+                        child_timeout_s=args.child_timeout)
+    req = AttachRequest(scheduler=args.scheduler, locals=args.locals, seed=args.seed, options=options,
+                        model_bytes=model_bytes, log_root=args.log_dir or DEFAULT_LOG_ROOT, task_id=args.task_id,
+                        topology=args.topology, train_allowance_s=args.train_allowance)
+    quiet = bool(args.json)
+    header = [False]
+
+    def say(message: str) -> None:
+        if not quiet:
+            print(message, flush=True)
+
+    def on_round(r: Any) -> None:
+        if quiet:
+            return
+        if not header[0]:
+            print(ROUND_HEADER)
+            header[0] = True
+        print(_round_line(r), flush=True)
+
+    try:
+        with _sigterm_exits():
+            out = run_attached(net, req, say=say, on_round=on_round)
+    except (RuntimeError, TimeoutError) as e:  # a role, a server or the controller failed: one line, status 1
+        print(f"netai: attached task failed: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 1
+    result = out.result
+    if args.json:
+        print(json.dumps({"run": net.name, "topology": net.plan.topology, "scheduler": args.scheduler,
+                          "task": out.task.to_dict(), "schedule": out.schedule.to_dict(),
+                          "reservation": out.reservation, "recorded_in": out.recorded_in, **result.to_dict()},
+                         indent=1))
+    else:
+        print(f"task {out.task.id} done on {net.name}; its paths are removed; model {result.model_bytes / 1e6:.2f} MB; "
+              f"{len(result.rejected)} frames rejected; logs in {out.log_dir}"
+              + (f"; recorded in {out.recorded_in}" if out.recorded_in else ""))
+    return 0

@@ -1,11 +1,18 @@
 """`netai topo show`, `netai schedule` and `netai compare`: the network model and the schedulers,
-analytically (no emulation, no root)."""
+analytically (no emulation, no root).
+
+``netai schedule --install`` also installs the schedule's paths on the running network (``netai net
+up``, found like ``netai flows`` finds it): scheduled on that network's topology and on what its
+installed tasks reserve, under a task id no installed task has; ``netai schedule --remove TASK_ID``
+removes a task's paths from it. Both talk to its controller only (loopback), no root needed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import statistics
+import sys
 from typing import Any
 
 from orchestrator.errors import ConfigError
@@ -104,7 +111,12 @@ def schedule_report(model: NetworkModel, schedule: Schedule, model_bytes: int) -
 
 
 def cmd_schedule(args: argparse.Namespace) -> int:
-    model = load(args.topology)
+    if args.remove is not None:
+        return _remove_installed(args)
+    if args.install:
+        return _schedule_and_install(args)
+    model = load(args.topology or DEFAULT_TOPOLOGY)
+    args.task_id = 1 if args.task_id is None else args.task_id
     scheduler = get_scheduler(args.scheduler, **({"weight": "hops"} if args.hops else {}))
     task = _task_from_args(model, args)
     schedule = scheduler.schedule(NetworkState(model), task)
@@ -112,10 +124,15 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    _print_schedule(model, task, schedule, report)
+    return 0
+
+
+def _print_schedule(model: NetworkModel, task: Task, schedule: Schedule, report: dict[str, Any]) -> None:
     print(f"task {task.id} on {model.name}: G={task.global_site}, locals={', '.join(task.local_sites)}")
     if schedule.blocked:
         print(f"BLOCKED by {schedule.scheduler}: {schedule.reason}")
-        return 0
+        return
     print(f"scheduler {schedule.scheduler}: reserved {schedule.reserved_mbps_total:g} Mbit/s, "
           f"aggregation at {', '.join(sorted(schedule.aggregation_sites))}")
     for e in schedule.edges:
@@ -124,6 +141,70 @@ def cmd_schedule(args: argparse.Namespace) -> int:
     print(f"round lower bound (pipelined): {lb['total_s'] * 1e3:.3f} ms "
           f"(broadcast {lb['broadcast_s'] * 1e3:.3f}, upload {lb['upload_s'] * 1e3:.3f}); "
           f"store-and-forward {report['store_and_forward_bound']['total_s'] * 1e3:.3f} ms")
+
+
+def _controller_error(e: Exception) -> int:
+    """A controller that refused or did not answer: one line, exit status 1 (nothing was changed by us)."""
+    print(f"netai: error: {getattr(e, 'message', None) or e}", file=sys.stderr)
+    return 1
+
+
+def _schedule_and_install(args: argparse.Namespace) -> int:
+    """``--install``: schedule on the running network's topology and reservations, install the paths."""
+    from orchestrator.emulation.controller_client import ControllerHTTPError, ControllerUnreachable
+    from orchestrator.emulation.running import find_running
+    from orchestrator.emulation.task_paths import task_paths
+
+    net = find_running(args.url)
+    model = net.model(args.topology)
+    scheduler = get_scheduler(args.scheduler, **({"weight": "hops"} if args.hops else {}))
+    try:
+        with net.install_lock():
+            installed_ids = {int(t["task_id"]) for t in net.installed()}
+            if args.task_id is None:
+                args.task_id = net.free_task_id()
+            elif args.task_id in installed_ids:
+                raise ConfigError(f"task {args.task_id} is already installed on {net.name}: remove it first "
+                                  f"(netai schedule --remove {args.task_id}) or leave --task-id out")
+            task = _task_from_args(model, args)
+            schedule = scheduler.schedule(net.network_state(model), task)
+            report = schedule_report(model, schedule, task.model_bytes)
+            summary = None if schedule.blocked else \
+                net.client.install_task(task_paths(schedule, bw_scale=net.plan.bw_scale))
+    except (ControllerHTTPError, ControllerUnreachable) as e:
+        return _controller_error(e)
+    if args.json:
+        print(json.dumps({**report, "run": net.name, "installed": summary}, indent=2))
+    else:
+        _print_schedule(model, task, schedule, report)
+        if summary is not None:
+            res = summary.get("reservation", {})
+            print(f"installed as task {task.id} on {net.name}: {summary['entries']} entries on "
+                  f"{len(summary['switches'])} switches; reservation "
+                  f"{'enforced' if res.get('enforced') else 'NOT enforced'} ({res.get('reason', '')}); "
+                  f"remove with: netai schedule --remove {task.id}")
+    return 1 if summary is None else 0
+
+
+def _remove_installed(args: argparse.Namespace) -> int:
+    """``--remove TASK_ID``: remove an installed task's paths (entries and classes) from the running network."""
+    from orchestrator.emulation.controller_client import ControllerHTTPError, ControllerUnreachable
+    from orchestrator.emulation.running import find_running
+
+    net = find_running(args.url)
+    try:
+        summary = net.client.remove_task(args.remove)
+    except ControllerHTTPError as e:
+        if e.status == 404:
+            raise ConfigError(e.message) from e
+        return _controller_error(e)
+    except ControllerUnreachable as e:
+        return _controller_error(e)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"removed task {args.remove} from {net.name}: {summary['entries']} entries on "
+              f"{len(summary['switches'])} switches")
     return 0
 
 
@@ -228,9 +309,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     sch.add_argument("--locals", type=int, help="number of local models (random sites, see --seed)")
     sch.add_argument("--global", dest="global_site", help="site of the global model")
     sch.add_argument("--local-sites", help="comma-separated sites of the local models")
-    sch.add_argument("--task-id", type=int, default=1)
+    sch.add_argument("--task-id", type=int, default=None,
+                     help="task id (default 1; with --install, one above every installed task's)")
     sch.add_argument("--hops", action="store_true", help="weigh every link 1 instead of by delay/load")
-    sch.set_defaults(func=cmd_schedule)
+    live = sch.add_mutually_exclusive_group()
+    live.add_argument("--install", action="store_true",
+                      help="schedule on the running network (netai net up) and install the paths there")
+    live.add_argument("--remove", type=int, metavar="TASK_ID", help="remove a task's paths from the running network")
+    sch.add_argument("--url", help="controller REST URL of the running network (default: the only one running)")
+    # With --install the running network's topology is the default: tell an explicit --topology apart.
+    sch.set_defaults(func=cmd_schedule, topology=None)
 
     cmp_ = sub.add_parser("compare", help="reserved bandwidth and round lower bound vs number of locals")
     common(cmp_)

@@ -195,6 +195,17 @@ class RunState:
     rest_url: str = ""
     topology: str = ""
     log_dir: str = ""
+    #: `netai net up`'s results database (link load, tasks run on it), its run id, and the
+    #: CLOCK_MONOTONIC time its run clock counts from, so that other processes record on the same clock.
+    db_path: str = ""
+    db_run_id: int = 0
+    clock_zero: float = 0.0
+    #: The controller's connectivity mode (``best-effort`` or ``strict``), the pid of every compute
+    #: site's Mininet host (the shell holding its network namespace) and whether link delay is
+    #: emulated, so that another process (`netai task run --attach`) can run in the hosts' namespaces.
+    connectivity: str = ""
+    host_pids: dict[str, int] = field(default_factory=dict)
+    delay_emulated: bool = False
 
     @property
     def path(self) -> Path:

@@ -12,7 +12,9 @@ kernel has it, else the userspace datapath with tx/rx checksum offload off on ev
 TCP needs there) and whether link delay can be emulated (netem). Without netem it warns once and
 records ``delay_emulated = False``. Links between switches are shaped with htb to the plan's
 emulated rate, in the layout the controller hangs each task's class under (`controller.shaping`:
-root 5:0, the link 5:1, the background 5:2); host links are not shaped.
+root 5:0, the link 5:1, the background 5:2, best-effort connectivity 5:3); host links are not shaped.
+The controller runs in the chosen connectivity mode (`connectivity`: best-effort routes between
+every pair of hosts, or strict), and the run's state records it with every host's pid.
 
 Every process it starts carries ``NETAI_RUN=<run id>`` and every bridge the tag
 ``external_ids:netai-run``, and a state file records the run, so `orchestrator.emulation.cleanup` removes a
@@ -42,6 +44,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
+from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
 from controller.shaping import BACKGROUND_CLASS, ENV_LINK_DELAY, base_layout, classid
 from orchestrator.emulation.cleanup import (
     BRIDGE_TAG,
@@ -156,8 +159,9 @@ def _mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
         """TCIntf whose htb tree leaves room for the controller's per-task classes.
 
         `controller.shaping.base_layout`: root qdisc 5:0 (default 5:2), the link class 5:1 at `bw`,
-        the background leaf 5:2 (small guarantee, borrows up to `bw`); a netem delay goes under
-        5:2 (the controller puts the same delay under each task class). Every class has an explicit
+        the background leaf 5:2 (small guarantee, borrows up to `bw`), the best-effort leaf 5:3 and
+        its filter; a netem delay goes under 5:2 (the controller puts the same delay under each
+        task class; best-effort traffic goes without it). Every class has an explicit
         quantum (one MTU frame): at tens of Mbit/s htb's default (rate / r2q) draws a warning,
         which Mininet reports as an error.
         """
@@ -196,6 +200,11 @@ class Emulation:
         Mininet host class (default Mininet's `Host`; e.g. a Docker-backed host).
     host_params
         Extra parameters of every host (a mapping, or a function of its `HostPlan`); see `PlanTopo`.
+    connectivity
+        ``"best-effort"`` (the default: every host pair reaches every other on a fewest-hops route,
+        below tasks and background, in the links' lowest class, so ``ping`` and a hand-run
+        ``iperf3`` work) or ``"strict"`` (only tasks' paths and background routes carry anything;
+        what an experiment measures, and what isolation checks need); see `controller.flows`.
     """
 
     def __init__(
@@ -209,7 +218,10 @@ class Emulation:
         mininet_log_level: str = "warning",
         host_cls: Any = None,
         host_params: HostParams | None = None,
+        connectivity: str = BEST_EFFORT,
     ) -> None:
+        if connectivity not in CONNECTIVITY_MODES:
+            raise TopologyError(f"connectivity must be one of {', '.join(CONNECTIVITY_MODES)}, got {connectivity!r}")
         if datapath not in {"auto", "kernel", "user"}:
             raise TopologyError(f"datapath must be auto, kernel or user, got {datapath!r}")
         if delay not in {"auto", False}:
@@ -223,6 +235,7 @@ class Emulation:
         self.mininet_log_level = mininet_log_level
         self.host_cls = host_cls
         self.host_params = host_params
+        self.connectivity = connectivity
         self.net: Any = None
         self.controller: ControllerProcess | None = None
         self.state: RunState | None = None
@@ -290,7 +303,8 @@ class Emulation:
         os.environ[ENV_RUN] = self.run_id
         try:
             self.controller = ControllerProcess(
-                self.plan, self.log_dir, env={ENV_LINK_DELAY: "1" if delay_emulated else "0"}
+                self.plan, self.log_dir,
+                env={ENV_LINK_DELAY: "1" if delay_emulated else "0", ENV_CONNECTIVITY: self.connectivity},
             )
             self.controller.start()
             self.state.controller_pid = self.controller.pid
@@ -298,6 +312,7 @@ class Emulation:
             self.state.save()
             self.controller.wait_ready()
             self._start_mininet(use_kernel=use_kernel, delay_emulated=delay_emulated)
+            self._record_hosts()
             health = self.controller.wait_switches(self.connect_timeout_s)
         except BaseException as e:
             self.stop()
@@ -350,6 +365,14 @@ class Emulation:
             # IPv6 neighbour discovery would only be dropped by the table-miss entry; keep counters clean.
             h.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
             self._set_rto_min(h)
+
+    def _record_hosts(self) -> None:
+        """Record the connectivity mode and every host's pid in the run's state (for attaching processes)."""
+        assert self.state is not None
+        self.state.connectivity = self.connectivity
+        self.state.host_pids = {h.site: int(self.net.get(h.name).pid) for h in self.plan.hosts}
+        self.state.delay_emulated = bool(self.info and self.info.delay_emulated)
+        self.state.save()
 
     @staticmethod
     def _set_rto_min(host: Any) -> None:

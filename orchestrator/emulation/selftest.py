@@ -1,6 +1,7 @@
 """Checks on a running emulation: TCP reachability, isolation, iperf3 goodput, flow tables vs the schedule.
 
-Also `self_test`, the body of ``netai net test`` (like ``mn --test``): bring a topology up, install an
+Also `self_test`, the body of ``netai net test`` (like ``mn --test``): bring a topology up in strict
+connectivity (no best-effort routes, so that isolation can be checked), install an
 ``mst`` schedule for one task, check that every overlay edge carries TCP and that two hosts with no
 route do not, compare every switch's flow table with the pure builder's entries, check the task's
 byte counters, measure iperf3 over a shaped multi-hop path against its configured rate, tear down.
@@ -20,8 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.flows import (
+    STRICT,
     FlowEntry,
     background_entries,
+    best_effort_entries,
     diff_entries,
     parse_ofctl_dump,
     table_miss_entries,
@@ -144,10 +147,14 @@ def switch_flow_table(emu: Emulation, site: str) -> list[FlowEntry]:
 
 
 def expected_entries(
-    plan: EmulationPlan, schedules: Sequence[Schedule], background_pairs: Sequence[Sequence[str]] = ()
+    plan: EmulationPlan, schedules: Sequence[Schedule], background_pairs: Sequence[Sequence[str]] = (),
+    *, best_effort: bool = False,
 ) -> list[FlowEntry]:
-    """Everything every switch should hold for these schedules and background pairs."""
+    """Everything every switch should hold for these schedules and background pairs (and, with
+    `best_effort`, the best-effort connectivity of a network not in strict mode)."""
     entries = [*table_miss_entries(plan), *background_entries(plan, background_pairs)]
+    if best_effort:
+        entries += best_effort_entries(plan)
     for s in schedules:
         entries += task_entries(task_paths(s, bw_scale=plan.bw_scale), plan)
     return entries
@@ -228,8 +235,9 @@ def self_test(
     except ValueError as e:
         raise ConfigError(f"{topology}: {e}; use fewer --locals") from e
     perf_a, perf_b, perf_path = longest_shortest_pair(plan, min_hops=3)
-    result: dict[str, Any] = {"topology": topology, "task": task.id, "scheduler": "mst"}
-    emu = Emulation(plan)
+    result: dict[str, Any] = {"topology": topology, "task": task.id, "scheduler": "mst", "connectivity": STRICT}
+    # Strict: the isolation check needs hosts that no route joins, the flow tables hold only the task's.
+    emu = Emulation(plan, connectivity=STRICT)
     with emu:
         info = emu.info
         assert info is not None

@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from controller.flows import CONNECTIVITY_MODES, STRICT
 from orchestrator.emulation.background import BackgroundConfig
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling import SCHEDULERS
@@ -47,6 +48,11 @@ class TaskConfig:
 class EmulationConfig:
     max_link_mbps: float = 100.0
     backend: str = "auto"
+    #: ``strict`` (the default for experiments: only the tasks' paths and the background routes carry
+    #: traffic, so what is measured is exactly what the schedulers placed, and a task whose traffic
+    #: strays from its paths fails instead of being carried best-effort) or ``best-effort`` (every
+    #: host pair also routed, in the links' lowest class; see `controller.flows`).
+    connectivity: str = STRICT
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,7 @@ TASK_SCHEMA: dict[str, Check] = {
 }
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),
+    "connectivity": _choice(CONNECTIVITY_MODES),
 }
 BACKGROUND_SCHEMA: dict[str, Check] = {
     "enabled": _bool, "pattern": _choice(PATTERNS), "load": _num(0, 1), "pairs": _int(1, 1000),

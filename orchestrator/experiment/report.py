@@ -12,19 +12,30 @@ deviation of those over the point's tasks that ran.
 Schedulers are compared on the same tasks (`paired_ratio`): the mean over tasks of the per-task
 ratio of one scheduler's figure to the other's, with a 95 % percentile-bootstrap confidence
 interval and the number of tasks and rounds behind it.
+
+`write_report` draws every figure of the run folder (the two summary plots here, the online
+bandwidth plot, and those of `orchestrator.experiment.figures`), lists them in ``report.md``
+(with one line why for each one not drawn) and writes ``report.html`` beside it: the same
+content, self-contained (figures embedded as data URIs, CSS inline, no script, no external
+reference), converted from the markdown by the small converter at the end of this module.
 """
 
 from __future__ import annotations
 
+import base64
 import csv
+import html
 import json
+import re
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from orchestrator.experiment.figures import Figure, draw_all
 from orchestrator.experiment.results_db import ResultsDB
 
 FIGURES = ("latency_vs_locals", "bandwidth_vs_locals")
@@ -322,8 +333,51 @@ def claims(points: list[PointSummary], *, n_locals: int = 8, flexible: str = "ms
     return out
 
 
-def write_report(db: ResultsDB, run_id: int, out_dir: Path) -> Path:
-    """A markdown report: the environment, the summary table and the paper's two claims."""
+def draw_figures(db: ResultsDB, run_id: int, out_dir: Path) -> list[Figure]:
+    """Every figure of the run folder, drawn or not (with why): the two summary plots (`plot`),
+    those of `orchestrator.experiment.figures`, and `online_bandwidth` before `online_load`."""
+    points = summarize(db, run_id)
+    specs = (("latency_vs_locals", "Mean round latency against the number of local models, per scheduler "
+              "(error bars: population std over tasks)."),
+             ("bandwidth_vs_locals", "Reserved bandwidth against the number of local models, per scheduler "
+              "(error bars: population std over tasks)."))
+    if any(p.latency_s_mean is not None for p in points):
+        drawn = plot(points, out_dir)
+        summary = [Figure(name, caption, (out_dir / f"{name}.png", out_dir / f"{name}.svg"), drawn=drawn[name])
+                   for name, caption in specs]
+    else:
+        summary = [Figure(name, caption, skipped="no task completed a round") for name, caption in specs]
+    figures = summary + draw_all(db, run_id, out_dir)
+    online_caption = "Online mode: reserved and carried bandwidth and tasks running over time, one panel per scheduler."
+    if db.run(run_id)["environment"].get("mode") == "online":
+        png = plot_online(db, run_id, out_dir)
+        online = Figure("online_bandwidth", online_caption, (png, png.with_suffix(".svg"))) if png is not None \
+            else Figure("online_bandwidth", online_caption, skipped="no samples recorded")
+        at = next((i for i, f in enumerate(figures) if f.name == "online_load"), len(figures))
+        figures.insert(at, online)
+    return figures
+
+
+def _figures_section(figures: Sequence[Figure]) -> list[str]:
+    lines = ["", "## Figures", "", "Each figure is in this folder as PNG and SVG.", ""]
+    for f in figures:
+        if f.ok:
+            lines += [f"### `{f.name}`", "", f"![{f.name}]({f.name}.svg)", "", f.caption, ""]
+    skipped = [f for f in figures if not f.ok]
+    if skipped:
+        lines += ["### Not drawn", ""] + [f"- `{f.name}`: {f.skipped}" for f in skipped] + [""]
+    return lines
+
+
+def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, figures: Sequence[Figure] | None = None) -> Path:
+    """A markdown report (the environment, the summary table, the paper's two claims, the paired
+    ratios, where the time went, the online section, the figures) and the same as self-contained
+    ``report.html`` beside it. Draws the figures (`draw_figures`) unless they are given.
+
+    Returns the path of ``report.md``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if figures is None:
+        figures = draw_figures(db, run_id, out_dir)
     run = db.run(run_id)
     points = summarize(db, run_id)
     tasks = task_results(db, run_id)
@@ -372,10 +426,11 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path) -> Path:
     lines += _time_section(tasks, run["environment"].get("clock_end_s"))
     if run["environment"].get("mode") == "online":
         lines += _online_section(db, run_id, tasks)
-    lines += ["", "Figures: " + ", ".join(f"`{f}.png`" for f in FIGURES), ""]
+    lines += _figures_section(figures)
     path = out_dir / "report.md"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text("\n".join(lines))
+    text = "\n".join(lines)
+    path.write_text(text)
+    (out_dir / "report.html").write_text(markdown_to_html(text, base_dir=out_dir))
     return path
 
 
@@ -469,7 +524,8 @@ def _online_section(db: ResultsDB, run_id: int, tasks: list[TaskResult]) -> list
     lines += ["", "CPU seconds used by each site's server over each scheduler's trace:", ""]
     for o in figs:
         lines.append(f"- {o['scheduler']}: " + ", ".join(f"{s} {c}" for s, c in o["site_cpu_s"].items()))
-    lines += ["", "Figure: `online_bandwidth.png` (reserved and carried bandwidth and tasks running over time)."]
+    lines += ["", "Figures: `online_bandwidth` (reserved and carried bandwidth and tasks running over time) and "
+              "`online_load` (blocking ratio and load over time), under Figures below."]
     return lines
 
 
@@ -501,5 +557,132 @@ def plot_online(db: ResultsDB, run_id: int, out_dir: Path) -> Path | None:
     fig.tight_layout()
     path = out_dir / "online_bandwidth.png"
     fig.savefig(path, dpi=120)
+    fig.savefig(path.with_suffix(".svg"))
     plt.close(fig)
     return path
+
+
+# -- report.html: the markdown above, self-contained --------------------------------------------------
+#: Over this size an SVG figure is embedded as its PNG sibling instead (long link time series).
+SVG_EMBED_MAX_BYTES = 1_500_000
+_CSS = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 72rem; margin: 2rem auto;
+       padding: 0 1rem; color: #222; line-height: 1.45; }
+h1, h2, h3 { line-height: 1.2; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2rem; margin-top: 2rem; }
+table { border-collapse: collapse; margin: .5rem 0; font-size: .9rem; }
+th, td { border: 1px solid #ccc; padding: .25rem .5rem; text-align: left; }
+th { background: #f3f3f3; } tr:nth-child(even) td { background: #fafafa; }
+code { background: #f3f3f3; padding: 0 .2rem; border-radius: 3px; }
+figure { margin: 1rem 0; } figure img { max-width: 100%; height: auto; border: 1px solid #eee; }
+"""
+_IMAGE = re.compile(r"^!\[(?P<alt>[^\]]*)\]\((?P<src>[^)\s]+)\)$")
+_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
+
+
+def _is_local(ref: str) -> bool:
+    """A plain relative reference (no scheme, not protocol- or root-relative, no way up)."""
+    return not re.match(r"^[a-zA-Z][a-zA-Z0-9+.-]*:", ref) and not ref.startswith(("/", "\\")) \
+        and ".." not in Path(ref).parts
+
+
+def _inline(text: str) -> str:
+    """Escape `text` and render its inline markdown: `code`, **bold**, and links to local files
+    (any other link target is kept as text)."""
+    out = []
+    for part in re.split(r"(`[^`]*`)", text):
+        if len(part) >= 2 and part.startswith("`") and part.endswith("`"):
+            out.append(f"<code>{html.escape(part[1:-1])}</code>")
+            continue
+        s = re.sub(r"\*\*(.+?)\*\*", r"<strong>\1</strong>", html.escape(part, quote=False))
+        out.append(_LINK.sub(lambda m: f'<a href="{m[2].replace(chr(34), "&quot;")}">{m[1]}</a>' if _is_local(m[2])
+                             else f"{m[1]} ({m[2]})", s))
+    return "".join(out)
+
+
+def _data_uri(base_dir: Path, src: str) -> str | None:
+    """The local image `src` (relative to `base_dir`) as a data URI: an SVG over
+    `SVG_EMBED_MAX_BYTES` with a PNG beside it as the PNG. None if it is not a local file."""
+    if not _is_local(src):
+        return None
+    path = base_dir / src
+    if path.suffix == ".svg" and path.is_file() and path.stat().st_size > SVG_EMBED_MAX_BYTES \
+            and path.with_suffix(".png").is_file():
+        path = path.with_suffix(".png")
+    mime = {".svg": "image/svg+xml", ".png": "image/png"}.get(path.suffix)
+    if mime is None or not path.is_file():
+        return None
+    return f"data:{mime};base64,{base64.b64encode(path.read_bytes()).decode('ascii')}"
+
+
+def _table(rows: list[str]) -> list[str]:
+    cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows]
+    head, body = cells[0], cells[1:]
+    if body and all(re.fullmatch(r":?-{3,}:?", c) for c in body[0]):
+        body = body[1:]
+    out = ["<table>", "<thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) + "</tr></thead>", "<tbody>"]
+    out += ["<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body]
+    return [*out, "</tbody>", "</table>"]
+
+
+def markdown_to_html(text: str, *, base_dir: Path) -> str:
+    """The report's markdown as one self-contained HTML page.
+
+    Handles what `write_report` writes: headings, paragraphs, ``- `` lists, pipe tables, inline
+    code, bold, links to local files, and images alone on a line, which are embedded from
+    `base_dir` as data URIs (an image that is not a local file is shown as its text). The page has
+    its CSS inline, no script and no reference outside itself.
+    """
+    body: list[str] = []
+    para: list[str] = []
+    items: list[str] = []
+    table: list[str] = []
+
+    def flush() -> None:
+        if para:
+            body.append(f"<p>{_inline(' '.join(para))}</p>")
+            para.clear()
+        if items:
+            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>")
+            items.clear()
+        if table:
+            body.extend(_table(table))
+            table.clear()
+
+    title = "report"
+    for line in text.splitlines():
+        stripped = line.strip()
+        heading = re.match(r"^(#{1,6})\s+(.*)$", stripped)
+        image = _IMAGE.match(stripped)
+        if stripped.startswith("|"):
+            if not table:
+                flush()
+            table.append(stripped)
+            continue
+        if table or not stripped:
+            flush()
+        if not stripped:
+            continue
+        if heading:
+            flush()
+            level = len(heading[1])
+            if level == 1 and title == "report":
+                title = heading[2]
+            body.append(f"<h{level}>{_inline(heading[2])}</h{level}>")
+        elif image:
+            flush()
+            uri = _data_uri(base_dir, image["src"])
+            alt = html.escape(image["alt"])
+            body.append(f'<figure><img src="{uri}" alt="{alt}"></figure>' if uri
+                        else f"<p><em>figure not found: {_inline(image['src'])}</em></p>")
+        elif stripped.startswith("- "):
+            if para:
+                flush()
+            items.append(stripped[2:])
+        elif items:  # a list item's continuation line
+            items[-1] += " " + stripped
+        else:
+            para.append(stripped)
+    flush()
+    return "\n".join(['<!DOCTYPE html>', '<html lang="en">', "<head>", '<meta charset="utf-8">',
+                      f"<title>{html.escape(title)}</title>", f"<style>{_CSS}</style>", "</head>", "<body>",
+                      *body, "</body>", "</html>", ""])

@@ -19,7 +19,7 @@ from typing import Any
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.tasks import Task
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 TASK_STATES = ("pending", "scheduled", "running", "done", "blocked", "failed")
 
@@ -104,13 +104,48 @@ CREATE TABLE IF NOT EXISTS network_state (
     background_mbps REAL NOT NULL,
     residual_mbps REAL NOT NULL
 );
+-- Load of each directed emulated link a -> b, sampled about once a second while the network runs
+-- (t_s on the run's clock). rate_mbps is what the port sent (all classes); ai_mbps what task
+-- entries forwarded out of it, background_mbps what background entries did; capacity_mbps is the
+-- link's emulated (shaped) rate. Rates are in emulated Mbit/s.
 CREATE TABLE IF NOT EXISTS link_stats (
     run_id INTEGER NOT NULL,
-    ts REAL NOT NULL,
+    t_s REAL NOT NULL,
     a TEXT NOT NULL,
     b TEXT NOT NULL,
     tx_bytes INTEGER NOT NULL,
-    rate_mbps REAL NOT NULL
+    rate_mbps REAL NOT NULL,
+    ai_mbps REAL NOT NULL DEFAULT 0,
+    background_mbps REAL NOT NULL DEFAULT 0,
+    capacity_mbps REAL NOT NULL DEFAULT 0,
+    up INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX IF NOT EXISTS link_stats_t ON link_stats(run_id, t_s);
+-- Every state change of a task, on the run's clock (the tasks table keeps only the last one).
+CREATE TABLE IF NOT EXISTS task_events (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    t_s REAL NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT ''
+);
+-- What each node of a task did in each round, on the run's clock: when the global model reached
+-- it (received_s; G: the round's start), when it trained (train_start_s, train_end_s; G: none),
+-- when its (aggregated) update left it (sent_s; G: when the new global model was aggregated).
+-- role: global, local, relay (a site that only forwards or aggregates).
+CREATE TABLE IF NOT EXISTS node_rounds (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    site TEXT NOT NULL,
+    role TEXT NOT NULL,
+    received_s REAL,
+    train_start_s REAL,
+    train_end_s REAL,
+    sent_s REAL,
+    PRIMARY KEY (run_id, scheduler, task_id, round, site)
 );
 CREATE TABLE IF NOT EXISTS samples (
     run_id INTEGER NOT NULL,
@@ -150,6 +185,9 @@ class ResultsDB:
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA foreign_keys=ON")
+        cols = {r[1] for r in self.conn.execute("PRAGMA table_info(link_stats)")}
+        if "ts" in cols:  # schema 1's link_stats, never written: replaced by schema 2's
+            self.conn.execute("DROP TABLE link_stats")
         self.conn.executescript(SCHEMA)
         self.conn.execute(
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
@@ -226,12 +264,16 @@ class ResultsDB:
              task.model, task.rounds, task.demand_mbps, task.model_bytes, state),
         )
 
-    def set_task_state(self, run_id: int, scheduler: str, task_id: int, state: str, reason: str = "") -> None:
+    def set_task_state(self, run_id: int, scheduler: str, task_id: int, state: str, reason: str = "",
+                       *, at_s: float | None = None) -> None:
+        """Set a task's state; with `at_s` (the run's clock) the change is also kept in `task_events`."""
         self._check_state(state)
-        self.conn.execute(
-            "UPDATE tasks SET state = ?, reason = ? WHERE run_id = ? AND scheduler = ? AND task_id = ?",
-            (state, reason, run_id, scheduler, task_id),
-        )
+        with self._tx() as c:
+            c.execute("UPDATE tasks SET state = ?, reason = ? WHERE run_id = ? AND scheduler = ? AND task_id = ?",
+                      (state, reason, run_id, scheduler, task_id))
+            if at_s is not None:
+                c.execute("INSERT INTO task_events VALUES (?, ?, ?, ?, ?, ?)",
+                          (run_id, scheduler, task_id, float(at_s), state, reason))
 
     def set_task_times(self, run_id: int, scheduler: str, task_id: int, **times: float | None) -> None:
         """Set some of a task's times (arrival_s, admitted_s, first_broadcast_s, finished_s,
@@ -315,10 +357,24 @@ class ResultsDB:
             c.execute("UPDATE tasks SET setup_json = ? WHERE run_id = ? AND scheduler = ? AND task_id = ?",
                       (json.dumps(figures), run_id, scheduler, task_id))
 
-    def record_link_stats(self, run_id: int, ts: float, stats: list[tuple[str, str, int, float]]) -> None:
+    def record_link_stats(self, run_id: int, t_s: float, links: list[dict[str, Any]]) -> None:
+        """One sample of every directed link's load (keys as the `link_stats` columns: a, b, tx_bytes,
+        rate_mbps, ai_mbps, background_mbps, capacity_mbps, up)."""
         with self._tx() as c:
-            c.executemany("INSERT INTO link_stats VALUES (?, ?, ?, ?, ?, ?)",
-                          [(run_id, ts, a, b, int(tx), float(rate)) for a, b, tx, rate in stats])
+            c.executemany(
+                "INSERT INTO link_stats VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, float(t_s), ln["a"], ln["b"], int(ln["tx_bytes"]), float(ln["rate_mbps"]),
+                  float(ln.get("ai_mbps", 0.0)), float(ln.get("background_mbps", 0.0)),
+                  float(ln.get("capacity_mbps", 0.0)), int(bool(ln.get("up", True)))) for ln in links])
+
+    def record_node_rounds(self, run_id: int, scheduler: str, task_id: int, rows: list[dict[str, Any]]) -> None:
+        """Per round and node of a task (keys as the `node_rounds` columns: round, site, role,
+        received_s, train_start_s, train_end_s, sent_s; times on the run's clock or None)."""
+        with self._tx() as c:
+            c.executemany(
+                "INSERT OR REPLACE INTO node_rounds VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                [(run_id, scheduler, task_id, int(r["round"]), r["site"], r["role"], r.get("received_s"),
+                  r.get("train_start_s"), r.get("train_end_s"), r.get("sent_s")) for r in rows])
 
     def record_background(self, run_id: int, src: str, dst: str, offered_mbps: float,
                           achieved_mbps: float | None) -> None:

@@ -11,7 +11,8 @@ One run (docs/architecture.md, "Data flow of one experiment"):
    record it, schedule, install the task's flows (cookie = task id), run the FL task for real,
    record each round (latency and breakdown, accuracy, the ratio to the round's lower bound) and
    the task's carried bytes (flow counters by cookie), remove the flows;
-4. write the CSVs, figures and report from the database, on every exit path.
+4. write the CSVs, figures and report (``report.md``, ``report.html``) from the database, on every exit
+   path.
 
 Ctrl-C or SIGTERM: the emulation and the workers are torn down, the run is marked interrupted,
 and the results written so far are kept.
@@ -36,10 +37,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.dashboard.server import Dashboard
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.link_recorder import LinkRecorder
 from orchestrator.experiment.online import run_online
-from orchestrator.experiment.report import claims, plot, plot_online, summarize, write_csvs, write_report
+from orchestrator.experiment.report import claims, summarize, write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.task_manager import RunClock, TaskManager
 from orchestrator.runtime.compute import check_model
@@ -107,6 +110,7 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         "backend": backend,
         "bw_scale": plan.bw_scale,
         "max_link_mbps": cfg.emulation.max_link_mbps,
+        "connectivity": cfg.emulation.connectivity,
         "cpus": os.cpu_count(),
         "background": f"{cfg.background.pattern}, load {cfg.background.load}, {cfg.background.pairs} pairs"
         if cfg.background.enabled else "off",
@@ -215,11 +219,13 @@ def task_sets(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> d
     }
 
 
-def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True) -> RunOutcome:
+def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True,
+                   dashboard_port: int | None = None) -> RunOutcome:
     """Run `cfg` for real (see the module docstring); returns where the results are.
 
     The status is ``completed`` when at least one task completed, ``failed`` when none did (or the
-    run broke), ``interrupted`` on Ctrl-C or SIGTERM.
+    run broke), ``interrupted`` on Ctrl-C or SIGTERM. With `dashboard_port` the live dashboard is
+    served on 127.0.0.1 while the run lasts (a port in use is a `ConfigError` before anything starts).
     """
     from orchestrator.emulation.background import BackgroundTraffic, plan_background
     from orchestrator.emulation.network import Emulation
@@ -234,7 +240,13 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
 
         ensure_worker_image()  # the image carries the project's code: keep it in step with the checkout
     run_dir = out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=False)
+    dash = None if dashboard_port is None else Dashboard(run_dir / "results.db", port=dashboard_port, live=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+    except BaseException:
+        if dash is not None:
+            dash.close()
+        raise
     log_handler = logging.FileHandler(run_dir / "experiment.log")
     log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     logging.getLogger().addHandler(log_handler)
@@ -244,9 +256,14 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
     status, note = "failed", ""
     tm: TaskManager | None = None
+    if dash is not None:
+        dash.start()
+        print(f"netai: live dashboard at {dash.url}", flush=True)
+        LOG.info("live dashboard at %s", dash.url)
     try:
         hosting = emulation_options(backend_kind, log_dir=run_dir / "workers")
-        with Emulation(plan, log_dir=run_dir / "emulation", **hosting) as emu, \
+        with Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
+                       **hosting) as emu, \
                 open_compute(backend_kind, emu, log_root=run_dir / "workers") as compute:
             info = emu.info
             reservations = emu.client.health().get("reservations", {})
@@ -263,6 +280,9 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
             traffic = BackgroundTraffic(emu.host, flows, cfg.background, seed=cfg.seed, log_dir=run_dir / "background")
             traffic.start()
             clock = RunClock()
+            if dash is not None:
+                dash.controller = emu.client
+            recorder = LinkRecorder(emu.client, plan, run_dir / "results.db", run_id, clock=clock.now).start()
             tm = TaskManager(db=db, run_id=run_id, emu=emu, plan=plan, model=model, compute=compute, cfg=cfg,
                              run_dir=run_dir, clock=clock, release_on_end=cfg.mode == "online")
             try:
@@ -273,7 +293,8 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
             finally:
                 with contextlib.suppress(Exception):
                     tm.settle_counters(wait=True)
-                db.update_environment(run_id, clock_end_s=round(clock.now(), 3))
+                recorder.stop()
+                db.update_environment(run_id, clock_end_s=round(clock.now(), 3), link_samples=recorder.samples)
                 for r in traffic.stop():
                     db.record_background(run_id, r.src, r.dst, r.offered_mbps / plan.bw_scale,
                                          None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)
@@ -291,6 +312,8 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         note = f"{type(e).__name__}: {e}"
         raise
     finally:
+        if dash is not None:
+            dash.close()
         db.finish_run(run_id, status, note)
         report = _write_results(db, run_id, run_dir)
         db.close()
@@ -328,9 +351,7 @@ def _run_sequential(tm: Any, model: NetworkModel, model_bytes: int, *, progress:
 def _write_results(db: ResultsDB, run_id: int, run_dir: Path) -> Path | None:
     try:
         write_csvs(db, run_id, run_dir)
-        plot(summarize(db, run_id), run_dir)
-        plot_online(db, run_id, run_dir)
-        return write_report(db, run_id, run_dir)
+        return write_report(db, run_id, run_dir)  # draws every figure, writes report.md and report.html
     except Exception:
         LOG.exception("writing the results failed")
         return None

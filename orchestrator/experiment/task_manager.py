@@ -29,7 +29,7 @@ from typing import Any
 
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.results_db import ResultsDB
-from orchestrator.runtime.task_runner import FLOptions, TaskExecution
+from orchestrator.runtime.task_runner import FLOptions, TaskExecution, node_rounds, summarize
 from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.cost import RoundFigures, emulated_rate, round_figures
@@ -68,6 +68,9 @@ class LiveTask:
     #: The id its flows (cookie), ports and roles carry: unique in the run, so that the same task under
     #: the next scheduler never meets this one's flows while their counters settle.
     install_id: int
+    #: Rounds already recorded while the task ran, and when its events were last read (monotonic).
+    rounds_recorded: int = 0
+    progress_read_t: float = 0.0
 
 
 @dataclass
@@ -124,8 +127,10 @@ class TaskManager:
     # -- arrival and admission ------------------------------------------------------------------------
     def arrive(self, scheduler: str, task: Task, at_s: float | None = None) -> None:
         """Record `task`'s arrival (at `at_s` on the run's clock; default now)."""
+        at = self.clock.now() if at_s is None else at_s
         self.db.record_task(self.run_id, scheduler, task, state="pending")
-        self.db.set_task_times(self.run_id, scheduler, task.id, arrival_s=self.clock.now() if at_s is None else at_s)
+        self.db.set_task_times(self.run_id, scheduler, task.id, arrival_s=at)
+        self.db.set_task_state(self.run_id, scheduler, task.id, "pending", at_s=at)
 
     def admit(self, scheduler: str, task: Task, state: NetworkState) -> LiveTask | None:
         """Schedule `task` on the live `state`, install it and send its roles; None if blocked or
@@ -136,14 +141,14 @@ class TaskManager:
         if schedule.blocked:
             LOG.info("task %d (%d locals) blocked by %s: %s", task.id, len(task.local_sites), scheduler,
                      schedule.reason)
-            self.db.set_task_state(self.run_id, scheduler, task.id, "blocked", schedule.reason)
+            self.db.set_task_state(self.run_id, scheduler, task.id, "blocked", schedule.reason, at_s=self.clock.now())
             self.outcomes["blocked"] += 1
             return None
         state.admit(schedule)
         figures = round_figures(self.model, schedule, task.model_bytes, rate=self.rate, propagation=self.delay)
         self.db.record_schedule(self.run_id, schedule, figures.lower_bound.lower_s)
         admitted = self.clock.now()
-        self.db.set_task_state(self.run_id, scheduler, task.id, "scheduled")
+        self.db.set_task_state(self.run_id, scheduler, task.id, "scheduled", at_s=admitted)
         self.db.set_task_times(self.run_id, scheduler, task.id, admitted_s=admitted)
         install_id = next(self._install_ids)
         wire = replace(schedule, task_id=install_id)
@@ -169,7 +174,7 @@ class TaskManager:
         except Exception as e:  # noqa: BLE001 -- whatever went wrong, the task is recorded as failed
             self._end(live, "failed", f"start: {type(e).__name__}: {e}")
             return None
-        self.db.set_task_state(self.run_id, scheduler, task.id, "running")
+        self.db.set_task_state(self.run_id, scheduler, task.id, "running", at_s=self.clock.now())
         return live
 
     def _background(self, state: NetworkState) -> dict[tuple[str, str], float]:
@@ -184,6 +189,7 @@ class TaskManager:
         assert live.execution is not None
         try:
             if not live.execution.check(statuses):
+                self._record_progress(live)
                 return False
         except (RuntimeError, TimeoutError) as e:
             self._end(live, "failed", str(e).splitlines()[0])
@@ -207,12 +213,45 @@ class TaskManager:
             if outcome == "failed":
                 LOG.warning("task %d %s failed: %s", task.id, sched, reason)
             self.db.set_task_times(self.run_id, sched, task.id, finished_s=finished)
-            self.db.set_task_state(self.run_id, sched, task.id, outcome, reason)
+            self.db.set_task_state(self.run_id, sched, task.id, outcome, reason, at_s=finished)
             self.outcomes[outcome] += 1
             if self.release_on_end:
                 with contextlib.suppress(KeyError):
                     live.state.release(task.id)
             self.counters.pending[(sched, task.id, live.install_id)] = (time.monotonic(), None)
+
+    def _record_progress(self, live: LiveTask, period_s: float = 1.0) -> None:
+        """While `live` runs, record the rounds G has completed (and what each node did in them) at
+        most every `period_s`, so that a live view sees rounds as they end; the task's end rewrites
+        them with the same figures."""
+        now = time.monotonic()
+        if now - live.progress_read_t < period_s or live.execution is None:
+            return
+        live.progress_read_t = now
+        events = live.execution.events()
+        g = live.schedule.global_site
+        done = sum(1 for e in events.get(g, []) if e.get("event") == "round_complete")
+        if done <= live.rounds_recorded:
+            return
+        try:
+            rounds = summarize(live.schedule, events, rounds=done)
+        except RuntimeError:
+            return
+        self._record_rounds(live, rounds[live.rounds_recorded:])
+        self.db.record_node_rounds(self.run_id, live.scheduler, live.task.id,
+                                   node_rounds(live.schedule, events, self.clock.of))
+        live.rounds_recorded = done
+
+    def _record_rounds(self, live: LiveTask, rounds: Any) -> None:
+        figures = live.figures
+        for r in rounds:
+            bound = replace(figures.lower_bound, train_s=r.train_min_s)
+            self.db.record_round(
+                self.run_id, live.scheduler, live.task.id, r.round, latency_s=r.latency_s,
+                broadcast_s=r.broadcast_s, train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy,
+                lower_bound_s=bound.lower_s, stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s,
+                upload_tail_s=r.upload_tail_s, broadcast_bound_s=bound.broadcast_s, upload_bound_s=bound.upload_s,
+                reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
 
     def _record_result(self, live: LiveTask) -> float | None:
         """Record the rounds and figures of a task that completed; G's end on the run's clock."""
@@ -227,14 +266,9 @@ class TaskManager:
             chunk_bytes=result.chunk_bytes, connections_lost=result.connections_lost,
             reservation_enforced=live.reservation_enforced,
             store_and_forward_s=figures.store_and_forward.broadcast_s + figures.store_and_forward.upload_s)
-        for r in result.rounds:
-            bound = replace(figures.lower_bound, train_s=r.train_min_s)
-            self.db.record_round(
-                self.run_id, sched, task.id, r.round, latency_s=r.latency_s, broadcast_s=r.broadcast_s,
-                train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=bound.lower_s,
-                stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s, upload_tail_s=r.upload_tail_s,
-                broadcast_bound_s=bound.broadcast_s, upload_bound_s=bound.upload_s,
-                reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
+        self._record_rounds(live, result.rounds)
+        self.db.record_node_rounds(self.run_id, sched, task.id,
+                                   node_rounds(live.schedule, live.execution.events(), self.clock.of))
         last = result.rounds[-1] if result.rounds else None
         LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, sched,
                  len(result.rounds), last.latency_s if last else float("nan"),

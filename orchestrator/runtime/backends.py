@@ -3,7 +3,8 @@
 - ``loopback``: plain processes on this machine, each bound to its own 127.0.0.x address; no
   Mininet, no root. For quick checks and unit-level end-to-end tests.
 - ``process``: the server from the project's venv in a Mininet host's network namespace
-  (``host.popen``), bound to the host's emulated IP.
+  (``host.popen``), bound to the host's emulated IP. `NamespaceBackend` does the same for the hosts
+  of a network another process runs, entering each host's namespace by its pid.
 - ``docker``: the server in a container that *is* the Mininet host: `DockerWorkerHost` starts a
   container with ``--network none`` and the site's CPU and memory limits, then runs the node's
   shell with ``mnexec -a <container pid>`` (cwd ``/``), so Mininet wires and configures its
@@ -34,6 +35,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.emulation.cleanup import ENV_RUN
 from orchestrator.errors import ConfigError
 
 DEFAULT_IMAGE = os.environ.get("NETAI_WORKER_IMAGE", "netai-worker:latest")
@@ -180,6 +182,70 @@ class ProcessBackend(_EmulatedHosts, _LocalServers):
     def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         popen: subprocess.Popen[bytes] = self._hosts[site].popen(cmd, **kw)
         return popen
+
+
+def enter_net_namespace(pid: int) -> list[str]:
+    """The argument list prefix that runs a command in process `pid`'s network namespace (and no
+    other): ``nsenter --net=/proc/PID/ns/net --``, else Mininet's ``mnexec -a PID``.
+
+    Raises
+    ------
+    ConfigError
+        Neither tool is installed.
+    """
+    nsenter = shutil.which("nsenter")
+    if nsenter is not None:
+        return [nsenter, f"--net=/proc/{int(pid)}/ns/net", "--"]
+    mnexec = shutil.which("mnexec")
+    if mnexec is not None:
+        return [mnexec, "-a", str(int(pid))]
+    raise ConfigError("entering a host's network namespace needs nsenter (util-linux) or mnexec (Mininet)")
+
+
+class NamespaceBackend(_EmulatedHosts, _LocalServers):
+    """Site servers in the network namespaces of hosts another process's emulation owns (``netai task
+    run --attach`` on a network ``netai net up`` runs): the process backend, entering each host's
+    namespace by its pid (`enter_net_namespace`) instead of through a Mininet object.
+
+    Each server carries the network's run mark (``NETAI_RUN``), so the network's teardown (or
+    ``netai clean``) stops any that outlive the attaching process.
+
+    Parameters
+    ----------
+    hosts
+        Site -> its host: pid (the shell holding the namespace), IPv4 address, Mininet name (``h3``).
+    log_root
+        Where the servers' output and the tasks' events go (created).
+    run_id
+        The network's run id (the mark).
+    """
+
+    name = "attached"
+
+    def __init__(self, hosts: Mapping[str, tuple[int, str, str]], *, log_root: Path, run_id: str,
+                 python: str = sys.executable) -> None:
+        self._hosts = {site: _NamespaceHost(pid, ip, name) for site, (pid, ip, name) in hosts.items()}
+        self._python = python
+        self.run_id = run_id
+        self.log_root = log_root
+        log_root.mkdir(parents=True, exist_ok=True)
+        self.ctl_dir = new_ctl_dir()
+
+    def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+        host = self._hosts[site]
+        env = dict(kw.pop("env", None) or os.environ)
+        env[ENV_RUN] = self.run_id
+        return subprocess.Popen([*enter_net_namespace(host.pid), *cmd], env=env, **kw)
+
+
+class _NamespaceHost:
+    """What `_EmulatedHosts` asks of a host (``IP()``, ``name``), for a host known by its pid only."""
+
+    def __init__(self, pid: int, ip: str, name: str) -> None:
+        self.pid, self.ip, self.name = pid, ip, name
+
+    def IP(self) -> str:  # Mininet's name for it
+        return self.ip
 
 
 # -- Docker ------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -259,6 +259,31 @@ def summarize(
             )
         )
     return results
+
+
+def node_rounds(schedule: Schedule, events: Mapping[str, Sequence[Mapping[str, Any]]],
+                clock_of: Callable[[float], float] = float) -> list[dict[str, Any]]:
+    """What each overlay node did in each round, from its events (`ResultsDB.record_node_rounds`'s rows).
+
+    received_s: the global model reached the node (G: ``round_start``); train_start_s/train_end_s:
+    its local training; sent_s: its update's last chunk left it (G: ``aggregated``). Times pass
+    through `clock_of` (e.g. the run's clock); a node that logged nothing for a round has no row.
+    """
+    g, local = schedule.global_site, set(schedule.local_sites)
+    names = {"received_s": ("round_start", "global_received"), "train_start_s": ("train_start", "train_start"),
+             "train_end_s": ("train_end", "train_end"), "sent_s": ("aggregated", "update_sent")}
+    rows: dict[tuple[str, int], dict[str, Any]] = {}
+    for site, evs in events.items():
+        role = "global" if site == g else "local" if site in local else "relay"
+        want = {(at_g if site == g else elsewhere): col for col, (at_g, elsewhere) in names.items()}
+        for e in evs:
+            col = want.get(e.get("event", ""))
+            r = e.get("round")
+            if col is None or not isinstance(r, int) or "t" not in e:
+                continue
+            row = rows.setdefault((site, r), {"round": r, "site": site, "role": role})
+            row.setdefault(col, clock_of(float(e["t"])))
+    return sorted(rows.values(), key=lambda x: (x["round"], x["site"]))
 
 
 def missing_events(

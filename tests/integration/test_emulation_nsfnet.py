@@ -40,7 +40,7 @@ MAX_BRINGUP_S = 30.0
 @pytest.fixture(scope="module")
 def nsfnet() -> Iterator[Emulation]:
     plan = EmulationPlan.from_model(load(TOPOLOGY))
-    emu = Emulation(plan)
+    emu = Emulation(plan, connectivity="strict")  # isolation and exact flow tables: no best-effort routes
     emu.start()
     try:
         yield emu

@@ -11,7 +11,9 @@ flow runs on the task's port:
 - in the control run, without the task (the same flow then follows the background route, into the
   background class, one FIFO with the four streams), it gets well below the reserved rate;
 - a task alone on its links borrows up to near the link's rate;
-- two tasks saturating the same links each get at least their own (unequal) guarantee.
+- two tasks saturating the same links each get at least their own (unequal) guarantee;
+- best-effort traffic (A -> B has no task or background route: the controller's best-effort entries
+  carry it, marked Lower Effort) goes into the links' lowest class and does not take the task's rate.
 
 Goodput bands are loose (two cores, userspace datapath); the measured figures are printed.
 """
@@ -29,7 +31,7 @@ from typing import Any
 import pytest
 
 from controller.paths import PathSpec, TaskPaths
-from controller.shaping import BACKGROUND_CLASS, LINK_CLASS, classid, interface
+from controller.shaping import BACKGROUND_CLASS, BEST_EFFORT_CLASS, LINK_CLASS, classid, interface
 from orchestrator.emulation.network import Emulation, dump_flows
 from orchestrator.emulation.selftest import GOODPUT_CEILING
 from topologies.model import NetworkModel
@@ -190,7 +192,7 @@ def test_links_have_the_base_layout_and_the_controller_enforces_reservations(lin
     classes = class_bytes(dev)
 
     assert health["reservations"]["enforced"] is True, health["reservations"]
-    assert set(classes) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS)}
+    assert set(classes) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS), classid(BEST_EFFORT_CLASS)}
     assert "rate 30Mbit ceil 30Mbit" in tc_show("class", dev)
 
 
@@ -229,9 +231,9 @@ def test_a_reservation_holds_against_saturating_background_traffic(
     # Without the reservation the same flow shares one FIFO with the four background streams.
     assert control["task"] < 0.75 * RESERVED_MBPS
     assert control["task"] < 0.6 * shaped["task"]
-    # And removing the task took its class and filters with it.
-    assert set(class_bytes(dev)) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS)}
-    assert "flowid" not in tc_show("filter", dev)
+    # And removing the task took its class and filters with it (the best-effort filter stays).
+    assert set(class_bytes(dev)) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS), classid(BEST_EFFORT_CLASS)}
+    assert f"flowid {task_class}" not in tc_show("filter", dev)
 
 
 def test_a_task_alone_borrows_up_to_the_link_rate(line: Emulation, no_task: None, figures: list[str]) -> None:
@@ -266,3 +268,28 @@ def test_two_tasks_on_the_same_links_each_get_their_own_guarantee(
     assert got["big"] >= 0.9 * big
     assert got["small"] >= 0.8 * small
     assert got["big"] > got["small"]
+
+
+def test_best_effort_traffic_uses_the_lowest_class_and_leaves_a_task_its_rate(
+    line: Emulation, no_task: None, figures: list[str]
+) -> None:
+    dev = interface(line.plan, "A", "B")
+    line.client.install_task(the_task())
+    best_effort = Flow("best-effort", "A", "B", BACKGROUND_PORT + 100, streams=BACKGROUND_STREAMS)
+    before = class_bytes(dev)
+
+    got = run_together(line, [best_effort, TASK_FLOW])
+
+    after = class_bytes(dev)
+    figures.append(
+        f"task reserving {RESERVED_MBPS:g} of {LINK_MBPS:g} Mbit/s vs {BACKGROUND_STREAMS} best-effort streams on "
+        f"A -> B: task {got['task']:.2f} Mbit/s = {got['task'] / RESERVED_MBPS:.2f} x reserved, "
+        f"best-effort {got['best-effort']:.2f}"
+    )
+    assert line.client.health()["connectivity"] == "best-effort"
+    assert got["task"] >= 0.9 * RESERVED_MBPS
+    assert got["best-effort"] > 0  # it flows: what the task leaves
+    # Its bytes went through the best-effort class, none of them through the background class.
+    best_effort_bytes = after[classid(BEST_EFFORT_CLASS)] - before.get(classid(BEST_EFFORT_CLASS), 0)
+    assert best_effort_bytes >= got["best-effort"] * 1e6 / 8 * (SECONDS - OMIT_S)
+    assert after[classid(BACKGROUND_CLASS)] - before.get(classid(BACKGROUND_CLASS), 0) < best_effort_bytes / 10

@@ -10,7 +10,16 @@ from os_ken.ofproto import ofproto_v1_3, ofproto_v1_3_parser
 from os_ken.ofproto.ofproto_protocol import ProtocolDesc
 
 from controller.app import entry_from_stats, flow_add, flow_delete
-from controller.flows import COOKIE_MASK_ALL, FlowEntry, table_miss_entry, tcp_match
+from controller.flows import (
+    BEST_EFFORT_COOKIE,
+    BEST_EFFORT_PRIORITY,
+    COOKIE_MASK_ALL,
+    LOWER_EFFORT_DSCP,
+    FlowEntry,
+    make_match,
+    table_miss_entry,
+    tcp_match,
+)
 
 
 def _datapath() -> ProtocolDesc:
@@ -50,3 +59,21 @@ def _header(buf: bytes) -> tuple[int, int, int, int]:
 
     version, msg_type, msg_len, xid = ofproto_parser.header(buf)
     return version, msg_type, msg_len, xid
+
+
+def test_a_best_effort_entry_sets_the_dscp_before_its_output_and_round_trips() -> None:
+    entry = FlowEntry(2, BEST_EFFORT_PRIORITY, BEST_EFFORT_COOKIE, make_match(eth_type=0x0800, ipv4_dst="10.0.0.3"),
+                      3, set_dscp=LOWER_EFFORT_DSCP)
+    msg = flow_add(_datapath(), entry)
+    msg.xid = 1
+
+    msg.serialize()
+    parsed = ofproto_v1_3_parser.OFPFlowMod.parser(_datapath(), *_header(msg.buf), msg.buf)
+    stats = ofproto_v1_3_parser.OFPFlowStats(
+        table_id=parsed.table_id, priority=parsed.priority, cookie=parsed.cookie,
+        match=parsed.match, instructions=parsed.instructions,
+    )
+
+    actions = parsed.instructions[0].actions
+    assert [type(a).__name__ for a in actions] == ["OFPActionSetField", "OFPActionOutput"]
+    assert entry_from_stats(2, stats) == entry

@@ -3,18 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
+import networkx as nx
 import pytest
 
 from controller.flows import (
     BACKGROUND_COOKIE,
     BACKGROUND_PRIORITY,
+    BEST_EFFORT_COOKIE,
+    BEST_EFFORT_PRIORITY,
+    LOWER_EFFORT_DSCP,
     TASK_PRIORITY,
     FlowBuildError,
     FlowEntry,
     background_entries,
+    best_effort_entries,
     diff_entries,
+    entry_kind,
+    make_match,
     parse_ofctl_dump,
+    plan_graph,
     table_miss_entries,
     task_entries,
     tcp_match,
@@ -159,6 +168,68 @@ def test_malformed_background_pairs_are_rejected(plan: EmulationPlan, pair: list
         background_entries(plan, [pair])
 
 
+# -- best-effort connectivity ---------------------------------------------------------------------
+@pytest.mark.parametrize("topology", ["triangle", "ring:6", "sndlib/nobel-us"])
+def test_best_effort_routes_every_host_pair_on_a_fewest_hops_path(topology: str) -> None:
+    plan = EmulationPlan.from_model(load(topology))
+    fake = FakeSwitches(plan)
+    fake.connect_all()
+    _install(fake, [*table_miss_entries(plan), *best_effort_entries(plan)])
+    hops = dict(nx.all_pairs_shortest_path_length(plan_graph(plan)))
+
+    routes = {
+        (a.site, b.site): fake.send(a.site, b.ip, tcp_src=40000, tcp_dst=5201)
+        for a, b in itertools.permutations(plan.hosts, 2)
+    }
+
+    assert all(route is not None for route in routes.values()), [k for k, r in routes.items() if r is None]
+    assert {k: len(r) - 1 for k, r in routes.items() if r} == {(a, b): hops[a][b] for a, b in routes}
+    assert all(r is not None and r[0] == a and r[-1] == b for (a, b), r in routes.items())
+
+
+def test_best_effort_entries_are_one_per_destination_and_switch_below_background() -> None:
+    plan = EmulationPlan.from_model(load("sndlib/nobel-us"))
+
+    entries = best_effort_entries(plan)
+
+    assert len(entries) == len(plan.hosts) * len(plan.switches)
+    assert {e.priority for e in entries} == {BEST_EFFORT_PRIORITY}
+    assert 0 < BEST_EFFORT_PRIORITY < BACKGROUND_PRIORITY < TASK_PRIORITY
+    # Their own cookie: neither a task id (1 .. 2**63 - 1) nor the background's.
+    assert {e.cookie for e in entries} == {BEST_EFFORT_COOKIE}
+    assert BEST_EFFORT_COOKIE >= 1 << 63 and BEST_EFFORT_COOKIE not in (BACKGROUND_COOKIE, 0)
+    assert {e.set_dscp for e in entries} == {LOWER_EFFORT_DSCP}
+    host = plan.hosts[3]
+    on_its_switch = next(e for e in entries if e.dpid == plan.switch(host.site).dpid
+                         and e.match == make_match(eth_type=0x0800, ipv4_dst=host.ip))
+    assert on_its_switch.out_port == HOST_PORT
+    assert on_its_switch.to_dict()["actions"] == [
+        {"type": "SET_FIELD", "field": "ip_dscp", "value": LOWER_EFFORT_DSCP}, {"type": "OUTPUT", "port": HOST_PORT}]
+
+
+def test_tasks_and_background_win_over_best_effort(plan: EmulationPlan, fake: FakeSwitches) -> None:
+    schedule = handmade_schedule(plan)
+    _, uport = task_ports(schedule.task_id)
+    best_effort = best_effort_entries(plan)
+    _install(fake, [*best_effort, *background_entries(plan, [["A", "B"]]), *task_entries(task_paths(schedule), plan)])
+
+    task_route = fake.send("C", plan.host("A").ip, tcp_src=40000, tcp_dst=uport)
+    background_route = fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=5201)
+    unmarked = {e.key() for e in best_effort}
+    untouched = all(s.packets == 0 for t in fake.tables.values() for s in t if s.entry.key() in unmarked)
+    best_effort_route = fake.send("C", plan.host("A").ip, tcp_src=40000, tcp_dst=5201)
+
+    assert task_route == ["C", "B", "A"]  # the task's upload path, not the direct best-effort link
+    assert background_route == ["A", "B"]
+    assert untouched  # neither packet met a best-effort entry, so neither was marked Lower Effort
+    assert best_effort_route == ["C", "A"]
+
+
+def test_entry_kind_names_who_installed_an_entry() -> None:
+    assert [entry_kind(c) for c in (0, 7, (1 << 63) - 1, BACKGROUND_COOKIE, BEST_EFFORT_COOKIE)] == [
+        "table-miss", "task", "task", "background", "best-effort"]
+
+
 OFCTL_DUMP = """\
  cookie=0x2a, duration=3.1s, table=0, n_packets=12, n_bytes=3400, priority=200,tcp,nw_src=10.0.0.1,nw_dst=10.0.0.2,tp_dst=20084 actions=output:2
  cookie=0x2a, duration=3.1s, table=0, n_packets=9, n_bytes=600, priority=200,tcp,nw_src=10.0.0.2,nw_dst=10.0.0.1,tp_src=20084 actions=output:1
@@ -177,6 +248,18 @@ def test_ofctl_dump_parses_into_the_builders_entries() -> None:
     assert diff_entries(expected, entries[:2]) == {"missing": [], "unexpected": []}
     assert entries[2].cookie == BACKGROUND_COOKIE and entries[2].out_port == 3
     assert entries[3].match == () and entries[3].out_port is None and entries[3].priority == 0
+
+
+@pytest.mark.parametrize("actions", ["set_field:1->ip_dscp,output:3", "mod_nw_tos:4,output:3",
+                                     "set_field:0x4->nw_tos,output:3"])
+def test_ofctl_dump_reads_the_dscp_rewrite_of_best_effort_entries(actions: str) -> None:
+    line = (f" cookie=0x8000000000000001, duration=1.2s, table=0, n_packets=3, n_bytes=294, priority=10,ip,"
+            f"nw_dst=10.0.0.3 actions={actions}")
+
+    (entry,) = parse_ofctl_dump(1, line)
+
+    assert entry == FlowEntry(1, BEST_EFFORT_PRIORITY, BEST_EFFORT_COOKIE,
+                              make_match(eth_type=0x0800, ipv4_dst="10.0.0.3"), 3, set_dscp=LOWER_EFFORT_DSCP)
 
 
 def test_diff_reports_missing_and_unexpected_entries() -> None:

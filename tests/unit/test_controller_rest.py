@@ -9,7 +9,7 @@ import pytest
 from webob import Request
 
 from controller.core import ControllerCore, ControllerError, PortStat
-from controller.flows import BACKGROUND_COOKIE, table_miss_entry
+from controller.flows import BACKGROUND_COOKIE, BEST_EFFORT_COOKIE, table_miss_entry
 from controller.rest import RestApi
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import task_ports
@@ -282,3 +282,41 @@ def test_a_task_whose_ports_clash_with_an_installed_task_is_refused(api: RestApi
 
     assert status == 409 and "overwrite task 7" in body["error"]
     assert [t["task_id"] for t in call(api, "GET", "/tasks")[1]["tasks"]] == [7]
+
+
+def test_best_effort_core_routes_every_pair_and_labels_its_entries(plan: EmulationPlan, clock: Clock) -> None:
+    # Prepare: a core in best-effort mode whose switches got what it expects, and a task on top.
+    fake = FakeSwitches(plan)
+    core = ControllerCore(plan, fake, clock=clock, connectivity="best-effort")
+    fake.connect_all()
+    for sw in plan.switches:
+        fake.install(sw.dpid, core.expected_entries(sw.dpid))
+        core.switch_connected(sw.dpid)
+    api = RestApi(core)
+    call(api, "PUT", "/tasks/7", task_paths(handmade_schedule(plan, task_id=7)).to_dict())
+    bport, _ = task_ports(7)
+
+    # Execute
+    best_effort = fake.send("C", plan.host("B").ip, tcp_src=40000, tcp_dst=5201)
+    task = fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=bport)
+    _, health = call(api, "GET", "/health")
+    _, flows = call(api, "GET", "/flows")
+    call(api, "DELETE", "/tasks/7")
+
+    # Assert: both reach B, the flows say who installed what, and removing the task keeps best effort.
+    assert (best_effort, task) == (["C", "B"], ["A", "B"])
+    assert health["connectivity"] == "best-effort"
+    kinds = {f["kind"] for f in flows["flows"]}
+    assert kinds == {"table-miss", "best-effort", "task"}
+    assert all(f["task"] is None for f in flows["flows"] if f["kind"] == "best-effort")
+    assert len([f for f in flows["flows"] if f["kind"] == "best-effort"]) == len(plan.hosts) * len(plan.switches)
+    assert {e.cookie for sw in plan.switches for e in fake.entries(sw.dpid)} == {0, BEST_EFFORT_COOKIE}
+
+
+def test_strict_core_holds_no_best_effort_entries_and_rejects_unknown_modes(
+    core: ControllerCore, plan: EmulationPlan, fake: FakeSwitches, clock: Clock
+) -> None:
+    assert core.connectivity == "strict"
+    assert fake.send("C", plan.host("B").ip, tcp_src=40000, tcp_dst=5201) is None
+    with pytest.raises(ValueError, match="connectivity"):
+        ControllerCore(plan, fake, clock=clock, connectivity="open")

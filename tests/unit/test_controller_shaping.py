@@ -128,13 +128,16 @@ class FakeTc:
 
 
 # -- pure builders -----------------------------------------------------------------------------------
-def test_base_layout_is_root_link_and_background_classes() -> None:
+def test_base_layout_is_root_link_background_and_best_effort_classes() -> None:
     text = batch_text(base_layout("s1-eth2", 50.0))
 
     assert text.splitlines() == [
         "qdisc add dev s1-eth2 root handle 5:0 htb default 2",
         f"class add dev s1-eth2 parent 5:0 classid 5:1 htb rate 50000000bit ceil 50000000bit {HTB}",
         f"class add dev s1-eth2 parent 5:1 classid 5:2 htb rate 500000bit ceil 50000000bit {HTB} prio 1",
+        # best-effort: next to nothing guaranteed, the worst prio; fed by packets marked Lower Effort (DSCP 1)
+        f"class add dev s1-eth2 parent 5:1 classid 5:3 htb rate 1000bit ceil 50000000bit {HTB} prio 2",
+        "filter add dev s1-eth2 parent 5:0 protocol ip prio 1 u32 match ip dsfield 0x04 0xfc flowid 5:3",
     ]
 
 

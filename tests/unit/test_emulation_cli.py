@@ -55,3 +55,20 @@ def test_tables_render_flows_and_links() -> None:
 
     assert "tcp_dst=20014" in flow_text and "4500" in flow_text and "1 entries" in flow_text
     assert "A -> B" in link_text and "12.5%" in link_text and "s1-eth2" in link_text
+
+
+def test_flows_label_background_and_best_effort_entries() -> None:
+    base = {"switch": "s2", "site": "B", "task": None, "packets": 1, "bytes": 98}
+    flows = [
+        {**base, "kind": "best-effort", "priority": 10, "match": {"eth_type": 2048, "ipv4_dst": "10.0.0.3"},
+         "actions": [{"type": "SET_FIELD", "field": "ip_dscp", "value": 1}, {"type": "OUTPUT", "port": 3}]},
+        {**base, "kind": "background", "priority": 100,
+         "match": {"eth_type": 2048, "ipv4_src": "10.0.0.1", "ipv4_dst": "10.0.0.3"},
+         "actions": [{"type": "OUTPUT", "port": 4}]},
+        {**base, "kind": "table-miss", "priority": 0, "match": {}, "actions": []},
+    ]
+
+    rows = render_flows(flows).splitlines()[1:4]
+
+    assert [r.split()[2] for r in rows] == ["be", "bg", "-"]
+    assert [r.split()[-3] for r in rows] == ["3", "4", "drop"]

@@ -27,6 +27,14 @@ def test_shipped_configs_are_valid(name: str) -> None:
     assert "spff" in cfg.schedulers and "mst" in cfg.schedulers
 
 
+def test_experiments_run_in_strict_connectivity_unless_asked_otherwise() -> None:
+    default = parse_config({"name": "x"})
+    open_ = parse_config({"name": "x", "emulation": {"connectivity": "best-effort"}})
+
+    assert (default.emulation.connectivity, open_.emulation.connectivity) == ("strict", "best-effort")
+    assert open_.to_dict()["emulation"]["connectivity"] == "best-effort"
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [
@@ -38,6 +46,7 @@ def test_shipped_configs_are_valid(name: str) -> None:
         ({"name": "x", "topology": "sndlib/nope"}, "unknown topology"),
         ({"name": "x", "emulation": {"max_link_mbps": 5000}}, "emulation.max_link_mbps"),
         ({"name": "x", "emulation": {"backend": "vm"}}, "emulation.backend must be one of"),
+        ({"name": "x", "emulation": {"connectivity": "open"}}, "emulation.connectivity must be one of"),
         ({"name": "x", "background": {"load": 1.5}}, "background.load"),
         ({"name": "x", "background": {"enabled": "yes"}}, "true or false"),
         (["not", "a", "mapping"], "expected a mapping"),

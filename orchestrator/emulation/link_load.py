@@ -1,0 +1,113 @@
+"""Live load of every emulated link, split into AI (task) traffic and background, recorded over time.
+
+`LinkLoadSampler.sample` reads the controller's port statistics (what each switch port sent, all
+traffic classes) and flow statistics (bytes per entry), and returns per directed link ``a -> b``:
+the port's current rate, the rate of the task entries and of the background entries that output
+towards ``b`` (both from the change of their byte counters since the previous sample), the link's
+emulated capacity and whether it is up. An entry not seen at the previous sample counts from zero
+(it was installed in between); an entry that vanished (its task ended) is dropped. Rates are in
+emulated Mbit/s, as the controller reports them. Traffic of neither class (e.g. best-effort
+connectivity) is in ``rate_mbps`` only.
+
+`orchestrator.experiment.link_recorder.LinkRecorder` samples this on a thread into a run's database.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from topologies.plan import EmulationPlan
+
+LOG = logging.getLogger(__name__)
+
+#: Flow-entry priority of background routes (controller.flows.BACKGROUND_PRIORITY; not imported so
+#: that this module does not need the controller's dependencies).
+BACKGROUND_PRIORITY = 100
+#: Cookies of task entries are task ids: positive and below this (controller.flows.BACKGROUND_COOKIE).
+TASK_COOKIE_LIMIT = 1 << 63
+
+
+class LinkLoadSampler:
+    """Per-link AI and background rates from successive counter reads of a `ControllerClient`."""
+
+    def __init__(self, client: Any, plan: EmulationPlan, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.client = client
+        self.plan = plan
+        self.clock = clock
+        #: (site, port) -> directed link (a, b) that port sends on.
+        self._out: dict[tuple[str, int], tuple[str, str]] = {}
+        self._capacity: dict[tuple[str, str], float] = {}
+        for ln in plan.links:
+            self._out[(ln.a, ln.port_a)] = (ln.a, ln.b)
+            self._out[(ln.b, ln.port_b)] = (ln.b, ln.a)
+            self._capacity[(ln.a, ln.b)] = self._capacity[(ln.b, ln.a)] = ln.emulated_mbps
+        self._bytes: dict[str, int] = {}
+        self._t: float | None = None
+
+    @staticmethod
+    def _kind(flow: dict[str, Any]) -> str | None:
+        """``ai``, ``background`` or None (best-effort, table-miss): from the controller's ``kind``
+        where it gives one, else from the cookie and priority."""
+        kind = flow.get("kind")
+        if kind is not None:
+            return {"task": "ai", "background": "background"}.get(str(kind))
+        cookie = int(flow.get("cookie", 0))
+        if 0 < cookie < TASK_COOKIE_LIMIT and flow.get("task") is not None:
+            return "ai"
+        if int(flow.get("priority", -1)) == BACKGROUND_PRIORITY:
+            return "background"
+        return None
+
+    @staticmethod
+    def _out_port(actions: list[dict[str, Any]]) -> int | None:
+        for a in actions:
+            if a.get("type", "OUTPUT") == "OUTPUT" and "port" in a:
+                return int(a["port"])
+        return None
+
+    def sample(self) -> list[dict[str, Any]]:
+        """One reading of every directed link (see the module docstring); the first reading's
+        class rates are zero (nothing to difference against)."""
+        ports = self.client.link_stats()
+        flows = self.client.flows()
+        now = self.clock()
+        dt = None if self._t is None else now - self._t
+        split: dict[tuple[str, str], dict[str, float]] = {}
+        seen: dict[str, int] = {}
+        for f in flows:
+            kind = self._kind(f)
+            actions = f.get("actions") or []
+            port = self._out_port(actions)
+            if kind is None or port is None or f.get("site") is None:
+                continue
+            link = self._out.get((str(f["site"]), port))
+            if link is None:
+                continue
+            # one key per entry: its switch, priority, cookie, match and action
+            key = json.dumps([f.get("switch"), f.get("priority"), f.get("cookie"), f.get("match"), actions],
+                             sort_keys=True)
+            nbytes = int(f.get("bytes", 0))
+            seen[key] = nbytes
+            if dt:
+                grown = max(0, nbytes - self._bytes.get(key, 0))
+                acc = split.setdefault(link, {"ai": 0.0, "background": 0.0})
+                acc[kind] += grown * 8 / dt / 1e6
+        self._bytes, self._t = seen, now
+        rows = []
+        for p in ports:
+            try:
+                a, b = (str(x) for x in p["link"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            cls = split.get((a, b), {})
+            rows.append({"a": a, "b": b, "tx_bytes": int(p.get("tx_bytes", 0)),
+                         "rate_mbps": float(p.get("rate_mbps", 0.0)),
+                         "ai_mbps": round(cls.get("ai", 0.0), 3),
+                         "background_mbps": round(cls.get("background", 0.0), 3),
+                         "capacity_mbps": float(p.get("emulated_mbps", self._capacity.get((a, b), 0.0))),
+                         "up": bool(p.get("up", True))})
+        return rows

@@ -1,0 +1,73 @@
+"""`LinkRecorder`: link load (`orchestrator.emulation.link_load`) sampled on a thread about once a
+second into a run's `link_stats` table, through its own database connection; `latest` is the
+last sample. The experiment runner and `netai net up` record with it; the dashboard reads it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from orchestrator.emulation.link_load import LinkLoadSampler
+from orchestrator.experiment.results_db import ResultsDB
+from topologies.plan import EmulationPlan
+
+LOG = logging.getLogger(__name__)
+
+
+class LinkRecorder:
+    """Samples link load every `period_s` on a thread into `db_path`'s `link_stats` for `run_id`.
+
+    Times are `clock()` (the run's clock). A failed reading (the controller busy or restarting) is
+    skipped and counted in `errors`; `stop` (or leaving the context) ends the thread.
+    """
+
+    def __init__(self, client: Any, plan: EmulationPlan, db_path: Path, run_id: int, *,
+                 clock: Callable[[], float], period_s: float = 1.0) -> None:
+        self.sampler = LinkLoadSampler(client, plan)
+        self.db_path = db_path
+        self.run_id = run_id
+        self.clock = clock
+        self.period_s = period_s
+        self.latest: list[dict[str, Any]] = []
+        self.samples = 0
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> LinkRecorder:
+        self._thread = threading.Thread(target=self._loop, name="link-recorder", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        with ResultsDB(self.db_path) as db:
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                try:
+                    rows = self.sampler.sample()
+                    t = self.clock()
+                    db.record_link_stats(self.run_id, t, rows)
+                    self.latest = rows
+                    self.samples += 1
+                except Exception as e:  # noqa: BLE001 -- a missed sample is not the run's failure
+                    self.errors += 1
+                    if self.errors <= 3:
+                        LOG.warning("link sample failed: %s", e)
+                self._stop.wait(max(0.0, self.period_s - (time.monotonic() - t0)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def __enter__(self) -> LinkRecorder:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
