@@ -6,7 +6,7 @@
 - online: ``experiments/online.yaml`` (30 tasks, Poisson arrivals, spff and mst): per scheduler the
   tasks done, the blocking ratio, the mean round latency, the most tasks running at once and the
   machine's peak memory in use;
-- paper scale (``--paper``, about an hour): ``experiments/paper.yaml``'s wall time.
+- paper scale (``--paper``, about 35 minutes): ``experiments/paper.yaml``'s wall time.
 
 Usage: ``sudo .venv/bin/python benchmarks/bench_servers.py [--paper] [--only quick,online]``, or
 ``--from RUN_DIR ...`` to print the figures of runs already made. Runs one Mininet at a time.
@@ -78,7 +78,7 @@ def figures(run_dir: Path, wall_s: float | None = None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default="quick,online", help="comma-separated: quick, online, paper")
-    parser.add_argument("--paper", action="store_true", help="also run paper.yaml (about an hour)")
+    parser.add_argument("--paper", action="store_true", help="also run paper.yaml (about 35 minutes)")
     parser.add_argument("--from", dest="runs", type=Path, nargs="+", help="print the figures of these run dirs")
     parser.add_argument("--keep", type=Path, help="keep the runs in this directory")
     args = parser.parse_args(argv)

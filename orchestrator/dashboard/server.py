@@ -204,15 +204,16 @@ class Dashboard:
         no task of the database accounts for (e.g. ``netai schedule --install`` on a running network)."""
         frame: dict[str, Any] = self.with_view(lambda v: v.frame(None))
         if self.show_installed and self.controller is not None:
-            frame["tasks"] = frame["tasks"] + self._installed(frame)
+            frame["tasks"] = frame["tasks"] + self._installed(self.with_view(lambda v: v.task_ids()))
         return frame
 
-    def _installed(self, frame: dict[str, Any]) -> list[dict[str, Any]]:
+    def _installed(self, known: set[int]) -> list[dict[str, Any]]:
+        """The tasks installed at the controller but not recorded in the database (`known`: recorded
+        ids; a recorded task is shown from its record, also while its paths outlive its end)."""
         try:
             summaries = self.controller.tasks()
         except Exception:  # noqa: BLE001 -- the controller busy or gone: the frame without them
             return []
-        known = {t["task_id"] for t in frame["tasks"]}  # a task recorded in the database under its own id
         out = []
         for summary in summaries:
             install = summary.get("task_id")

@@ -79,6 +79,8 @@ class RunView:
             run_id = int(row["id"])
         self.run_id = run_id
         self._tables = {r["name"] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "t_s" not in {r["name"] for r in self.conn.execute("PRAGMA table_info(link_stats)")}:
+            self._tables.discard("link_stats")  # schema 1's table, never written: no link load to show
         self._schedules: dict[tuple[str, int], dict[str, Any]] = {}
 
     def close(self) -> None:
@@ -128,6 +130,11 @@ class RunView:
                                  (self.run_id,))[0]
                 ts += [x for x in (row["lo"], row["hi"]) if x is not None]
         return (min(ts), max(ts)) if ts else (0.0, 0.0)
+
+    def task_ids(self) -> set[int]:
+        """Every task id the run records (whatever its scheduler and state)."""
+        return {int(r["task_id"]) for r in self._rows("SELECT DISTINCT task_id FROM tasks WHERE run_id = ?",
+                                                       (self.run_id,))}
 
     # -- frames -----------------------------------------------------------------------------------
     def frame(self, t: float | None = None) -> dict[str, Any]:

@@ -16,13 +16,16 @@ import itertools
 import json
 import shutil
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -78,6 +81,14 @@ class NetUp:
     client: ControllerClient
     plan: EmulationPlan
     out: Path
+    dashboard: str
+
+
+def dashboard_tasks(net: NetUp) -> dict[str, dict[str, Any]]:
+    """The tasks the running network's live dashboard shows now, by key, with their trees' hops."""
+    with urllib.request.urlopen(net.dashboard + "api/frame", timeout=10) as r:
+        frame = json.loads(r.read())
+    return {t["key"]: t for t in frame["tasks"]}
 
 
 def _netai(*args: str) -> list[str]:
@@ -93,7 +104,11 @@ def net_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetUp]:
     out = tmp_path_factory.mktemp("net-up") / "net-up.out"
     with out.open("w") as sink:
         # Its output goes to a file: Mininet's chatter must never fill a pipe nobody reads.
-        proc = subprocess.Popen(_netai("net", "up", "--topology", "triangle", "--no-cli"), cwd=ROOT, text=True,
+        with socket.socket() as probe:  # a free loopback port for its dashboard
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        proc = subprocess.Popen(_netai("net", "up", "--topology", "triangle", "--no-cli", "--dashboard",
+                                       "--dashboard-port", str(port)), cwd=ROOT, text=True,
                                 stdout=sink, stderr=subprocess.STDOUT, preexec_fn=_default_sigint)
     state = None
     try:
@@ -106,7 +121,7 @@ def net_up(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NetUp]:
             time.sleep(0.1)  # polling the child's output and state file, bounded by the deadline
         client = ControllerClient(state.rest_url)
         plan = EmulationPlan.from_dict(client.topology()["plan"])
-        yield NetUp(proc, state, client, plan, out)
+        yield NetUp(proc, state, client, plan, out, f"http://127.0.0.1:{port}/")
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -156,6 +171,7 @@ def test_schedule_install_then_remove_on_the_running_network(net_up: NetUp) -> N
     report = json.loads(installed.stdout)
     task_id = report["task_id"]
     during = net_up.client.tasks()
+    shown = dashboard_tasks(net_up).get(f"installed/{task_id}")
     flows = subprocess.run(_netai("flows", "--task", str(task_id), "--json"), cwd=ROOT, capture_output=True,
                            text=True, timeout=60)
 
@@ -165,6 +181,8 @@ def test_schedule_install_then_remove_on_the_running_network(net_up: NetUp) -> N
                            text=True, timeout=60)
 
     assert [t["task_id"] for t in during] == [task_id]
+    assert shown is not None and shown["state"] == "installed"  # on the dashboard, with its trees
+    assert shown["schedule"]["hops"]["broadcast"] and shown["schedule"]["hops"]["upload"]
     assert report["installed"]["entries"] > 0 and report["run"] == net_up.state.run_id
     entries = json.loads(flows.stdout)
     assert flows.returncode == 0 and len(entries) == report["installed"]["entries"]
@@ -181,6 +199,7 @@ def test_a_task_attached_to_the_running_network_completes_and_its_flows_show_whi
                                    "--json", "--log-dir", str(tmp_path)),
                             cwd=ROOT, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     seen: dict[int, int] = {}  # task id -> most task entries seen at once in `netai flows`' source
+    drawn: dict[str, dict[str, Any]] = {}  # the tasks the live dashboard showed meanwhile
     deadline = time.monotonic() + ATTACH_TIMEOUT_S
     while proc.poll() is None and time.monotonic() < deadline:
         counts: dict[int, int] = {}
@@ -189,6 +208,7 @@ def test_a_task_attached_to_the_running_network_completes_and_its_flows_show_whi
                 counts[f["task"]] = counts.get(f["task"], 0) + 1
         for task_id, n in counts.items():
             seen[task_id] = max(seen.get(task_id, 0), n)
+        drawn.update(dashboard_tasks(net_up))
         time.sleep(0.2)  # polling the live flow table while the task runs, bounded by the deadline
     if proc.poll() is None:
         proc.kill()
@@ -201,16 +221,19 @@ def test_a_task_attached_to_the_running_network_completes_and_its_flows_show_whi
     assert all(0.0 <= r["accuracy"] <= 1.0 and r["latency_s"] > 0 for r in result["rounds"])
     assert result["backend"] == "attached" and result["run"] == net_up.state.run_id
     assert list(seen) == [task_id] and seen[task_id] > 0  # its entries were on the switches while it ran
+    on_page = drawn.get(f"mst/{task_id}")  # recorded in net up's database: shown once, not also as "installed"
+    assert on_page is not None and on_page["schedule"]["hops"]["broadcast"], sorted(drawn)
+    assert f"installed/{task_id}" not in drawn
     assert net_up.client.tasks() == []  # and removed at its end
     assert all(f["kind"] != "task" for f in net_up.client.flows())
     state = next(s for s in run_states() if s.run_id == net_up.state.run_id)
-    if state.db_path:  # `net up` records a results database: the task is in it, done, with its rounds
-        assert result["recorded_in"] == state.db_path
-        with sqlite3.connect(state.db_path) as db:
-            task_state = db.execute("SELECT state FROM tasks WHERE run_id = ? AND task_id = ?",
-                                    (state.db_run_id, task_id)).fetchone()
-            rounds = db.execute("SELECT count(*) FROM rounds WHERE run_id = ? AND task_id = ?",
+    assert state.db_path  # `net up` records a results database: the task is in it, done, with its rounds
+    assert result["recorded_in"] == state.db_path
+    with sqlite3.connect(state.db_path) as db:
+        task_state = db.execute("SELECT state FROM tasks WHERE run_id = ? AND task_id = ?",
                                 (state.db_run_id, task_id)).fetchone()
-            nodes = db.execute("SELECT count(*) FROM node_rounds WHERE run_id = ? AND task_id = ?",
-                               (state.db_run_id, task_id)).fetchone()
-        assert task_state == ("done",) and rounds == (2,) and nodes[0] >= 2 * 3
+        rounds = db.execute("SELECT count(*) FROM rounds WHERE run_id = ? AND task_id = ?",
+                            (state.db_run_id, task_id)).fetchone()
+        nodes = db.execute("SELECT count(*) FROM node_rounds WHERE run_id = ? AND task_id = ?",
+                           (state.db_run_id, task_id)).fetchone()
+    assert task_state == ("done",) and rounds == (2,) and nodes[0] >= 2 * 3

@@ -23,28 +23,17 @@ from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.runtime.backends import LoopbackBackend
 from orchestrator.runtime.compute import check_model
 from orchestrator.runtime.task_runner import FLOptions
+from tests.unit.test_running_network import FakeController as ReadOnlyController
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
 
 
-class FakeController:
+class FakeController(ReadOnlyController):
     """Installed tasks as the controller keeps them; byte counters that grow once per read."""
 
-    base_url = "http://127.0.0.1:1"
-
     def __init__(self, plan: EmulationPlan) -> None:
-        self.plan = plan
-        self.installed: dict[int, dict[str, Any]] = {}
+        super().__init__(plan)
         self.log: list[tuple[str, int]] = []
-
-    def topology(self) -> dict[str, Any]:
-        return {"plan": self.plan.to_dict()}
-
-    def tasks(self) -> list[dict[str, Any]]:
-        return [{"task_id": t} for t in sorted(self.installed)]
-
-    def task(self, task_id: int) -> dict[str, Any]:
-        return self.installed[task_id]
 
     def install_task(self, paths: Any) -> dict[str, Any]:
         body = paths.to_dict()

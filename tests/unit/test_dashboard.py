@@ -272,3 +272,47 @@ def test_replay_in_chromium_the_slider_changes_the_drawn_load(run: dict[str, Any
     assert at_end == pytest.approx(before)
     assert trees >= len(run["task"].local_sites) and rows == 1
     assert (tmp_path / "replay.png").stat().st_size > 10_000
+
+
+class InstalledController:
+    """Two tasks installed at the controller: one the run records (its paths outlive its end), one not."""
+
+    def __init__(self, recorded: int) -> None:
+        self.ids = [recorded, 99]
+
+    def tasks(self) -> list[dict[str, Any]]:
+        return [{"task_id": i, "label": "by hand", "reserved_mbps": 1.0} for i in self.ids]
+
+    def task(self, task_id: int) -> dict[str, Any]:
+        return {"paths": [{"sites": ["Seattle", "Palo-Alto", "San-Diego"], "kind": "broadcast"},
+                          {"sites": ["San-Diego", "Palo-Alto"], "kind": "upload"}]}
+
+
+def test_live_frames_add_tasks_installed_elsewhere_once(run: dict[str, Any]) -> None:
+    with Dashboard(run["path"], port=0, live=True, controller=InstalledController(run["task"].id),
+                   show_installed=True) as dash:
+        frame = json.loads(get(dash.url + "api/frame")[1])
+        replayed = json.loads(get(dash.url + "api/frame?t=3.5")[1])
+
+    (installed,) = [t for t in frame["tasks"] if t["state"] == "installed"]
+    assert installed["key"] == "installed/99"  # the recorded task is not shown a second time
+    assert installed["schedule"]["hops"] == {"broadcast": [["Palo-Alto", "San-Diego"], ["Seattle", "Palo-Alto"]],
+                                             "upload": [["San-Diego", "Palo-Alto"]]}
+    assert all(t["state"] != "installed" for t in replayed["tasks"])  # the past is the database's only
+
+
+def test_a_database_of_the_first_schema_replays_without_link_load(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    make_run(path)
+    with sqlite3.connect(path) as conn:  # as a run of schema 1 left it: link_stats with `ts`, no events
+        conn.executescript("DROP TABLE link_stats; DROP TABLE task_events; DROP TABLE node_rounds;"
+                           "CREATE TABLE link_stats (run_id INTEGER, ts REAL, a TEXT, b TEXT, tx_bytes INTEGER,"
+                           " rate_mbps REAL);")
+    view = RunView(path)
+
+    frame = view.frame(3.0)
+
+    assert view.meta()["topology"]["sites"] and view.time_range() == (0.0, 0.0)
+    assert frame["links"] == [] and frame["tasks"] == [] and frame["counts"] == {}
