@@ -205,9 +205,9 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
                     rec.state(sched, task.id, "running")
                     while not execution.check(manager.poll(schedule.overlay_nodes)):
                         time.sleep(0.05)  # poll interval of the roles' states, bounded by the task's budget
-                    execution.stop()
-                    result = execution.result()
-                    rec.rounds(schedule, figures, list(result.rounds), execution.events())
+                    events = execution.events()
+                    result = execution.result(events)
+                    rec.rounds(schedule, figures, list(result.rounds), events)
                     outcome, reason = "done", ""
                     return result
                 except (RuntimeError, TimeoutError) as e:

@@ -15,20 +15,15 @@ connectivity) is in ``rate_mbps`` only.
 from __future__ import annotations
 
 import json
-import logging
 import time
 from collections.abc import Callable
 from typing import Any
 
 from topologies.plan import EmulationPlan
 
-LOG = logging.getLogger(__name__)
-
-#: Flow-entry priority of background routes (controller.flows.BACKGROUND_PRIORITY; not imported so
-#: that this module does not need the controller's dependencies).
-BACKGROUND_PRIORITY = 100
-#: Cookies of task entries are task ids: positive and below this (controller.flows.BACKGROUND_COOKIE).
-TASK_COOKIE_LIMIT = 1 << 63
+#: The controller's entry kinds (``GET /flows``' ``kind``) that a link's load is split into; the
+#: others (best-effort, table-miss) are in the port's total only.
+KINDS = {"task": "ai", "background": "background"}
 
 
 class LinkLoadSampler:
@@ -49,20 +44,6 @@ class LinkLoadSampler:
         self._t: float | None = None
 
     @staticmethod
-    def _kind(flow: dict[str, Any]) -> str | None:
-        """``ai``, ``background`` or None (best-effort, table-miss): from the controller's ``kind``
-        where it gives one, else from the cookie and priority."""
-        kind = flow.get("kind")
-        if kind is not None:
-            return {"task": "ai", "background": "background"}.get(str(kind))
-        cookie = int(flow.get("cookie", 0))
-        if 0 < cookie < TASK_COOKIE_LIMIT and flow.get("task") is not None:
-            return "ai"
-        if int(flow.get("priority", -1)) == BACKGROUND_PRIORITY:
-            return "background"
-        return None
-
-    @staticmethod
     def _out_port(actions: list[dict[str, Any]]) -> int | None:
         for a in actions:
             if a.get("type", "OUTPUT") == "OUTPUT" and "port" in a:
@@ -79,7 +60,7 @@ class LinkLoadSampler:
         split: dict[tuple[str, str], dict[str, float]] = {}
         seen: dict[str, int] = {}
         for f in flows:
-            kind = self._kind(f)
+            kind = KINDS.get(str(f.get("kind")))
             actions = f.get("actions") or []
             port = self._out_port(actions)
             if kind is None or port is None or f.get("site") is None:

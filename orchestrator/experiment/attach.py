@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from orchestrator.emulation.running import RunningNetwork
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.experiment.task_manager import record_rounds
 from orchestrator.runtime.backends import NamespaceBackend
 from orchestrator.runtime.compute import ComputeManager
 from orchestrator.runtime.task_runner import (
@@ -37,8 +38,7 @@ from orchestrator.runtime.task_runner import (
     RoundResult,
     TaskExecution,
     TaskResult,
-    node_rounds,
-    summarize,
+    rounds_so_far,
 )
 from orchestrator.runtime.timing import TaskTiming, task_timing
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
@@ -127,16 +127,7 @@ class LiveRecorder:
 
     def rounds(self, schedule: Schedule, figures: RoundFigures, rounds: list[RoundResult],
                events: dict[str, list[dict[str, Any]]]) -> None:
-        for r in rounds:
-            bound = replace(figures.lower_bound, train_s=r.train_min_s)
-            self.db.record_round(
-                self.run_id, schedule.scheduler, schedule.task_id, r.round, latency_s=r.latency_s,
-                broadcast_s=r.broadcast_s, train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy,
-                lower_bound_s=bound.lower_s, stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s,
-                upload_tail_s=r.upload_tail_s, broadcast_bound_s=bound.broadcast_s, upload_bound_s=bound.upload_s,
-                reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
-        self.db.record_node_rounds(self.run_id, schedule.scheduler, schedule.task_id,
-                                   node_rounds(schedule, events, self.of))
+        record_rounds(self.db, self.run_id, schedule.scheduler, schedule, figures, rounds, events, self.of)
 
     def close(self) -> None:
         self.db.close()
@@ -274,7 +265,8 @@ def _run_roles(net: RunningNetwork, schedule: Schedule, figures: RoundFigures, t
                     time.sleep(0.05)  # poll interval of the roles' states, bounded by the task's budget
             finally:
                 execution.stop()
-            result = execution.result()
+            events = execution.events()
+            result = execution.result(events)
     except BaseException as e:
         if recorder:
             reason = f"{type(e).__name__}: {e}".splitlines()[0]
@@ -287,7 +279,7 @@ def _run_roles(net: RunningNetwork, schedule: Schedule, figures: RoundFigures, t
         admitted = recorder.db.query("SELECT admitted_s FROM tasks WHERE run_id = ? AND scheduler = ? AND task_id = ?",
                                      (recorder.run_id, scheduler, task_id))
         admitted_s = admitted[0]["admitted_s"] if admitted else None
-        recorder.rounds(schedule, figures, list(result.rounds), execution.events())
+        recorder.rounds(schedule, figures, list(result.rounds), events)
         recorder.db.set_task_setup(recorder.run_id, scheduler, task_id, agents_ready_s=result.agents_ready_s,
                                    connect_s=result.connect_s, chunk_bytes=result.chunk_bytes,
                                    connections_lost=result.connections_lost)
@@ -301,15 +293,11 @@ def _report_rounds(execution: TaskExecution, schedule: Schedule, figures: RoundF
                    recorder: LiveRecorder | None, on_round: Callable[[RoundResult], None]) -> int:
     """Report (and record) the rounds G completed since `reported`; returns how many are reported now."""
     events = execution.events()
-    done = sum(1 for e in events.get(schedule.global_site, []) if e.get("event") == "round_complete")
-    if done <= reported:
-        return reported
-    try:
-        rounds = summarize(schedule, events, rounds=done)
-    except RuntimeError:  # a torn events line: next time
+    rounds = rounds_so_far(schedule, events)  # none yet, or a torn events line: next time
+    if len(rounds) <= reported:
         return reported
     for r in rounds[reported:]:
         on_round(r)
     if recorder:
         recorder.rounds(schedule, figures, rounds, events)
-    return done
+    return len(rounds)

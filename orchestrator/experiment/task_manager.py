@@ -23,13 +23,14 @@ import contextlib
 import itertools
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.results_db import ResultsDB
-from orchestrator.runtime.task_runner import FLOptions, TaskExecution, node_rounds, summarize
+from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskExecution, node_rounds, rounds_so_far
 from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.cost import RoundFigures, emulated_rate, round_figures
@@ -92,6 +93,23 @@ def measured_background(client: Any, plan: EmulationPlan) -> dict[tuple[str, str
             continue
         loads[(str(a), str(b))] = rate / plan.bw_scale
     return loads
+
+
+def record_rounds(db: ResultsDB, run_id: int, scheduler: str, schedule: Schedule, figures: RoundFigures,
+                  rounds: Sequence[RoundResult], events: Mapping[str, Sequence[Mapping[str, Any]]],
+                  clock_of: Callable[[float], float]) -> None:
+    """Record `rounds` of `schedule`'s task, each with its lower bound and physical reference (the
+    round's own fastest training in place of the model's), and what every node did in each round
+    (from `events`, on the clock `clock_of`)."""
+    for r in rounds:
+        bound = replace(figures.lower_bound, train_s=r.train_min_s)
+        db.record_round(
+            run_id, scheduler, schedule.task_id, r.round, latency_s=r.latency_s, broadcast_s=r.broadcast_s,
+            train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=bound.lower_s,
+            stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s, upload_tail_s=r.upload_tail_s,
+            broadcast_bound_s=bound.broadcast_s, upload_bound_s=bound.upload_s,
+            reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
+    db.record_node_rounds(run_id, scheduler, schedule.task_id, node_rounds(schedule, events, clock_of))
 
 
 class TaskManager:
@@ -229,34 +247,18 @@ class TaskManager:
             return
         live.progress_read_t = now
         events = live.execution.events()
-        g = live.schedule.global_site
-        done = sum(1 for e in events.get(g, []) if e.get("event") == "round_complete")
-        if done <= live.rounds_recorded:
+        rounds = rounds_so_far(live.schedule, events)
+        if len(rounds) <= live.rounds_recorded:
             return
-        try:
-            rounds = summarize(live.schedule, events, rounds=done)
-        except RuntimeError:
-            return
-        self._record_rounds(live, rounds[live.rounds_recorded:])
-        self.db.record_node_rounds(self.run_id, live.scheduler, live.task.id,
-                                   node_rounds(live.schedule, events, self.clock.of))
-        live.rounds_recorded = done
-
-    def _record_rounds(self, live: LiveTask, rounds: Any) -> None:
-        figures = live.figures
-        for r in rounds:
-            bound = replace(figures.lower_bound, train_s=r.train_min_s)
-            self.db.record_round(
-                self.run_id, live.scheduler, live.task.id, r.round, latency_s=r.latency_s,
-                broadcast_s=r.broadcast_s, train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy,
-                lower_bound_s=bound.lower_s, stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s,
-                upload_tail_s=r.upload_tail_s, broadcast_bound_s=bound.broadcast_s, upload_bound_s=bound.upload_s,
-                reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
+        record_rounds(self.db, self.run_id, live.scheduler, live.schedule, live.figures,
+                      rounds[live.rounds_recorded:], events, self.clock.of)
+        live.rounds_recorded = len(rounds)
 
     def _record_result(self, live: LiveTask) -> float | None:
         """Record the rounds and figures of a task that completed; G's end on the run's clock."""
         assert live.execution is not None
-        result = live.execution.result()
+        events = live.execution.events()
+        result = live.execution.result(events)
         sched, task, figures = live.scheduler, live.task, live.figures
         first = self.clock.of(result.first_broadcast_t) if result.first_broadcast_t else None
         self.db.set_task_times(self.run_id, sched, task.id, first_broadcast_s=first,
@@ -266,9 +268,7 @@ class TaskManager:
             chunk_bytes=result.chunk_bytes, connections_lost=result.connections_lost,
             reservation_enforced=live.reservation_enforced,
             store_and_forward_s=figures.store_and_forward.broadcast_s + figures.store_and_forward.upload_s)
-        self._record_rounds(live, result.rounds)
-        self.db.record_node_rounds(self.run_id, sched, task.id,
-                                   node_rounds(live.schedule, live.execution.events(), self.clock.of))
+        record_rounds(self.db, self.run_id, sched, live.schedule, figures, result.rounds, events, self.clock.of)
         last = result.rounds[-1] if result.rounds else None
         LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, sched,
                  len(result.rounds), last.latency_s if last else float("nan"),

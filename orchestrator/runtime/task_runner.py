@@ -261,6 +261,18 @@ def summarize(
     return results
 
 
+def rounds_so_far(schedule: Schedule, events: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[RoundResult]:
+    """The rounds G has completed so far, summarized; [] while none has, or while an events line is
+    still torn (read again later)."""
+    done = sum(1 for e in events.get(schedule.global_site, []) if e.get("event") == "round_complete")
+    if not done:
+        return []
+    try:
+        return summarize(schedule, events, rounds=done)
+    except RuntimeError:
+        return []
+
+
 def node_rounds(schedule: Schedule, events: Mapping[str, Sequence[Mapping[str, Any]]],
                 clock_of: Callable[[float], float] = float) -> list[dict[str, Any]]:
     """What each overlay node did in each round, from its events (`ResultsDB.record_node_rounds`'s rows).
@@ -386,9 +398,10 @@ class TaskExecution:
     def events(self) -> dict[str, list[dict[str, Any]]]:
         return {n: read_events(p) for n, p in self.paths.items()}
 
-    def result(self) -> TaskResult:
-        return _task_result(self.schedule, self.manager.name, self.options, self.events(), self.log_dir,
-                            self.started_t)
+    def result(self, events: dict[str, list[dict[str, Any]]] | None = None) -> TaskResult:
+        """The task's result from its events (`events`, when the caller has just read them)."""
+        return _task_result(self.schedule, self.manager.name, self.options,
+                            self.events() if events is None else events, self.log_dir, self.started_t)
 
 
 def run_task(

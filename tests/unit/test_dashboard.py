@@ -188,9 +188,9 @@ class FakeController:
     def flows(self) -> list[dict[str, Any]]:
         ln = self.plan.links[0]
         return [
-            {"switch": "s1", "site": ln.a, "task": 7, "cookie": 7, "priority": 200, "match": {"tcp_dst": 1},
-             "actions": [{"type": "OUTPUT", "port": ln.port_a}], "bytes": self.task_bytes},
-            {"switch": "s1", "site": ln.a, "task": None, "cookie": 1 << 63, "priority": 100,
+            {"switch": "s1", "site": ln.a, "task": 7, "cookie": 7, "priority": 200, "kind": "task",
+             "match": {"tcp_dst": 1}, "actions": [{"type": "OUTPUT", "port": ln.port_a}], "bytes": self.task_bytes},
+            {"switch": "s1", "site": ln.a, "task": None, "cookie": 1 << 63, "priority": 100, "kind": "background",
              "match": {"ipv4_dst": "x"}, "actions": [{"type": "OUTPUT", "port": ln.port_a}], "bytes": self.bg_bytes},
             {"switch": "s1", "site": ln.a, "task": None, "cookie": (1 << 63) + 1, "priority": 10,
              "kind": "best-effort", "match": {"ipv4_dst": "y"},
