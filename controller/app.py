@@ -28,6 +28,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from controller.compat import (
@@ -52,6 +53,7 @@ from controller.flows import (
 )
 from controller.rest import RestApi
 from controller.shaping import ENV_LINK_DELAY, SubprocessTc, TcShaper
+from controller.state_store import ENV_STATE_DB, StateStore
 from topologies.plan import EmulationPlan
 
 ENV_PLAN_FILE = "NETAI_PLAN_FILE"
@@ -157,7 +159,12 @@ class NetaiController(BaseApp):
         if connectivity not in CONNECTIVITY_MODES:
             raise RuntimeError(f"{ENV_CONNECTIVITY} must be one of {', '.join(CONNECTIVITY_MODES)}, got {connectivity!r}")
         shaper = TcShaper(self.plan, SubprocessTc(), delay=os.environ.get(ENV_LINK_DELAY) == "1")
-        self.core = ControllerCore(self.plan, self, shaper=shaper, connectivity=connectivity)
+        state_db = os.environ.get(ENV_STATE_DB)
+        store = StateStore(Path(state_db)) if state_db else None
+        self.core = ControllerCore(self.plan, self, shaper=shaper, connectivity=connectivity, store=store)
+        restored = self.core.restore()
+        if restored:
+            self.logger.info("restored %d installed tasks from %s: %s", len(restored), state_db, restored)
         self.datapaths: dict[int, Any] = {}
         self._pending: dict[tuple[int, int], _Pending] = {}
         rest_port = int(os.environ.get(ENV_REST_PORT, DEFAULT_REST_PORT))

@@ -49,6 +49,7 @@ from controller.flows import (
 )
 from controller.paths import TaskPaths
 from controller.shaping import Reservation, Shaper, ShapingBuildError, ShapingError, ShapingStatus
+from controller.state_store import StateStore
 from topologies.plan import HOST_PORT, EmulationPlan
 
 #: How many port-status events the controller keeps for the API.
@@ -178,6 +179,7 @@ class ControllerCore:
         clock: Callable[[], float] = time.monotonic,
         shaper: Shaper | None = None,
         connectivity: str = STRICT,
+        store: StateStore | None = None,
     ) -> None:
         if connectivity not in CONNECTIVITY_MODES:
             raise ValueError(f"connectivity must be one of {', '.join(CONNECTIVITY_MODES)}, got {connectivity!r}")
@@ -197,9 +199,58 @@ class ControllerCore:
         self.errors: deque[dict[str, Any]] = deque(maxlen=PORT_EVENT_HISTORY)
         self._ports: dict[tuple[int, int], _PortCounters] = {}
         self._dpids = {sw.dpid for sw in plan.switches}
+        #: Where accepted changes are written, so that a restarted controller comes back with them.
+        self.store = store
+        #: Tasks taken back from the store at start (`restore`).
+        self.restored: list[int] = []
         # REST greenthreads and the event loop interleave only at I/O, but a lock keeps it correct
         # under the native hub and in threaded tests too.
         self._lock = threading.RLock()
+
+    # -- restart ---------------------------------------------------------------------------------------
+    def restore(self) -> list[int]:
+        """Take back what the store holds (a restarted controller; before any switch connects, so each
+        gets every entry at its connection): the background pairs, then every task with its entries
+        and its reservation's classes re-made. A stored task that no longer builds is dropped and
+        recorded as an error. Returns the restored task ids."""
+        if self.store is None:
+            return []
+        tasks, pairs = self.store.load()
+        try:
+            norm = normalize_pairs(pairs)
+            with self._lock:
+                self.background_pairs, self.background = norm, background_entries(self.plan, norm)
+        except FlowBuildError as e:
+            self.errors.append({"t_s": 0.0, "error": f"stored background not restored: {e}"})
+        for body, minor in tasks:
+            try:
+                task = TaskPaths.from_dict(body)
+                entries = task_entries(task, self.plan)
+            except (FlowBuildError, ValueError, KeyError, TypeError) as e:
+                self.errors.append({"t_s": 0.0, "error": f"stored task not restored: {e}"})
+                continue
+            installed = InstalledTask(task, entries, self.clock())
+            with self._lock:
+                self.tasks[task.task_id] = installed
+            restore = getattr(self.shaper, "restore", None)
+            if minor is not None and restore is not None:
+                try:
+                    installed.reservation = restore(task, int(minor))
+                except (ShapingError, ShapingBuildError, ValueError) as e:
+                    installed.reservation = Reservation(False, f"not restored: {e}")
+            self.restored.append(task.task_id)
+        return list(self.restored)
+
+    def _persist_task(self, task_id: int) -> None:
+        if self.store is None:
+            return
+        with self._lock:
+            installed = self.tasks.get(task_id)
+        if installed is None:
+            self.store.delete_task(task_id)
+            return
+        classes = installed.reservation.classes
+        self.store.save_task(task_id, installed.paths.to_dict(), None if classes is None else classes.minor)
 
     # -- switch life cycle -------------------------------------------------------------------------
     def expected_entries(self, dpid: int) -> list[FlowEntry]:
@@ -313,6 +364,7 @@ class ControllerCore:
             installed = self.tasks.get(task_id)
             if installed is not None and installed.entries is entries:
                 installed.reservation = reservation
+        self._persist_task(task_id)
         return self._task_summary_of(task_id, task, entries, reservation)
 
     # -- reservations ------------------------------------------------------------------------------
@@ -376,6 +428,7 @@ class ControllerCore:
                 self.sender.remove_cookie(dpid, task_id)
         finally:
             removed = self._unshape(task_id, "removal of")
+            self._persist_task(task_id)
         summary = self._task_summary_of(task_id, task.paths, task.entries, task.reservation)
         summary["reservation"]["removed"] = removed
         return summary
@@ -438,6 +491,8 @@ class ControllerCore:
             self.sender.remove_cookie(dpid, BACKGROUND_COOKIE)
         for dpid, dp_entries in sorted(by_dpid(entries).items()):
             self.sender.install(dpid, dp_entries)
+        if self.store is not None:
+            self.store.save_background([list(p) for p in norm])
         return self.get_background()
 
     def get_background(self) -> dict[str, Any]:
@@ -519,6 +574,7 @@ class ControllerCore:
                 "port_events": len(self.port_events),
                 "errors": list(self.errors)[-10:],
                 "uptime_s": round(self.clock() - self.started_at, 3),
+                "restored_tasks": list(self.restored),
                 "reservations": reservations,
             }
 

@@ -535,6 +535,26 @@ class TcShaper:
         with self._lock:
             return self._remove_locked(task_id)
 
+    def restore(self, task: TaskPaths, minor: int) -> Reservation:
+        """Take back a task a previous controller shaped with class `minor` (a restarted controller):
+        whatever of its classes and filters the links still hold is removed, then they are
+        installed afresh, so what is enforced is what this shaper records."""
+        with self._lock:
+            classes = task_classes(task, self.plan, minor, self._used(task.task_id))
+            status = self.status()
+            if not status.enforced:
+                return Reservation(False, status.reason)
+            self._cleanup(classes)
+            self.stale.discard(minor)
+            self.tasks[task.task_id] = classes
+            try:
+                self.runner.run(install_commands(classes, delay=self.delay))
+            except ShapingError:
+                self.tasks.pop(task.task_id, None)
+                self._cleanup(classes)
+                raise
+            return Reservation(True, f"class {classes.classid} on {len(classes.links)} links (restored)", classes)
+
     def _remove_locked(self, task_id: int) -> TaskClasses | None:
         classes = self.tasks.pop(task_id, None)
         if classes is None:

@@ -71,6 +71,18 @@ class AgentConfig:
     max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
     threads: int = 1
     events_path: str | None = None
+    #: The first round this role takes part in: 1, or the round after the last one a task completed
+    #: before it was moved (rescheduled, or restarted so that a site rejoins).
+    first_round: int = 1
+    #: G only: a safetensors file of the global model to start from (a moved task's last completed
+    #: round); None: the model's seeded initialisation. Set by the site server after checking it.
+    init_model: str | None = None
+    #: G only: write the global model to this safetensors file after every round (atomically), so
+    #: that a moved task resumes from its last completed round. Set by the site server.
+    checkpoint_path: str | None = None
+    #: Log a fingerprint of each update and aggregate (two linear functionals of the weights, so that
+    #: an aggregate's can be checked against the weighted mean of its contributors'; `workers.rounds`).
+    fingerprints: bool = False
 
     @property
     def trains(self) -> bool:
@@ -113,6 +125,10 @@ class AgentConfig:
             raise ValueError(f"{cfg.site}: G needs at least one upload child")
         if cfg.rounds < 1:
             raise ValueError("rounds must be at least 1")
+        if not 1 <= cfg.first_round <= cfg.rounds:
+            raise ValueError(f"first_round must be in 1..{cfg.rounds}, got {cfg.first_round}")
+        if not cfg.is_global and (cfg.init_model is not None or cfg.checkpoint_path is not None):
+            raise ValueError(f"{cfg.site}: only G starts from or writes a global model file")
         if cfg.expects_global and not cfg.is_global and cfg.broadcast_parent is None:
             raise ValueError(f"{cfg.site}: a node that expects GLOBAL needs a broadcast parent")
         for name in ("child_timeout_s", "connect_timeout_s", "global_timeout_s"):
@@ -121,6 +137,18 @@ class AgentConfig:
         if cfg.max_chunk_bytes is not None and cfg.max_chunk_bytes < 1024:
             raise ValueError("max_chunk_bytes must be at least 1024 (or null: one chunk per message)")
         return cfg
+
+
+#: G's global model after each round, beside its events file (``<stem>.events.jsonl``).
+CHECKPOINT_SUFFIX = ".global.safetensors"
+EVENTS_SUFFIX = ".events.jsonl"
+
+
+def checkpoint_of(events_path: Path) -> Path:
+    """Where G, logging to `events_path`, writes its global model after every round."""
+    name = events_path.name
+    stem = name[: -len(EVENTS_SUFFIX)] if name.endswith(EVENTS_SUFFIX) else name
+    return events_path.with_name(stem + CHECKPOINT_SUFFIX)
 
 
 def normalize_spec(spec: str) -> str:

@@ -40,7 +40,7 @@ _DIGEST = re.compile(r"[0-9a-f]{64}")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LEN = struct.Struct(">I")
 
-OPS: dict[str, dict[str, type | tuple[type, ...]]] = {
+OPS: dict[str, dict[str, type]] = {
     "hello": {},
     "put_module": {"digest": str, "source": str},
     "start": {"config": dict, "events": str},
@@ -48,6 +48,11 @@ OPS: dict[str, dict[str, type | tuple[type, ...]]] = {
     "stop": {"task": int},
     "forget": {"task": int},
     "shutdown": {},
+}
+#: Fields a request may leave out. ``start``: ``checkpoint`` (G writes its global model after every
+#: round, beside its events file) and ``init_model`` (G starts from that file, relative to the log root).
+OPTIONAL: dict[str, dict[str, type]] = {
+    "start": {"checkpoint": bool, "init_model": str},
 }
 
 
@@ -107,9 +112,13 @@ def check_request(msg: Mapping[str, Any]) -> str:
     if not isinstance(op, str) or op not in OPS:
         raise ProtocolError(f"unknown op {op!r}: one of {sorted(OPS)}")
     fields = OPS[op]
-    extra = set(msg) - set(fields) - {"op"}
+    optional = OPTIONAL.get(op, {})
+    extra = set(msg) - set(fields) - set(optional) - {"op"}
     if extra:
         raise ProtocolError(f"{op}: unknown fields {sorted(extra)}")
+    for name, kind in optional.items():
+        if name in msg and (not isinstance(msg[name], kind) or (kind is not bool and isinstance(msg[name], bool))):
+            raise ProtocolError(f"{op}: {name!r} has the wrong type ({type(msg[name]).__name__})")
     for name, kind in fields.items():
         if name not in msg:
             raise ProtocolError(f"{op}: missing {name!r}")

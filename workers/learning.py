@@ -98,6 +98,33 @@ class Learner:
     def load(self, tensors: TensorSet) -> None:
         self.model.load_state_dict(tensors)
 
+    def load_file(self, path: str) -> None:
+        """Load the weights from a safetensors file, checked against the template (names, shapes,
+        dtypes, finite values); raises ValueError naming what is wrong. Nothing is unpickled."""
+        from safetensors.torch import load_file
+
+        got = load_file(path)
+        if set(got) != set(self.template):
+            raise ValueError(f"{path}: tensors {sorted(set(got) ^ set(self.template))[:4]} do not match the model")
+        for name, t in got.items():
+            ref = self.template[name]
+            if t.shape != ref.shape or t.dtype != ref.dtype:
+                raise ValueError(f"{path}: {name} is {t.dtype} {tuple(t.shape)}, the model has {ref.dtype} "
+                                 f"{tuple(ref.shape)}")
+            if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                raise ValueError(f"{path}: {name} has non-finite values")
+        self.model.load_state_dict(got)
+
+    def save_file(self, path: str) -> None:
+        """Write the weights to a safetensors file atomically (a reader never sees half a file)."""
+        import os
+
+        from safetensors.torch import save_file
+
+        tmp = f"{path}.tmp"
+        save_file({k: v.detach().contiguous() for k, v in self.model.state_dict().items()}, tmp)
+        os.replace(tmp, path)
+
 
 def warm_process() -> None:
     """Pay a process's one-time costs (the dataset library, torch's first forward and backward

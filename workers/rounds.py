@@ -19,10 +19,15 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
 - **Faults.** A child that has not delivered the chunk being waited for by the round's deadline is
   a straggler; a child whose connection breaks is lost. Both are left out of the rest of the round
   and logged. Because every chunk carries its own example count, leaving a contributor out part-way
-  keeps every chunk an exact weighted mean of what it holds.
+  keeps every chunk an exact weighted mean of what it holds. A lost child stays *absent*: left out
+  of every later round from its start (``child_absent``), not waited for, until it says READY again.
+- **Resuming.** A role may start at round ``first_round`` > 1 (a task moved to new trees, or
+  restarted so that a site rejoins): G starts from the global model file it is given
+  (``init_model``, the old G's last checkpoint) and writes its global model after every round
+  (``checkpoint_path``), so a move loses at most the round in flight.
 
 Timing events (JSON lines, `workers.events`): connected, round_start (G), global_first,
-forward_first, global_received, train_start, train_end, child_received, child_timeout, child_lost,
+forward_first, global_received, train_start, train_end, child_received, child_timeout, child_lost, child_absent,
 connection_lost, connection_closed, update_first_sent, update_sent, aggregated, round_complete, rejected, stale, connect,
 own_excluded, stopped, error, done.
 
@@ -61,6 +66,19 @@ from workers.framing import (
 SELF = ""  # the node's own contribution among a chunk's contributors
 
 
+def fingerprint(tensors: Mapping[str, torch.Tensor]) -> list[float]:
+    """Two linear functionals of a tensor set (float64): the sum of every element, and the sum
+    weighted by (index mod 7) - 3. Linear, so an aggregate's fingerprint is the example-weighted mean
+    of its contributors' (up to float32 rounding): what the fault tests check a round against."""
+    total = weighted = 0.0
+    for name in sorted(tensors):
+        t = tensors[name].detach().reshape(-1).to(torch.float64)
+        w = torch.arange(t.numel(), dtype=torch.float64).remainder_(7).sub_(3)
+        total += float(t.sum())
+        weighted += float((t * w).sum())
+    return [total, weighted]
+
+
 class Sender(Protocol):
     """An outbound connection (`workers.transport.Outbound`)."""
 
@@ -80,6 +98,10 @@ class Learning(Protocol):
     def state(self) -> TensorSet: ...
 
     def load(self, tensors: TensorSet) -> None: ...
+
+    def load_file(self, path: str) -> None: ...
+
+    def save_file(self, path: str) -> None: ...
 
 
 @dataclass
@@ -128,6 +150,8 @@ class RoundEngine:
         self.finished_rounds: set[int] = set()
         self._connected: set[tuple[str, str]] = set()
         self._ready_children: set[str] = set()
+        #: Upload children whose connection broke, left out of new rounds until they say READY again.
+        self.absent: set[str] = set()
         self.set_up = False
         self.t_started = clock()
         self.fatal: str | None = None
@@ -146,8 +170,9 @@ class RoundEngine:
             if payload:
                 raise FrameError("bad_payload", f"{header.type} carries no payload", header)
             return {}
-        if not 1 <= header.round <= self.cfg.rounds:
-            raise FrameError("bad_round", f"round {header.round} outside 1..{self.cfg.rounds}", header)
+        if not self.cfg.first_round <= header.round <= self.cfg.rounds:
+            raise FrameError("bad_round", f"round {header.round} outside {self.cfg.first_round}..{self.cfg.rounds}",
+                             header)
         if header.chunks != len(self.layout) or header.chunk >= len(self.layout):
             raise FrameError("bad_chunk", f"chunk {header.chunk} of {header.chunks}; this task's model has "
                              f"{len(self.layout)} chunks", header)
@@ -217,7 +242,9 @@ class RoundEngine:
         self.set_up = True
         self.log.emit("connected", setup_s=self.clock() - self.t_started, connections=len(self._needed()))
         if self.cfg.is_global:
-            self._start_round(1)
+            if self.cfg.init_model is not None:
+                self.learner.load_file(self.cfg.init_model)
+            self._start_round(self.cfg.first_round)
         elif self.upload_out is not None:
             self.upload_out.send(encode_frame(Header("READY", self.cfg.task, 0, self.cfg.site), b""), round=0)
 
@@ -225,6 +252,9 @@ class RoundEngine:
     def _on_frame(self, kind: str, peer: str, header: Header, payload: bytearray, tensors: TensorSet) -> None:
         if header.type == "READY":
             self._ready_children.add(peer)
+            if peer in self.absent:
+                self.absent.discard(peer)
+                self.log.emit("child_rejoined", peer=peer)
             self._check_set_up()
         elif header.type == "STOP":
             self.log.emit("stopped", peer=peer)
@@ -247,6 +277,8 @@ class RoundEngine:
             st.own_excluded = not self.cfg.trains
             st.own_done = not self.cfg.trains
             self.rounds[r] = st
+            for child in sorted(self.absent & set(st.child_next)):
+                self._exclude(st, child, "child_absent", "its connection broke in an earlier round")
         return st
 
     def _on_global(self, header: Header, payload: bytearray, tensors: TensorSet) -> None:
@@ -300,6 +332,8 @@ class RoundEngine:
         if not self.set_up and direction == "out" and ("out", peer) not in self._connected:
             self.fatal = f"could not connect to {peer}: {error}"
             return
+        if direction == "in" and peer in {c.site for c in self.cfg.upload_children}:
+            self.absent.add(peer)
         for st in list(self.rounds.values()):
             if direction == "in" and peer in st.child_next and st.child_next[peer] < len(self.layout):
                 self._exclude(st, peer, "child_lost", error)
@@ -346,8 +380,9 @@ class RoundEngine:
     def _train_and_add(self, st: _Round) -> None:
         self.log.emit("train_start", round=st.number)
         n = self.learner.train()
-        self.log.emit("train_end", round=st.number, num_examples=n)
         own = self.learner.state()
+        self.log.emit("train_end", round=st.number, num_examples=n,
+                      **({"fingerprint": fingerprint(own)} if self.cfg.fingerprints else {}))
         for k in range(st.next_out, len(self.layout)):
             st.chunks[k].add(SELF, chunk_view(own, self.layout[k]), n)
         st.own_done = True
@@ -430,9 +465,12 @@ class RoundEngine:
         t_agg = self.log.emit("aggregated", round=st.number, num_examples=st.max_examples,
                               num_updates=len(self._contributors(st)), stragglers=sorted(st.excluded))
         self.learner.load(self._next_global)
+        if self.cfg.checkpoint_path is not None:
+            self.learner.save_file(self.cfg.checkpoint_path)
         accuracy, loss = self.learner.evaluate()
         self.log.emit("round_complete", round=st.number, latency_s=t_agg - st.start, accuracy=accuracy, loss=loss,
                       num_examples=st.max_examples, min_chunk_examples=st.min_examples or 0,
-                      stragglers=sorted(st.excluded))
+                      stragglers=sorted(st.excluded),
+                      **({"fingerprint": fingerprint(self._next_global)} if self.cfg.fingerprints else {}))
         if st.number < self.cfg.rounds:
             self._start_round(st.number + 1)

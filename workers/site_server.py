@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from workers.config import AgentConfig
+from workers.config import CHECKPOINT_SUFFIX, AgentConfig, checkpoint_of
 from workers.control import (
     PROTOCOL_VERSION,
     ProtocolError,
@@ -174,6 +174,16 @@ class SiteServer:
             raise ValueError(f"events path {rel!r} must name a *.events.jsonl file")
         return path
 
+    def _model_file(self, rel: str) -> Path:
+        p = Path(rel)
+        if p.is_absolute() or ".." in p.parts or not p.parts:
+            raise ValueError(f"model file {rel!r} must be relative to the log root, without '..'")
+        path = (self.log_root / p).resolve()
+        if not path.is_relative_to(self.log_root) or not path.name.endswith(CHECKPOINT_SUFFIX) \
+                or not path.is_file():
+            raise ValueError(f"model file {rel!r} is not an existing *{CHECKPOINT_SUFFIX} file under the log root")
+        return path
+
     def _model_spec(self, spec: str) -> str:
         shipped = parse_shipped(spec)
         if shipped is not None:
@@ -199,8 +209,18 @@ class SiteServer:
             raise ValueError(f"task {cfg.task} already has a role here ({old.state}); forget it first")
         if sum(r.active for r in self.roles.values()) >= self.max_roles:
             raise ValueError(f"this server already runs {self.max_roles} roles")
+        if cfg.init_model is not None or cfg.checkpoint_path is not None:
+            raise ValueError("init_model and checkpoint_path are set by the server (start's own fields)")
         events = self._events_path(msg["events"])
-        cfg = replace(cfg, model=self._model_spec(cfg.model), events_path=str(events))
+        files: dict[str, Any] = {}
+        if msg.get("checkpoint") or msg.get("init_model") is not None:
+            if not cfg.is_global:
+                raise ValueError("only G writes or starts from a global model file")
+            if msg.get("checkpoint"):
+                files["checkpoint_path"] = str(checkpoint_of(events))
+            if msg.get("init_model") is not None:
+                files["init_model"] = str(self._model_file(msg["init_model"]))
+        cfg = replace(cfg, model=self._model_spec(cfg.model), events_path=str(events), **files)
         role = Role(cfg, events)
         self.roles[cfg.task] = role
         role.thread.start()

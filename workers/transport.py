@@ -43,6 +43,11 @@ from workers.framing import (
 #: First and largest pause between connect attempts (doubling in between).
 BACKOFF_FIRST_S = 0.02
 BACKOFF_MAX_S = 1.0
+#: Once a reconnect has failed for good, what is queued for the peer is dropped, and a single
+#: connect attempt of at most `RETRY_CONNECT_S` is made at most every `RETRY_EVERY_S` (a dead peer
+#: must not hold up the node's sending, nor its end).
+RETRY_EVERY_S = 2.0
+RETRY_CONNECT_S = 1.0
 #: How long an accepted connection may take to say HELLO.
 HELLO_TIMEOUT_S = 10.0
 #: Connections a listener holds before they said HELLO, beyond the peers it expects.
@@ -133,7 +138,9 @@ class Outbound:
     """One connection this node opens to `peer_host:port`, with a sender thread (see the module
     docstring). `send` queues a frame; `on_lost(error)` is called (from the sender thread) when a
     write fails; the thread then reconnects, bounded by `connect_timeout_s`, and drops what was
-    queued for the round that broke (its receiver has dropped that message too)."""
+    queued for the round that broke (its receiver has dropped that message too). If that reconnect
+    fails, the peer counts as gone: frames for it are dropped, with one short connect attempt at
+    most every `RETRY_EVERY_S` (a peer that comes back gets the frames queued after it did)."""
 
     def __init__(
         self,
@@ -160,6 +167,9 @@ class Outbound:
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._stopping = threading.Event()
         self._broken_round: int | None = None
+        #: When the last reconnect failed for good (monotonic), or None while the peer counts as there.
+        self._gone_since: float | None = None
+        self._last_try = 0.0
         self._thread = threading.Thread(target=self._run, name=f"send-{peer}", daemon=True)
 
     def start(self) -> None:
@@ -177,9 +187,10 @@ class Outbound:
         self._close_socket()
         return done
 
-    def _connect(self) -> None:
-        """Connect (and say HELLO), retrying with backoff until the deadline; raises the last error."""
-        deadline = time.monotonic() + self.connect_timeout_s
+    def _connect(self, within_s: float | None = None) -> None:
+        """Connect (and say HELLO), retrying with backoff until the deadline (`within_s`, default
+        `connect_timeout_s`); raises the last error."""
+        deadline = time.monotonic() + (self.connect_timeout_s if within_s is None else within_s)
         pause, attempts, t0 = BACKOFF_FIRST_S, 0, time.monotonic()
         while True:
             attempts += 1
@@ -224,13 +235,21 @@ class Outbound:
                 return
             if self._broken_round is not None and item.round <= self._broken_round:
                 continue  # the rest of a message whose stream broke: its receiver dropped it
+            if self.sock is None and self._gone_since is not None:
+                now = time.monotonic()
+                if now - self._last_try < RETRY_EVERY_S:
+                    continue  # the peer is gone: drop, do not wait for it
+                self._last_try = now
             try:
                 if self.sock is None:
-                    self._connect()
+                    self._connect(None if self._gone_since is None else RETRY_CONNECT_S)
+                    self._gone_since = None
                 assert self.sock is not None
                 sendmsg_all(self.sock, item.pieces)
             except OSError as e:
                 self._broken_round = item.round
+                if self.sock is None and self._gone_since is None:
+                    self._gone_since = self._last_try = time.monotonic()
                 self._close_socket()
                 self.on_lost(self.peer, e)
                 if self._stopping.is_set():

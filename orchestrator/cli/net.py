@@ -195,6 +195,31 @@ def _client(args: argparse.Namespace) -> Any:
     return ControllerClient(live[0].rest_url)
 
 
+def cmd_net_link(args: argparse.Namespace) -> int:
+    """Cut or restore a link of the running network, both directions; wait until the controller
+    has seen it (port status), as the orchestrator would."""
+    from orchestrator.emulation.links import link_interfaces, set_link
+    from orchestrator.emulation.running import find_running
+
+    net = find_running(args.url)
+    link_interfaces(net.plan, args.a, args.b)  # unknown or unlinked sites: exit 2 before root is asked
+    _need_root("changing a link")
+    up = args.state == "up"
+    ends = set_link(net.plan, args.a, args.b, up)
+    want = sorted((args.a, args.b))
+    deadline = time.monotonic() + 5.0
+    seen = False
+    while time.monotonic() < deadline and not seen:
+        down = {tuple(sorted(p["link"])) for p in net.client.topology().get("ports_down", [])
+                if isinstance(p.get("link"), list) and len(p["link"]) == 2}
+        seen = (tuple(want) in down) != up
+        if not seen:
+            time.sleep(0.1)  # the switch's port-status message is on its way; bounded by the deadline
+    print(f"link {args.a}-{args.b} {args.state} ({ends[0]}, {ends[1]}); the controller "
+          f"{'saw it' if seen else 'has not reported it yet'}")
+    return 0 if seen else 1
+
+
 def _refresh(args: argparse.Namespace, render: Callable[[], str]) -> int:
     from orchestrator.emulation.controller_client import ControllerHTTPError, ControllerUnreachable
 
@@ -318,6 +343,13 @@ def register(subparsers: Any) -> None:
     test.add_argument("--seconds", type=float, default=3.0, help="iperf3 duration")
     test.add_argument("--json", action="store_true", help="print the summary as JSON")
     test.set_defaults(func=cmd_net_test)
+
+    link = net_sub.add_parser("link", help="cut (down) or restore (up) a link of the running network, both ways")
+    link.add_argument("a", help="one end's site")
+    link.add_argument("b", help="the other end's site")
+    link.add_argument("state", choices=("down", "up"))
+    link.add_argument("--url", help="controller REST URL of the running network (default: the only one running)")
+    link.set_defaults(func=cmd_net_link)
 
     flows = subparsers.add_parser("flows", help="live table of flow entries and counters of a running network")
     flows.add_argument("--task", type=int, help="only this task's entries")

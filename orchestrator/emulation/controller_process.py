@@ -21,6 +21,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from controller.state_store import ENV_STATE_DB
 from orchestrator.emulation.controller_client import ControllerClient
 from topologies.plan import EmulationPlan
 
@@ -79,6 +80,9 @@ class ControllerProcess:
         self.extra_env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.run_dir / "controller.log"
+        #: The controller's own database of what it installed: a restarted controller restores it.
+        self.state_db = self.run_dir / "controller-state.db"
+        self._restarting = False
         self.client = ControllerClient(f"http://{LISTEN_HOST}:{self.rest_port}")
 
     @property
@@ -90,6 +94,8 @@ class ControllerProcess:
         if self.proc is not None:
             raise RuntimeError("controller already started")
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self._restarting:
+            self.state_db.unlink(missing_ok=True)  # a first start begins empty; a restart restores
         plan_file = self.run_dir / "plan.json"
         plan_file.write_text(json.dumps(self.plan.to_dict(), indent=1))
         cmd = [
@@ -98,7 +104,8 @@ class ControllerProcess:
             "--ofp-tcp-listen-port", str(self.of_port),
             APP_MODULE,
         ]
-        env = {**os.environ, **self.extra_env, "NETAI_PLAN_FILE": str(plan_file), "NETAI_REST_PORT": str(self.rest_port)}
+        env = {**os.environ, **self.extra_env, "NETAI_PLAN_FILE": str(plan_file), "NETAI_REST_PORT": str(self.rest_port),
+               ENV_STATE_DB: str(self.state_db)}
         with self.log_path.open("ab") as log:
             log.write(f"$ {' '.join(cmd)}\n".encode())
             log.flush()
@@ -106,6 +113,20 @@ class ControllerProcess:
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 start_new_session=True,
             )
+
+    def restart(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Stop the controller and start it again on the same ports with the same state database (it
+        restores the installed tasks and background); returns ``/health`` once every switch has
+        reconnected and got its entries back."""
+        self.stop()
+        self.proc = None
+        self._restarting = True
+        try:
+            self.start()
+        finally:
+            self._restarting = False
+        self.wait_ready(timeout_s)
+        return self.wait_switches(timeout_s)
 
     def exited(self) -> str | None:
         """None while running; else why it stopped, with the end of its log."""

@@ -58,6 +58,7 @@ from orchestrator.emulation.cleanup import (
 )
 from orchestrator.emulation.controller_client import ControllerClient
 from orchestrator.emulation.controller_process import ControllerProcess
+from orchestrator.emulation.links import set_link
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import Schedule
 from topologies.errors import TopologyError
@@ -254,6 +255,24 @@ class Emulation:
     def install_task(self, schedule: Schedule) -> dict[str, Any]:
         """Install a scheduled task's paths (and their reserved rates) through the controller."""
         return self.client.install_task(task_paths(schedule, bw_scale=self.plan.bw_scale))
+
+    def set_link(self, a: str, b: str, up: bool) -> tuple[str, str]:
+        """Cut (``up=False``) or restore the A-B link, both directions (`orchestrator.emulation.links`)."""
+        if self.net is None:
+            raise EmulationError("the emulation is not running")
+        return set_link(self.plan, a, b, up)
+
+    def restart_controller(self, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Restart the controller (same ports, its state database restored); ``/health`` once every
+        switch is back. The run state records the new pid, so teardown and cleanup still find it."""
+        if self.controller is None or self.state is None:
+            raise EmulationError("the emulation is not running")
+        try:
+            health = self.controller.restart(timeout_s)
+        finally:
+            self.state.controller_pid = self.controller.pid
+            self.state.save()
+        return health
 
     def host(self, site: str) -> Any:
         """The Mininet host of a compute site."""

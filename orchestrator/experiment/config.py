@@ -8,7 +8,7 @@ topology's compute sites raise `ConfigError` with one line naming the key.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import yaml
 from controller.flows import CONNECTIVITY_MODES, STRICT
 from orchestrator.emulation.background import BackgroundConfig
 from orchestrator.errors import ConfigError
+from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
 from orchestrator.scheduling import SCHEDULERS
 from orchestrator.scheduling.tasks import DEFAULT_DEMAND_MBPS, max_locals
 from topologies.errors import TopologyError
@@ -85,6 +86,10 @@ class ExperimentConfig:
     #: ``online``: tasks arrive (`online`) and run side by side, one scheduler after the other.
     mode: str = "sequential"
     online: OnlineConfig = field(default_factory=OnlineConfig)
+    #: Scheduled faults and load steps (online mode; `orchestrator.experiment.faults`).
+    events: tuple[FaultEvent, ...] = ()
+    #: What happens to running tasks when the network changes (`orchestrator.experiment.faults`).
+    reschedule: RescheduleConfig = field(default_factory=RescheduleConfig)
 
     def network(self) -> NetworkModel:
         return load(self.topology, compute_sites=list(self.compute_sites) if self.compute_sites else None)
@@ -99,7 +104,14 @@ class ExperimentConfig:
         d["task"]["model_args"] = dict(self.task.model_args)
         if self.mode != "online":
             del d["online"]  # the section is only allowed with mode: online
+        d["events"] = [e.to_dict() for e in self.events]
+        d["reschedule"] = self.reschedule.to_dict()
         return d
+
+    @property
+    def faults(self) -> bool:
+        """Whether tasks may move or lose a site mid-run (then G checkpoints after every round)."""
+        return bool(self.events) or "periodic" in self.reschedule.policies
 
 
 Check = Callable[[str, Any], Any]
@@ -187,7 +199,7 @@ ONLINE_SCHEMA: dict[str, Check] = {
     "seed": _int(0), "sample_s": _num(0.1, 60),
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
-            "task", "emulation", "background", "mode", "online")
+            "task", "emulation", "background", "mode", "online", "events", "reschedule")
 
 
 def parse_config(raw: Any, *, where: str = "config") -> ExperimentConfig:
@@ -246,6 +258,11 @@ def _parse(raw: Any, where: str) -> ExperimentConfig:
     if "online" in raw and cfg.mode != "online":
         raise ConfigError("an online section needs mode: online")
     model = cfg.network()
+    events = parse_events(raw.get("events"), model)
+    reschedule = parse_reschedule(raw.get("reschedule"))
+    if (events or "reschedule" in raw) and cfg.mode != "online":
+        raise ConfigError("events and reschedule need mode: online (tasks that run side by side)")
+    cfg = replace(cfg, events=events, reschedule=reschedule)
     limit = max_locals(model)
     too_many = [n for n in cfg.locals if n > limit]
     if too_many:

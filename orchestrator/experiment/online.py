@@ -12,6 +12,12 @@ reservation. Every ``online.sample_s`` it records the tasks running, the reserve
 bandwidth (model units, summed over links; carried from the task flows' byte counters), the
 machine's memory in use, and every site server's CPU seconds, memory and roles
 (`ResultsDB.record_sample`).
+
+With ``events`` (`orchestrator.experiment.faults`) each trace also replays the same events, timed
+from its first task's arrival, and the loop hands what the controller reports (links down or up)
+to the task manager, which applies the trace's rescheduling policy; with several policies every
+scheduler runs the trace once per policy (labels ``<scheduler>/<policy>``). Between traces every cut
+link is restored and every killed server restarted, so each starts from the same network.
 """
 
 from __future__ import annotations
@@ -104,18 +110,81 @@ def run_online(tm: Any, model: NetworkModel, model_bytes: int, *, progress: bool
     trace = arrival_trace(cfg, model, model_bytes)
     LOG.info("online: %d tasks over %.1f s (%s), schedulers %s", len(trace), trace[-1][0] if trace else 0.0,
              cfg.online.arrival, ", ".join(cfg.schedulers))
+    policies = cfg.reschedule.policies
     for name in cfg.schedulers:
-        _run_trace(tm, name, trace, NetworkState(model))
-        tm.settle_counters(wait=True)  # this scheduler's flows gone before the next one's trace
+        for policy in policies:
+            label = name if len(policies) == 1 else f"{name}/{policy}"
+            tm.labels[label] = (name, policy)
+            try:
+                _run_trace(tm, label, trace, NetworkState(model))
+            finally:
+                restore_network(tm)
+            tm.settle_counters(wait=True)  # this trace's flows gone before the next one's
+
+
+def restore_network(tm: Any) -> None:
+    """Bring back every link the emulation has cut and every site server that was killed (between
+    traces, so each starts from the same network); failures are logged."""
+    from orchestrator.experiment.faults import LinkWatcher
+
+    cut = {tuple(sorted(e.link)) for e in tm.cfg.events if e.link is not None} | set(tm.down)
+    for a, b in sorted(cut):
+        try:
+            tm.emu.set_link(a, b, True)
+        except Exception as e:  # noqa: BLE001 -- the next trace reports what is still cut
+            LOG.warning("restoring link %s-%s: %s", a, b, e)
+    for site in sorted(tm.compute.lost):
+        try:
+            tm.compute.restart_server(site)
+        except Exception as e:  # noqa: BLE001
+            LOG.warning("restarting the site server of %s: %s", site, e)
+    if any(e.action == "background" for e in tm.cfg.events) and tm.background_step is not None:
+        try:
+            tm.background_step(tm.cfg.background.load if tm.cfg.background.enabled else 0.0)
+        except Exception as e:  # noqa: BLE001
+            LOG.warning("restoring the background load: %s", e)
+    if tm.down:
+        watcher = LinkWatcher(tm.emu.client)
+        for _ in range(50):  # until the controller has seen the ports come back; bounded (~5 s)
+            watcher.poll()
+            if not watcher.down:
+                break
+            time.sleep(0.1)
+        tm.down = set(watcher.down)
 
 
 def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: NetworkState) -> None:
+    from functools import partial
+
+    from orchestrator.experiment.faults import FaultInjector, LinkWatcher, busiest_link
+
     pending = deque(trace)
     live: list[Any] = []
     sampler = _Sampler(tm, scheduler, tm.cfg.online.sample_s)
     start = tm.clock.now()
     ended = 0
+    injector = FaultInjector(tm.cfg.events, tm.emu, tm.compute, tm.clock.now,
+                             partial(tm.db.record_fault, tm.run_id, scheduler),
+                             background_step=tm.background_step,
+                             task_link=lambda tid: next((busiest_link(lv.schedule, tm.model) for lv in live
+                                                         if lv.task.id == tid), None))
+    injector.start()
+    watcher = LinkWatcher(tm.emu.client) if tm.cfg.events else None
+    policy = tm.labels.get(scheduler, (scheduler, ""))[1]
+    next_look = start + tm.cfg.reschedule.period_s
     while pending or live:
+        injector.due()
+        if watcher is not None:
+            went_down, came_up = watcher.poll()
+            if went_down or came_up:
+                n = len(live)
+                tm.links_changed(went_down, came_up, live)
+                ended += n - len(live)
+        if policy == "periodic" and tm.clock.now() >= next_look:
+            next_look = tm.clock.now() + tm.cfg.reschedule.period_s
+            n = len(live)
+            tm.periodic(live, tm.cfg.reschedule.threshold)
+            ended += n - len(live)
         now = tm.clock.now() - start
         while pending and pending[0][0] <= now:
             t_arrival, task = pending.popleft()
@@ -136,5 +205,8 @@ def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: 
         tm.settle_counters()
         if pending or live:
             time.sleep(0.1)  # poll interval; every task has its own budget (TaskExecution.check)
+    if injector.pending:
+        LOG.warning("%s: the trace ended before %d event(s) were due; they were not applied", scheduler,
+                    injector.pending)
     sampler.maybe(live, tm.compute.poll(), force=True)  # the trace's end: its last CPU and memory figures
     LOG.info("%s: %d tasks ended in %.1f s", scheduler, ended, tm.clock.now() - start)

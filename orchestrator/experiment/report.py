@@ -426,6 +426,7 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, figures: Sequence
     lines += _time_section(tasks, run["environment"].get("clock_end_s"))
     if run["environment"].get("mode") == "online":
         lines += _online_section(db, run_id, tasks)
+    lines += _faults_section(db, run_id)
     lines += _figures_section(figures)
     path = out_dir / "report.md"
     text = "\n".join(lines)
@@ -504,6 +505,72 @@ def online_figures(db: ResultsDB, run_id: int, tasks: list[TaskResult]) -> list[
             "site_cpu_s": {r["site"]: round(r["cpu"], 2) for r in cpu},
         })
     return out
+
+
+def fault_figures(db: ResultsDB, run_id: int) -> list[dict[str, Any]]:
+    """Per label (scheduler, or scheduler/policy): events injected, tasks done and failed, moves,
+    rounds retried (a move resumes at the round in flight), mean interruption, mean round latency,
+    and the predicted saving the moves bought (old minus new round bound, summed)."""
+    labels = [r["scheduler"] for r in db.query("SELECT DISTINCT scheduler FROM tasks WHERE run_id = ? ORDER BY "
+                                               "scheduler", (run_id,))]
+    out = []
+    for label in labels:
+        q = (run_id, label)
+        tasks = db.query("SELECT state FROM tasks WHERE run_id = ? AND scheduler = ?", q)
+        moves = db.query("SELECT * FROM moves WHERE run_id = ? AND scheduler = ?", q)
+        faults = db.query("SELECT ok FROM faults WHERE run_id = ? AND scheduler = ?", q)
+        lat = db.query("SELECT latency_s FROM rounds WHERE run_id = ? AND scheduler = ?", q)
+        gaps = [m["interruption_s"] for m in moves if m["interruption_s"] is not None]
+        saved = [m["old_bound_s"] - m["new_bound_s"] for m in moves
+                 if m["old_bound_s"] is not None and m["new_bound_s"] is not None]
+        out.append({
+            "scheduler": label, "events": len(faults), "events_failed": sum(1 for f in faults if not f["ok"]),
+            "done": sum(1 for t in tasks if t["state"] == "done"),
+            "failed": sum(1 for t in tasks if t["state"] == "failed"),
+            "moves": len(moves), "rounds_retried": len(moves),
+            "interruption_s_mean": _mean(gaps), "latency_s_mean": _mean([r["latency_s"] for r in lat]),
+            "saved_bound_s": sum(saved) if saved else None,
+        })
+    return out
+
+
+def _faults_section(db: ResultsDB, run_id: int) -> list[str]:
+    if not db.query("SELECT 1 FROM faults WHERE run_id = ? UNION SELECT 1 FROM moves WHERE run_id = ?",
+                    (run_id, run_id)):
+        return []
+
+    def f(x: float | None, d: int = 3) -> str:
+        return "-" if x is None else f"{x:.{d}f}"
+
+    lines = ["", "## Faults and rescheduling", "",
+             "Every label ran the same tasks and the same events (times from its first task's arrival). "
+             "A move stops the task's roles, schedules it again on the network as it is, and resumes at "
+             "the round after the last one G completed (the round in flight is retried); its interruption "
+             "runs from the end of that round to the start of the next.", "",
+             "| label | events (failed) | done | failed | moves | mean interruption s | mean round latency ms "
+             "| predicted saving s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for o in fault_figures(db, run_id):
+        lat = None if o["latency_s_mean"] is None else o["latency_s_mean"] * 1e3
+        lines.append(f"| {o['scheduler']} | {o['events']} ({o['events_failed']}) | {o['done']} | {o['failed']} "
+                     f"| {o['moves']} | {f(o['interruption_s_mean'])} | {f(lat, 1)} | {f(o['saved_bound_s'])} |")
+    lines += ["", "Events:", ""]
+    for e in db.query("SELECT * FROM faults WHERE run_id = ? ORDER BY scheduler, at_s", (run_id,)):
+        lines.append(f"- {e['scheduler']}: {e['at_s']:.2f} s {e['action']} {e['target']}"
+                     f"{'' if e['ok'] else ' FAILED'}{': ' + e['detail'] if e['detail'] else ''}")
+    moves = db.query("SELECT * FROM moves WHERE run_id = ? ORDER BY scheduler, task_id, move", (run_id,))
+    if moves:
+        lines += ["", "Moves:", ""]
+    for m in moves:
+        gap = "-" if m["interruption_s"] is None else f"{m['interruption_s']:.3f} s"
+        lines.append(f"- {m['scheduler']} task {m['task_id']} move {m['move']} at {m['at_s']:.2f} s ({m['reason']}): "
+                     f"resumed at round {m['resumed_round']}, interruption {gap}, round bound "
+                     f"{f(m['old_bound_s'])} -> {f(m['new_bound_s'])} s, reserved "
+                     f"{f(m['old_reserved_mbps'], 0)} -> {f(m['new_reserved_mbps'], 0)} Mbit/s")
+    for t in db.query("SELECT scheduler, task_id, reason FROM tasks WHERE run_id = ? AND state = 'failed'",
+                      (run_id,)):
+        lines.append(f"- {t['scheduler']} task {t['task_id']} failed: {t['reason']}")
+    return lines
 
 
 def _online_section(db: ResultsDB, run_id: int, tasks: list[TaskResult]) -> list[str]:

@@ -172,6 +172,35 @@ CREATE TABLE IF NOT EXISTS background (
     offered_mbps REAL NOT NULL,
     achieved_mbps REAL
 );
+CREATE TABLE IF NOT EXISTS faults (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    at_s REAL NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    detail TEXT NOT NULL DEFAULT '',
+    took_s REAL
+);
+CREATE TABLE IF NOT EXISTS moves (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    move INTEGER NOT NULL,
+    at_s REAL NOT NULL,
+    reason TEXT NOT NULL,
+    old_schedule_json TEXT NOT NULL,
+    new_schedule_json TEXT,
+    resumed_round INTEGER NOT NULL,
+    last_round_end_s REAL,
+    next_round_start_s REAL,
+    interruption_s REAL,
+    old_bound_s REAL,
+    new_bound_s REAL,
+    old_reserved_mbps REAL,
+    new_reserved_mbps REAL,
+    PRIMARY KEY (run_id, scheduler, task_id, move)
+);
 """
 
 
@@ -305,11 +334,44 @@ class ResultsDB:
             (int(carried_bytes), run_id, scheduler, task_id),
         )
 
-    def record_schedule(self, run_id: int, schedule: Schedule, lower_bound_s: float | None) -> None:
+    def add_carried_bytes(self, run_id: int, scheduler: str, task_id: int, carried_bytes: int) -> None:
+        """Add the bytes one of a task's installations carried (a moved task had several)."""
+        self.conn.execute(
+            "UPDATE tasks SET carried_bytes = COALESCE(carried_bytes, 0) + ? WHERE run_id = ? AND scheduler = ? "
+            "AND task_id = ?", (int(carried_bytes), run_id, scheduler, task_id),
+        )
+
+    def record_fault(self, run_id: int, scheduler: str, *, at_s: float, action: str, target: str, ok: bool,
+                     detail: str = "", took_s: float | None = None) -> None:
+        """One injected event (`orchestrator.experiment.faults`), on the run's clock."""
+        self.conn.execute(
+            "INSERT INTO faults(run_id, scheduler, at_s, action, target, ok, detail, took_s) VALUES (?,?,?,?,?,?,?,?)",
+            (run_id, scheduler, at_s, action, target, int(ok), detail, took_s))
+
+    def record_move(self, run_id: int, scheduler: str, task_id: int, move: int, **fields: Any) -> None:
+        """Insert or complete one move of a task (`TaskManager.move`): the fields given are set."""
+        self.conn.execute("INSERT OR IGNORE INTO moves(run_id, scheduler, task_id, move, at_s, reason, "
+                          "old_schedule_json, resumed_round) VALUES (?, ?, ?, ?, 0, '', '', 0)",
+                          (run_id, scheduler, task_id, move))
+        allowed = {"at_s", "reason", "old_schedule_json", "new_schedule_json", "resumed_round", "last_round_end_s",
+                   "next_round_start_s", "interruption_s", "old_bound_s", "new_bound_s", "old_reserved_mbps",
+                   "new_reserved_mbps"}
+        bad = set(fields) - allowed
+        if bad:
+            raise ValueError(f"unknown move fields {sorted(bad)}")
+        if fields:
+            sets = ", ".join(f"{k} = ?" for k in fields)
+            self.conn.execute(f"UPDATE moves SET {sets} WHERE run_id = ? AND scheduler = ? AND task_id = ? "
+                              "AND move = ?", (*fields.values(), run_id, scheduler, task_id, move))
+
+    def record_schedule(self, run_id: int, schedule: Schedule, lower_bound_s: float | None,
+                        scheduler: str | None = None) -> None:
+        """The task's schedule under the label `scheduler` (default the schedule's own scheduler
+        name); a moved task's is replaced by its latest (the ``moves`` table keeps every one)."""
         self.conn.execute(
             "INSERT OR REPLACE INTO schedules(run_id, scheduler, task_id, schedule_json, reserved_mbps, lower_bound_s)"
             " VALUES (?, ?, ?, ?, ?, ?)",
-            (run_id, schedule.scheduler, schedule.task_id, json.dumps(schedule.to_dict()),
+            (run_id, scheduler or schedule.scheduler, schedule.task_id, json.dumps(schedule.to_dict()),
              schedule.reserved_mbps_total, lower_bound_s),
         )
 

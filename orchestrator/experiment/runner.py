@@ -24,6 +24,7 @@ side (CSV, figures, report) already lives in `orchestrator.experiment.report`.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -279,12 +280,26 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
                 emu.client.set_background([[f.src, f.dst] for f in flows])
             traffic = BackgroundTraffic(emu.host, flows, cfg.background, seed=cfg.seed, log_dir=run_dir / "background")
             traffic.start()
+            stopped: list[Any] = []  # flow results of background runs a load step replaced
+            steps = itertools.count(1)
+
+            def background_step(load: float) -> None:
+                """A step of the background load (a fault event): the flows re-planned for `load`."""
+                nonlocal traffic
+                stopped.extend(traffic.stop())
+                step_cfg = replace(cfg.background, load=load, enabled=load > 0)
+                new = plan_background(model, plan, step_cfg, topology=cfg.topology, seed=cfg.seed) if load > 0 else []
+                emu.client.set_background([[f.src, f.dst] for f in new])
+                traffic = BackgroundTraffic(emu.host, new, step_cfg, seed=cfg.seed,
+                                            log_dir=run_dir / "background" / f"step-{next(steps)}")
+                traffic.start()
             clock = RunClock()
             if dash is not None:
                 dash.controller = emu.client
             recorder = LinkRecorder(emu.client, plan, run_dir / "results.db", run_id, clock=clock.now).start()
             tm = TaskManager(db=db, run_id=run_id, emu=emu, plan=plan, model=model, compute=compute, cfg=cfg,
                              run_dir=run_dir, clock=clock, release_on_end=cfg.mode == "online")
+            tm.background_step = background_step
             try:
                 if cfg.mode == "online":
                     run_online(tm, model, model_bytes, progress=progress)
@@ -295,7 +310,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
                     tm.settle_counters(wait=True)
                 recorder.stop()
                 db.update_environment(run_id, clock_end_s=round(clock.now(), 3), link_samples=recorder.samples)
-                for r in traffic.stop():
+                for r in [*stopped, *traffic.stop()]:
                     db.record_background(run_id, r.src, r.dst, r.offered_mbps / plan.bw_scale,
                                          None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)
         done = tm.outcomes["done"]

@@ -63,6 +63,11 @@ class ProcessHandle:
     def poll(self) -> int | None:
         return self.popen.poll()
 
+    def kill(self) -> None:
+        """SIGKILL (a crash, for fault injection)."""
+        if self.popen.poll() is None:
+            self.popen.kill()
+
     def stop(self) -> None:
         if self.popen.poll() is None:
             self.popen.send_signal(signal.SIGTERM)

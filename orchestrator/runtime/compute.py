@@ -99,6 +99,7 @@ class _Server:
     sock_path: Path
     conn: socket.socket | None = None
     pid: int = 0
+    argv: tuple[str, ...] = ()
 
 
 class ServerLost(RuntimeError):
@@ -164,7 +165,7 @@ class ComputeManager:
                     f"--max-roles={self.max_roles}",
                     f"--log-file={self.backend.inside(self.log_root / 'servers' / f'{hid}.out.txt')}"]
             proc = self.backend.launch_server(site, argv, out_name=f"{hid}.out.txt")
-            self.servers[site] = _Server(site=site, proc=proc, sock_path=sock)
+            self.servers[site] = _Server(site=site, proc=proc, sock_path=sock, argv=tuple(argv))
         deadline = t0 + self.start_timeout_s
         for srv in self.servers.values():
             self._connect(srv, deadline)
@@ -194,6 +195,47 @@ class ComputeManager:
                 raise TimeoutError(f"the site server of {srv.site!r} did not answer within "
                                    f"{self.start_timeout_s:.0f} s: {self.last_words(srv.site)}")
             time.sleep(0.05)  # waiting for the server to import torch and listen, bounded by the deadline
+
+    # -- faults ----------------------------------------------------------------------------------------
+    def kill_server(self, site: str) -> None:
+        """Kill `site`'s server at once (SIGKILL: a crash, its roles die with it); it is then lost."""
+        srv = self.servers.get(site)
+        if srv is None:
+            raise ConfigError(f"no site server on {site!r}")
+        kill = getattr(srv.proc, "kill", None)
+        (kill or srv.proc.stop)()
+        deadline = time.monotonic() + 10.0
+        while srv.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # until the kernel has reaped it; bounded
+        if site not in self.lost:
+            self._mark_lost(srv, "killed")
+
+    def restart_server(self, site: str) -> float:
+        """Start `site`'s server again after it was lost (same arguments); the seconds it took.
+
+        Raises
+        ------
+        ConfigError
+            `site` has no server, or its server is not lost.
+        """
+        srv = self.servers.get(site)
+        if srv is None:
+            raise ConfigError(f"no site server on {site!r}")
+        if site not in self.lost and srv.proc.poll() is None:
+            raise ConfigError(f"the site server of {site!r} is running")
+        t0 = time.monotonic()
+        srv.proc.stop()
+        srv.sock_path.unlink(missing_ok=True)
+        srv.proc = self.backend.launch_server(site, list(srv.argv), out_name=f"{self.backend.host_id(site)}.out.txt")
+        self._shipped.pop(site, None)
+        why = self.lost.pop(site, None)
+        try:
+            self._connect(srv, t0 + self.start_timeout_s)
+        except BaseException as e:
+            self.lost[site] = f"{why or 'lost'}; restart failed: {e}"
+            raise
+        LOG.info("site server of %r back in %.1f s", site, time.monotonic() - t0)
+        return time.monotonic() - t0
 
     def last_words(self, site: str) -> str:
         """The last line a site's server wrote (for one-line error messages)."""
@@ -278,13 +320,23 @@ class ComputeManager:
                 have.add(digest)
         return shipped_spec(digest, factory)
 
-    def start_role(self, site: str, cfg: AgentConfig, events_file: Path) -> None:
-        """Start `cfg`'s role on its site's server, logging to `events_file` (under the log root)."""
+    def start_role(self, site: str, cfg: AgentConfig, events_file: Path, *, checkpoint: bool = False,
+                   init_model: Path | None = None) -> None:
+        """Start `cfg`'s role on its site's server, logging to `events_file` (under the log root).
+        G only: `checkpoint` makes it write its global model after every round (`checkpoint_of`
+        its events file); `init_model` (under the log root) is the global model it starts from."""
+        msg: dict[str, Any] = {"op": "start", "config": cfg.to_dict(), "events": self._relative(events_file)}
+        if checkpoint:
+            msg["checkpoint"] = True
+        if init_model is not None:
+            msg["init_model"] = self._relative(init_model)
+        self._request(site, msg)
+
+    def _relative(self, path: Path) -> str:
         try:
-            rel = events_file.resolve().relative_to(self.log_root.resolve())
+            return str(path.resolve().relative_to(self.log_root.resolve()))
         except ValueError as e:
-            raise ConfigError(f"{events_file} is not under the site servers' log root {self.log_root}") from e
-        self._request(site, {"op": "start", "config": cfg.to_dict(), "events": str(rel)})
+            raise ConfigError(f"{path} is not under the site servers' log root {self.log_root}") from e
 
     def stop_role(self, site: str, task: int) -> None:
         """Cancel a task's role if it still runs and drop its record; quiet if the server is gone."""

@@ -27,7 +27,7 @@ from typing import Any
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.timing import TaskTiming, subtree_heights
 from orchestrator.scheduling.schedule import Schedule, task_ports
-from workers.config import DEFAULT_CHUNK_BYTES, AgentConfig, Peer, normalize_spec
+from workers.config import DEFAULT_CHUNK_BYTES, AgentConfig, Peer, checkpoint_of, normalize_spec
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -199,9 +199,9 @@ REQUIRED_LOCAL_EVENTS = ("global_received", "train_start", "train_end", "aggrega
 
 
 def summarize(
-    schedule: Schedule, events: Mapping[str, Sequence[Mapping[str, Any]]], *, rounds: int
+    schedule: Schedule, events: Mapping[str, Sequence[Mapping[str, Any]]], *, rounds: int, first_round: int = 1
 ) -> list[RoundResult]:
-    """Per-round results from every agent's events (see the module docstring).
+    """Per-round results (rounds `first_round`..`rounds`) from every agent's events (see the module docstring).
 
     Raises
     ------
@@ -216,8 +216,8 @@ def summarize(
             if "round" not in e:
                 continue
             first.setdefault((site, e["event"], e["round"]), e)
-            if e["event"] in ("child_timeout", "child_lost"):
-                lost = " (lost)" if e["event"] == "child_lost" else ""
+            if e["event"] in ("child_timeout", "child_lost", "child_absent"):
+                lost = {"child_lost": " (lost)", "child_absent": " (absent)"}.get(e["event"], "")
                 left_out_by_round.setdefault(e["round"], set()).add(f"{e['child']}{lost}")
 
     def times(name: str, r: int) -> dict[str, float]:
@@ -226,7 +226,7 @@ def summarize(
 
     g = schedule.global_site
     results = []
-    for r in range(1, rounds + 1):
+    for r in range(first_round, rounds + 1):
         start, done, agg = (first.get((g, name, r)) for name in ("round_start", "round_complete", "aggregated"))
         if start is None or done is None or agg is None:
             raise RuntimeError(f"G ({g}) did not complete round {r}")
@@ -261,14 +261,15 @@ def summarize(
     return results
 
 
-def rounds_so_far(schedule: Schedule, events: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[RoundResult]:
-    """The rounds G has completed so far, summarized; [] while none has, or while an events line is
-    still torn (read again later)."""
+def rounds_so_far(schedule: Schedule, events: Mapping[str, Sequence[Mapping[str, Any]]],
+                  first: int = 1) -> list[RoundResult]:
+    """The rounds G has completed so far (from round `first`), summarized; [] while none has, or
+    while an events line is still torn (read again later)."""
     done = sum(1 for e in events.get(schedule.global_site, []) if e.get("event") == "round_complete")
     if not done:
         return []
     try:
-        return summarize(schedule, events, rounds=done)
+        return summarize(schedule, events, rounds=first - 1 + done, first_round=first)
     except RuntimeError:
         return []
 
@@ -328,17 +329,28 @@ class TaskExecution:
     """
 
     def __init__(self, schedule: Schedule, *, manager: Any, options: FLOptions, log_dir: Path,
-                 timing: TaskTiming | None = None, ready_timeout_s: float = 180.0) -> None:
+                 timing: TaskTiming | None = None, ready_timeout_s: float = 180.0, first_round: int = 1,
+                 init_model: Path | None = None, checkpoint: bool = False, tolerate_lost: bool = False) -> None:
+        from dataclasses import replace
+
         self.schedule = schedule
         self.manager = manager
         self.options = options
         self.log_dir = log_dir
+        #: Rounds `first_round`..`options.rounds` (a moved task resumes; see `workers.rounds`).
+        self.first_round = first_round
+        self.init_model = init_model
+        self.checkpoint = checkpoint
+        #: A role other than G whose server is lost or which failed does not fail the task: the
+        #: rounds go on without it (`lost_roles` says which, and why).
+        self.tolerate_lost = tolerate_lost
+        self.lost_roles: dict[str, str] = {}
         nodes = schedule.overlay_nodes
-        self.configs = agent_configs(schedule, addresses={n: manager.address(n) for n in nodes},
-                                     options=options, timing=timing)
+        self.configs = {n: replace(c, first_round=first_round, fingerprints=checkpoint) for n, c in agent_configs(
+            schedule, addresses={n: manager.address(n) for n in nodes}, options=options, timing=timing).items()}
         self.paths = {n: manager.events_file(log_dir, n) for n in nodes}
         g = schedule.global_site
-        self.budget_s = ready_timeout_s + self.configs[g].global_timeout_s * (options.rounds + 1)
+        self.budget_s = ready_timeout_s + self.configs[g].global_timeout_s * (options.rounds - first_round + 2)
         self.started_t = 0.0
         self._started: list[str] = []
 
@@ -352,9 +364,22 @@ class TaskExecution:
         for p in self.paths.values():
             p.unlink(missing_ok=True)
         self.started_t = time.monotonic()
+        g = self.schedule.global_site
         for n in nodes:
-            self.manager.start_role(n, replace(self.configs[n], model=spec), self.paths[n])
+            extra: dict[str, Any] = {"checkpoint": self.checkpoint, "init_model": self.init_model} if n == g else {}
+            self.manager.start_role(n, replace(self.configs[n], model=spec), self.paths[n], **extra)
             self._started.append(n)
+
+    @property
+    def checkpoint_file(self) -> Path:
+        """Where G writes the global model after every round (with ``checkpoint``)."""
+        return checkpoint_of(self.paths[self.schedule.global_site])
+
+    def rounds_completed(self, events: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> int:
+        """The last round G completed (0 if none; `first_round` - 1 if none in this execution)."""
+        evs = (self.events() if events is None else events).get(self.schedule.global_site, [])
+        done = [int(e["round"]) for e in evs if e.get("event") == "round_complete" and isinstance(e.get("round"), int)]
+        return max(done, default=self.first_round - 1)
 
     def check(self, statuses: Mapping[str, Mapping[str, Any]]) -> bool:
         """True once every role has finished with status 0 (`statuses`: `ComputeManager.poll`'s reply).
@@ -368,17 +393,23 @@ class TaskExecution:
         """
         key = str(self.schedule.task_id)
         failed, running = {}, []
+        g = self.schedule.global_site
         for n in self.schedule.overlay_nodes:
-            if n in self.manager.lost:
-                failed[n] = f"its site server is gone ({self.manager.lost[n]})"
+            if n in self.lost_roles:
                 continue
-            role = statuses.get(n, {}).get("roles", {}).get(key)
-            if role is None:
-                running.append(n)
-            elif role["state"] == "failed":
-                failed[n] = role.get("error") or _last_words(self.paths[n])
-            elif role["state"] != "done":
-                running.append(n)
+            why = None
+            if n in self.manager.lost:
+                why = f"its site server is gone ({self.manager.lost[n]})"
+            else:
+                role = statuses.get(n, {}).get("roles", {}).get(key)
+                if role is None or role["state"] not in ("failed", "done"):
+                    running.append(n)
+                elif role["state"] == "failed":
+                    why = role.get("error") or _last_words(self.paths[n])
+            if why is not None and self.tolerate_lost and n != g:
+                self.lost_roles[n] = why
+            elif why is not None:
+                failed[n] = why
         if failed:
             why = "; ".join(f"{n}: {w}" for n, w in failed.items())
             raise RuntimeError(f"task {self.schedule.task_id}: roles failed: {why}; logs in {self.log_dir}")
@@ -401,7 +432,8 @@ class TaskExecution:
     def result(self, events: dict[str, list[dict[str, Any]]] | None = None) -> TaskResult:
         """The task's result from its events (`events`, when the caller has just read them)."""
         return _task_result(self.schedule, self.manager.name, self.options,
-                            self.events() if events is None else events, self.log_dir, self.started_t)
+                            self.events() if events is None else events, self.log_dir, self.started_t,
+                            first=self.first_round)
 
 
 def run_task(
@@ -445,19 +477,20 @@ def _last_words(events_path: Path) -> str:
 
 
 def _task_result(schedule: Schedule, backend: str, options: FLOptions,
-                 events: Mapping[str, Sequence[Mapping[str, Any]]], log_dir: Path, launched: float) -> TaskResult:
+                 events: Mapping[str, Sequence[Mapping[str, Any]]], log_dir: Path, launched: float,
+                 first: int = 1) -> TaskResult:
     # The roles log on CLOCK_MONOTONIC, the clock `launched` was read on (one kernel, containers too).
     g_events = events.get(schedule.global_site, [])
     ready = [float(e["t"]) for evs in events.values() for e in evs if e.get("event") == "ready"]
     connected = [float(e["t"]) for e in g_events if e.get("event") == "connected"]
     first_ready = [e for e in g_events if e.get("event") == "ready"]
-    first_round = [float(e["t"]) for e in g_events if e.get("event") == "round_start" and e.get("round") == 1]
+    first_round = [float(e["t"]) for e in g_events if e.get("event") == "round_start" and e.get("round") == first]
     done = [float(e["t"]) for e in g_events if e.get("event") == "done"]
     return TaskResult(
         task_id=schedule.task_id,
         backend=backend,
         scheduler=schedule.scheduler,
-        rounds=tuple(summarize(schedule, events, rounds=options.rounds)),
+        rounds=tuple(summarize(schedule, events, rounds=options.rounds, first_round=first)),
         model_bytes=int(first_ready[0]["model_bytes"]) if first_ready else 0,
         log_dir=str(log_dir),
         rejected=tuple(dict(e) for evs in events.values() for e in evs if e.get("event") == "rejected"),

@@ -103,6 +103,44 @@ class NetworkState:
             self.model.link(u, v)
         self.background_mbps = {k: max(0.0, float(x)) for k, x in loads.items()}
 
+    def without_links(self, down: Iterable[tuple[str, str]], *, around: str | None = None) -> NetworkState:
+        """What a scheduler sees while links `down` (site pairs, either order) are cut: a copy on the
+        network without them, holding the same reservations and background on the other links.
+        If the cut splits the network, the copy is the part that holds site `around` (a task's G;
+        a task with a site elsewhere then cannot be placed). Admit the schedule it gives into this
+        state (the full network), not into the copy.
+
+        Raises
+        ------
+        ConfigError
+            The cut splits the network and `around` is not given.
+        """
+        import networkx as nx
+
+        cut = {frozenset(link) for link in down}
+        if not cut:
+            return self
+        links = {k: ln for k, ln in self.model.links.items() if k not in cut}
+        g = nx.Graph()
+        g.add_nodes_from(self.model.sites)
+        g.add_edges_from(tuple(k) for k in links)
+        part = set(self.model.sites)
+        if not nx.is_connected(g):
+            if around is None:
+                raise ConfigError("the cut links split the network")
+            part = set(nx.node_connected_component(g, around))
+        model = NetworkModel(name=self.model.name, sites={n: x for n, x in self.model.sites.items() if n in part},
+                             links={k: ln for k, ln in links.items() if k <= part})
+
+        def keep(u: str, v: str) -> bool:
+            return frozenset((u, v)) not in cut and u in part and v in part
+
+        copy = NetworkState(model, background_mbps={k: x for k, x in self.background_mbps.items() if keep(*k)})
+        copy._wl_used = {k: x for k, x in self._wl_used.items() if keep(k[0], k[1])}
+        copy._ai_mbps = {k: x for k, x in self._ai_mbps.items() if keep(*k)}
+        copy.schedules = dict(self.schedules)
+        return copy
+
 
 class Ledger:
     """Tentative reservations on top of a `NetworkState` (what a scheduler has taken so far)."""

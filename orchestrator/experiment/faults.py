@@ -1,0 +1,323 @@
+"""Dynamics and faults of a run: scheduled events, what the orchestrator learns of them, and the
+rescheduling policy (docs/architecture.md, "Faults and rescheduling").
+
+- `FaultEvent` / `parse_events`: the config's ``events:`` list, validated before anything starts.
+  Times count from the start of the first task of each scheduler's trace (online mode). Actions:
+  ``link_down`` / ``link_up`` (``link: [A, B]``: both directions, as a fibre cut; or ``on_task: N``:
+  the link that most of running task N's paths cross, one whose loss leaves the network
+  connected, chosen when the event fires; its ``link_up`` restores that link), ``server_kill``
+  (``site``; optional ``restart_after_s``), ``server_restart`` (``site``), ``controller_restart``,
+  and ``background`` (``load``: a step of the background load to that fraction).
+- `RescheduleConfig`: the ``reschedule:`` section. ``policies`` is a list of ``never``,
+  ``on_failure`` and ``periodic``; with more than one, every scheduler runs the same trace (tasks
+  and events) once per policy, labelled ``<scheduler>/<policy>``, so the report compares them.
+- `FaultInjector`: applies due events to the emulation, the site servers and the background, and
+  records each in the run database (``faults`` table) with its outcome.
+- `LinkWatcher`: what reaches the orchestrator from the controller: the links whose ports are down
+  (port-status messages), polled; the task manager reacts to what it reports, not to the injector,
+  so a cut made by hand (``netai net link``) is handled the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from topologies.model import NetworkModel
+
+LOG = logging.getLogger("netai.faults")
+
+ACTIONS = ("link_down", "link_up", "server_kill", "server_restart", "controller_restart", "background")
+POLICIES = ("never", "on_failure", "periodic")
+_KEYS = {
+    "link_down": set(), "link_up": set(), "server_kill": {"site"}, "server_restart": {"site"},
+    "controller_restart": set(), "background": {"load"},
+}
+_OPTIONAL = {"server_kill": {"restart_after_s"}}
+
+Link = tuple[str, str]
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """One scheduled event (see the module docstring)."""
+
+    at_s: float
+    action: str
+    link: Link | None = None
+    #: ``link_down`` / ``link_up`` by task: the link under running task `on_task` (see the module docstring).
+    on_task: int | None = None
+    site: str | None = None
+    restart_after_s: float | None = None
+    load: float | None = None
+
+    @property
+    def target(self) -> str:
+        if self.link is not None:
+            return link_name(self.link)
+        if self.on_task is not None:
+            return f"under task {self.on_task}"
+        if self.site is not None:
+            return self.site
+        return "" if self.load is None else f"load {self.load:g}"
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"at_s": self.at_s, "action": self.action}
+        if self.link is not None:
+            d["link"] = list(self.link)
+        for k in ("on_task", "site", "restart_after_s", "load"):
+            if getattr(self, k) is not None:
+                d[k] = getattr(self, k)
+        return d
+
+
+@dataclass(frozen=True)
+class RescheduleConfig:
+    """The ``reschedule:`` section: which policies run, and the periodic policy's knobs."""
+
+    policies: tuple[str, ...] = ("on_failure",)
+    #: ``periodic``: seconds between looks at every running task.
+    period_s: float = 10.0
+    #: ``periodic``: move a task only if its predicted round latency falls by more than this fraction.
+    threshold: float = 0.1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"policies": list(self.policies), "period_s": self.period_s, "threshold": self.threshold}
+
+
+def _number(where: str, v: Any, lo: float, hi: float = math.inf) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or not lo <= v <= hi:
+        raise ConfigError(f"{where} must be a number in [{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
+
+
+def parse_events(raw: Any, model: NetworkModel) -> tuple[FaultEvent, ...]:
+    """The ``events:`` list, in time order.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the event (by index) and what is wrong: an unknown action or key, a time
+        that is not a non-negative number, a link that is not in the topology, a site without a
+        server, a load outside [0, 1].
+    """
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ConfigError(f"events must be a list of events, got {raw!r}")
+    out = []
+    for i, ev in enumerate(raw):
+        where = f"events[{i}]"
+        if not isinstance(ev, Mapping):
+            raise ConfigError(f"{where} must be a mapping with at_s and action, got {ev!r}")
+        action = ev.get("action")
+        if action not in ACTIONS:
+            raise ConfigError(f"{where}.action must be one of {', '.join(ACTIONS)}, got {action!r}")
+        need, optional = _KEYS[action], _OPTIONAL.get(action, set())
+        if action in ("link_down", "link_up"):
+            if ("link" in ev) == ("on_task" in ev):
+                raise ConfigError(f"{where}: {action} needs either link: [A, B] or on_task: N")
+            need = {"link"} if "link" in ev else {"on_task"}
+        unknown = sorted(set(ev) - need - optional - {"at_s", "action"})
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r} for {action}; allowed: "
+                              f"{', '.join(['at_s', 'action', *sorted(need | optional)])}")
+        missing = sorted(need - set(ev))
+        if "at_s" not in ev or missing:
+            raise ConfigError(f"{where}: {action} needs {', '.join(['at_s', *sorted(need)])}")
+        kw: dict[str, Any] = {"at_s": _number(f"{where}.at_s", ev["at_s"], 0.0), "action": action}
+        if "link" in need:
+            link = ev["link"]
+            if not (isinstance(link, list) and len(link) == 2 and all(isinstance(s, str) for s in link)):
+                raise ConfigError(f"{where}.link must be a list of two site names, got {link!r}")
+            if not model.has_link(link[0], link[1]):
+                raise ConfigError(f"{where}.link: {link[0]!r}-{link[1]!r} is not a link of {model.name}")
+            kw["link"] = (link[0], link[1])
+        if "on_task" in need:
+            kw["on_task"] = int(_number(f"{where}.on_task", ev["on_task"], 1))
+            if ev["on_task"] != kw["on_task"]:
+                raise ConfigError(f"{where}.on_task must be a task id (an integer), got {ev['on_task']!r}")
+        if "site" in need:
+            site = ev["site"]
+            if not isinstance(site, str) or site not in model.sites or not model.sites[site].has_compute:
+                raise ConfigError(f"{where}.site must be a compute site of {model.name}, got {site!r}")
+            kw["site"] = site
+        if "restart_after_s" in ev:
+            kw["restart_after_s"] = _number(f"{where}.restart_after_s", ev["restart_after_s"], 0.0)
+        if "load" in need:
+            kw["load"] = _number(f"{where}.load", ev["load"], 0.0, 1.0)
+        out.append(FaultEvent(**kw))
+    return tuple(sorted(out, key=lambda e: e.at_s))
+
+
+def parse_reschedule(raw: Any) -> RescheduleConfig:
+    """The ``reschedule:`` section. Raises ConfigError naming the bad key."""
+    if raw is None:
+        return RescheduleConfig()
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"reschedule must be a mapping, got {raw!r}")
+    unknown = sorted(set(raw) - {"policies", "period_s", "threshold"})
+    if unknown:
+        raise ConfigError(f"unknown key reschedule.{unknown[0]}; allowed: policies, period_s, threshold")
+    pol = raw.get("policies", ["on_failure"])
+    if isinstance(pol, str):
+        pol = [pol]
+    if not isinstance(pol, list) or not pol or any(p not in POLICIES for p in pol) or len(set(pol)) != len(pol):
+        raise ConfigError(f"reschedule.policies must be a list of distinct policies among {', '.join(POLICIES)}, "
+                          f"got {pol!r}")
+    return RescheduleConfig(
+        policies=tuple(pol),
+        period_s=_number("reschedule.period_s", raw.get("period_s", 10.0), 0.5),
+        threshold=_number("reschedule.threshold", raw.get("threshold", 0.1), 0.0, 1.0),
+    )
+
+
+# -- applying events -------------------------------------------------------------------------------
+@dataclass
+class FaultInjector:
+    """Applies `events` (times from `start`) to the run; `due` is called from the run's loop.
+
+    Parameters
+    ----------
+    emu
+        The emulation (``set_link``, ``restart_controller``).
+    compute
+        The site servers (``kill_server``, ``restart_server``).
+    background_step
+        Sets the background load to a fraction (restarting the iperf3 flows); None: refused.
+    record
+        Called with each applied event's row (``ResultsDB.record_fault``'s keywords).
+    """
+
+    events: Sequence[FaultEvent]
+    emu: Any
+    compute: Any
+    clock: Callable[[], float]
+    record: Callable[..., None]
+    background_step: Callable[[float], None] | None = None
+    #: Task id -> the link an ``on_task`` event cuts (None: no such running task).
+    task_link: Callable[[int], Link | None] | None = None
+    t0: float | None = None
+    #: Links ``on_task`` events cut, by task, for their ``link_up``.
+    _cut_for: dict[int, Link] = field(default_factory=dict)
+    _pending: list[FaultEvent] = field(default_factory=list)
+
+    def start(self) -> None:
+        """Start counting (the first task of the trace starts now)."""
+        self.t0 = self.clock()
+        self._pending = sorted(self.events, key=lambda e: e.at_s)
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def due(self) -> list[FaultEvent]:
+        """Apply every event whose time has come, in order; the events applied."""
+        if self.t0 is None:
+            return []
+        done = []
+        while self._pending and self.clock() - self.t0 >= self._pending[0].at_s:
+            ev = self._pending.pop(0)
+            self.apply(ev)
+            done.append(ev)
+        return done
+
+    def apply(self, ev: FaultEvent) -> None:
+        """Apply one event now; a failure is recorded (and logged), not raised."""
+        at = self.clock()
+        detail, ok = "", True
+        try:
+            if ev.action in ("link_down", "link_up"):
+                link = ev.link
+                if ev.on_task is not None:
+                    link = self._cut_for.get(ev.on_task) if ev.action == "link_up" else (
+                        self.task_link(ev.on_task) if self.task_link is not None else None)
+                    if link is None:
+                        raise RuntimeError(f"no link to {'restore' if ev.action == 'link_up' else 'cut'} "
+                                           f"under task {ev.on_task} (not running now)")
+                    self._cut_for[ev.on_task] = link
+                    detail = link_name(link)
+                assert link is not None
+                self.emu.set_link(link[0], link[1], ev.action == "link_up")
+            elif ev.action == "server_kill":
+                assert ev.site is not None
+                self.compute.kill_server(ev.site)
+                if ev.restart_after_s is not None:
+                    assert self.t0 is not None
+                    back = FaultEvent(at_s=at - self.t0 + ev.restart_after_s, action="server_restart", site=ev.site)
+                    self._pending = sorted([*self._pending, back], key=lambda e: e.at_s)
+            elif ev.action == "server_restart":
+                assert ev.site is not None
+                detail = f"back in {self.compute.restart_server(ev.site):.2f} s"
+            elif ev.action == "controller_restart":
+                health = self.emu.restart_controller()
+                detail = f"restored tasks {health.get('restored_tasks', [])}"
+            elif ev.action == "background":
+                if self.background_step is None:
+                    raise RuntimeError("this run has no background traffic to step")
+                assert ev.load is not None
+                self.background_step(ev.load)
+        except Exception as e:  # noqa: BLE001 -- a fault that could not be injected is a result, not a crash
+            ok, detail = False, f"{type(e).__name__}: {e}"
+            LOG.warning("event %s %s at %.1f s failed: %s", ev.action, ev.target, ev.at_s, detail)
+        else:
+            LOG.info("event %s %s applied at %.1f s%s", ev.action, ev.target, at - (self.t0 or at),
+                     f" ({detail})" if detail else "")
+        self.record(at_s=at, action=ev.action, target=ev.target, ok=ok, detail=detail,
+                    took_s=self.clock() - at)
+
+
+class LinkWatcher:
+    """The links the controller reports down (from port-status messages), polled.
+
+    `poll` returns the links that went down and came up since the last call (each as a sorted
+    site pair). A controller that does not answer (restarting) changes nothing.
+    """
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+        self.down: set[Link] = set()
+
+    def poll(self) -> tuple[set[Link], set[Link]]:
+        try:
+            topo = self.client.topology()
+        except Exception:  # noqa: BLE001 -- the controller is restarting: nothing new this time
+            return set(), set()
+        now: set[Link] = set()
+        for port in topo.get("ports_down", []):
+            link = port.get("link")
+            if isinstance(link, list) and len(link) == 2 and "host" not in link:
+                a, b = sorted(str(x) for x in link)
+                now.add((a, b))
+        went_down, came_up = now - self.down, self.down - now
+        self.down = now
+        return went_down, came_up
+
+
+def link_name(link: Link) -> str:
+    """``A - B`` (site names may contain hyphens)."""
+    return f"{link[0]} - {link[1]}"
+
+
+def busiest_link(schedule: Any, model: NetworkModel) -> Link | None:
+    """The link (sorted site pair) that most of `schedule`'s paths cross, among those whose loss
+    leaves `model` connected (ties by name); None if there is none."""
+    import networkx as nx
+
+    count: dict[Link, int] = {}
+    for e in schedule.edges:
+        for hop in {tuple(sorted(h)) for h in e.links()}:
+            count[(hop[0], hop[1])] = count.get((hop[0], hop[1]), 0) + 1
+    bridges = {tuple(sorted(b)) for b in nx.bridges(model.graph)}
+    usable = [link for link in count if link not in bridges]
+    return min(usable, key=lambda link: (-count[link], link), default=None)
+
+
+def crosses(schedule: Any, links: set[Link]) -> list[Link]:
+    """The links of `links` (sorted site pairs) that any path of `schedule` uses, in either direction."""
+    used = {tuple(sorted(hop)) for e in schedule.edges for hop in e.links()}
+    return sorted(link for link in links if link in used)
