@@ -518,13 +518,7 @@ class TcShaper:
             status = self.status()
             if not status.enforced:
                 return Reservation(False, status.reason)
-            self.tasks[task.task_id] = classes
-            try:
-                self.runner.run(install_commands(classes, delay=self.delay))
-            except ShapingError:
-                self.tasks.pop(task.task_id, None)
-                self._cleanup(classes)
-                raise
+            self._install_classes(classes)
             n = len(classes.links)
             reason = f"class {classes.classid} on {n} link{'s' if n != 1 else ''}"
             if classes.capped:
@@ -546,14 +540,18 @@ class TcShaper:
                 return Reservation(False, status.reason)
             self._cleanup(classes)
             self.stale.discard(minor)
-            self.tasks[task.task_id] = classes
-            try:
-                self.runner.run(install_commands(classes, delay=self.delay))
-            except ShapingError:
-                self.tasks.pop(task.task_id, None)
-                self._cleanup(classes)
-                raise
+            self._install_classes(classes)
             return Reservation(True, f"class {classes.classid} on {len(classes.links)} links (restored)", classes)
+
+    def _install_classes(self, classes: TaskClasses) -> None:
+        """Record and install a task's classes; on failure nothing of them stays (ShapingError)."""
+        self.tasks[classes.task_id] = classes
+        try:
+            self.runner.run(install_commands(classes, delay=self.delay))
+        except ShapingError:
+            self.tasks.pop(classes.task_id, None)
+            self._cleanup(classes)
+            raise
 
     def _remove_locked(self, task_id: int) -> TaskClasses | None:
         classes = self.tasks.pop(task_id, None)

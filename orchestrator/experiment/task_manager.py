@@ -216,10 +216,7 @@ class TaskManager:
             link.parent.mkdir(parents=True, exist_ok=True)
             if not link.exists() and not link.is_symlink():
                 link.symlink_to(log_dir.resolve(), target_is_directory=True)
-            live.execution = self._execution(task, schedule, wire, log_dir)
-            installed = self.emu.install_task(wire)
-            live.reservation_enforced = bool(installed.get("reservation", {}).get("enforced"))
-            live.execution.start()
+            self._launch(live, wire, log_dir)
         except Exception as e:  # noqa: BLE001 -- whatever went wrong, the task is recorded as failed
             self._end(live, "failed", f"start: {type(e).__name__}: {e}")
             return None
@@ -242,16 +239,22 @@ class TaskManager:
                 return Schedule.blocked_for(task, name, f"the cut links ({cut}) separate {apart} from G")
         return get_scheduler(name).schedule(view, task)
 
-    def _execution(self, task: Task, schedule: Schedule, wire: Schedule, log_dir: Path, *, first_round: int = 1,
-                   init_model: Path | None = None) -> TaskExecution:
+    def _launch(self, live: LiveTask, wire: Schedule, log_dir: Path, *, first_round: int = 1,
+                init_model: Path | None = None) -> None:
+        """Install `live`'s paths (`wire`: its schedule under its install id) and send its roles,
+        logging to `log_dir`, from round `first_round` (G from `init_model`). Raises on failure."""
+        task = live.task
         options = FLOptions(model=self.cfg.task.model, model_args=dict(self.cfg.task.model_args),
                             rounds=task.rounds, partitioning=self.cfg.task.partition, alpha=self.cfg.task.alpha,
                             seed=self.cfg.seed + task.id)
-        timing = task_timing(self.model, schedule, task.model_bytes, rate=self.rate, propagation=self.delay,
+        timing = task_timing(self.model, live.schedule, task.model_bytes, rate=self.rate, propagation=self.delay,
                              train_allowance_s=self.cfg.task.train_allowance_s)
-        return TaskExecution(wire, manager=self.compute, options=options, log_dir=log_dir, timing=timing,
-                             first_round=first_round, init_model=init_model, checkpoint=self.faults,
-                             tolerate_lost=self.faults)
+        live.execution = TaskExecution(wire, manager=self.compute, options=options, log_dir=log_dir, timing=timing,
+                                       first_round=first_round, init_model=init_model, checkpoint=self.faults,
+                                       tolerate_lost=self.faults)
+        installed = self.emu.install_task(wire)
+        live.reservation_enforced = bool(installed.get("reservation", {}).get("enforced"))
+        live.execution.start()
 
     def _background(self, state: NetworkState) -> dict[tuple[str, str], float]:
         """Measured load per link less the reservations the state already holds there (the running
@@ -388,11 +391,8 @@ class TaskManager:
         live.lost_seen = set()
         wire = replace(new, task_id=live.install_id)
         try:
-            live.execution = self._execution(task, new, wire, live.log_dir / f"move-{live.moves}",
-                                             first_round=done + 1, init_model=live.checkpoint)
-            installed = self.emu.install_task(wire)
-            live.reservation_enforced = bool(installed.get("reservation", {}).get("enforced"))
-            live.execution.start()
+            self._launch(live, wire, live.log_dir / f"move-{live.moves}", first_round=done + 1,
+                         init_model=live.checkpoint)
         except Exception as e:  # noqa: BLE001 -- whatever went wrong, the task is recorded as failed
             self._end(live, "failed", f"{reason}; restart: {type(e).__name__}: {e}")
             return False
