@@ -118,6 +118,8 @@ class ComputeManager:
         self.servers: dict[str, _Server] = {}
         #: Site -> why its server is gone (detected by `poll` or a failed request).
         self.lost: dict[str, str] = {}
+        #: Site -> how many times its server was restarted (a role started before knows it is gone).
+        self.generation: dict[str, int] = {}
         self._shipped: dict[str, set[str]] = {}
         self._lock = threading.Lock()
 
@@ -229,6 +231,7 @@ class ComputeManager:
         srv.proc = self.backend.launch_server(site, list(srv.argv), out_name=f"{self.backend.host_id(site)}.out.txt")
         self._shipped.pop(site, None)
         why = self.lost.pop(site, None)
+        self.generation[site] = self.generation.get(site, 0) + 1
         try:
             self._connect(srv, t0 + self.start_timeout_s)
         except BaseException as e:

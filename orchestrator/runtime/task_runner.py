@@ -345,6 +345,7 @@ class TaskExecution:
         #: rounds go on without it (`lost_roles` says which, and why).
         self.tolerate_lost = tolerate_lost
         self.lost_roles: dict[str, str] = {}
+        self._generation: dict[str, int] = {}
         nodes = schedule.overlay_nodes
         self.configs = {n: replace(c, first_round=first_round, fingerprints=checkpoint) for n, c in agent_configs(
             schedule, addresses={n: manager.address(n) for n in nodes}, options=options, timing=timing).items()}
@@ -365,6 +366,8 @@ class TaskExecution:
             p.unlink(missing_ok=True)
         self.started_t = time.monotonic()
         g = self.schedule.global_site
+        generation = getattr(self.manager, "generation", {})
+        self._generation = {n: generation.get(n, 0) for n in nodes}
         for n in nodes:
             extra: dict[str, Any] = {"checkpoint": self.checkpoint, "init_model": self.init_model} if n == g else {}
             self.manager.start_role(n, replace(self.configs[n], model=spec), self.paths[n], **extra)
@@ -400,6 +403,8 @@ class TaskExecution:
             why = None
             if n in self.manager.lost:
                 why = f"its site server is gone ({self.manager.lost[n]})"
+            elif getattr(self.manager, "generation", {}).get(n, 0) != self._generation.get(n, 0):
+                why = "its site server was restarted"
             else:
                 role = statuses.get(n, {}).get("roles", {}).get(key)
                 if role is None or role["state"] not in ("failed", "done"):

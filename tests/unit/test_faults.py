@@ -274,3 +274,58 @@ def test_fingerprints_are_linear_so_aggregates_can_be_checked() -> None:
     for i in range(2):
         assert fm[i] == pytest.approx((2 * fa[i] + 3 * fb[i]) / 5, rel=1e-5)
     assert fingerprint(a) != fingerprint(b)
+
+
+# -- a task's roles when a site's server dies or comes back ----------------------------------------------
+class Servers:
+    """What `TaskExecution` asks of the computing manager, with servers that can die and return."""
+
+    name = "fake"
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.lost: dict[str, str] = {}
+        self.generation: dict[str, int] = {}
+        self.started: list[str] = []
+
+    def address(self, site: str) -> str:
+        return f"10.0.0.{ord(site[0]) - 64}"
+
+    def events_file(self, log_dir: Path, site: str) -> Path:
+        return log_dir / f"{site}.events.jsonl"
+
+    def ship_model(self, spec: str, sites: Any) -> str:
+        return spec
+
+    def start_role(self, site: str, cfg: AgentConfig, path: Path, **extra: Any) -> None:
+        self.started.append(site)
+
+    def stop_role(self, site: str, task: int) -> None:
+        pass
+
+
+def test_a_lost_role_is_tolerated_but_g_s_is_not_and_a_restarted_server_s_roles_are_gone(tmp_path: Path) -> None:
+    from orchestrator.runtime.task_runner import FLOptions, TaskExecution
+
+    plan = EmulationPlan.from_model(load("triangle"))
+    schedule = handmade_schedule(plan)  # G=A, locals B and C
+    servers = Servers(tmp_path)
+    run = TaskExecution(schedule, manager=servers, options=FLOptions(rounds=2), log_dir=tmp_path, tolerate_lost=True)
+    run.start()
+
+    def status(**states: str) -> dict[str, Any]:
+        return {s: {"roles": {str(schedule.task_id): {"state": st}}} for s, st in states.items()}
+
+    assert not run.check(status(A="running", B="running", C="running"))
+    servers.lost["C"] = "exited with status -9"
+    assert not run.check(status(A="running", B="running"))
+    assert run.lost_roles == {"C": "its site server is gone (exited with status -9)"}
+    # B's server is restarted before any check saw it die: its new server does not know the role.
+    servers.generation["B"] = 1
+    assert not run.check(status(A="running", B="running"))
+    assert run.lost_roles["B"] == "its site server was restarted"
+    assert run.check(status(A="done"))  # G done, the lost roles do not hold the task up
+    servers.lost["A"] = "exited with status -9"
+    with pytest.raises(RuntimeError, match="A: its site server is gone"):
+        TaskExecution(schedule, manager=servers, options=FLOptions(rounds=2), log_dir=tmp_path,
+                      tolerate_lost=True).check({})
