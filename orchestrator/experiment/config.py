@@ -103,9 +103,11 @@ class ExperimentConfig:
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
         d["task"]["model_args"] = dict(self.task.model_args)
         if self.mode != "online":
-            del d["online"]  # the section is only allowed with mode: online
-        d["events"] = [e.to_dict() for e in self.events]
-        d["reschedule"] = self.reschedule.to_dict()
+            del d["online"]  # these sections are only allowed with mode: online
+            del d["events"], d["reschedule"]
+        else:
+            d["events"] = [e.to_dict() for e in self.events]
+            d["reschedule"] = self.reschedule.to_dict()
         return d
 
     @property

@@ -16,7 +16,7 @@ from controller.shaping import TcShaper
 from controller.state_store import StateStore
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.config import parse_config
+from orchestrator.experiment.config import load_config, parse_config
 from orchestrator.experiment.faults import (
     FaultEvent,
     FaultInjector,
@@ -37,6 +37,7 @@ from workers.control import ProtocolError, check_request
 from workers.rounds import fingerprint
 
 NSF = "sndlib/nobel-us"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # -- events and policies in the config -------------------------------------------------------------------
@@ -83,6 +84,14 @@ def test_reschedule_section_and_mode() -> None:
                         "reschedule": {"policies": ["never", "periodic"], "period_s": 2}})
     assert cfg.faults and cfg.reschedule.period_s == 2.0
     assert cfg.to_dict()["events"] == [{"at_s": 1.0, "action": "controller_restart"}]
+    assert parse_config(cfg.to_dict()) == cfg  # what a run records parses back (trimmed runs re-parse it)
+
+
+def test_a_sequential_config_round_trips_without_online_sections() -> None:
+    for name in ("quick", "paper", "online", "faults"):
+        cfg = load_config(ROOT / "experiments" / f"{name}.yaml")
+        assert parse_config(cfg.to_dict()) == cfg, name
+    assert "reschedule" not in load_config(ROOT / "experiments" / "quick.yaml").to_dict()
 
 
 # -- the injector ------------------------------------------------------------------------------------------
