@@ -200,19 +200,18 @@ def cmd_net_link(args: argparse.Namespace) -> int:
     has seen it (port status), as the orchestrator would."""
     from orchestrator.emulation.links import link_interfaces, set_link
     from orchestrator.emulation.running import find_running
+    from orchestrator.experiment.faults import links_down
 
     net = find_running(args.url)
     link_interfaces(net.plan, args.a, args.b)  # unknown or unlinked sites: exit 2 before root is asked
     _need_root("changing a link")
     up = args.state == "up"
     ends = set_link(net.plan, args.a, args.b, up)
-    want = sorted((args.a, args.b))
+    want = (min(args.a, args.b), max(args.a, args.b))
     deadline = time.monotonic() + 5.0
     seen = False
     while time.monotonic() < deadline and not seen:
-        down = {tuple(sorted(p["link"])) for p in net.client.topology().get("ports_down", [])
-                if isinstance(p.get("link"), list) and len(p["link"]) == 2}
-        seen = (tuple(want) in down) != up
+        seen = (want in links_down(net.client.topology())) != up
         if not seen:
             time.sleep(0.1)  # the switch's port-status message is on its way; bounded by the deadline
     print(f"link {args.a}-{args.b} {args.state} ({ends[0]}, {ends[1]}); the controller "

@@ -271,6 +271,17 @@ class FaultInjector:
                     took_s=self.clock() - at)
 
 
+def links_down(topology: Mapping[str, Any]) -> set[Link]:
+    """The site-to-site links (sorted site pairs) with a port down, from the controller's ``/topology``."""
+    out: set[Link] = set()
+    for port in topology.get("ports_down", []):
+        link = port.get("link")
+        if isinstance(link, list) and len(link) == 2 and "host" not in link:
+            a, b = sorted(str(x) for x in link)
+            out.add((a, b))
+    return out
+
+
 class LinkWatcher:
     """The links the controller reports down (from port-status messages), polled.
 
@@ -287,12 +298,7 @@ class LinkWatcher:
             topo = self.client.topology()
         except Exception:  # noqa: BLE001 -- the controller is restarting: nothing new this time
             return set(), set()
-        now: set[Link] = set()
-        for port in topo.get("ports_down", []):
-            link = port.get("link")
-            if isinstance(link, list) and len(link) == 2 and "host" not in link:
-                a, b = sorted(str(x) for x in link)
-                now.add((a, b))
+        now = links_down(topo)
         went_down, came_up = now - self.down, self.down - now
         self.down = now
         return went_down, came_up

@@ -237,3 +237,24 @@ def test_a_task_attached_to_the_running_network_completes_and_its_flows_show_whi
         nodes = db.execute("SELECT count(*) FROM node_rounds WHERE run_id = ? AND task_id = ?",
                            (state.db_run_id, task_id)).fetchone()
     assert task_state == ("done",) and rounds == (2,) and nodes[0] >= 2 * 3
+
+
+def test_net_link_cuts_and_restores_a_link_the_controller_sees(net_up: NetUp) -> None:
+    def link(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(_netai("net", "link", *args), cwd=ROOT, capture_output=True, text=True, timeout=60)
+
+    def down() -> set[tuple[str, str]]:
+        return {tuple(sorted(p["link"])) for p in net_up.client.topology()["ports_down"]}  # type: ignore[misc]
+
+    unknown = link("A", "Atlantis", "down")
+    assert unknown.returncode == 2 and "Atlantis" in unknown.stderr, unknown
+    try:
+        cut = link("A", "B", "down")
+        assert cut.returncode == 0 and "saw it" in cut.stdout, (cut.stdout, cut.stderr)
+        assert ("A", "B") in down()
+        assert _in_host(net_up, "A", "ping", "-c1", "-W1", net_up.plan.host("B").ip).returncode != 0
+    finally:
+        back = link("A", "B", "up")
+    assert back.returncode == 0 and "saw it" in back.stdout, (back.stdout, back.stderr)
+    assert ("A", "B") not in down()
+    assert _in_host(net_up, "A", "ping", "-c1", "-W2", net_up.plan.host("B").ip).returncode == 0
