@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -26,6 +27,11 @@ from orchestrator.emulation.cleanup import (
 def marked_child() -> Iterator[subprocess.Popen[bytes]]:
     env = {**os.environ, ENV_RUN: "unit-test-run"}
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+    # Popen returns once the child's exec has begun (vfork), which can be before the kernel has set up the
+    # new environment's address range: /proc/PID/environ reads empty for that moment. Wait it out.
+    deadline = time.monotonic() + 10
+    while process_run_id(child.pid) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     yield child
     if child.poll() is None:
         child.kill()
