@@ -24,7 +24,9 @@ setup(
         "net": ["os-ken==3.1.1", "WebOb>=1.8", "Routes>=2.5"],
         # The FL workers: the torch pin keeps pip on the CPU wheel.
         "fl": ["torch==2.13.0", "safetensors>=0.4", "scikit-learn>=1.3", "xxhash>=3.4"],
-        "experiment": ["matplotlib>=3.7", "rich>=13", "docker>=7.1", "prometheus_client>=0.20"],
+        # highspy: the exact optimum (an ILP solved by HiGHS); paramiko: the Docker SDK's ssh:// transport.
+        "experiment": ["matplotlib>=3.7", "rich>=13", "docker>=7.1", "prometheus_client>=0.20", "highspy>=1.7",
+                       "paramiko>=3.4"],
         "test": ["pytest>=7", "hypothesis>=6", "ruff>=0.4", "mypy>=1.8", "types-PyYAML", "types-requests",
                  # drives Debian's chromium (chromium-driver) in the dashboard's browser tests
                  "selenium>=4.20"],

@@ -26,7 +26,7 @@ if [ -z "${NETAI_NO_SYSTEM:-}" ]; then
 # 1. OS packages --------------------------------------------------------------------------------
 # (chromium and chromium-driver: the browser the dashboard's tests drive, headless)
 PKGS="mininet openvswitch-switch iperf3 ethtool iproute2 net-tools iputils-ping python3-venv python3-dev
-      python3-pip debootstrap procps psmisc chromium chromium-driver"
+      python3-pip debootstrap procps psmisc chromium chromium-driver python3-simgrid openssh-server"
 if [ -z "${NETAI_SKIP_DOCKER:-}" ]; then PKGS="$PKGS docker.io"; fi
 missing=""
 for p in $PKGS; do
