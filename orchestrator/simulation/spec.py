@@ -1,0 +1,153 @@
+"""What the simulation is given and how it is run: `SimParams`, `TaskRun`, `build_spec`, `simulate`.
+
+The model's parameters (`SimParams`; the experiment config's `simulation` section):
+
+- link rates: each directed link's capacity (``rates: capacity``) or the rate the emulation shapes
+  it to (``rates: emulated``: capacity x the plan's `bw_scale`, for comparison with emulated runs),
+  times `tcp_efficiency` (the share of the line rate TCP payload gets: headers, ACKs, slow start);
+- propagation: each path's fiber delay (`NetworkModel.path_delay_ms`) plus `per_hop_latency_ms`
+  per link crossed (switching and queueing), unless ``propagation: false`` (as an emulation without
+  netem);
+- per-chunk work: `alpha_s` per chunk at each sender (framing, digest, hand-off), default the
+  emulation's own `orchestrator.runtime.timing.ALPHA_S`;
+- training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
+  its near-equal share of `train_examples` (the iid split).
+
+Chunk size: the emulation's choice, `orchestrator.runtime.timing.optimal_chunk_bytes` of the
+task's deepest chain and bottleneck rate (the same as `task_timing`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.runtime.timing import ALPHA_S, optimal_chunk_bytes
+from orchestrator.scheduling.schedule import Schedule
+from topologies.model import NetworkModel
+
+RATES = ("capacity", "emulated")
+#: Default seconds of local training per example and epoch (an MLP of two hidden layers of 800 on
+#: one core, batch 32: a placeholder until a profile of the model is measured).
+DEFAULT_SECONDS_PER_EXAMPLE = 2e-4
+#: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
+DEFAULT_TRAIN_EXAMPLES = 1437
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """The model's parameters (see the module docstring)."""
+
+    rates: str = "capacity"
+    tcp_efficiency: float = 1.0
+    per_hop_latency_ms: float = 0.0
+    propagation: bool = True
+    alpha_s: float = ALPHA_S
+    seconds_per_example: float = DEFAULT_SECONDS_PER_EXAMPLE
+    local_epochs: int = 2
+    train_examples: int = DEFAULT_TRAIN_EXAMPLES
+    #: A fixed chunk size in bytes (0: the emulation's choice, `optimal_chunk_bytes`).
+    chunk_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+RateFn = Callable[[str, str], float]
+
+
+@dataclass(frozen=True)
+class TaskRun:
+    """One scheduled task to simulate: its schedule, model size and rounds, under a label (key)."""
+
+    key: str
+    schedule: Schedule
+    model_bytes: int
+    rounds: int
+
+
+def train_seconds(schedule: Schedule, params: SimParams) -> dict[str, float]:
+    """Training time of each local: its near-equal share of the examples (the iid split)."""
+    n = len(schedule.local_sites)
+    base, extra = divmod(params.train_examples, n)
+    return {s: params.seconds_per_example * params.local_epochs * (base + (1 if i < extra else 0))
+            for i, s in enumerate(schedule.local_sites)}
+
+
+def chunk_bytes(schedule: Schedule, model_bytes: int, rate: RateFn, params: SimParams) -> int:
+    """The task's chunk size: fixed by `params`, or the emulation's choice (`optimal_chunk_bytes`)."""
+    if params.chunk_bytes:
+        return min(params.chunk_bytes, model_bytes)
+    links = [link for e in schedule.edges for link in e.links()]
+    bottleneck = min((rate(u, v) for u, v in links), default=1000.0)
+    stages = max(schedule.depth("broadcast"), schedule.depth("upload")) + 1
+    return optimal_chunk_bytes(model_bytes, stages, bottleneck, alpha_s=params.alpha_s)
+
+
+def path_delay_s(model: NetworkModel, path: Sequence[str], params: SimParams) -> float:
+    """Propagation of a path: fiber delay (if `params.propagation`) plus the per-hop latency."""
+    hops = len(path) - 1
+    fiber = model.path_delay_ms(path) if params.propagation else 0.0
+    return (fiber + hops * params.per_hop_latency_ms) / 1e3
+
+
+def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, rate: RateFn) -> dict[str, Any]:
+    """The engine's JSON input: directed links (rate x efficiency), the distinct paths with their
+    propagation, and the task runs in order.
+
+    Raises
+    ------
+    ValueError
+        If a run's schedule is blocked or a path uses a link the topology lacks.
+    """
+    links = []
+    for ln in model.iter_links():
+        for a, b in ((ln.a, ln.b), (ln.b, ln.a)):
+            links.append({"a": a, "b": b, "rate_mbps": rate(a, b) * params.tcp_efficiency})
+    paths: dict[tuple[str, ...], float] = {}
+    out_runs = []
+    for r in runs:
+        s = r.schedule
+        if s.blocked:
+            raise ValueError(f"task run {r.key}: the schedule is blocked")
+        for e in s.edges:
+            for u, v in e.links():
+                if not model.has_link(u, v):
+                    raise ValueError(f"task run {r.key}: path {'-'.join(e.path)} uses {u}-{v}, not a link")
+            paths.setdefault(e.path, path_delay_s(model, e.path, params))
+        out_runs.append({
+            "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
+            "model_bytes": r.model_bytes, "chunk_bytes": chunk_bytes(s, r.model_bytes, rate, params),
+            "alpha_s": params.alpha_s, "train_s": train_seconds(s, params),
+            "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],
+        })
+    return {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()], "runs": out_runs}
+
+
+def simulate(spec: dict[str, Any], *, work_dir: Path | None = None) -> dict[str, Any]:
+    """Run `spec` in a child process (`python -m orchestrator.simulation.engine`); its JSON result.
+
+    Raises
+    ------
+    RuntimeError
+        If the engine failed (SimGrid missing, or an error in the simulation), with its last lines.
+    """
+    with tempfile.TemporaryDirectory(dir=work_dir, prefix="netai-sim-") as tmp:
+        src, dst = Path(tmp) / "spec.json", Path(tmp) / "result.json"
+        src.write_text(json.dumps(spec))
+        root = str(Path(__file__).resolve().parents[2])
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.simulation.engine", str(src), str(dst)],
+                              capture_output=True, text=True, env=env, cwd=root)
+        if proc.returncode != 0 or not dst.exists():
+            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+            raise RuntimeError(f"the simulation engine failed (exit {proc.returncode}): {tail}")
+        result: dict[str, Any] = json.loads(dst.read_text())
+        return result
