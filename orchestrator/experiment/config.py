@@ -30,6 +30,9 @@ PATTERNS = ("constant", "poisson", "demand-matrix")
 PARTITIONS = ("iid", "dirichlet")
 MODES = ("sequential", "online")
 ARRIVALS = ("poisson", "all")
+#: ``emulation``: Mininet, real workers; ``simulation``: the flow-level model on SimGrid
+#: (`orchestrator.simulation`; docs/architecture.md, "Flow-level simulation").
+ENGINES = ("emulation", "simulation")
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,30 @@ class EmulationConfig:
     #: strays from its paths fails instead of being carried best-effort) or ``best-effort`` (every
     #: host pair also routed, in the links' lowest class; see `controller.flows`).
     connectivity: str = STRICT
+
+
+@dataclass(frozen=True)
+class SimulationConfig:
+    """The flow-level model's parameters (`engine: simulation`; `orchestrator.simulation.spec.SimParams`)."""
+
+    #: ``capacity``: the topology's link capacities; ``emulated``: the rates the emulation shapes
+    #: (capacity x bw_scale from `emulation.max_link_mbps`), to compare with emulated runs.
+    rates: str = "capacity"
+    #: Share of a link's rate TCP payload gets.
+    tcp_efficiency: float = 1.0
+    #: Latency added per link crossed, on top of the fiber delay (switching, queueing).
+    per_hop_latency_ms: float = 0.0
+    #: Fiber delay on (false: as an emulation without netem).
+    propagation: bool = True
+    #: Per-chunk work at each sender, seconds (default: the emulation's timing.ALPHA_S).
+    alpha_s: float = 3e-4
+    #: Local training: seconds per example and epoch, epochs, and the dataset's training examples
+    #: (split near-equally among the locals).
+    seconds_per_example: float = 2e-4
+    local_epochs: int = 2
+    train_examples: int = 1437
+    #: A fixed chunk size in bytes; 0: the emulation's choice (timing.optimal_chunk_bytes).
+    chunk_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -90,6 +117,9 @@ class ExperimentConfig:
     events: tuple[FaultEvent, ...] = ()
     #: What happens to running tasks when the network changes (`orchestrator.experiment.faults`).
     reschedule: RescheduleConfig = field(default_factory=RescheduleConfig)
+    #: ``emulation`` (Mininet and real workers) or ``simulation`` (the flow-level model on SimGrid).
+    engine: str = "emulation"
+    simulation: SimulationConfig = field(default_factory=SimulationConfig)
 
     def network(self) -> NetworkModel:
         return load(self.topology, compute_sites=list(self.compute_sites) if self.compute_sites else None)
@@ -108,6 +138,8 @@ class ExperimentConfig:
         else:
             d["events"] = [e.to_dict() for e in self.events]
             d["reschedule"] = self.reschedule.to_dict()
+        if self.engine != "simulation":
+            del d["simulation"]  # only allowed with engine: simulation
         return d
 
     @property
@@ -200,8 +232,14 @@ ONLINE_SCHEMA: dict[str, Check] = {
     "tasks": _int(1, 10_000), "arrival": _choice(ARRIVALS), "mean_interarrival_s": _num(0, lo_open=True),
     "seed": _int(0), "sample_s": _num(0.1, 60),
 }
+SIMULATION_SCHEMA: dict[str, Check] = {
+    "rates": _choice(("capacity", "emulated")), "tcp_efficiency": _num(0, 1, lo_open=True),
+    "per_hop_latency_ms": _num(0), "propagation": _bool, "alpha_s": _num(0),
+    "seconds_per_example": _num(0), "local_epochs": _int(1, 1000), "train_examples": _int(1),
+    "chunk_bytes": _int(0),
+}
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
-            "task", "emulation", "background", "mode", "online", "events", "reschedule")
+            "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation")
 
 
 def parse_config(raw: Any, *, where: str = "config") -> ExperimentConfig:
@@ -259,6 +297,13 @@ def _parse(raw: Any, where: str) -> ExperimentConfig:
     )
     if "online" in raw and cfg.mode != "online":
         raise ConfigError("an online section needs mode: online")
+    engine = _choice(ENGINES)("engine", raw.get("engine", "emulation"))
+    if "simulation" in raw and engine != "simulation":
+        raise ConfigError("a simulation section needs engine: simulation")
+    if engine == "simulation" and cfg.mode != "sequential":
+        raise ConfigError("engine: simulation runs mode: sequential only")
+    cfg = replace(cfg, engine=engine,
+                  simulation=SimulationConfig(**_section("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
     model = cfg.network()
     events = parse_events(raw.get("events"), model)
     reschedule = parse_reschedule(raw.get("reschedule"))

@@ -388,6 +388,23 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, figures: Sequence
         lines += [f"**{len(failed)} of {len(tasks)} tasks failed.** First reasons:", ""]
         lines += [f"- {t.scheduler} task {t.task_id}: {t.reason or 'no reason recorded'}" for t in failed[:5]]
         lines.append("")
+    if run.get("engine") == "simulation":
+        env = run["environment"]
+        lines += ["**Simulated run**: these figures come from the flow-level model on SimGrid "
+                  "(`orchestrator/simulation`), not from the emulation; no model was trained (no accuracy).", "",
+                  "## Simulation model", "",
+                  f"- link rates: {env.get('rates', '?')} (bw_scale {env.get('bw_scale', '?')}), times a TCP "
+                  f"efficiency factor of {env.get('tcp_efficiency', '?')}; flows share links max-min",
+                  f"- propagation: fiber delay {'on' if env.get('delay_emulated') else 'off'}, plus "
+                  f"{env.get('per_hop_latency_ms', '?')} ms per hop",
+                  f"- per-chunk work at each sender: {env.get('alpha_s', '?')} s; chunk size as the emulation chooses "
+                  "it unless the config fixes it",
+                  f"- training: {env.get('seconds_per_example', '?')} s per example and epoch, "
+                  f"{env.get('local_epochs', '?')} epochs, {env.get('train_examples', '?')} examples split among "
+                  "the locals",
+                  "- these parameters are the config's `simulation` section (defaults in "
+                  "`orchestrator/experiment/config.py`); `benchmarks/bench_simulation.py --calibrate` compares the "
+                  "model with an emulated run", ""]
     lines += ["## Environment", ""]
     for k, v in sorted(run["environment"].items()):
         lines.append(f"- {k}: {v}")

@@ -21,6 +21,7 @@ from orchestrator.scheduling.tasks import Task
 
 SCHEMA_VERSION = 2
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
+ENGINES = ("emulation", "simulation")
 TASK_STATES = ("pending", "scheduled", "running", "done", "blocked", "failed")
 
 SCHEMA = """
@@ -33,7 +34,9 @@ CREATE TABLE IF NOT EXISTS runs (
     status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'interrupted', 'failed')),
     started_at REAL NOT NULL,
     finished_at REAL,
-    note TEXT NOT NULL DEFAULT ''
+    note TEXT NOT NULL DEFAULT '',
+    -- emulation (Mininet, real workers) or simulation (the flow-level model, orchestrator/simulation)
+    engine TEXT NOT NULL DEFAULT 'emulation'
 );
 CREATE TABLE IF NOT EXISTS topology (
     run_id INTEGER PRIMARY KEY REFERENCES runs(id),
@@ -218,6 +221,9 @@ class ResultsDB:
         if "ts" in cols:  # schema 1's link_stats, never written: replaced by schema 2's
             self.conn.execute("DROP TABLE link_stats")
         self.conn.executescript(SCHEMA)
+        if "engine" not in {r[1] for r in self.conn.execute("PRAGMA table_info(runs)")}:
+            # a database written before runs had an engine: every run in it was emulated
+            self.conn.execute("ALTER TABLE runs ADD COLUMN engine TEXT NOT NULL DEFAULT 'emulation'")
         self.conn.execute(
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )
@@ -242,10 +248,16 @@ class ResultsDB:
         self.conn.execute("COMMIT")
 
     # -- runs ------------------------------------------------------------------------------------
-    def start_run(self, name: str, config: dict[str, Any], environment: dict[str, Any] | None = None) -> int:
+    def start_run(self, name: str, config: dict[str, Any], environment: dict[str, Any] | None = None,
+                  *, engine: str = "emulation") -> int:
+        """A new run; `engine` says whether it is emulated or simulated (``simulation``)."""
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
         cur = self.conn.execute(
-            "INSERT INTO runs(name, config_json, environment_json, status, started_at) VALUES (?, ?, ?, 'running', ?)",
-            (name, json.dumps(config, sort_keys=True), json.dumps(environment or {}, sort_keys=True), time.time()),
+            "INSERT INTO runs(name, config_json, environment_json, status, started_at, engine)"
+            " VALUES (?, ?, ?, 'running', ?, ?)",
+            (name, json.dumps(config, sort_keys=True), json.dumps(environment or {}, sort_keys=True), time.time(),
+             engine),
         )
         assert cur.lastrowid is not None
         return int(cur.lastrowid)

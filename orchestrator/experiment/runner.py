@@ -227,7 +227,13 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     The status is ``completed`` when at least one task completed, ``failed`` when none did (or the
     run broke), ``interrupted`` on Ctrl-C or SIGTERM. With `dashboard_port` the live dashboard is
     served on 127.0.0.1 while the run lasts (a port in use is a `ConfigError` before anything starts).
+    A config with ``engine: simulation`` runs on the flow-level model instead (no root, no network:
+    `orchestrator.experiment.simulated`).
     """
+    if cfg.engine == "simulation":
+        from orchestrator.experiment.simulated import run_simulated
+
+        return run_simulated(cfg, out_root=out_root)
     from orchestrator.emulation.background import BackgroundTraffic, plan_background
     from orchestrator.emulation.network import Emulation
     from orchestrator.runtime.backends import emulation_options, open_compute

@@ -225,7 +225,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
             run.done.acquire()
             if run.end_s > Engine.clock:
                 simgrid.this_actor.sleep_until(run.end_s)
-            out.append({"key": run.key, "start_s": run.start_s, "end_s": run.end_s, "chunks": run.k,
+            out.append({"key": run.key, "start_s": run.start_s, "end_s": run.end_s, "chunks": run.k, "chunk_bytes": run.chunk,
                         "events": run.events,
                         "link_bytes": [[u, v, n] for (u, v), n in sorted(run.link_bytes.items())]})
 
