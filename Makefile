@@ -38,6 +38,7 @@ benchmark:
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_dataplane.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_servers.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_faults.py
+	$(PY) benchmarks/bench_simulation.py
 
 clean:
 	@if [ -x $(NETAI) ]; then $(NETAI) clean; else bash scripts/clean.sh; fi

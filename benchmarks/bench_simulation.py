@@ -1,0 +1,115 @@
+"""Benchmark: the flow-level simulation (`engine: simulation`) at scale, and its calibration hook.
+
+Runs an experiment config with ``engine: simulation`` on germany50 (sndlib/germany50, 50 sites)
+and on a generated 1000-site topology (random:1000:1): 30 tasks each (10 per point), up to 100
+locals (germany50: up to 49, all its compute sites but G), every scheduler (spff, mst, steiner,
+spt), 3 rounds, link rates as the emulation shapes them (`rates: emulated`, so transfers are cut
+into many chunks). Prints the wall time of each whole run (scheduling, simulation, database,
+figures and report; target: minutes) and the peak memory of the simulation's process and of this
+one.
+
+``--calibrate RESULTS.db`` (an emulated run's database, e.g. of an NSFNET config): simulates that
+run's config (its topology, tasks, schedulers, rates and whether delay was emulated) and prints,
+at 2, 4 and 8 locals, the median round communication time (round latency less the critical
+local's training: broadcast + upload) simulated over emulated. ``--quick`` runs smaller cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.experiment.config import parse_config
+from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.experiment.simulated import run_simulated
+
+SCHEDULERS = ["spff", "mst", "steiner", "spt"]
+#: The default MLP (two hidden layers of 800 on digits' 64 inputs, float32).
+MODEL_BYTES = 4 * (64 * 800 + 800 + 800 * 800 + 800 + 800 * 10 + 10)
+
+
+def bench(topology: str, locals_: list[int], tasks_per_point: int, out: Path) -> dict[str, Any]:
+    cfg = parse_config({"name": topology.replace("/", "-").replace(":", "-"), "engine": "simulation",
+                        "topology": topology, "schedulers": SCHEDULERS, "locals": locals_,
+                        "tasks_per_point": tasks_per_point, "task": {"rounds": 3},
+                        "simulation": {"rates": "emulated"}}, where="bench")
+    t0 = time.monotonic()
+    outcome = run_simulated(cfg, out_root=out, model_bytes=MODEL_BYTES)
+    wall = time.monotonic() - t0
+    with ResultsDB(outcome.run_dir / "results.db") as db:
+        env = db.run(outcome.run_id)["environment"]
+        n = db.query("SELECT COUNT(*) AS n, SUM(state = 'done') AS done FROM tasks WHERE run_id = ?",
+                     (outcome.run_id,))[0]
+        rounds = db.query("SELECT COUNT(*) AS n FROM rounds WHERE run_id = ?", (outcome.run_id,))[0]["n"]
+    return {"wall_s": wall, "sim_wall_s": env.get("simulation_wall_s"), "sim_rss_mb": env.get("simulation_peak_rss_mb"),
+            "runs": n["n"], "done": n["done"], "rounds": rounds, "status": outcome.status}
+
+
+def comm_medians(db: ResultsDB, run_id: int) -> dict[int, float]:
+    """Median round communication time (latency less the critical local's training) per number of locals."""
+    rows = db.query("SELECT t.n_locals, r.latency_s - r.train_s AS comm FROM rounds r JOIN tasks t "
+                    "USING (run_id, scheduler, task_id) WHERE r.run_id = ? AND r.stragglers = 0", (run_id,))
+    by: dict[int, list[float]] = {}
+    for r in rows:
+        by.setdefault(int(r["n_locals"]), []).append(float(r["comm"]))
+    return {n: statistics.median(v) for n, v in by.items()}
+
+
+def calibrate(path: Path, out: Path) -> None:
+    with ResultsDB(path) as db:
+        runs = db.query("SELECT id FROM runs WHERE engine = 'emulation' ORDER BY id DESC LIMIT 1")
+        if not runs:
+            sys.exit(f"bench_simulation: {path} holds no emulated run")
+        run = db.run(int(runs[0]["id"]))
+        emulated = comm_medians(db, run["id"])
+        sizes = db.query("SELECT MAX(model_bytes) AS b FROM tasks WHERE run_id = ?", (run["id"],))[0]["b"]
+    raw = dict(run["config"])
+    for key in ("online", "events", "reschedule", "simulation"):
+        raw.pop(key, None)
+    raw.update(engine="simulation", mode="sequential",
+               simulation={"rates": "emulated", "propagation": bool(run["environment"].get("delay_emulated", False))})
+    cfg = parse_config(raw, where=str(path))
+    outcome = run_simulated(cfg, out_root=out, model_bytes=int(sizes) if sizes else None)
+    with ResultsDB(outcome.run_dir / "results.db") as db:
+        simulated = comm_medians(db, outcome.run_id)
+    print(f"calibration against {path} (run {run['id']}, {cfg.topology}): median round communication time")
+    print(f"{'locals':>7}{'emulated s':>12}{'simulated s':>13}{'sim / emu':>11}")
+    for n in (2, 4, 8):
+        e, s = emulated.get(n), simulated.get(n)
+        ratio = "-" if not e or s is None else f"{s / e:.3f}"
+        print(f"{n:>7}{'-' if e is None else f'{e:.3f}':>12}{'-' if s is None else f'{s:.3f}':>13}{ratio:>11}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="200 sites and 3 tasks per point instead of 1000 and 10")
+    ap.add_argument("--calibrate", type=Path, metavar="RESULTS_DB", help="an emulated run's results.db to compare with")
+    ap.add_argument("--out", type=Path, help="where to keep the run folders (default: a temporary folder)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="netai-bench-sim-") as tmp:
+        out = args.out or Path(tmp)
+        if args.calibrate:
+            calibrate(args.calibrate, out)
+            return
+        per = 3 if args.quick else 10
+        cases = [("sndlib/germany50", [5, 25, 49]),
+                 ("random:200:1" if args.quick else "random:1000:1", [5, 10, 20] if args.quick else [10, 50, 100])]
+        print(f"engine: simulation, schedulers {', '.join(SCHEDULERS)}, {3 * per} tasks per topology, 3 rounds")
+        print(f"{'topology':<18}{'locals':<12}{'task runs':>10}{'done':>6}{'rounds':>8}{'wall s':>9}"
+              f"{'sim s':>8}{'sim peak MB':>13}")
+        for topo, locals_ in cases:
+            r = bench(topo, locals_, per, out)
+            print(f"{topo:<18}{','.join(map(str, locals_)):<12}{r['runs']:>10}{r['done']:>6}{r['rounds']:>8}"
+                  f"{r['wall_s']:>9.1f}{r['sim_wall_s']:>8.1f}{r['sim_rss_mb']:>13.1f}", flush=True)
+        own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(f"peak memory of this process (scheduling, database, report): {own:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()
