@@ -24,6 +24,9 @@ FORBIDDEN = {
     "orchestrator.emulation": ("orchestrator.runtime", "orchestrator.experiment", "orchestrator.cli", "workers"),
     "orchestrator.runtime": ("orchestrator.experiment", "orchestrator.cli"),
     "orchestrator.experiment": ("orchestrator.cli",),
+    # The flow-level simulation models the network and the rounds: no emulation, workers or runner.
+    "orchestrator.simulation": ("orchestrator.emulation", "orchestrator.experiment", "orchestrator.cli",
+                                "controller", "workers"),
     # The dashboard reads a run's database and serves it: it needs no emulation, worker or runner code.
     "orchestrator.dashboard": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.experiment",
                                "orchestrator.cli", "controller", "workers"),

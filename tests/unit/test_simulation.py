@@ -1,0 +1,170 @@
+"""The flow-level simulation (`orchestrator.simulation`, `engine: simulation`): hand-computable
+rounds, trees followed link by link, config validation, simulated runs marked in the database."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.config import parse_config
+from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.runtime.timing import pipelined_time_s
+from orchestrator.scheduling import NetworkState, get_scheduler
+from orchestrator.scheduling.cost import capacity_rate, pipelined_bound_s
+from orchestrator.scheduling.schedule import OverlayEdge, Schedule
+from orchestrator.scheduling.tasks import Task
+from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate
+from topologies.model import NetworkModel
+
+pytest.importorskip("simgrid")
+
+RATE_MBPS = 80.0
+D1_MS, D2_MS = 2.0, 3.0
+
+
+def line() -> NetworkModel:
+    """G - A - B: two links of 80 Mbit/s, 2 ms and 3 ms."""
+    return NetworkModel.build("line", [{"name": "G"}, {"name": "A"}, {"name": "B"}], [
+        {"a": "G", "b": "A", "capacity_mbps": RATE_MBPS, "delay_ms": D1_MS, "wavelengths": 1},
+        {"a": "A", "b": "B", "capacity_mbps": RATE_MBPS, "delay_ms": D2_MS, "wavelengths": 1}])
+
+
+def chain() -> Schedule:
+    """Broadcast G -> A -> B, upload B -> A -> G (A forwards and aggregates)."""
+    e = OverlayEdge
+    return Schedule(task_id=1, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                    broadcast_parent={"A": "G", "B": "A"}, upload_parent={"B": "A", "A": "G"},
+                    edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "A", "B", ("A", "B")),
+                           e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
+
+
+def test_round_on_a_three_node_chain_equals_the_pipelined_figure() -> None:
+    # Prepare: 1 MB in 10 chunks, no per-chunk work, 0.25 s of training at each local.
+    model, schedule = line(), chain()
+    size, chunk = 1_000_000, 100_000
+    params = SimParams(alpha_s=0.0, chunk_bytes=chunk, seconds_per_example=1e-3, local_epochs=1, train_examples=500)
+    spec = build_spec(model, [TaskRun("t", schedule, size, 2)], params, capacity_rate(model))
+
+    out = simulate(spec)
+
+    run = out["runs"][0]
+    g = {(e["event"], e["round"]): e["t"] for e in run["events"]["G"]}
+    latency = g[("aggregated", 1)] - g[("round_start", 1)]
+    # Each procedure is a 2-stage pipeline of 10 chunks plus the chain's propagation (hand: 0.11 + 0.005 s).
+    procedure = pipelined_time_s(size, chunk, 2, RATE_MBPS, alpha_s=0.0) + (D1_MS + D2_MS) / 1e3
+    assert procedure == pytest.approx(0.115)
+    assert latency == pytest.approx(2 * procedure + 0.25, rel=1e-9)
+    assert g[("aggregated", 2)] - g[("round_start", 2)] == pytest.approx(latency, rel=1e-9)
+    # ... which is the analytic pipelined bound plus one chunk's fill of the pipeline per procedure.
+    bound = pipelined_bound_s(model, schedule, "broadcast", size)
+    assert procedure - bound == pytest.approx(chunk * 8 / (RATE_MBPS * 1e6))
+
+
+def test_a_single_chunk_per_hop_round_equals_the_pipelined_bound() -> None:
+    # Prepare: G's locals are its direct neighbour A only; one chunk, so the bound is reached exactly.
+    model = line()
+    e = OverlayEdge
+    schedule = Schedule(task_id=2, scheduler="hand", global_site="G", local_sites=("A",), demand_mbps=1.0,
+                        broadcast_parent={"A": "G"}, upload_parent={"A": "G"},
+                        edges=(e("broadcast", "G", "A", ("G", "A")), e("upload", "A", "G", ("A", "G"))))
+    params = SimParams(alpha_s=0.0, seconds_per_example=0.0, per_hop_latency_ms=0.5)
+    spec = build_spec(model, [TaskRun("t", schedule, 500_000, 1)], params, capacity_rate(model))
+
+    out = simulate(spec)
+
+    g = {e["event"]: e["t"] for e in out["runs"][0]["events"]["G"]}
+    hop = 0.5e-3
+    bound = sum(pipelined_bound_s(model, schedule, p, 500_000) + hop for p in ("broadcast", "upload"))
+    assert g["aggregated"] - g["round_start"] == pytest.approx(bound, rel=1e-9)
+
+
+def test_transfers_follow_the_schedules_trees_link_by_link() -> None:
+    # Prepare: a triangle where spff sends to each local directly and a hand schedule relays via A.
+    model = NetworkModel.build("tri", [{"name": "G"}, {"name": "A"}, {"name": "B"}], [
+        {"a": "G", "b": "A", "capacity_mbps": 100.0, "wavelengths": 1, "length_km": 10},
+        {"a": "A", "b": "B", "capacity_mbps": 100.0, "wavelengths": 1, "length_km": 10},
+        {"a": "G", "b": "B", "capacity_mbps": 100.0, "wavelengths": 1, "length_km": 10}])
+    task = Task(id=7, global_site="G", local_sites=("A", "B"), model="mlp", rounds=2, demand_mbps=10.0,
+                model_bytes=300_000)
+    spff = get_scheduler("spff").schedule(NetworkState(model), task)
+    e = OverlayEdge
+    relayed = Schedule(task_id=7, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=10.0,
+                       broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "G"},
+                       edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
+                              e("upload", "A", "G", ("A", "G")), e("upload", "B", "G", ("B", "A", "G"))))
+    params = SimParams(chunk_bytes=50_000)
+    runs = [TaskRun("spff", spff, 300_000, 2), TaskRun("relayed", relayed, 300_000, 2)]
+
+    out = simulate(build_spec(model, runs, params, capacity_rate(model)))
+
+    per_link = {r["key"]: {(u, v): n for u, v, n in r["link_bytes"]} for r in out["runs"]}
+    expected_spff: dict[tuple[str, str], int] = {}
+    for edge in spff.edges:
+        for link in edge.links():
+            expected_spff[link] = expected_spff.get(link, 0) + 2 * 300_000
+    assert per_link["spff"] == expected_spff
+    assert per_link["relayed"] == {("G", "A"): 1_200_000, ("A", "B"): 600_000, ("B", "A"): 600_000,
+                                   ("A", "G"): 1_200_000}
+    assert ("G", "B") not in per_link["relayed"]
+
+
+def test_an_unknown_engine_or_a_stray_simulation_section_is_rejected() -> None:
+    with pytest.raises(ConfigError, match="engine must be one of emulation, simulation"):
+        parse_config({"name": "x", "engine": "ns3"})
+    with pytest.raises(ConfigError, match="a simulation section needs engine: simulation"):
+        parse_config({"name": "x", "simulation": {"tcp_efficiency": 0.9}})
+    with pytest.raises(ConfigError, match="simulation.tcp_efficiency"):
+        parse_config({"name": "x", "engine": "simulation", "simulation": {"tcp_efficiency": 1.5}})
+    with pytest.raises(ConfigError, match="unknown key simulation.speed"):
+        parse_config({"name": "x", "engine": "simulation", "simulation": {"speed": 1}})
+    cfg = parse_config({"name": "x", "engine": "simulation", "simulation": {"per_hop_latency_ms": 0.1}})
+    assert parse_config(cfg.to_dict()) == cfg
+    assert parse_config({"name": "x"}).engine == "emulation"
+
+
+def test_a_simulated_run_is_recorded_and_marked_simulated(tmp_path: Path) -> None:
+    from orchestrator.experiment.simulated import run_simulated
+
+    # Prepare: a small config on the built-in triangle, two schedulers, one task per point.
+    cfg = parse_config({"name": "simtest", "engine": "simulation", "topology": "triangle",
+                        "schedulers": ["spff", "mst"], "locals": [2], "tasks_per_point": 1,
+                        "task": {"rounds": 2}, "simulation": {"rates": "emulated"}})
+
+    outcome = run_simulated(cfg, out_root=tmp_path, model_bytes=200_000)
+
+    assert outcome.status == "completed"
+    with ResultsDB(outcome.run_dir / "results.db") as db:
+        run = db.run(outcome.run_id)
+        rounds = db.query("SELECT * FROM rounds WHERE run_id = ?", (outcome.run_id,))
+        tasks = db.query("SELECT state, carried_bytes FROM tasks WHERE run_id = ?", (outcome.run_id,))
+    assert run["engine"] == "simulation"
+    assert len(rounds) == 4 and all(r["latency_s"] > 0 and r["accuracy"] is None for r in rounds)
+    assert all(r["latency_s"] >= r["lower_bound_s"] * (1 - 1e-9) for r in rounds)
+    assert [t["state"] for t in tasks] == ["done", "done"] and all(t["carried_bytes"] > 0 for t in tasks)
+    report = (outcome.run_dir / "report.md").read_text()
+    assert "**Simulated run**" in report and "## Simulation model" in report
+
+
+def test_runs_of_an_older_database_count_as_emulated(tmp_path: Path) -> None:
+    import sqlite3
+
+    # Prepare: a runs table without the engine column, as databases were written before it.
+    path = tmp_path / "old.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE runs (id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT NOT NULL, config_json TEXT "
+                 "NOT NULL, environment_json TEXT NOT NULL DEFAULT '{}', status TEXT NOT NULL, started_at REAL "
+                 "NOT NULL, finished_at REAL, note TEXT NOT NULL DEFAULT '')")
+    conn.execute("INSERT INTO runs(name, config_json, status, started_at) VALUES ('old', '{}', 'completed', 0)")
+    conn.commit()
+    conn.close()
+
+    with ResultsDB(path) as db:
+        old = db.run(1)
+        new = db.start_run("new", {}, engine="simulation")
+        assert db.run(new)["engine"] == "simulation"
+        with pytest.raises(ValueError, match="unknown engine"):
+            db.start_run("bad", {}, engine="ns3")
+
+    assert old["engine"] == "emulation"
