@@ -66,7 +66,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     try:
         runs, figures = _schedule_all(cfg, db, run_id, model, model_bytes, rate, params)
         t0 = time.monotonic()
-        result = simulate(build_spec(model, runs, params, rate)) if runs else {"runs": [], "sim_end_s": 0.0}
+        result: dict[str, Any] = simulate(build_spec(model, runs, params, rate)) if runs else {"runs": [], "sim_end_s": 0.0}
         done = _record(db, run_id, runs, figures, result)
         db.update_environment(run_id, clock_end_s=round(float(result["sim_end_s"]), 6),
                               simulation_wall_s=round(time.monotonic() - t0, 3),

@@ -33,6 +33,7 @@ arrived, and starts the next round then.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import resource
@@ -207,7 +208,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     for i, p in enumerate(spec["paths"]):
         path = tuple(p["path"])
         a, b = zone.create_host(f"p{i}s", 1e9), zone.create_host(f"p{i}d", 1e9)
-        route = [LinkInRoute(links[(u, v)]) for u, v in zip(path, path[1:], strict=False)]
+        route = [LinkInRoute(links[(u, v)]) for u, v in itertools.pairwise(path)]
         zone.add_route(a.netpoint, None, None, None, route, False)
         zone.add_route(None, b.netpoint, None, None, [], False)
         hosts[path] = (a, b)

@@ -115,9 +115,9 @@ def test_an_unknown_engine_or_a_stray_simulation_section_is_rejected() -> None:
         parse_config({"name": "x", "engine": "ns3"})
     with pytest.raises(ConfigError, match="a simulation section needs engine: simulation"):
         parse_config({"name": "x", "simulation": {"tcp_efficiency": 0.9}})
-    with pytest.raises(ConfigError, match="simulation.tcp_efficiency"):
+    with pytest.raises(ConfigError, match=r"simulation\.tcp_efficiency"):
         parse_config({"name": "x", "engine": "simulation", "simulation": {"tcp_efficiency": 1.5}})
-    with pytest.raises(ConfigError, match="unknown key simulation.speed"):
+    with pytest.raises(ConfigError, match=r"unknown key simulation\.speed"):
         parse_config({"name": "x", "engine": "simulation", "simulation": {"speed": 1}})
     cfg = parse_config({"name": "x", "engine": "simulation", "simulation": {"per_hop_latency_ms": 0.1}})
     assert parse_config(cfg.to_dict()) == cfg
