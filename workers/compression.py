@@ -52,6 +52,11 @@ def _piece(name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> PieceSpec:
     return PieceSpec(name=name, base=name, first_row=None, shape=shape, dtype=dtype)
 
 
+def _lossy(p: PieceSpec) -> bool:
+    """Whether a piece is compressed (a non-empty floating-point one) or travels as it is."""
+    return p.dtype.is_floating_point and p.nbytes > 0
+
+
 def topk_count(numel: int, k: float) -> int:
     """How many elements of a piece of `numel` elements top-k keeps (at least one)."""
     return min(numel, max(1, math.ceil(k * numel)))
@@ -123,7 +128,7 @@ class Codec:
             wire = self.encode(k, full)
             back = self.decode(k, wire)
             self._residual[k] = {p.name: full[p.name].to(torch.float32) - back[p.name].to(torch.float32)
-                                 for p in spec.pieces if p.dtype.is_floating_point and math.prod(p.shape)}
+                                 for p in spec.pieces if _lossy(p)}
             return wire
         return self.encode(k, tensors)
 
@@ -131,7 +136,7 @@ class Codec:
         """Compress chunk `k` (no state)."""
         spec = self.layout[k]
         out: TensorSet = {}
-        lossy = [p for p in spec.pieces if p.dtype.is_floating_point and math.prod(p.shape)]
+        lossy = [p for p in spec.pieces if _lossy(p)]
         lossy_names = {p.name for p in lossy}
         chunk_scale = None
         if self.mode == "int8-chunk" and lossy:
