@@ -9,7 +9,8 @@ floating point (counters) travel unchanged, as values.
 
 Codecs (per piece of a chunk, `workers.framing.chunk_layout`):
 
-- ``fp16``: the change as float16 (values beyond +-65504 are clamped); relative error <= 2**-11.
+- ``fp16``: the change as float16 (values beyond +-65504 are clamped); error <= 2**-11 relative,
+  2**-25 absolute below float16's normal range (6.1e-5).
 - ``int8``: symmetric linear quantisation with one float32 scale per tensor piece,
   ``q = round(x / s)``, ``s = max|x| / 127``; absolute error <= s / 2 per element.
 - ``int8-chunk``: the same with one scale for every floating-point piece of the chunk.
