@@ -305,7 +305,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComputeManager
 @pytest.mark.parametrize(("knobs", "ratio"), [
     ({"compression": "fp16"}, 0.5),
     ({"compression": "int8-chunk", "strategy": "fedprox", "mu": 0.01}, 0.25),
-    ({"compression": "topk", "k": 0.1}, 0.2),
+    ({"compression": "topk", "k": 0.1}, 0.25),  # 2k, and headers weigh more on a 19 KB model
 ])
 def test_compressed_tasks_learn_digits(servers: ComputeManager, knobs: dict[str, Any], ratio: float) -> None:
     sched = Schedule(task_id=21, scheduler="hand", global_site="G", local_sites=("A", "L1", "L2"),
