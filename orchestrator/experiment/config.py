@@ -188,6 +188,14 @@ def _model_args(key: str, v: Any) -> dict[str, Any]:
     return dict(v)
 
 
+def _optional(check: Check) -> Check:
+    """`check`, or null (the default)."""
+    def optional(key: str, v: Any) -> Any:
+        return None if v is None else check(key, v)
+
+    return optional
+
+
 def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -204,7 +212,7 @@ TASK_SCHEMA: dict[str, Check] = {
     "partition": _choice(PARTITIONS), "alpha": _num(0, lo_open=True), "model_args": _model_args,
     "train_allowance_s": _num(0, lo_open=True),
     "lr": _num(0, lo_open=True), "local_epochs": _int(1, 1000), "batch_size": _int(1, 1_000_000),
-    "strategy": _choice(STRATEGIES), "mu": _num(0), "compression": _choice(COMPRESSIONS), "k": _num(0, 1, lo_open=True),
+    "strategy": _choice(STRATEGIES), "mu": _num(0), "compression": _choice(COMPRESSIONS), "k": _optional(_num(0, 1, lo_open=True)),
     "dataset": _str, "dataset_args": _model_args,
 }
 
