@@ -60,6 +60,13 @@ class AgentConfig:
     local_epochs: int = 2
     batch_size: int = 32
     lr: float = 0.1
+    #: ``fedavg`` or ``fedprox`` (`workers.strategies`); `mu`: FedProx's proximal coefficient.
+    strategy: str = "fedavg"
+    mu: float = 0.0
+    #: How UPDATE chunks travel (`workers.compression`): ``none``, ``fp16``, ``int8``,
+    #: ``int8-chunk`` or ``topk`` (keeping the fraction `k` of each piece's elements).
+    compression: str = "none"
+    k: float | None = None
     #: How long a node waits, from its round's start, for its upload children's chunks.
     child_timeout_s: float = 60.0
     #: Bound on setting up (or re-establishing) one connection, retries with backoff included.
@@ -136,7 +143,64 @@ class AgentConfig:
                 raise ValueError(f"{name} must be positive")
         if cfg.max_chunk_bytes is not None and cfg.max_chunk_bytes < 1024:
             raise ValueError("max_chunk_bytes must be at least 1024 (or null: one chunk per message)")
+        check_learning(strategy=cfg.strategy, mu=cfg.mu, compression=cfg.compression, k=cfg.k, lr=cfg.lr,
+                       local_epochs=cfg.local_epochs, batch_size=cfg.batch_size, dataset=cfg.dataset,
+                       dataset_args=cfg.dataset_args)
         return cfg
+
+
+#: Kept in step with `workers.strategies.STRATEGIES`, `workers.compression.COMPRESSIONS` and
+#: `workers.data.DATASETS` (this module imports no torch; a unit test checks they agree).
+STRATEGIES = ("fedavg", "fedprox")
+COMPRESSIONS = ("none", "fp16", "int8", "int8-chunk", "topk")
+BUILTIN_DATASETS = ("digits", "synthetic")
+#: The fraction of elements ``topk`` keeps when `k` is not given.
+DEFAULT_TOPK = 0.01
+
+
+def _number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int | float) and v == v
+
+
+def _count(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int)
+
+
+def check_learning(*, strategy: Any, mu: Any, compression: Any, k: Any, lr: Any, local_epochs: Any,
+                   batch_size: Any, dataset: Any, dataset_args: Any) -> None:
+    """Check the training knobs of a task (shared by the agent config and the experiment config).
+
+    Raises
+    ------
+    ValueError
+        Naming the knob and what is wrong with it.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    if not _number(mu) or mu < 0:
+        raise ValueError(f"mu must be a number >= 0, got {mu!r}")
+    if mu and strategy != "fedprox":
+        raise ValueError(f"mu (FedProx's proximal term) needs strategy fedprox, not {strategy!r}")
+    if compression not in COMPRESSIONS:
+        raise ValueError(f"compression must be one of {', '.join(COMPRESSIONS)}, got {compression!r}")
+    if k is not None:
+        if compression != "topk":
+            raise ValueError(f"k (the fraction top-k keeps) needs compression topk, not {compression!r}")
+        if not _number(k) or not 0 < k <= 1:
+            raise ValueError(f"k must be a number in (0, 1], got {k!r}")
+    if not _number(lr) or not lr > 0:
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if not _count(local_epochs) or local_epochs < 1:
+        raise ValueError(f"local_epochs must be an integer >= 1, got {local_epochs!r}")
+    if not _count(batch_size) or batch_size < 1:
+        raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+    if not isinstance(dataset, str) or not dataset:
+        raise ValueError(f"dataset must be a non-empty string, got {dataset!r}")
+    if dataset not in BUILTIN_DATASETS and ":" not in dataset:
+        raise ValueError(f"unknown dataset {dataset!r}: built in are {', '.join(BUILTIN_DATASETS)}; or give "
+                         "'module:factory' or 'path/to/file.py:factory'")
+    if not isinstance(dataset_args, Mapping) or not all(isinstance(a, str) for a in dataset_args):
+        raise ValueError(f"dataset_args must be a mapping of argument names to values, got {dataset_args!r}")
 
 
 #: G's global model after each round, beside its events file (``<stem>.events.jsonl``).

@@ -5,6 +5,11 @@
   is kept for the global model.
 - ``synthetic``: Gaussian inputs of any shape labelled by a fixed random linear teacher, so it is
   learnable; for large inputs (``input_shape``) and many examples without any file.
+- a spec, as for models: ``package.module:factory`` or ``path/to/file.py:factory`` (the file is
+  shipped to the site servers by content, like a model file). The factory is called as
+  ``factory(seed=SEED, **dataset_args)`` and returns a `Dataset` or a mapping with ``train_x``,
+  ``train_y``, ``test_x``, ``test_y`` (tensors or NumPy arrays) and optionally ``num_classes``;
+  `open_dataset` checks what it returns (`check_dataset`).
 
 `partition` splits the training examples among local models: ``iid`` (a seeded shuffle cut in
 near-equal parts) or ``dirichlet`` (per class, proportions drawn from Dir(alpha); small alpha is
@@ -15,9 +20,10 @@ moves over the network.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -100,6 +106,74 @@ def load_dataset(
         input_shape=shape,
         num_classes=classes,
     )
+
+
+def open_dataset(spec: str, *, seed: int = 0, args: Mapping[str, Any] | None = None) -> Dataset:
+    """The dataset a spec names: a built-in name (`load_dataset`) or ``module:factory`` /
+    ``file.py:factory`` (see the module docstring), checked (`check_dataset`).
+
+    Raises
+    ------
+    ValueError
+        One line naming the dataset and what is wrong (unknown name or argument, a factory that
+        cannot be loaded or raises, or returns something unusable).
+    """
+    kwargs = dict(args or {})
+    if "input_shape" in kwargs and isinstance(kwargs["input_shape"], list):
+        kwargs["input_shape"] = tuple(kwargs["input_shape"])
+    if ":" not in spec:
+        try:
+            return load_dataset(spec, seed=seed, **kwargs)
+        except TypeError as e:
+            raise ValueError(f"dataset {spec!r}: {e}") from None
+    from workers.models import ModelSpecError, resolve_factory
+
+    try:
+        factory = resolve_factory(spec)
+    except ModelSpecError as e:
+        raise ValueError(f"dataset {spec!r} cannot be loaded: {e}") from None
+    try:
+        got = factory(seed=seed, **kwargs)
+    except Exception as e:  # noqa: BLE001 -- the user's factory may raise anything: one line
+        raise ValueError(f"dataset {spec!r}: the factory raised {type(e).__name__}: {e}") from None
+    return check_dataset(spec, got)
+
+
+def check_dataset(name: str, got: Any) -> Dataset:
+    """A `Dataset` from what a dataset factory returned, checked: float inputs of one shape and
+    finite values, int labels in 0..num_classes-1, non-empty train and test splits."""
+    if isinstance(got, Dataset):
+        parts: Mapping[str, Any] = {"train_x": got.train_x, "train_y": got.train_y, "test_x": got.test_x,
+                                    "test_y": got.test_y, "num_classes": got.num_classes}
+    elif isinstance(got, Mapping):
+        parts = got
+    else:
+        raise ValueError(f"dataset {name!r}: the factory returned {type(got).__name__}, not a Dataset or mapping")
+    unknown = set(parts) - {"train_x", "train_y", "test_x", "test_y", "num_classes"}
+    missing = {"train_x", "train_y", "test_x", "test_y"} - set(parts)
+    if unknown or missing:
+        raise ValueError(f"dataset {name!r}: unknown keys {sorted(unknown)} / missing keys {sorted(missing)}")
+    t = {k: torch.as_tensor(parts[k]) for k in ("train_x", "train_y", "test_x", "test_y")}
+    for split in ("train", "test"):
+        x, y = t[f"{split}_x"], t[f"{split}_y"]
+        if not x.is_floating_point() or x.dim() < 2 or not len(x):
+            raise ValueError(f"dataset {name!r}: {split}_x must be a non-empty float array (examples first)")
+        if y.dtype.is_floating_point or y.dtype == torch.bool or y.dim() != 1 or len(y) != len(x):
+            raise ValueError(f"dataset {name!r}: {split}_y must be integer labels, one per example of {split}_x")
+        if not bool(torch.isfinite(x).all()):
+            raise ValueError(f"dataset {name!r}: {split}_x has non-finite values")
+    if t["train_x"].shape[1:] != t["test_x"].shape[1:]:
+        raise ValueError(f"dataset {name!r}: train and test inputs differ in shape")
+    labels = torch.cat([t["train_y"], t["test_y"]])
+    classes = parts.get("num_classes", int(labels.max()) + 1)
+    if isinstance(classes, bool) or not isinstance(classes, int) or classes < 2:
+        raise ValueError(f"dataset {name!r}: num_classes must be an integer >= 2, got {classes!r}")
+    if int(labels.min()) < 0 or int(labels.max()) >= classes:
+        raise ValueError(f"dataset {name!r}: labels must be in 0..{classes - 1}")
+    return Dataset(name=name, train_x=t["train_x"].to(torch.float32).contiguous(),
+                   train_y=t["train_y"].to(torch.int64), test_x=t["test_x"].to(torch.float32).contiguous(),
+                   test_y=t["test_y"].to(torch.int64), input_shape=tuple(t["train_x"].shape[1:]),
+                   num_classes=classes)
 
 
 def _stratified_split(

@@ -1,4 +1,5 @@
-"""Local training and evaluation of one agent: its data part, its model, FedAvg-style SGD.
+"""Local training and evaluation of one agent: its data part, its model, SGD under the task's
+strategy (FedAvg, or FedProx's proximal term: `workers.strategies`).
 
 This is the only part of the agent that runs the model; it does no I/O.
 """
@@ -13,15 +14,16 @@ import torch
 from torch import nn
 
 from workers.config import AgentConfig
-from workers.data import Dataset, load_dataset, partition
+from workers.data import Dataset, open_dataset, partition
 from workers.framing import TensorSet
 from workers.models import build_model, state_nbytes
+from workers.strategies import make_strategy
 
 
 @functools.lru_cache(maxsize=8)
 def _dataset(name: str, seed: int, args_json: str) -> Dataset:
     """A dataset, loaded once per process: the roles of a site server share it (read only)."""
-    return load_dataset(name, seed=seed, **json.loads(args_json))
+    return open_dataset(name, seed=seed, args=json.loads(args_json))
 
 
 class Learner:
@@ -41,6 +43,7 @@ class Learner:
         #: Names, shapes and dtypes every received tensor set is checked against.
         self.template: dict[str, torch.Tensor] = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         self.model_bytes = state_nbytes(self.model)
+        self.strategy = make_strategy(cfg.strategy, mu=cfg.mu)
         self.train_idx: torch.Tensor | None = None
         if cfg.part_index is not None:
             parts = partition(
@@ -65,6 +68,7 @@ class Learner:
         self.model.train()
         opt = torch.optim.SGD(self.model.parameters(), lr=self.cfg.lr, momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
+        self.strategy.begin(self.model)
         gen = torch.Generator().manual_seed(self.cfg.data_seed + 7919 * (self.cfg.part_index or 0))
         for _ in range(self.cfg.local_epochs):
             order = torch.randperm(len(x), generator=gen)
@@ -72,6 +76,9 @@ class Learner:
                 idx = order[i : i + self.cfg.batch_size]
                 opt.zero_grad()
                 loss = loss_fn(self.model(x[idx]), y[idx])
+                extra = self.strategy.penalty(self.model)
+                if extra is not None:
+                    loss = loss + extra
                 loss.backward()
                 opt.step()
         return len(x)

@@ -48,9 +48,11 @@ from typing import Any, Protocol
 import torch
 
 from workers.aggregate import ChunkSum
-from workers.config import AgentConfig
+from workers.compression import make_codec
+from workers.config import DEFAULT_TOPK, AgentConfig
 from workers.events import EventLog
 from workers.framing import (
+    FIXED_LEN,
     Buffer,
     ChunkSpec,
     FrameError,
@@ -120,6 +122,9 @@ class _Round:
     next_out: int = 0
     min_examples: int | None = None
     max_examples: int = 0
+    #: Frame bytes (fixed and JSON headers included) of this round's UPDATE sent / GLOBAL received.
+    sent_bytes: int = 0
+    received_bytes: int = 0
 
 
 class RoundEngine:
@@ -155,6 +160,9 @@ class RoundEngine:
         self.set_up = False
         self.t_started = clock()
         self.fatal: str | None = None
+        #: Update compression (`workers.compression`; None: updates travel as the model's weights).
+        self.codec = make_codec(cfg.compression, self.layout, k=cfg.k if cfg.k is not None else DEFAULT_TOPK)
+        self._g_base: TensorSet = {}  # G: the global model of the round in flight
 
     # -- from the transport's threads ----------------------------------------------------------------
     def post(self, *event: Any) -> None:
@@ -180,6 +188,9 @@ class RoundEngine:
             if payload:
                 raise FrameError("bad_tensors", "an UPDATE chunk with no examples must carry no tensors", header)
             return {}
+        if header.type == "UPDATE" and self.codec is not None:
+            wire = parse_chunk(payload, self.codec.wire[header.chunk], header)
+            return self.codec.decode(header.chunk, wire, header)
         return parse_chunk(payload, self.layout[header.chunk], header)
 
     # -- the loop ------------------------------------------------------------------------------------------
@@ -290,6 +301,7 @@ class RoundEngine:
             self.log.emit("rejected", round=r, reason="bad_chunk", detail=f"GLOBAL chunk {k}, expected {st.global_next}")
             return
         st.global_next += 1
+        st.received_bytes += FIXED_LEN + len(header.to_json()) + len(payload)
         if k == 0:
             self.log.emit("global_first", round=r)
         forwarded: list[Buffer] = [reheader(header, sender=self.cfg.site), memoryview(payload)]
@@ -299,7 +311,7 @@ class RoundEngine:
             p.view(self._incoming[p.base]).copy_(tensors[p.name])
         if k == len(self.layout) - 1:
             st.global_done = True
-            self.log.emit("global_received", round=r, nbytes=sum(c.nbytes for c in self.layout))
+            self.log.emit("global_received", round=r, nbytes=st.received_bytes)
             self.learner.load(self._incoming)
             if self.cfg.trains and not st.own_done:
                 self._train_and_add(st)
@@ -383,6 +395,8 @@ class RoundEngine:
         own = self.learner.state()
         self.log.emit("train_end", round=st.number, num_examples=n,
                       **({"fingerprint": fingerprint(own)} if self.cfg.fingerprints else {}))
+        if self.codec is not None:  # updates carry the change over the round's global model
+            own = self.codec.delta(own, self._g_base if self.cfg.is_global else self._incoming)
         for k in range(st.next_out, len(self.layout)):
             st.chunks[k].add(SELF, chunk_view(own, self.layout[k]), n)
         st.own_done = True
@@ -422,15 +436,22 @@ class RoundEngine:
         if self.cfg.is_global:
             if mean is not None:
                 for p in self.layout[k].pieces:
-                    p.view(self._next_global[p.base]).copy_(mean[p.name])
+                    into = p.view(self._next_global[p.base])
+                    if self.codec is not None and into.is_floating_point():
+                        into.add_(mean[p.name].to(into.dtype))  # the mean change over the round's global
+                    else:
+                        into.copy_(mean[p.name])
             return
         assert self.upload_out is not None
         header = Header("UPDATE", self.cfg.task, st.number, self.cfg.site, num_examples=n,
                         chunk=k, chunks=len(self.layout))
         last = k == len(self.layout) - 1
-        on_sent = self._once("update_sent", st.number, None, num_examples=n) if last else (
+        payload = mean if self.codec is None or mean is None else self.codec.compress(k, mean)
+        frame = encode_chunk(header, payload)
+        st.sent_bytes += sum(len(b) if isinstance(b, bytes) else b.nbytes for b in frame)
+        on_sent = self._once("update_sent", st.number, None, num_examples=n, nbytes=st.sent_bytes) if last else (
             self._once("update_first_sent", st.number, None) if k == 0 else None)
-        self.upload_out.send(encode_chunk(header, mean), round=st.number, on_sent=on_sent)
+        self.upload_out.send(frame, round=st.number, on_sent=on_sent)
         if last:
             self.log.emit("aggregated", round=st.number, num_examples=n, stragglers=sorted(st.excluded))
 
@@ -447,6 +468,7 @@ class RoundEngine:
         st.deadline = st.start + self.cfg.child_timeout_s
         st.global_done = True
         state = self.learner.state()
+        self._g_base = state
         self._next_global = {k: v.clone() for k, v in state.items()}
         for k, spec in enumerate(self.layout):
             frame = encode_chunk(Header("GLOBAL", self.cfg.task, r, self.cfg.site, chunk=k, chunks=len(self.layout)),

@@ -220,7 +220,7 @@ class SiteServer:
                 files["checkpoint_path"] = str(checkpoint_of(events))
             if msg.get("init_model") is not None:
                 files["init_model"] = str(self._model_file(msg["init_model"]))
-        cfg = replace(cfg, model=self._model_spec(cfg.model), events_path=str(events), **files)
+        cfg = replace(cfg, model=self._model_spec(cfg.model), dataset=self._model_spec(cfg.dataset), events_path=str(events), **files)
         role = Role(cfg, events)
         self.roles[cfg.task] = role
         role.thread.start()

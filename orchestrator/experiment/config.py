@@ -24,6 +24,7 @@ from topologies.errors import TopologyError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
 from topologies.model import NetworkModel
 from topologies.plan import MAX_EMULATED_MBPS
+from workers.config import COMPRESSIONS, STRATEGIES, check_learning
 
 BACKENDS = ("auto", "docker", "process")
 PATTERNS = ("constant", "poisson", "demand-matrix")
@@ -46,6 +47,20 @@ class TaskConfig:
     model_args: Mapping[str, Any] = field(default_factory=dict)
     #: What a round may spend training, on top of the transfer timeouts derived from the schedule.
     train_allowance_s: float = 30.0
+    #: Local training: learning rate, epochs per round, batch size.
+    lr: float = 0.1
+    local_epochs: int = 2
+    batch_size: int = 32
+    #: ``fedavg`` or ``fedprox`` (proximal coefficient `mu`); see `workers.strategies`.
+    strategy: str = "fedavg"
+    mu: float = 0.0
+    #: Update compression (`workers.compression`); `k`: the fraction ``topk`` keeps.
+    compression: str = "none"
+    k: float | None = None
+    #: A built-in dataset (``digits``, ``synthetic``) or ``module:factory`` / ``file.py:factory``.
+    dataset: str = "digits"
+    dataset_args: Mapping[str, Any] = field(default_factory=dict)
+
 
 
 @dataclass(frozen=True)
@@ -132,6 +147,7 @@ class ExperimentConfig:
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
         d["task"]["model_args"] = dict(self.task.model_args)
+        d["task"]["dataset_args"] = dict(self.task.dataset_args)
         if self.mode != "online":
             del d["online"]  # these sections are only allowed with mode: online
             del d["events"], d["reschedule"]
@@ -204,6 +220,14 @@ def _model_args(key: str, v: Any) -> dict[str, Any]:
     return dict(v)
 
 
+def _optional(check: Check) -> Check:
+    """`check`, or null (the default)."""
+    def optional(key: str, v: Any) -> Any:
+        return None if v is None else check(key, v)
+
+    return optional
+
+
 def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -219,7 +243,22 @@ TASK_SCHEMA: dict[str, Check] = {
     "model": _str, "rounds": _int(1, 1000), "demand_mbps": _num(0, lo_open=True),
     "partition": _choice(PARTITIONS), "alpha": _num(0, lo_open=True), "model_args": _model_args,
     "train_allowance_s": _num(0, lo_open=True),
+    "lr": _num(0, lo_open=True), "local_epochs": _int(1, 1000), "batch_size": _int(1, 1_000_000),
+    "strategy": _choice(STRATEGIES), "mu": _num(0), "compression": _choice(COMPRESSIONS), "k": _optional(_num(0, 1, lo_open=True)),
+    "dataset": _str, "dataset_args": _model_args,
 }
+
+
+def _task(raw: Any) -> TaskConfig:
+    """The task section, each key checked, then the knobs together (`workers.config.check_learning`)."""
+    task = TaskConfig(**_section("task", raw, TASK_SCHEMA))
+    try:
+        check_learning(strategy=task.strategy, mu=task.mu, compression=task.compression, k=task.k, lr=task.lr,
+                       local_epochs=task.local_epochs, batch_size=task.batch_size, dataset=task.dataset,
+                       dataset_args=task.dataset_args)
+    except ValueError as e:
+        raise ConfigError(f"task: {e}") from None
+    return task
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),
     "connectivity": _choice(CONNECTIVITY_MODES),
@@ -289,7 +328,7 @@ def _parse(raw: Any, where: str) -> ExperimentConfig:
         locals=locals_t,
         tasks_per_point=_int(1, 10_000)("tasks_per_point", raw.get("tasks_per_point", 2)),
         seed=_int(0)("seed", raw.get("seed", 1)),
-        task=TaskConfig(**_section("task", raw.get("task"), TASK_SCHEMA)),
+        task=_task(raw.get("task")),
         emulation=EmulationConfig(**_section("emulation", raw.get("emulation"), EMULATION_SCHEMA)),
         background=BackgroundConfig(**_section("background", raw.get("background"), BACKGROUND_SCHEMA)),
         mode=_choice(MODES)("mode", raw.get("mode", "sequential")),

@@ -241,7 +241,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
     backend_kind = preflight(cfg)
-    model_bytes = check_model(cfg.task.model, cfg.task.model_args)  # a broken model: exit 2, nothing started
+    model_bytes = check_model(cfg.task.model, cfg.task.model_args, cfg.task.dataset, cfg.task.dataset_args)  # a broken model: exit 2, nothing started
     if backend_kind == "docker":
         from orchestrator.runtime.backends import ensure_worker_image
 

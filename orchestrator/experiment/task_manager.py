@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.config import ExperimentConfig, TaskConfig
 from orchestrator.experiment.faults import Link, crosses, link_name
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskExecution, node_rounds, rounds_so_far
@@ -122,6 +122,14 @@ def measured_background(client: Any, plan: EmulationPlan) -> dict[tuple[str, str
             continue
         loads[(str(a), str(b))] = rate / plan.bw_scale
     return loads
+
+
+def fl_options(task: TaskConfig, *, rounds: int, seed: int) -> FLOptions:
+    """How a task of an experiment learns: its config's `task` section (model, data, training knobs)."""
+    return FLOptions(model=task.model, model_args=dict(task.model_args), rounds=rounds, partitioning=task.partition,
+                     alpha=task.alpha, seed=seed, lr=task.lr, local_epochs=task.local_epochs,
+                     batch_size=task.batch_size, strategy=task.strategy, mu=task.mu, compression=task.compression,
+                     k=task.k, dataset=task.dataset, dataset_args=dict(task.dataset_args))
 
 
 def record_rounds(db: ResultsDB, run_id: int, scheduler: str, schedule: Schedule, figures: RoundFigures,
@@ -244,9 +252,7 @@ class TaskManager:
         """Install `live`'s paths (`wire`: its schedule under its install id) and send its roles,
         logging to `log_dir`, from round `first_round` (G from `init_model`). Raises on failure."""
         task = live.task
-        options = FLOptions(model=self.cfg.task.model, model_args=dict(self.cfg.task.model_args),
-                            rounds=task.rounds, partitioning=self.cfg.task.partition, alpha=self.cfg.task.alpha,
-                            seed=self.cfg.seed + task.id)
+        options = fl_options(self.cfg.task, rounds=task.rounds, seed=self.cfg.seed + task.id)
         timing = task_timing(self.model, live.schedule, task.model_bytes, rate=self.rate, propagation=self.delay,
                              train_allowance_s=self.cfg.task.train_allowance_s)
         live.execution = TaskExecution(wire, manager=self.compute, options=options, log_dir=log_dir, timing=timing,
@@ -474,7 +480,9 @@ class TaskManager:
             self.run_id, sched, task.id, agents_ready_s=result.agents_ready_s, connect_s=result.connect_s,
             chunk_bytes=result.chunk_bytes, connections_lost=result.connections_lost,
             reservation_enforced=live.reservation_enforced,
-            store_and_forward_s=figures.store_and_forward.broadcast_s + figures.store_and_forward.upload_s)
+            store_and_forward_s=figures.store_and_forward.broadcast_s + figures.store_and_forward.upload_s,
+            broadcast_bytes=sum(r.broadcast_bytes for r in result.rounds),
+            upload_bytes=sum(r.upload_bytes for r in result.rounds))
         record_rounds(self.db, self.run_id, sched, live.schedule, figures, result.rounds, events, self.clock.of)
         last = result.rounds[-1] if result.rounds else None
         LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, sched,

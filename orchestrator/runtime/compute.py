@@ -38,19 +38,23 @@ LOG = logging.getLogger("netai.compute")
 REQUEST_TIMEOUT_S = 30.0
 
 
-def check_model(spec: str, model_args: Mapping[str, Any]) -> int:
-    """Build a model spec once on this machine, before anything starts, as every server will; the
-    size of its weights on the wire (a GLOBAL or UPDATE payload).
+def check_model(spec: str, model_args: Mapping[str, Any], dataset: str = "digits",
+                dataset_args: Mapping[str, Any] | None = None) -> int:
+    """Load the dataset and build the model spec once on this machine, before anything starts, as
+    every server will; the size of the model's weights (an uncompressed GLOBAL or UPDATE payload).
 
     Raises
     ------
     ConfigError
-        One line naming the model and what went wrong (whatever its factory raised).
+        One line naming the dataset or model and what went wrong (whatever its factory raised).
     """
-    from workers.data import load_dataset
+    from workers.data import open_dataset
     from workers.models import build_model, state_nbytes
 
-    data = load_dataset("digits")
+    try:
+        data = open_dataset(dataset, args=dataset_args)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     try:
         built = build_model(spec, input_shape=data.input_shape, num_classes=data.num_classes,
                             model_args=dict(model_args))

@@ -45,6 +45,11 @@ class FLOptions:
     local_epochs: int = 2
     batch_size: int = 32
     lr: float = 0.1
+    #: ``fedavg`` or ``fedprox`` (with `mu`); update compression and top-k's `k` (`workers.compression`).
+    strategy: str = "fedavg"
+    mu: float = 0.0
+    compression: str = "none"
+    k: float | None = None
     #: Per-child wait of a node whose subtree has height 1; deeper nodes wait proportionally longer,
     #: so a parent never gives up on a child that is itself still waiting for a straggler.
     child_timeout_s: float = 60.0
@@ -123,10 +128,11 @@ def agent_configs(
             upload_parent=peer(schedule.upload_parent.get(n)),
             upload_children=tuple(Peer(site=c, host=addresses[c]) for c in up_children[n]),
             model=normalize_spec(options.model), model_args=dict(options.model_args), model_seed=options.seed,
-            dataset=options.dataset, dataset_args=dict(options.dataset_args), partitioning=options.partitioning,
+            dataset=normalize_spec(options.dataset), dataset_args=dict(options.dataset_args), partitioning=options.partitioning,
             alpha=options.alpha, data_seed=options.seed, num_parts=len(schedule.local_sites),
             part_index=part_of.get(n), local_epochs=options.local_epochs, batch_size=options.batch_size,
-            lr=options.lr, child_timeout_s=timing.child_timeout_s[n], connect_timeout_s=timing.connect_timeout_s,
+            lr=options.lr, strategy=options.strategy, mu=options.mu, compression=options.compression, k=options.k,
+            child_timeout_s=timing.child_timeout_s[n], connect_timeout_s=timing.connect_timeout_s,
             global_timeout_s=timing.global_timeout_s, max_chunk_bytes=timing.chunk_bytes, threads=options.threads,
         )
         for n in nodes
@@ -152,6 +158,10 @@ class RoundResult:
     upload_tail_s: float = 0.0
     #: The shortest local training of the round (what a round's lower bound may count).
     train_min_s: float = 0.0
+    #: Frame bytes of the round on the overlay's edges (headers included, TCP/IP not): every node's
+    #: GLOBAL received, every node's UPDATE sent (compressed, with a codec).
+    broadcast_bytes: int = 0
+    upload_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -220,6 +230,9 @@ def summarize(
                 lost = {"child_lost": " (lost)", "child_absent": " (absent)"}.get(e["event"], "")
                 left_out_by_round.setdefault(e["round"], set()).add(f"{e['child']}{lost}")
 
+    def total_bytes(name: str, r: int) -> int:
+        return sum(int(e.get("nbytes", 0)) for s in events if (e := first.get((s, name, r))) is not None)
+
     def times(name: str, r: int) -> dict[str, float]:
         """Site -> time of its `name` event in round `r`, over the local sites that logged one."""
         return {s: float(e["t"]) for s in schedule.local_sites if (e := first.get((s, name, r))) is not None}
@@ -256,6 +269,8 @@ def summarize(
                 broadcast_all_s=max(received.values()) - t0 if received else 0.0,
                 upload_tail_s=t_agg - max(trained.values()) if trained else 0.0,
                 train_min_s=min(spans) if spans else 0.0,
+                broadcast_bytes=total_bytes("global_received", r),
+                upload_bytes=total_bytes("update_sent", r),
             )
         )
     return results
@@ -362,6 +377,7 @@ class TaskExecution:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         nodes = self.schedule.overlay_nodes
         spec = self.manager.ship_model(self.options.model, nodes)
+        dataset = self.manager.ship_model(self.configs[nodes[0]].dataset, nodes)  # a file: shipped like a model
         for p in self.paths.values():
             p.unlink(missing_ok=True)
         self.started_t = time.monotonic()
@@ -370,7 +386,7 @@ class TaskExecution:
         self._generation = {n: generation.get(n, 0) for n in nodes}
         for n in nodes:
             extra: dict[str, Any] = {"checkpoint": self.checkpoint, "init_model": self.init_model} if n == g else {}
-            self.manager.start_role(n, replace(self.configs[n], model=spec), self.paths[n], **extra)
+            self.manager.start_role(n, replace(self.configs[n], model=spec, dataset=dataset), self.paths[n], **extra)
             self._started.append(n)
 
     @property
