@@ -18,7 +18,7 @@ from controller.flows import CONNECTIVITY_MODES, STRICT
 from orchestrator.emulation.background import BackgroundConfig
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
-from orchestrator.scheduling import SCHEDULERS
+from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
 from orchestrator.scheduling.tasks import DEFAULT_DEMAND_MBPS, max_locals
 from topologies.errors import TopologyError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
@@ -90,6 +90,16 @@ class ExperimentConfig:
     events: tuple[FaultEvent, ...] = ()
     #: What happens to running tasks when the network changes (`orchestrator.experiment.faults`).
     reschedule: RescheduleConfig = field(default_factory=RescheduleConfig)
+    #: The resolved `schedulers` entries (`orchestrator.scheduling.plugins`), one per label of
+    #: `schedulers`, in order; empty for a config built in code from registered names.
+    scheduler_specs: tuple[SchedulerSpec, ...] = ()
+
+    def scheduler(self, label: str) -> Scheduler:
+        """A new instance of the scheduler labelled `label` (its schedules carry the label)."""
+        for spec in self.scheduler_specs:
+            if spec.label == label:
+                return spec.build()
+        return get_scheduler(label)
 
     def network(self) -> NetworkModel:
         return load(self.topology, compute_sites=list(self.compute_sites) if self.compute_sites else None)
@@ -98,7 +108,8 @@ class ExperimentConfig:
         from dataclasses import asdict
 
         d = asdict(self)
-        d["schedulers"] = list(self.schedulers)
+        d["schedulers"] = [s.to_entry() for s in self.scheduler_specs] or list(self.schedulers)
+        del d["scheduler_specs"]
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
         d["task"]["model_args"] = dict(self.task.model_args)
@@ -204,8 +215,9 @@ TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_
             "task", "emulation", "background", "mode", "online", "events", "reschedule")
 
 
-def parse_config(raw: Any, *, where: str = "config") -> ExperimentConfig:
-    """Validate a parsed config mapping and build an `ExperimentConfig`.
+def parse_config(raw: Any, *, where: str = "config", base_dir: str | Path | None = None) -> ExperimentConfig:
+    """Validate a parsed config mapping and build an `ExperimentConfig`; scheduler files are found
+    relative to `base_dir` (the config file's folder; default the working directory).
 
     Raises
     ------
@@ -213,14 +225,14 @@ def parse_config(raw: Any, *, where: str = "config") -> ExperimentConfig:
         One line naming the first bad key, prefixed by `where`.
     """
     try:
-        return _parse(raw, where)
+        return _parse(raw, where, base_dir)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     except TopologyError as e:
         raise ConfigError(f"{where}: topology: {e}") from None
 
 
-def _parse(raw: Any, where: str) -> ExperimentConfig:
+def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> ExperimentConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("expected a mapping of settings")
     unknown = sorted(set(raw) - set(TOP_KEYS))
@@ -231,11 +243,7 @@ def _parse(raw: Any, where: str) -> ExperimentConfig:
     schedulers = raw.get("schedulers", ["spff", "mst", "steiner"])
     if not isinstance(schedulers, list) or not schedulers:
         raise ConfigError("schedulers must be a non-empty list")
-    for s in schedulers:
-        if s not in SCHEDULERS:
-            raise ConfigError(f"unknown scheduler {s!r}; choose from {', '.join(SCHEDULERS)}")
-    if len(set(schedulers)) != len(schedulers):
-        raise ConfigError("schedulers lists a scheduler twice")
+    specs = resolve_schedulers(schedulers, base_dir)  # classes loaded, options checked, labels unique
     locals_ = raw.get("locals", [2, 4, 8])
     if not isinstance(locals_, list) or not locals_:
         raise ConfigError("locals must be a non-empty list of integers")
@@ -247,7 +255,8 @@ def _parse(raw: Any, where: str) -> ExperimentConfig:
         name=name,
         topology=topology,
         compute_sites=tuple(compute) if compute else None,
-        schedulers=tuple(schedulers),
+        schedulers=tuple(s.label for s in specs),
+        scheduler_specs=specs,
         locals=locals_t,
         tasks_per_point=_int(1, 10_000)("tasks_per_point", raw.get("tasks_per_point", 2)),
         seed=_int(0)("seed", raw.get("seed", 1)),
@@ -285,4 +294,4 @@ def load_config(path: str | Path) -> ExperimentConfig:
     except yaml.YAMLError as e:
         first = str(e).splitlines()[0] if str(e) else "YAML error"
         raise ConfigError(f"{p}: malformed YAML: {first}") from None
-    return parse_config(raw, where=str(p))
+    return parse_config(raw, where=str(p), base_dir=p.resolve().parent)
