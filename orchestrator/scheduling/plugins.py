@@ -53,8 +53,8 @@ class SchedulerSpec:
 
     label: str
     spec: str
+    cls: type[Scheduler] = field(compare=False, hash=False, repr=False)
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    cls: type[Scheduler] = field(default=Scheduler, compare=False, hash=False, repr=False)
 
     def build(self) -> Scheduler:
         """A new scheduler instance; its schedules carry the label as their scheduler name."""
