@@ -90,8 +90,8 @@ class ExperimentConfig:
     events: tuple[FaultEvent, ...] = ()
     #: What happens to running tasks when the network changes (`orchestrator.experiment.faults`).
     reschedule: RescheduleConfig = field(default_factory=RescheduleConfig)
-    #: The resolved `schedulers` entries (`orchestrator.scheduling.plugins`), one per label of
-    #: `schedulers`, in order; empty for a config built in code from registered names.
+    #: The resolved `schedulers` entries (`orchestrator.scheduling.plugins`) by which the labels of
+    #: `schedulers` are built; a label without one is a registered name (a config built in code).
     scheduler_specs: tuple[SchedulerSpec, ...] = ()
 
     def scheduler(self, label: str) -> Scheduler:
@@ -108,7 +108,8 @@ class ExperimentConfig:
         from dataclasses import asdict
 
         d = asdict(self)
-        d["schedulers"] = [s.to_entry() for s in self.scheduler_specs] or list(self.schedulers)
+        specs = {s.label: s for s in self.scheduler_specs}  # a label without one: a registered name
+        d["schedulers"] = [specs[x].to_entry() if x in specs else x for x in self.schedulers]
         del d["scheduler_specs"]
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None

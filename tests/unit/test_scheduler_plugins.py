@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -223,6 +224,9 @@ def test_a_config_resolves_files_from_its_own_folder_keeps_labels_and_round_trip
     assert cfg.to_dict()["schedulers"][2]["options"] == {"depth": 9}
     assert cfg.scheduler("hop-deep").depth == 9  # type: ignore[attr-defined]
     assert cfg.scheduler("hopper").name == "hopper"
+    fewer = replace(cfg, schedulers=("hop-deep", "mst"))  # changed in code: labels without a spec are names
+    assert parse_config(fewer.to_dict()).schedulers == ("hop-deep", "mst")
+    assert fewer.scheduler("mst").name == "mst"
 
 
 @pytest.mark.parametrize(
