@@ -48,7 +48,8 @@ def register(subparsers: Any) -> None:
                          description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     run.add_argument("--topology", help="topology name (e.g. triangle, sndlib/nobel-us); required unless "
                      "--attach (then default: the running network's)")
-    run.add_argument("--scheduler", default="mst", help="scheduler name (default mst)")
+    run.add_argument("--scheduler", default="mst",
+                     help="scheduler name, module:Class or path/file.py:Class (default mst; docs/schedulers.md)")
     run.add_argument("--locals", type=int, required=True, help="number of local models")
     run.add_argument("--rounds", type=int, default=3)
     run.add_argument("--model", default="mlp", help="registered model, module:callable or file.py:callable")
@@ -127,7 +128,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                              model_name=args.model, rounds=args.rounds)
     schedule = get_scheduler(args.scheduler).schedule(NetworkState(model), task)
     if schedule.blocked:
-        raise ConfigError(f"{args.scheduler} cannot place the task: {schedule.reason}")
+        raise ConfigError(f"{schedule.scheduler} cannot place the task: {schedule.reason}")
     backend_kind = resolve_backend(args.backend)
     if args.dashboard and backend_kind == "loopback":
         raise ConfigError("--dashboard shows an emulated network: use the docker or process backend (root)")
@@ -136,7 +137,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         local_epochs=args.local_epochs, lr=args.lr, child_timeout_s=args.child_timeout)
     log_dir: Path = args.log_dir or DEFAULT_LOG_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-task{task.id}"
     if not args.json:
-        print(f"task {task.id}: G={task.global_site}, locals={', '.join(task.local_sites)}; {args.scheduler}: "
+        print(f"task {task.id}: G={task.global_site}, locals={', '.join(task.local_sites)}; {schedule.scheduler}: "
               f"{len(schedule.relay_sites)} relays, broadcast depth {schedule.depth('broadcast')}, "
               f"upload depth {schedule.depth('upload')}; backend {backend_kind}; logs {log_dir}", flush=True)
     result: TaskResult
@@ -276,7 +277,7 @@ def _cmd_attach(args: argparse.Namespace, model_args: dict[str, Any]) -> int:
         raise ConfigError(f"--task-id must be a positive integer below 2**63, got {args.task_id}")
     if args.train_allowance <= 0:
         raise ConfigError(f"--train-allowance must be positive, got {args.train_allowance}")
-    get_scheduler(args.scheduler)  # an unknown name: one line, exit 2
+    get_scheduler(args.scheduler)  # an unknown scheduler or a broken plugin: one line, exit 2
     if os.geteuid() != 0:
         raise ConfigError("--attach enters the running network's hosts (network namespaces): run it with sudo")
     model_bytes = check_model(args.model, model_args)  # a broken model: one line, exit 2, before anything starts

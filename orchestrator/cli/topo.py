@@ -13,10 +13,19 @@ import argparse
 import json
 import statistics
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.scheduling import SCHEDULERS, NetworkState, Schedule, get_scheduler
+from orchestrator.scheduling import (
+    SCHEDULERS,
+    NetworkState,
+    Schedule,
+    SchedulerSpec,
+    get_scheduler,
+    resolve_scheduler,
+    resolve_schedulers,
+)
 from orchestrator.scheduling.cost import round_lower_bound
 from orchestrator.scheduling.tasks import (
     DEFAULT_DEMAND_MBPS,
@@ -48,11 +57,10 @@ def _csv(text: str) -> list[str]:
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
-def _schedulers(text: str) -> list[str]:
-    names = _csv(text)
-    for n in names:
-        get_scheduler(n)
-    return names
+def _schedulers(text: str) -> list[SchedulerSpec]:
+    """Comma-separated scheduler specs (names, module:Class, path/file.py:Class from the working
+    directory), resolved and checked; labels must be unique."""
+    return list(resolve_schedulers(_csv(text)))
 
 
 # -- topo show ------------------------------------------------------------------------------------
@@ -212,7 +220,7 @@ def _remove_installed(args: argparse.Namespace) -> int:
 def compare(
     model: NetworkModel,
     *,
-    schedulers: list[str],
+    schedulers: Sequence[str | SchedulerSpec],
     locals_range: list[int],
     tasks: int,
     seed: int,
@@ -222,17 +230,19 @@ def compare(
     """For each scheduler and number of locals, schedule `tasks` seeded tasks one after another
     on one network state (reservations accumulate, as in the paper's 30-task evaluation).
 
-    Returns one row per (scheduler, locals) with the mean and spread over admitted tasks of the
+    `schedulers` are specs (see `orchestrator.scheduling.plugins`), resolved or not. Returns one row
+    per (scheduler label, locals) with the mean and spread over admitted tasks of the
     reserved bandwidth and the pipelined round lower bound, and the number of blocked tasks.
     """
+    specs = [s if isinstance(s, SchedulerSpec) else resolve_scheduler(s) for s in schedulers]
     rows = []
     for n in locals_range:
         task_set = generate_tasks(
             model, count=tasks, locals_per_task=n, seed=seed + n, demand_mbps=demand_mbps,
             model_bytes=model_bytes,
         )
-        for name in schedulers:
-            scheduler = get_scheduler(name)
+        for spec in specs:
+            scheduler = spec.build()
             state = NetworkState(model)
             reserved, bounds, blocked = [], [], 0
             for task in task_set:
@@ -244,7 +254,7 @@ def compare(
                 reserved.append(s.reserved_mbps_total)
                 bounds.append(round_lower_bound(model, s, model_bytes).lower_s)
             rows.append({
-                "scheduler": name,
+                "scheduler": spec.label,
                 "locals": n,
                 "tasks": tasks,
                 "blocked": blocked,
@@ -258,9 +268,10 @@ def compare(
 
 def cmd_compare(args: argparse.Namespace) -> int:
     model = load(args.topology)
-    names = _schedulers(args.schedulers)
+    specs = _schedulers(args.schedulers)
+    names = [s.label for s in specs]
     rows = compare(
-        model, schedulers=names, locals_range=parse_range(args.locals), tasks=args.tasks,
+        model, schedulers=specs, locals_range=parse_range(args.locals), tasks=args.tasks,
         seed=args.seed, demand_mbps=args.demand_mbps, model_bytes=args.model_bytes,
     )
     if args.json:
@@ -305,7 +316,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     sch = sub.add_parser("schedule", help="schedule one task and print its trees, paths and reservations")
     common(sch)
-    sch.add_argument("--scheduler", default="mst", help=f"one of {', '.join(SCHEDULERS)}")
+    sch.add_argument("--scheduler", default="mst",
+                     help=f"one of {', '.join(SCHEDULERS)}, module:Class or path/file.py:Class (docs/schedulers.md)")
     sch.add_argument("--locals", type=int, help="number of local models (random sites, see --seed)")
     sch.add_argument("--global", dest="global_site", help="site of the global model")
     sch.add_argument("--local-sites", help="comma-separated sites of the local models")
@@ -324,5 +336,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     common(cmp_)
     cmp_.add_argument("--locals", default="1..13", help="A..B, A,B,C or N")
     cmp_.add_argument("--tasks", type=int, default=30)
-    cmp_.add_argument("--schedulers", default=",".join(SCHEDULERS))
+    cmp_.add_argument("--schedulers", default=",".join(SCHEDULERS),
+                      help="comma-separated: registered names, module:Class or path/file.py:Class")
     cmp_.set_defaults(func=cmd_compare)

@@ -41,7 +41,7 @@ from orchestrator.runtime.task_runner import (
     rounds_so_far,
 )
 from orchestrator.runtime.timing import TaskTiming, task_timing
-from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
+from orchestrator.scheduling import NetworkState, Schedule, resolve_scheduler
 from orchestrator.scheduling.cost import RoundFigures, emulated_rate, round_figures
 from orchestrator.scheduling.tasks import Task, generate_tasks
 
@@ -54,7 +54,8 @@ COUNTER_READS = 5
 
 @dataclass(frozen=True, kw_only=True)
 class AttachRequest:
-    """What to run: a seeded task of `locals` local models, scheduled by `scheduler`."""
+    """What to run: a seeded task of `locals` local models, scheduled by `scheduler` (a name,
+    ``module:Class`` or ``path/file.py:Class``; the task is recorded under its label)."""
 
     scheduler: str
     locals: int
@@ -172,6 +173,8 @@ def run_attached(
     RuntimeError, TimeoutError
         A role or a site server failed, or the task ran out of time (its paths were removed).
     """
+    scheduler = resolve_scheduler(req.scheduler).build()  # a spec; recorded under its label
+    label = scheduler.name
     model = net.model(req.topology)
     hosts = {h.site: h for h in net.plan.hosts}
     pids = {site: net.host_pid(site) for site in hosts}  # a host that is gone: before anything is recorded
@@ -190,27 +193,27 @@ def run_attached(
                                      model_bytes=req.model_bytes)
             state: NetworkState = net.network_state(model)
             if recorder:
-                recorder.arrive(req.scheduler, task)
-                recorder.db.record_network_state(recorder.run_id, req.scheduler, task.id, state)
-            schedule = get_scheduler(req.scheduler).schedule(state, task)
+                recorder.arrive(label, task)
+                recorder.db.record_network_state(recorder.run_id, label, task.id, state)
+            schedule = scheduler.schedule(state, task)
             if schedule.blocked:
                 if recorder:
-                    recorder.state(req.scheduler, task.id, "blocked", schedule.reason)
-                raise ConfigError(f"{req.scheduler} cannot place task {task.id} on {net.name}: {schedule.reason}")
+                    recorder.state(label, task.id, "blocked", schedule.reason)
+                raise ConfigError(f"{label} cannot place task {task.id} on {net.name}: {schedule.reason}")
             figures = round_figures(model, schedule, task.model_bytes, rate=rate, propagation=delay)
             if recorder:
                 recorder.db.record_schedule(recorder.run_id, schedule, figures.lower_bound.lower_s)
-                admitted = recorder.state(req.scheduler, task.id, "scheduled")
-                recorder.db.set_task_times(recorder.run_id, req.scheduler, task.id, admitted_s=admitted)
+                admitted = recorder.state(label, task.id, "scheduled")
+                recorder.db.set_task_times(recorder.run_id, label, task.id, admitted_s=admitted)
             try:
                 summary = net.client.install_task(task_paths(schedule, bw_scale=net.plan.bw_scale))
             except Exception as e:
                 if recorder:
-                    recorder.state(req.scheduler, task.id, "failed", f"install: {e}".splitlines()[0],
+                    recorder.state(label, task.id, "failed", f"install: {e}".splitlines()[0],
                                    finished_s=recorder.now())
                 raise
         log_dir = req.log_root / f"{time.strftime('%Y%m%d-%H%M%S')}-attach-task{task.id}"
-        say(f"task {task.id}: G={task.global_site}, locals={', '.join(task.local_sites)}; {req.scheduler}: "
+        say(f"task {task.id}: G={task.global_site}, locals={', '.join(task.local_sites)}; {label}: "
             f"{len(schedule.relay_sites)} relays, {len(schedule.edges)} paths installed on {net.name} "
             f"(reservation {'enforced' if summary.get('reservation', {}).get('enforced') else 'NOT enforced'}); "
             f"logs {log_dir}")
@@ -231,7 +234,7 @@ def run_attached(
             with contextlib.suppress(Exception):  # already gone (the network stopped): nothing to remove
                 net.client.remove_task(task.id)
             if recorder and carried is not None:
-                recorder.db.set_carried_bytes(recorder.run_id, req.scheduler, task.id, carried)
+                recorder.db.set_carried_bytes(recorder.run_id, label, task.id, carried)
         return AttachOutcome(task=task, schedule=schedule, result=result, reservation=summary.get("reservation", {}),
                              log_dir=log_dir, recorded_in=recorder.path if recorder else "")
     finally:

@@ -18,7 +18,7 @@ from controller.flows import CONNECTIVITY_MODES, STRICT
 from orchestrator.emulation.background import BackgroundConfig
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
-from orchestrator.scheduling import SCHEDULERS
+from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
 from orchestrator.scheduling.tasks import DEFAULT_DEMAND_MBPS, max_locals
 from topologies.errors import TopologyError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
@@ -135,6 +135,16 @@ class ExperimentConfig:
     #: ``emulation`` (Mininet and real workers) or ``simulation`` (the flow-level model on SimGrid).
     engine: str = "emulation"
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    #: The resolved `schedulers` entries (`orchestrator.scheduling.plugins`) by which the labels of
+    #: `schedulers` are built; a label without one is a registered name (a config built in code).
+    scheduler_specs: tuple[SchedulerSpec, ...] = ()
+
+    def scheduler(self, label: str) -> Scheduler:
+        """A new instance of the scheduler labelled `label` (its schedules carry the label)."""
+        for spec in self.scheduler_specs:
+            if spec.label == label:
+                return spec.build()
+        return get_scheduler(label)
 
     def network(self) -> NetworkModel:
         return load(self.topology, compute_sites=list(self.compute_sites) if self.compute_sites else None)
@@ -143,7 +153,9 @@ class ExperimentConfig:
         from dataclasses import asdict
 
         d = asdict(self)
-        d["schedulers"] = list(self.schedulers)
+        specs = {s.label: s for s in self.scheduler_specs}  # a label without one: a registered name
+        d["schedulers"] = [specs[x].to_entry() if x in specs else x for x in self.schedulers]
+        del d["scheduler_specs"]
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
         d["task"]["model_args"] = dict(self.task.model_args)
@@ -281,8 +293,9 @@ TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation")
 
 
-def parse_config(raw: Any, *, where: str = "config") -> ExperimentConfig:
-    """Validate a parsed config mapping and build an `ExperimentConfig`.
+def parse_config(raw: Any, *, where: str = "config", base_dir: str | Path | None = None) -> ExperimentConfig:
+    """Validate a parsed config mapping and build an `ExperimentConfig`; scheduler files are found
+    relative to `base_dir` (the config file's folder; default the working directory).
 
     Raises
     ------
@@ -290,14 +303,14 @@ def parse_config(raw: Any, *, where: str = "config") -> ExperimentConfig:
         One line naming the first bad key, prefixed by `where`.
     """
     try:
-        return _parse(raw, where)
+        return _parse(raw, where, base_dir)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     except TopologyError as e:
         raise ConfigError(f"{where}: topology: {e}") from None
 
 
-def _parse(raw: Any, where: str) -> ExperimentConfig:
+def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> ExperimentConfig:
     if not isinstance(raw, Mapping):
         raise ConfigError("expected a mapping of settings")
     unknown = sorted(set(raw) - set(TOP_KEYS))
@@ -308,11 +321,7 @@ def _parse(raw: Any, where: str) -> ExperimentConfig:
     schedulers = raw.get("schedulers", ["spff", "mst", "steiner"])
     if not isinstance(schedulers, list) or not schedulers:
         raise ConfigError("schedulers must be a non-empty list")
-    for s in schedulers:
-        if s not in SCHEDULERS:
-            raise ConfigError(f"unknown scheduler {s!r}; choose from {', '.join(SCHEDULERS)}")
-    if len(set(schedulers)) != len(schedulers):
-        raise ConfigError("schedulers lists a scheduler twice")
+    specs = resolve_schedulers(schedulers, base_dir)  # classes loaded, options checked, labels unique
     locals_ = raw.get("locals", [2, 4, 8])
     if not isinstance(locals_, list) or not locals_:
         raise ConfigError("locals must be a non-empty list of integers")
@@ -324,7 +333,8 @@ def _parse(raw: Any, where: str) -> ExperimentConfig:
         name=name,
         topology=topology,
         compute_sites=tuple(compute) if compute else None,
-        schedulers=tuple(schedulers),
+        schedulers=tuple(s.label for s in specs),
+        scheduler_specs=specs,
         locals=locals_t,
         tasks_per_point=_int(1, 10_000)("tasks_per_point", raw.get("tasks_per_point", 2)),
         seed=_int(0)("seed", raw.get("seed", 1)),
@@ -369,4 +379,4 @@ def load_config(path: str | Path) -> ExperimentConfig:
     except yaml.YAMLError as e:
         first = str(e).splitlines()[0] if str(e) else "YAML error"
         raise ConfigError(f"{p}: malformed YAML: {first}") from None
-    return parse_config(raw, where=str(p))
+    return parse_config(raw, where=str(p), base_dir=p.resolve().parent)

@@ -23,7 +23,7 @@ from orchestrator.experiment.report import write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.runner import RunOutcome, task_sets
 from orchestrator.runtime.task_runner import node_rounds, summarize
-from orchestrator.scheduling import NetworkState, get_scheduler
+from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import RoundFigures, capacity_rate, emulated_rate, round_figures
 from orchestrator.scheduling.schedule import Schedule
 from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate
@@ -101,7 +101,7 @@ def _schedule_all(cfg: ExperimentConfig, db: ResultsDB, run_id: int, model: Any,
                 db.record_task(run_id, name, task, state="pending")
                 state = states[(name, n)]
                 db.record_network_state(run_id, name, task.id, state)
-                schedule = get_scheduler(name).schedule(state, task)
+                schedule = cfg.scheduler(name).schedule(state, task)
                 if schedule.blocked:
                     db.set_task_state(run_id, name, task.id, "blocked", schedule.reason)
                     continue

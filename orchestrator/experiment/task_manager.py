@@ -47,7 +47,7 @@ from orchestrator.experiment.faults import Link, crosses, link_name
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskExecution, node_rounds, rounds_so_far
 from orchestrator.runtime.timing import task_timing
-from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
+from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import RoundFigures, emulated_rate, round_figures
 from orchestrator.scheduling.tasks import Task
 from topologies.model import NetworkModel
@@ -245,7 +245,7 @@ class TaskManager:
             if apart:
                 cut = ", ".join(link_name(link) for link in sorted(self.down))
                 return Schedule.blocked_for(task, name, f"the cut links ({cut}) separate {apart} from G")
-        return get_scheduler(name).schedule(view, task)
+        return self.cfg.scheduler(name).schedule(view, task)
 
     def _launch(self, live: LiveTask, wire: Schedule, log_dir: Path, *, first_round: int = 1,
                 init_model: Path | None = None) -> None:

@@ -1,7 +1,9 @@
 """Schedulers: interchangeable algorithms that place a task's trees on the network.
 
-`SCHEDULERS` maps a name to a scheduler class; `get_scheduler(name, **options)` builds one.
-Every scheduler is a pure function of the network state and the task: no I/O.
+`SCHEDULERS` maps a name to a scheduler class; `get_scheduler(spec, **options)` builds one from a
+registered name, ``module:Class`` or ``path/file.py:Class`` (`orchestrator.scheduling.plugins`;
+the contract a scheduler keeps is in docs/schedulers.md). Every scheduler is a pure function of the
+network state and the task: no I/O.
 
 - ``spff``: the paper's fixed baseline (shortest path + first-fit wavelength, unicast per local);
 - ``mst``: the paper's flexible scheduler (MST over auxiliary broadcast/upload graphs);
@@ -13,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestrator.errors import ConfigError
 from orchestrator.scheduling.base import Scheduler
 from orchestrator.scheduling.mst import MST
+from orchestrator.scheduling.plugins import SchedulerSpec, resolve_scheduler, resolve_schedulers
 from orchestrator.scheduling.schedule import PROCEDURES, OverlayEdge, Procedure, Schedule, task_ports
 from orchestrator.scheduling.spff import SPFF
 from orchestrator.scheduling.state import NetworkState
@@ -24,22 +26,16 @@ from orchestrator.scheduling.trees import SPT, Steiner
 SCHEDULERS: dict[str, type[Scheduler]] = {"spff": SPFF, "mst": MST, "steiner": Steiner, "spt": SPT}
 
 
-def get_scheduler(name: str, **options: Any) -> Scheduler:
-    """Build the scheduler registered as `name` with keyword `options`.
+def get_scheduler(spec: str, **options: Any) -> Scheduler:
+    """Build the scheduler `spec` names (a registered name, ``module:Class`` or ``path/file.py:Class``
+    relative to the working directory) with keyword `options`.
 
     Raises
     ------
     ConfigError
-        If `name` is not registered or an option is not accepted.
+        If `spec` names no scheduler class or an option is not accepted (see `resolve_scheduler`).
     """
-    try:
-        cls = SCHEDULERS[name]
-    except KeyError as e:
-        raise ConfigError(f"unknown scheduler {name!r}; choose from {', '.join(SCHEDULERS)}") from e
-    try:
-        return cls(**options)
-    except (TypeError, ValueError) as e:
-        raise ConfigError(f"scheduler {name!r}: {e}") from e
+    return resolve_scheduler({"spec": spec, "options": options}).build()
 
 
 __all__ = [
@@ -50,6 +46,9 @@ __all__ = [
     "Procedure",
     "Schedule",
     "Scheduler",
+    "SchedulerSpec",
     "get_scheduler",
+    "resolve_scheduler",
+    "resolve_schedulers",
     "task_ports",
 ]

@@ -23,6 +23,12 @@ class Scheduler(ABC):
     capacity) gives a schedule with ``blocked=True`` and a reason; it does not raise.
     A task that is invalid for the network (unknown site, local without compute, G among
     the locals) raises `orchestrator.errors.ConfigError`.
+
+    Subclasses implement `_schedule` and name their schedules `self.name` (a config's label
+    replaces the class's `name` on the instance). Options are keyword-only ``__init__``
+    parameters with annotations and defaults, checked by `orchestrator.scheduling.plugins`
+    before anything starts. The invariants a schedule keeps and a worked plugin:
+    docs/schedulers.md.
     """
 
     name: str = ""

@@ -19,7 +19,7 @@ from topologies.loaders import load
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("name", ["quick.yaml", "paper.yaml"])
+@pytest.mark.parametrize("name", ["quick.yaml", "paper.yaml", "plugin.yaml"])
 def test_shipped_configs_are_valid(name: str) -> None:
     cfg = load_config(ROOT / "experiments" / name)
 

@@ -143,7 +143,7 @@ def test_unknown_weight_is_refused_naming_the_allowed_ones(weight: object) -> No
 
 
 def test_get_scheduler_reports_a_bad_mst_weight_as_a_config_error() -> None:
-    with pytest.raises(ConfigError, match="scheduler 'mst': unknown weight 'delay'"):
+    with pytest.raises(ConfigError, match="scheduler 'mst': option 'weight' must be one of 'aux', 'hops', got 'delay'"):
         get_scheduler("mst", weight="delay")
 
 

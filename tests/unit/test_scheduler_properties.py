@@ -1,4 +1,5 @@
-"""Properties every scheduler must keep, on random connected graphs (hypothesis)."""
+"""Properties every scheduler must keep, on random connected graphs (hypothesis): the registered
+ones and the example plugin (examples/schedulers/widest_path.py), loaded from its file spec."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.scheduling import SCHEDULERS, NetworkState, Schedule, get_scheduler
+from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.state import EPS
 from orchestrator.scheduling.tasks import Task
+from tests.unit.plugin_schedulers import ALL_SCHEDULERS, make_scheduler
 from topologies.model import NetworkModel
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -101,7 +103,7 @@ def check_schedule(model: NetworkModel, state: NetworkState, task: Task, s: Sche
         assert model.sites[relay].has_compute
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("name", ALL_SCHEDULERS)
 @SETTINGS
 @given(data=networks())
 def test_trees_span_paths_are_walks_reservations_add_up(name: str, data: tuple[NetworkModel, random.Random]) -> None:
@@ -111,19 +113,19 @@ def test_trees_span_paths_are_walks_reservations_add_up(name: str, data: tuple[N
     assert task is not None
     state = NetworkState(model)
 
-    s = get_scheduler(name).schedule(state, task)
+    s = make_scheduler(name).schedule(state, task)
 
     assert not s.blocked  # ample capacity on an empty network
     check_schedule(model, state, task, s)
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("name", ALL_SCHEDULERS)
 @SETTINGS
 @given(data=networks(tight=True))
 def test_never_beyond_capacity_under_accumulating_load(name: str, data: tuple[NetworkModel, random.Random]) -> None:
     model, rng = data
     state = NetworkState(model)
-    scheduler = get_scheduler(name)
+    scheduler = make_scheduler(name)
     for task_id in range(1, 9):
         task = draw_task(model, rng, task_id)
         assume(task is not None)

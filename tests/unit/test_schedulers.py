@@ -13,9 +13,10 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.errors import ConfigError
-from orchestrator.scheduling import SCHEDULERS, NetworkState, Schedule, get_scheduler
+from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.cost import link_copies, round_lower_bound
 from orchestrator.scheduling.tasks import Task
+from tests.unit.plugin_schedulers import ALL_SCHEDULERS, make_scheduler
 from topologies.model import NetworkModel
 
 D = 1000.0  # demand, Mbit/s
@@ -55,7 +56,7 @@ def both_ways(*links: tuple[str, str], mbps: float = D) -> dict[tuple[str, str],
     return out
 
 
-@pytest.fixture(params=sorted(SCHEDULERS))
+@pytest.fixture(params=ALL_SCHEDULERS)
 def scheduler_name(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
@@ -205,7 +206,7 @@ def test_blocked_when_background_leaves_no_room(scheduler_name: str) -> None:
     cap = model.link("G", "L1").capacity_mbps
     state.set_background({("G", "L1"): cap, ("L1", "G"): cap})
 
-    s = get_scheduler(scheduler_name).schedule(state, TASK)
+    s = make_scheduler(scheduler_name).schedule(state, TASK)
 
     assert s.blocked
     assert s.reason
@@ -214,7 +215,7 @@ def test_blocked_when_background_leaves_no_room(scheduler_name: str) -> None:
 
 def test_invalid_task_raises_for_every_scheduler(scheduler_name: str) -> None:
     with pytest.raises(ConfigError, match="no compute"):
-        get_scheduler(scheduler_name).schedule(NetworkState(fig1()), Task(1, "G", ("X",)))
+        make_scheduler(scheduler_name).schedule(NetworkState(fig1()), Task(1, "G", ("X",)))
 
 
 def test_unknown_scheduler_and_bad_option() -> None:
@@ -225,7 +226,7 @@ def test_unknown_scheduler_and_bad_option() -> None:
 
 
 def test_schedule_json_roundtrip(scheduler_name: str) -> None:
-    s = get_scheduler(scheduler_name).schedule(NetworkState(fig1()), TASK)
+    s = make_scheduler(scheduler_name).schedule(NetworkState(fig1()), TASK)
 
     again = Schedule.from_dict(s.to_dict())
 

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.scheduling import SCHEDULERS, NetworkState, OverlayEdge, Procedure, Schedule, get_scheduler
+from orchestrator.scheduling import NetworkState, OverlayEdge, Procedure, Schedule, get_scheduler
 from orchestrator.scheduling.cost import (
     CopyWindow,
     RateFn,
@@ -41,6 +41,7 @@ from orchestrator.scheduling.cost import (
 )
 from orchestrator.scheduling.schedule import DirectedLink
 from orchestrator.scheduling.tasks import Task
+from tests.unit.plugin_schedulers import ALL_SCHEDULERS, make_scheduler
 from topologies.model import NetworkModel
 
 SLACK = 1e-9  # relative: the bound and the simulation add the same delays in other orders
@@ -164,12 +165,12 @@ def counterexample() -> NetworkModel:
     )
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("name", ALL_SCHEDULERS)
 def test_old_bound_exceeded_an_achievable_round_the_new_one_does_not(name: str) -> None:
     # Prepare: G->L1 is slow but short, G->M->L2 long but fast: different branches.
     model = counterexample()
     task = Task(1, "G", ("L1", "L2"), demand_mbps=100, model_bytes=MB_12_5)
-    s = get_scheduler(name).schedule(NetworkState(model), task)
+    s = make_scheduler(name).schedule(NetworkState(model), task)
 
     # Execute
     achieved = {p: simulate_s(model, s, p, MB_12_5, chunks=1) for p in ("broadcast", "upload")}
@@ -394,7 +395,7 @@ def check_against_simulation(
         assert bound <= sf * (1 + SLACK)
 
 
-@pytest.mark.parametrize("name", sorted(SCHEDULERS))
+@pytest.mark.parametrize("name", ALL_SCHEDULERS)
 @SETTINGS
 @given(
     data=networks(),
@@ -411,7 +412,7 @@ def test_no_execution_of_a_schedulers_schedule_beats_the_bound(
     task = Task(1, chosen[0], tuple(chosen[1:]), demand_mbps=1.0)
 
     # Execute
-    s = get_scheduler(name).schedule(NetworkState(model), task)
+    s = make_scheduler(name).schedule(NetworkState(model), task)
 
     # Assert
     assert not s.blocked
