@@ -114,9 +114,11 @@ class RoundPrediction:
 
 
 def predict_round(
-    state: NetworkState, task: Task, schedule: Schedule, profile: TrainingProfile | None = None
+    state: NetworkState, task: Task, schedule: Schedule, profile: TrainingProfile | None = None, *,
+    site_load: bool = True,
 ) -> RoundPrediction:
     """Predicted round time of `schedule` on `state` (the task not yet admitted there).
+    `site_load=False` predicts as if every site were idle (the network alone).
 
     Raises
     ------
@@ -130,6 +132,8 @@ def predict_round(
     own = compute_demand(schedule)
 
     def share(site: str) -> float:
+        if not site_load:
+            return 1.0
         s = state.cpu_share(site, own.get(site, 0.0))
         return s if s > 0 else 1e-9
 
@@ -195,17 +199,23 @@ class Joint(Scheduler):
         for ``spt`` and ``steiner``) and with hop weights; ``hops``: hop-weighted candidates only.
     profile
         The task's `TrainingProfile` (default: the defaults of `TrainingProfile`).
+    site_load
+        False: predict as if every site were idle, i.e. pick by the network alone (a baseline
+        that shows what weighing the sites' load adds).
     """
 
     name = "joint"
 
-    def __init__(self, *, weight: WeightName = "delay", profile: TrainingProfile | None = None) -> None:
+    def __init__(
+        self, *, weight: WeightName = "delay", profile: TrainingProfile | None = None, site_load: bool = True
+    ) -> None:
         if weight not in ("delay", "hops"):
             raise ValueError(f"unknown weight {weight!r}: use 'delay' or 'hops'")
         if profile is not None and not isinstance(profile, TrainingProfile):
             raise ValueError(f"profile must be a TrainingProfile, got {type(profile).__name__}")
         self.weight: WeightName = weight
         self.profile = profile or TrainingProfile()
+        self.site_load = bool(site_load)
         hops_only = weight == "hops"
         self.candidates: list[Scheduler] = [
             *([] if hops_only else [MST()]), MST(weight="hops"),
@@ -259,7 +269,7 @@ class Joint(Scheduler):
         for s in self.options(state, task):
             if s.blocked:
                 return Schedule.blocked_for(task, self.name, s.reason)
-            t = predict_round(state, task, s, self.profile).round_s
+            t = predict_round(state, task, s, self.profile, site_load=self.site_load).round_s
             if t < best_s * (1 - 1e-9):
                 best, best_s = s, t
         assert best is not None
