@@ -14,7 +14,8 @@ Scenarios (every site of NSFNET has 1 core):
 - ``idle``: no other load; each task alone on the network;
 - ``loaded``: every site carries a seeded background CPU load of 0 to 2 cores;
 - ``hot-spot``: three seeded sites carry 4 cores each (a role there gets a fifth of a core),
-  the others are idle;
+  the others are idle; split by whether a local of the task is on a hot site (no tree can make
+  that local train faster: locals are the task's, not the scheduler's);
 - ``running``: the tasks arrive one after another and stay: each scheduler admits them on its
   own state, so earlier tasks' training, aggregation and reservations load the later ones.
 """
@@ -72,8 +73,10 @@ def rounds(model: NetworkModel, tasks: list[Task], scenario: str, profile: Train
     for k, task in enumerate(tasks):
         state = NetworkState(model)
         state.set_background_cpu(background(model, scenario, seed=k))
-        out.append({name: predict_round(state, task, sch.schedule(state, task), profile).round_s
-                    for name, sch in schedulers.items()})
+        row = {name: predict_round(state, task, sch.schedule(state, task), profile).round_s
+               for name, sch in schedulers.items()}
+        row["hot_local"] = float(any(state.cpu_share(site, 1.0) < 0.5 for site in task.local_sites))
+        out.append(row)
     return out
 
 
@@ -108,6 +111,12 @@ def main() -> None:
             faster = sum(1 for x in ratio if x < 0.99)
             line += f"{mean(ratio):>7.3f}{min(ratio):>7.3f}{max(ratio):>7.3f}{f'{faster}/{len(rows)}':>9}"
         print(line)
+        if scenario == "hot-spot":
+            for hot, what in ((1.0, "a hot local"), (0.0, "no hot local")):
+                ratio = [r["joint"] / r["mst"] for r in rows if r["hot_local"] == hot]
+                if ratio:
+                    print(f"  {len(ratio)} tasks with {what}: joint / mst mean {mean(ratio):.3f}, "
+                          f"max {max(ratio):.3f}")
 
 
 if __name__ == "__main__":

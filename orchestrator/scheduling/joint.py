@@ -13,8 +13,9 @@ The prediction (`predict_round`) is a critical path over the overlay tree, in se
 
 - broadcast: ``arrival(child) = arrival(parent) + t(e)`` along the broadcast edges from G;
 - a local trains once its model arrived: ``ready(i) = arrival(i) + train(i)``;
-- upload: ``done(n) = max(ready(n) if n trains, max over children c of done(c) + t(c -> n))``,
-  plus ``aggregate(n)`` where n has children; the round ends at ``done(G)``;
+- upload: the inputs of node n are ``ready(n)`` if n trains and ``done(c) + t(c -> n)`` for each
+  upload child c; ``done(n) = max(last input, first input + aggregate(n))``, since n aggregates
+  chunk by chunk as its inputs arrive (`workers.rounds`); the round ends at ``done(G)``;
 
 with ``t(e)`` cost.py's store-and-forward time of an overlay edge (`cost.overlay_edge_s`): the
 model's bits through each link at the rate the task gets there, shared by its copies on that link,
@@ -105,7 +106,8 @@ class RoundPrediction:
     train_s: Mapping[str, float] = field(default_factory=dict)
     #: When the broadcast's model is whole at each overlay node.
     arrival_s: Mapping[str, float] = field(default_factory=dict)
-    #: Aggregation time at each aggregating node, given its site's load.
+    #: Aggregation work at each aggregating node (its children's updates and its own), given its
+    #: site's load.
     aggregate_s: Mapping[str, float] = field(default_factory=dict)
 
     @property
@@ -146,8 +148,8 @@ def predict_round(
     children: dict[str, list[str]] = {}
     for child, parent in schedule.upload_parent.items():
         children.setdefault(parent, []).append(child)
-    aggregate = {
-        n: profile.aggregate_cpu_s_per_mb * mb * len(kids) / share(n) for n, kids in children.items()
+    aggregate = {  # a local that aggregates adds its own update too
+        n: profile.aggregate_cpu_s_per_mb * mb * (len(kids) + (n in train)) / share(n) for n, kids in children.items()
     }
 
     copies = {p: link_copies(schedule, p) for p in ("broadcast", "upload")}
@@ -168,11 +170,13 @@ def predict_round(
             return done[node]
         if depth > len(into) + 1:
             raise ValueError(f"task {schedule.task_id}: upload edges contain a cycle")
-        t = arrival.get(node, 0.0) + train[node] if node in train else 0.0
+        inputs = [arrival.get(node, 0.0) + train[node]] if node in train else []
         for c in children.get(node, []):
-            t = max(t, finish(c, depth + 1) + overlay_edge_s(model, into[c], copies["upload"], task.model_bytes,
-                                                             rate=rate))
-        done[node] = t + aggregate.get(node, 0.0)
+            inputs.append(finish(c, depth + 1) + overlay_edge_s(model, into[c], copies["upload"], task.model_bytes,
+                                                                rate=rate))
+        # Aggregation runs chunk by chunk as the inputs arrive: it ends no earlier than the last
+        # input, nor than its whole work after the first input is there.
+        done[node] = max(max(inputs, default=0.0), min(inputs, default=0.0) + aggregate.get(node, 0.0))
         return done[node]
 
     return RoundPrediction(
