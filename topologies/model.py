@@ -31,6 +31,17 @@ DEFAULT_WAVELENGTH_MBPS = 10_000.0
 DEFAULT_LENGTH_KM = 100.0
 DEFAULT_CPU = 1.0
 DEFAULT_MEMORY_MB = 1024
+#: Mean Earth radius (IUGG), km: the sphere of `great_circle_km`.
+EARTH_RADIUS_KM = 6371.0088
+
+
+def great_circle_km(lon_a: float, lat_a: float, lon_b: float, lat_b: float) -> float:
+    """Great-circle distance in km between two points given in degrees (haversine formula on a
+    sphere of `EARTH_RADIUS_KM`; within 0.5% of the ellipsoid's distance)."""
+    phi_a, phi_b = math.radians(lat_a), math.radians(lat_b)
+    h = (math.sin((phi_b - phi_a) / 2) ** 2
+         + math.cos(phi_a) * math.cos(phi_b) * math.sin(math.radians(lon_b - lon_a) / 2) ** 2)
+    return 2 * EARTH_RADIUS_KM * math.asin(min(1.0, math.sqrt(h)))
 
 
 @dataclass(frozen=True)
@@ -41,8 +52,8 @@ class Site:
     has_compute: bool = True
     cpu: float = DEFAULT_CPU
     memory_mb: int = DEFAULT_MEMORY_MB
-    #: Geographic position in degrees, where the topology gives one (drawing only; distances come
-    #: from the links' lengths).
+    #: Geographic position in degrees, where the topology gives one. Distances come from the links'
+    #: lengths; a loader derives a length from the two ends' positions when the file gives none.
     lon: float | None = None
     lat: float | None = None
 

@@ -8,7 +8,9 @@ network state and the task: no I/O.
 - ``spff``: the paper's fixed baseline (shortest path + first-fit wavelength, unicast per local);
 - ``mst``: the paper's flexible scheduler (MST over auxiliary broadcast/upload graphs);
 - ``steiner``: approximate Steiner tree (Kou et al. or Mehlhorn), aggregation at branch points;
-- ``spt``: shortest-path tree from G, aggregation at branch points.
+- ``spt``: shortest-path tree from G, aggregation at branch points;
+- ``joint``: network and compute together: among the others' trees and aggregation placements,
+  the one with the shortest predicted round given link load and site CPU load.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.scheduling.base import Scheduler
+from orchestrator.scheduling.joint import Joint
 from orchestrator.scheduling.mst import MST
 from orchestrator.scheduling.plugins import SchedulerSpec, resolve_scheduler, resolve_schedulers
 from orchestrator.scheduling.schedule import PROCEDURES, OverlayEdge, Procedure, Schedule, task_ports
@@ -23,7 +26,7 @@ from orchestrator.scheduling.spff import SPFF
 from orchestrator.scheduling.state import NetworkState
 from orchestrator.scheduling.trees import SPT, Steiner
 
-SCHEDULERS: dict[str, type[Scheduler]] = {"spff": SPFF, "mst": MST, "steiner": Steiner, "spt": SPT}
+SCHEDULERS: dict[str, type[Scheduler]] = {"spff": SPFF, "mst": MST, "steiner": Steiner, "spt": SPT, "joint": Joint}
 
 
 def get_scheduler(spec: str, **options: Any) -> Scheduler:

@@ -156,12 +156,13 @@ def tree_schedule(
 
 
 def overlay_from_physical_tree(
-    state: NetworkState, task: Task, parent: dict[str, str]
+    state: NetworkState, task: Task, parent: dict[str, str], *, exclude: frozenset[str] = frozenset()
 ) -> list[tuple[str, str, tuple[str, ...]]]:
     """Overlay edges of a physical tree rooted at G (``parent``: node -> parent node).
 
-    Overlay nodes are G, the locals, and every other tree node that has compute and is a branch
-    point (two or more children): those aggregate. Any other tree node only switches traffic.
+    Overlay nodes are G, the locals, and every other tree node that has compute, is a branch
+    point (two or more children) and is not in `exclude`: those aggregate. Any other tree node
+    only switches traffic.
     Returns (overlay parent, overlay child, physical path parent..child), parents first.
     """
     children: dict[str, list[str]] = {}
@@ -171,7 +172,7 @@ def overlay_from_physical_tree(
     sites = state.model.sites
     overlay = set(terminals)
     for node, kids in children.items():
-        if node not in terminals and len(kids) >= 2 and sites[node].has_compute:
+        if node not in terminals and len(kids) >= 2 and sites[node].has_compute and node not in exclude:
             overlay.add(node)
     out: list[tuple[str, str, tuple[str, ...]]] = []
     # Walk from G, remembering the last overlay ancestor and the path from it.

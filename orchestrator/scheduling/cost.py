@@ -126,6 +126,16 @@ def _edge_time_s(
     return serial + (model.path_delay_ms(e.path) / 1e3 if propagation else 0.0)
 
 
+def overlay_edge_s(
+    model: NetworkModel, e: OverlayEdge, copies: dict[DirectedLink, int], model_bytes: int, *,
+    rate: RateFn | None = None, propagation: bool = True,
+) -> float:
+    """Store-and-forward time (s) of one overlay edge: the model's bits through the slowest share
+    of its path's links (``copies`` of its procedure on each, `link_copies`) plus its propagation
+    (the ``t(e)`` of the module docstring)."""
+    return _edge_time_s(model, e, copies, model_bytes * 8.0, rate or capacity_rate(model), propagation)
+
+
 def _check_not_blocked(schedule: Schedule) -> None:
     if schedule.blocked:
         raise ValueError(f"task {schedule.task_id} is blocked: it has no round to bound")

@@ -5,12 +5,20 @@ wavelength assignment with wavelength continuity can be checked. Background load
 the controller, or configured) reduces a link's residual capacity without occupying a
 particular wavelength.
 
-`NetworkState` is mutated only through `admit` and `release`; schedulers read it and never
-change it (they work on a `Ledger`, a cheap overlay of tentative reservations).
+Compute is kept per site, in CPU cores (a site has `Site.cpu` of them): an admitted task loads
+the sites of its roles with `compute_demand(schedule)` (a training local `TRAIN_CPU`, an
+aggregating node `AGGREGATE_CPU`), and `background_cpu` is load not scheduled by us. Unlike
+bandwidth, compute is not a hard limit: a site asked for more than it has shares it out, and the
+roles on it slow down (`cpu_share`); schedulers that care (``joint``) weigh that.
+
+`NetworkState` is mutated only through `admit`, `release`, `set_background` and
+`set_background_cpu`; schedulers read it and never change it (they work on a `Ledger`, a cheap
+overlay of tentative reservations).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -19,6 +27,23 @@ from orchestrator.scheduling.schedule import DirectedLink, OverlayEdge, Schedule
 from topologies.model import NetworkModel
 
 EPS = 1e-9
+#: CPU cores a local role uses while it trains (its agent runs torch on one thread).
+TRAIN_CPU = 1.0
+#: CPU cores an aggregating role (G, a relay, a local with upload children) uses on average over a
+#: round for combining its children's updates: it works only while chunks arrive.
+AGGREGATE_CPU = 0.25
+
+
+def compute_demand(schedule: Schedule) -> dict[str, float]:
+    """CPU cores per site that `schedule`'s roles use: `TRAIN_CPU` at every local, plus
+    `AGGREGATE_CPU` at every site that aggregates (G, relays, locals with upload children).
+    A blocked schedule uses nothing."""
+    if schedule.blocked:
+        return {}
+    demand: dict[str, float] = dict.fromkeys(schedule.local_sites, TRAIN_CPU)
+    for site in schedule.aggregation_sites:
+        demand[site] = demand.get(site, 0.0) + AGGREGATE_CPU
+    return demand
 
 
 @dataclass
@@ -38,8 +63,39 @@ class NetworkState:
     _wl_used: dict[tuple[str, str, int], float] = field(default_factory=dict, repr=False)
     _ai_mbps: dict[DirectedLink, float] = field(default_factory=dict, repr=False)
     schedules: dict[int, Schedule] = field(default_factory=dict, repr=False)
+    #: CPU cores used at a site by what we did not schedule (measured, or configured).
+    background_cpu: dict[str, float] = field(default_factory=dict)
+    _cpu: dict[str, float] = field(default_factory=dict, repr=False)
 
     # -- queries -------------------------------------------------------------------------------
+    def cpu_capacity(self, site: str) -> float:
+        """CPU cores of `site` (0 for a site without compute)."""
+        s = self.model.site(site)
+        return s.cpu if s.has_compute else 0.0
+
+    def ai_cpu(self, site: str) -> float:
+        """CPU cores the admitted tasks' roles use at `site`."""
+        return self._cpu.get(site, 0.0)
+
+    def cpu_used(self, site: str) -> float:
+        return self.ai_cpu(site) + self.background_cpu.get(site, 0.0)
+
+    def cpu_load(self, site: str) -> float:
+        """Used / available CPU at `site` (above 1: oversubscribed; inf for a loaded site without compute)."""
+        cap, used = self.cpu_capacity(site), self.cpu_used(site)
+        if cap <= 0:
+            return float("inf") if used > 0 else 0.0
+        return used / cap
+
+    def cpu_share(self, site: str, extra_cpu: float = 0.0) -> float:
+        """The fraction of its demand a role at `site` gets when `extra_cpu` more cores are asked
+        for there on top of what is used: 1 while the site has enough, else capacity / demand
+        (the cores shared out in proportion)."""
+        cap, want = self.cpu_capacity(site), self.cpu_used(site) + extra_cpu
+        if want <= cap + EPS:
+            return 1.0
+        return cap / want
+
     def capacity_mbps(self, u: str, v: str) -> float:
         return self.model.link(u, v).capacity_mbps
 
@@ -81,6 +137,8 @@ class NetworkState:
             ledger.reserve(edge.links(), edge.wavelength, schedule.demand_mbps)
         ledger.commit()
         self.schedules[schedule.task_id] = schedule
+        for site, cpu in compute_demand(schedule).items():
+            self._cpu[site] = self._cpu.get(site, 0.0) + cpu
 
     def release(self, task_id: int) -> Schedule:
         """Remove a task's reservations; returns its schedule. Raises KeyError if unknown."""
@@ -95,6 +153,10 @@ class NetworkState:
                 self._ai_mbps[(u, v)] = self._ai_mbps.get((u, v), 0.0) - schedule.demand_mbps
                 if self._ai_mbps[(u, v)] <= EPS:
                     del self._ai_mbps[(u, v)]
+        for site, cpu in compute_demand(schedule).items():
+            self._cpu[site] = self._cpu.get(site, 0.0) - cpu
+            if self._cpu[site] <= EPS:
+                del self._cpu[site]
         return schedule
 
     def set_background(self, loads: Mapping[DirectedLink, float]) -> None:
@@ -102,6 +164,21 @@ class NetworkState:
         for u, v in loads:
             self.model.link(u, v)
         self.background_mbps = {k: max(0.0, float(x)) for k, x in loads.items()}
+
+    def set_background_cpu(self, loads: Mapping[str, float]) -> None:
+        """Replace the background CPU load (cores per site).
+
+        Raises
+        ------
+        ConfigError
+            On an unknown site or a negative or non-finite load.
+        """
+        for site, cpu in loads.items():
+            if site not in self.model.sites:
+                raise ConfigError(f"background CPU load on unknown site {site!r}")
+            if isinstance(cpu, bool) or not isinstance(cpu, (int, float)) or not math.isfinite(cpu) or cpu < 0:
+                raise ConfigError(f"background CPU load of site {site!r} must be a number >= 0, got {cpu!r}")
+        self.background_cpu = {k: float(x) for k, x in loads.items() if x > 0}
 
     def without_links(self, down: Iterable[tuple[str, str]], *, around: str | None = None) -> NetworkState:
         """What a scheduler sees while links `down` (site pairs, either order) are cut: a copy on the
@@ -139,6 +216,8 @@ class NetworkState:
         copy._wl_used = {k: x for k, x in self._wl_used.items() if keep(k[0], k[1])}
         copy._ai_mbps = {k: x for k, x in self._ai_mbps.items() if keep(*k)}
         copy.schedules = dict(self.schedules)
+        copy.background_cpu = {k: x for k, x in self.background_cpu.items() if k in part}
+        copy._cpu = {k: x for k, x in self._cpu.items() if k in part}
         return copy
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main
+from orchestrator.scheduling import SCHEDULERS
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -90,7 +91,7 @@ def test_topo_show_and_compare(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["compare", "--locals", "2,8", "--tasks", "5", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert {(r["scheduler"], r["locals"]) for r in rows} == {
-        (s, n) for s in ("spff", "mst", "steiner", "spt") for n in (2, 8)
+        (s, n) for s in SCHEDULERS for n in (2, 8)
     }
     by = {(r["scheduler"], r["locals"]): r for r in rows}
     # The paper's Figure 3(b) shape: unicast reserves far more than a tree at 8 locals.
