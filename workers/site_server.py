@@ -267,7 +267,8 @@ def _log_rejected(out: IO[str], what: str, error: object) -> None:
 
 
 def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
-    """Listen on `sock_path`, serve one control connection, stop every role when it ends."""
+    """Listen on `sock_path`, serve one control connection, stop every role when it ends. A refused
+    message or request is answered ``ok: false`` and logged to `out` as one ``rejected control`` line."""
     sock_path.unlink(missing_ok=True)
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # the socket file: owner only

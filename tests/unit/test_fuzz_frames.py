@@ -512,3 +512,26 @@ def test_the_control_channel_refuses_bad_requests_logs_them_and_keeps_serving(co
     assert len(logged) == 1 and logged[0].startswith("rejected control "), logged
     assert control.ask(b'{"op":"hello"}')["ok"] is True
     assert control.server.roles == {}
+
+
+@pytest.mark.parametrize("data", [struct.pack(">I", MAX_MESSAGE_BYTES + 1), struct.pack(">I", 100) + b'{"op":'])
+def test_a_broken_control_stream_ends_the_server_as_a_closed_connection_does(tmp_path: Path, data: bytes) -> None:
+    server = SiteServer(site="A", address="127.0.0.9", log_root=tmp_path, cache_dir=tmp_path)
+    path, out_path = tmp_path / "control.sock", tmp_path / "server.out"
+    with out_path.open("w", encoding="utf-8") as out:
+        result: list[int] = []
+        t = threading.Thread(target=lambda: result.append(serve(server, path, out=out)), daemon=True)
+        t.start()
+        deadline = time.monotonic() + TIMEOUT_S
+        while not out_path.read_text():
+            assert time.monotonic() < deadline, "the site server did not start"
+            time.sleep(0.01)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(TIMEOUT_S)
+            sock.connect(str(path))
+            sock.sendall(data)
+            sock.shutdown(socket.SHUT_WR)
+            t.join(timeout=TIMEOUT_S)
+
+    assert result == [0]
+    assert "control connection lost" in out_path.read_text()
