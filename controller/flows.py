@@ -266,7 +266,7 @@ def normalize_pairs(pairs: Iterable[Sequence[str]]) -> list[tuple[str, str]]:
     """Unordered host pairs as sorted tuples, deduplicated, in first-seen order."""
     out: dict[tuple[str, str], None] = {}
     for pair in pairs:
-        if len(pair) != 2 or not all(isinstance(s, str) and s for s in pair):
+        if not isinstance(pair, list | tuple) or len(pair) != 2 or not all(isinstance(s, str) and s for s in pair):
             raise FlowBuildError(f"a background pair must be two site names, got {pair!r}")
         a, b = pair
         if a == b:

@@ -1,6 +1,7 @@
 """The controller's northbound REST API: a plain WSGI app (WebOb) over a `ControllerCore`.
 
-Routes (JSON in and out; errors are ``{"error": message}`` with a 4xx/5xx status)::
+Routes (JSON in and out; errors are ``{"error": message}`` with a 4xx/5xx status; a body must come
+with its Content-Length, at most `MAX_BODY_BYTES`, chunked bodies get 411)::
 
     GET    /health                 switches expected/connected, tasks, recent errors, and
                                    "reservations": {"enforced", "reason"} (are reserved rates shaped?)
@@ -37,7 +38,14 @@ from controller.paths import TaskPaths
 LOG = logging.getLogger(__name__)
 
 _TASK_RE = re.compile(r"^/tasks/([^/]+)/?$")
+_DIGITS = re.compile(r"[0-9]{1,19}")
 MAX_BODY_BYTES = 10 * 1024 * 1024
+
+
+class LengthRequired(ControllerError):
+    """A body without a Content-Length (chunked): the API reads bodies of a declared, bounded size."""
+
+    status = 411
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
@@ -52,25 +60,46 @@ def _json_response(body: Any, status: int = 200) -> Response:
 
 
 def _task_id(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise BadRequest(f"task id must be a positive integer, got {text!r}") from None
+    # ASCII digits only: int() would also take signs, spaces, underscores and other scripts' digits.
+    if not _DIGITS.fullmatch(text):
+        raise BadRequest(f"task id must be a positive integer, got {text[:100]!r}")
+    value = int(text)
     if not 0 < value < 2**63:
         raise BadRequest(f"task id must be a positive integer below 2**63, got {value}")
     return value
 
 
 def _body(req: Request) -> Any:
-    if req.content_length is not None and req.content_length > MAX_BODY_BYTES:
+    length = req.content_length
+    if length is None and "Transfer-Encoding" in req.headers:
+        raise LengthRequired("a request body needs a Content-Length (chunked bodies are not accepted)")
+    if length is not None and length > MAX_BODY_BYTES:
         raise BadRequest(f"request body larger than {MAX_BODY_BYTES} bytes")
-    raw = req.body
+    raw = _read_body(req, length or 0)
     if not raw:
         raise BadRequest("request body is empty; expected JSON")
     try:
         return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except RecursionError:
+        raise BadRequest("malformed JSON: nested too deeply") from None
+    except ValueError as e:  # bad JSON, bad UTF-8, or a number too long to convert
         raise BadRequest(f"malformed JSON: {e}") from e
+
+
+def _read_body(req: Request, length: int) -> bytes:
+    """Exactly the `length` bytes the request declared; BadRequest if the client sent fewer."""
+    stream = req.body_file_raw
+    parts, got = [], 0
+    while got < length:
+        try:
+            part = stream.read(length - got)
+        except (OSError, ValueError) as e:
+            raise BadRequest(f"request body unreadable after {got} of {length} bytes: {e}") from e
+        if not part:
+            raise BadRequest(f"request body ended after {got} of the {length} bytes of its Content-Length")
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 class RestApi:
@@ -85,8 +114,10 @@ class RestApi:
             resp = self.dispatch(req)
         except ControllerError as e:
             resp = _json_response({"error": str(e)}, status=e.status)
+        except UnicodeDecodeError as e:  # webob decodes the path and the query string as UTF-8
+            resp = _json_response({"error": f"the URL is not UTF-8: {e}"}, status=400)
         except Exception as e:  # the controller must survive any bad request
-            LOG.exception("REST %s %s failed", req.method, req.path)
+            LOG.exception("REST %s %r failed", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
             resp = _json_response({"error": f"internal error: {type(e).__name__}: {e}"}, status=500)
         result: Iterable[bytes] = resp(environ, start_response)
         return result

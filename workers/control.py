@@ -95,7 +95,9 @@ def recv_message(sock: socket.socket) -> dict[str, Any] | None:
         raise ConnectionError("control connection closed inside a message")
     try:
         msg = json.loads(body.decode("utf-8"), parse_constant=_no_constants)
-    except (UnicodeDecodeError, ValueError) as e:
+    except RecursionError:
+        raise ProtocolError("not JSON: nested too deeply") from None
+    except ValueError as e:  # bad UTF-8, bad JSON, NaN or a number too long to convert
         raise ProtocolError(f"not JSON: {e}") from e
     if not isinstance(msg, dict):
         raise ProtocolError("a control message must be a JSON object")

@@ -104,7 +104,9 @@ class Header:
         """Parse and validate a JSON header. Raises `FrameError` on anything unexpected."""
         try:
             d = json.loads(raw.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        except RecursionError:
+            raise FrameError("bad_header", "JSON header nested too deeply") from None
+        except ValueError as e:  # bad UTF-8, bad JSON, or a number too long to convert
             raise FrameError("bad_header", f"JSON header does not parse: {e}") from e
         if not isinstance(d, dict):
             raise FrameError("bad_header", "JSON header is not an object")
@@ -114,7 +116,7 @@ class Header:
             raise FrameError(
                 "bad_header", f"unknown keys {sorted(unknown)} / missing keys {sorted(missing)}"
             )
-        if d["type"] not in MESSAGE_TYPES:
+        if not isinstance(d["type"], str) or d["type"] not in MESSAGE_TYPES:
             raise FrameError("bad_header", f"unknown message type {d['type']!r}")
         ints: dict[str, int] = {}
         for k, default in (("task", None), ("round", None), ("num_examples", 0), ("nbytes", 0),
@@ -321,13 +323,18 @@ def parse_chunk(payload: bytearray, spec: ChunkSpec, header: Header | None = Non
         raise FrameError("bad_payload", f"safetensors header of {hlen} bytes does not fit", header)
     try:
         meta = json.loads(bytes(payload[8 : 8 + hlen]).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except RecursionError:
+        raise FrameError("bad_payload", "safetensors header nested too deeply", header) from None
+    except ValueError as e:  # bad UTF-8, bad JSON, or a number too long to convert
         raise FrameError("bad_payload", f"safetensors header does not parse: {e}", header) from e
     if not isinstance(meta, dict) or set(meta) != {p.name for p in spec.pieces}:
         got = sorted(meta)[:3] if isinstance(meta, dict) else type(meta).__name__
         raise FrameError("bad_tensors", f"chunk {spec.index} must hold {[p.name for p in spec.pieces][:3]}..., "
                          f"got {got}", header)
     base = 8 + hlen
+    if len(payload) - base < spec.nbytes:  # before any tensor is viewed: the header may promise more
+        raise FrameError("bad_payload", f"payload holds {len(payload) - base} tensor bytes, chunk {spec.index} "
+                         f"needs {spec.nbytes}", header)
     offset = 0
     out: TensorSet = {}
     for p in spec.pieces:

@@ -260,8 +260,15 @@ class SiteServer:
             role.thread.join(timeout=timeout_s)
 
 
+def _log_rejected(out: IO[str], what: str, error: object) -> None:
+    """One line of the server's output for a refused control message (any text, escaped to print)."""
+    line = f"rejected control {what}: {error}"[:2000]
+    print(line.encode("utf-8", "backslashreplace").decode("utf-8"), file=out, flush=True)
+
+
 def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
-    """Listen on `sock_path`, serve one control connection, stop every role when it ends."""
+    """Listen on `sock_path`, serve one control connection, stop every role when it ends. A refused
+    message or request is answered ``ok: false`` and logged to `out` as one ``rejected control`` line."""
     sock_path.unlink(missing_ok=True)
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # the socket file: owner only
@@ -288,15 +295,19 @@ def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
             try:
                 msg = recv_message(conn)
             except ProtocolError as e:
+                _log_rejected(out, "message", e)
                 send_message(conn, {"ok": False, "error": str(e)})
                 continue
             if msg is None:
                 break
+            reply = server.handle(msg)
+            if not reply["ok"]:
+                _log_rejected(out, f"request {msg.get('op')!r}"[:80], reply["error"])
             try:
-                send_message(conn, server.handle(msg))
+                send_message(conn, reply)
             except ProtocolError as e:  # a reply too large to send: say so instead
                 send_message(conn, {"ok": False, "error": str(e)})
-            if msg.get("op") == "shutdown":
+            if reply["ok"] and msg.get("op") == "shutdown":  # a refused shutdown changes nothing either
                 break
     except (ConnectionError, OSError) as e:
         print(f"control connection lost: {e}", file=out, flush=True)
