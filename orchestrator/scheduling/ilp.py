@@ -1,8 +1,8 @@
 """`Optimum`: the minimum-bandwidth broadcast and upload trees of one task, exactly (an ILP, HiGHS).
 
 The heuristics (`spff`, `mst`, `steiner`, `spt`) are judged against this. It answers on small
-instances (NSFNET with up to 12 locals in seconds, docs/optimum.md) and is not one of the default
-`SCHEDULERS`: build it with ``Optimum(...)`` or ``get_scheduler("optimum")`` is refused on purpose.
+instances (docs/optimum.md) and is not one of the default `SCHEDULERS` (an ILP per task would slow
+every default comparison); ``get_scheduler("optimum", ...)`` builds it.
 
 What a schedule can express fixes the model. A copy of the model is an overlay edge: a path from
 one compute site to another. Only compute sites (G, the locals, relays with compute) replicate the
@@ -25,11 +25,15 @@ Formulation (one for each procedure p, broadcast and upload, tied by the links' 
 
 `cap(u,v)` is how many more copies of `demand` the link takes as the other schedulers see it:
 the smaller of residual Mbit/s / demand (background load included) and the copies its
-wavelengths' residuals take one by one. A copy of any schedule shows up in this model (a path
-through compute sites splits there into candidates, with the same hops), so the ILP's optimum is
-never above what a heuristic reserves. Wavelength continuity along a path is not in the ILP:
-the solution's edges get wavelengths first fit, like the heuristics' edges, and then, if first
-fit fails, by a small exact assignment ILP; only if none exists is the task blocked (reason given).
+wavelengths' residuals take one by one. Wavelength continuity: a candidate of two or more links
+(through switches) has a binary per wavelength, one of them taken when it is used, and no more of
+them on a (link, wavelength) than that wavelength's residual takes; a one-link copy takes any
+wavelength with room, which the per-link count covers. A copy of any schedule shows up in this
+model (a path through compute sites splits there into candidates, with the same hops and the
+same wavelength), so the ILP's optimum is never above what a heuristic reserves. The solution's
+edges get wavelengths first fit, like the heuristics' edges, else by a small exact assignment
+ILP (the solution has one). A relay with one child is joined into one edge when a wavelength
+is free along the joined path, else kept as a relay.
 
 Latency (`max_latency_ms`): every local's overlay chain from G (broadcast) and to G (upload) has
 at most that much propagation delay (`chain_latency_ms`). With one parent per site, the unit flow
@@ -274,7 +278,20 @@ class _Model:
             for k in task.local_sites:
                 for i in range(len(cands)):
                     self.f[(p, k, i)] = col(0.0, 0.0, 1.0)
-        integral = [self.y[key] for key in self.y]
+        # Wavelength continuity: a copy through switches keeps one wavelength on all its links.
+        # A one-link copy takes any wavelength with room, so only longer candidates get a
+        # variable per wavelength (none in an all-compute network).
+        ledger = Ledger(state)
+        self.yw: dict[tuple[Procedure, int, int], int] = {}
+        for p in procs:
+            for i, c in enumerate(cands):
+                if c.hops < 2:
+                    continue
+                links = c.links(p)
+                for w in range(min(model.link(u, v).wavelengths for u, v in links)):
+                    room = all(ledger.wavelength_residual_mbps(u, v, w) + EPS >= d for u, v in links)
+                    self.yw[(p, i, w)] = col(0.0, 0.0, 1.0 if room else 0.0)
+        integral = [*self.y.values(), *self.yw.values()]
         h.changeColsIntegrality(len(integral), integral, [highspy.HighsVarType.kInteger] * len(integral))
 
         def row(lb: float, ub: float, coeffs: dict[int, float]) -> int:
@@ -314,6 +331,19 @@ class _Model:
                     on_link.setdefault(ln, {})[self.y[(p, i)]] = 1.0
         for ln, coeffs in on_link.items():
             row(-inf, float(self.cap[ln]), coeffs)
+        on_wavelength: dict[tuple[str, str, int], dict[int, float]] = {}
+        for (p, i, w), j in self.yw.items():
+            for u, v in cands[i].links(p):
+                on_wavelength.setdefault((u, v, w), {})[j] = 1.0
+        for p in procs:
+            for i, c in enumerate(cands):
+                if c.hops >= 2:
+                    coeffs = {j: 1.0 for (pp, ii, _), j in self.yw.items() if pp == p and ii == i}
+                    coeffs[self.y[(p, i)]] = -1.0
+                    row(0.0, 0.0, coeffs)
+        for (u, v, w), coeffs in on_wavelength.items():
+            slots = math.floor((ledger.wavelength_residual_mbps(u, v, w) + EPS) / d)
+            row(-inf, float(max(0, slots)), coeffs)
         # Latency rows, one per (procedure, local), relaxed until a bound is set.
         self.latency_rows: list[int] = []
         for p in procs:
@@ -358,8 +388,11 @@ class _Model:
         objective = schedule.reserved_mbps_total if not schedule.blocked else None
         return OptimumResult(schedule, text, proven, objective, bound_mbps, took, **kw)
 
-    def _tree(self, procedure: Procedure, values: list[float]) -> list[tuple[str, str, tuple[str, ...]]]:
-        """Overlay edges (parent, child, path) of `procedure`'s tree, parents first."""
+    def _tree(
+        self, procedure: Procedure, values: list[float], *, join: bool = True
+    ) -> list[tuple[str, str, tuple[str, ...]]]:
+        """Overlay edges (parent, child, path) of `procedure`'s tree, parents first; `join`
+        merges the two edges of a relay with one child into one."""
         task = self.task
         parent_of: dict[str, tuple[str, tuple[str, ...]]] = {}
         for i, c in enumerate(self.cands):
@@ -378,7 +411,7 @@ class _Model:
         terminals = set(task.terminals)
         # A relay that forwards to one child only is a pass-through: join its two paths (if the
         # joined path stays simple), so that only branch points aggregate.
-        for node in sorted(keep - terminals):
+        for node in sorted(keep - terminals) if join else []:
             kids = children.get(node, [])
             if len(kids) != 1:
                 continue
@@ -401,14 +434,21 @@ class _Model:
         return out
 
     def _schedule(self, name: str, values: list[float]) -> Schedule:
-        down = self._tree("broadcast", values)
-        up = self._tree("upload", values)
-        broadcast = [OverlayEdge("broadcast", p, c, path) for p, c, path in down]
-        upload = [OverlayEdge("upload", c, p, tuple(reversed(path))) for p, c, path in reversed(up)]
-        schedule = tree_schedule(name=name, state=self.state, task=self.task, broadcast=broadcast, upload=upload)
-        if not schedule.blocked:
-            return schedule
-        return _exact_wavelengths(name, self.state, self.task, broadcast, upload, schedule.reason)
+        """The solution's trees with wavelengths: first fit, else an exact assignment. A joined
+        relay path needs one wavelength end to end, which the ILP did not ask; if none is left, the
+        trees are given as solved, with the relay forwarding (its edges the ILP placed)."""
+        schedule = Schedule.blocked_for(self.task, name, "")
+        for join in (True, False):
+            down = self._tree("broadcast", values, join=join)
+            up = self._tree("upload", values, join=join)
+            broadcast = [OverlayEdge("broadcast", p, c, path) for p, c, path in down]
+            upload = [OverlayEdge("upload", c, p, tuple(reversed(path))) for p, c, path in reversed(up)]
+            schedule = tree_schedule(name=name, state=self.state, task=self.task, broadcast=broadcast, upload=upload)
+            if schedule.blocked:
+                schedule = _exact_wavelengths(name, self.state, self.task, broadcast, upload, schedule.reason)
+            if not schedule.blocked:
+                return schedule
+        return schedule
 
 
 def _exact_wavelengths(
