@@ -335,10 +335,13 @@ class _Model:
         for (p, i, w), j in self.yw.items():
             for u, v in cands[i].links(p):
                 on_wavelength.setdefault((u, v, w), {})[j] = 1.0
+        per_candidate: dict[tuple[Procedure, int], dict[int, float]] = {}
+        for (p, i, _), j in self.yw.items():
+            per_candidate.setdefault((p, i), {})[j] = 1.0
         for p in procs:
             for i, c in enumerate(cands):
                 if c.hops >= 2:
-                    coeffs = {j: 1.0 for (pp, ii, _), j in self.yw.items() if pp == p and ii == i}
+                    coeffs = per_candidate.get((p, i), {})
                     coeffs[self.y[(p, i)]] = -1.0
                     row(0.0, 0.0, coeffs)
         for (u, v, w), coeffs in on_wavelength.items():
