@@ -359,7 +359,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     sch = sub.add_parser("schedule", help="schedule one task and print its trees, paths and reservations")
     common(sch)
-    sch.add_argument("--scheduler", default="mst", help=f"one of {', '.join(SCHEDULERS)}")
+    sch.add_argument("--scheduler", default="mst",
+                     help=f"one of {', '.join(SCHEDULERS)}, or optimum (exact, an ILP)")
     sch.add_argument("--locals", type=int, help="number of local models (random sites, see --seed)")
     sch.add_argument("--global", dest="global_site", help="site of the global model")
     sch.add_argument("--local-sites", help="comma-separated sites of the local models")

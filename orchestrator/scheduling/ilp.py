@@ -590,7 +590,8 @@ def front_bandwidth_at(front: list[FrontPoint], latency_ms: float) -> float | No
 class Optimum(Scheduler):
     """The exact minimum-bandwidth trees (ILP by HiGHS; see the module docstring).
 
-    Options: `time_limit_s` (HiGHS's wall-time limit per solve), `mip_gap` (relative gap at which
+    Options: `time_limit_s` (HiGHS's wall-time limit per solve; building the model comes on top,
+    well under a second on NSFNET, over a minute at 1000 sites and 100 locals), `mip_gap` (relative gap at which
     HiGHS stops; 0 proves the optimum), `max_latency_ms` (bound on every local's chain latency,
     None for none). `last` holds the `OptimumResult` of the latest `schedule` call, which says
     whether optimality was proven.
