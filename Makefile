@@ -35,6 +35,7 @@ experiment: setup
 benchmark:
 	$(PY) benchmarks/bench_scheduling.py
 	$(PY) benchmarks/bench_joint.py
+	$(PY) benchmarks/bench_ilp.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_transfer.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_dataplane.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_servers.py

@@ -226,6 +226,8 @@ def compare(
     seed: int,
     demand_mbps: float,
     model_bytes: int,
+    optimum: bool = False,
+    time_limit_s: float = 60.0,
 ) -> list[dict[str, Any]]:
     """For each scheduler and number of locals, schedule `tasks` seeded tasks one after another
     on one network state (reservations accumulate, as in the paper's 30-task evaluation).
@@ -233,7 +235,16 @@ def compare(
     `schedulers` are specs (see `orchestrator.scheduling.plugins`), resolved or not. Returns one row
     per (scheduler label, locals) with the mean and spread over admitted tasks of the
     reserved bandwidth and the pipelined round lower bound, and the number of blocked tasks.
+
+    With `optimum`, each admitted task is also solved exactly on the same state the scheduler saw
+    (`orchestrator.scheduling.ilp.pareto_front`, HiGHS, `time_limit_s` per solve), and the row adds
+    the mean over those tasks of the scheduler's reserved bandwidth over the optimum's
+    (``optimum_ratio_mean``, 1 = optimal), of its bandwidth over the front's bandwidth at its own
+    chain latency (``front_ratio_mean``: 1 = on the front, above = a tree as fast and cheaper
+    exists), its mean chain latency, and how many of the tasks' solves proved optimality.
     """
+    from orchestrator.scheduling.ilp import chain_latency_ms, front_bandwidth_at, pareto_front
+
     specs = [s if isinstance(s, SchedulerSpec) else resolve_scheduler(s) for s in schedulers]
     rows = []
     for n in locals_range:
@@ -245,11 +256,25 @@ def compare(
             scheduler = spec.build()
             state = NetworkState(model)
             reserved, bounds, blocked = [], [], 0
+            opt_ratio: list[float] = []
+            front_ratio: list[float] = []
+            latency: list[float] = []
+            proven = 0
             for task in task_set:
                 s = scheduler.schedule(state, task)
                 if s.blocked:
                     blocked += 1
                     continue
+                if optimum:
+                    front = pareto_front(state, task, time_limit_s=time_limit_s)
+                    lat = chain_latency_ms(model, s)
+                    latency.append(lat)
+                    if front:
+                        opt_ratio.append(s.reserved_mbps_total / min(p.reserved_mbps for p in front))
+                        proven += all(p.proven_optimal for p in front)
+                        at = front_bandwidth_at(front, lat)
+                        if at is not None:
+                            front_ratio.append(s.reserved_mbps_total / at)
                 state.admit(s)
                 reserved.append(s.reserved_mbps_total)
                 bounds.append(round_lower_bound(model, s, model_bytes).lower_s)
@@ -263,6 +288,13 @@ def compare(
                 "lower_bound_ms_mean": statistics.fmean(bounds) * 1e3 if bounds else None,
                 "lower_bound_ms_stdev": statistics.pstdev(bounds) * 1e3 if bounds else None,
             })
+            if optimum:
+                rows[-1].update({
+                    "optimum_ratio_mean": statistics.fmean(opt_ratio) if opt_ratio else None,
+                    "front_ratio_mean": statistics.fmean(front_ratio) if front_ratio else None,
+                    "chain_latency_ms_mean": statistics.fmean(latency) if latency else None,
+                    "optimum_proven": proven,
+                })
     return rows
 
 
@@ -273,6 +305,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     rows = compare(
         model, schedulers=specs, locals_range=parse_range(args.locals), tasks=args.tasks,
         seed=args.seed, demand_mbps=args.demand_mbps, model_bytes=args.model_bytes,
+        optimum=args.optimum, time_limit_s=args.time_limit,
     )
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -293,7 +326,28 @@ def cmd_compare(args: argparse.Namespace) -> int:
             b = f" ({r['blocked']})" if r["blocked"] else ""
             line += f"{r['reserved_mbps_mean'] / 1000:>16.2f}{r['lower_bound_ms_mean']:>10.3f}{b:>4}"
         print(line)
+    if args.optimum:
+        _print_optimum(names, parse_range(args.locals), by)
     return 0
+
+
+def _print_optimum(names: list[str], locals_range: list[int], by: dict[tuple[str, int], dict[str, Any]]) -> None:
+    print("\nagainst the exact optimum (ILP, HiGHS), per admitted task, mean: reserved bandwidth / the "
+          "optimum's, and / the Pareto front's at the scheduler's chain latency (1 = on the front); "
+          "[tasks whose solves were not all proven optimal]")
+    print(f"{'locals':>6}" + "".join(f"{n + ' x opt':>14}{n + ' x front':>16}" for n in names))
+    for n in locals_range:
+        line = f"{n:>6}"
+        for name in names:
+            r = by[(name, n)]
+            if r["optimum_ratio_mean"] is None:
+                line += f"{'-':>14}{'-':>16}"
+                continue
+            admitted = r["tasks"] - r["blocked"]
+            unproven = f" [{admitted - r['optimum_proven']}]" if r["optimum_proven"] < admitted else ""
+            front = "-" if r["front_ratio_mean"] is None else f"{r['front_ratio_mean']:.3f}"
+            line += f"{r['optimum_ratio_mean']:>14.3f}{front + unproven:>16}"
+        print(line)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -317,7 +371,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     sch = sub.add_parser("schedule", help="schedule one task and print its trees, paths and reservations")
     common(sch)
     sch.add_argument("--scheduler", default="mst",
-                     help=f"one of {', '.join(SCHEDULERS)}, module:Class or path/file.py:Class (docs/schedulers.md)")
+                     help=f"one of {', '.join(SCHEDULERS)}, module:Class or path/file.py:Class (docs/schedulers.md), "
+                          "or optimum (exact, an ILP)")
     sch.add_argument("--locals", type=int, help="number of local models (random sites, see --seed)")
     sch.add_argument("--global", dest="global_site", help="site of the global model")
     sch.add_argument("--local-sites", help="comma-separated sites of the local models")
@@ -338,4 +393,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     cmp_.add_argument("--tasks", type=int, default=30)
     cmp_.add_argument("--schedulers", default=",".join(SCHEDULERS),
                       help="comma-separated: registered names, module:Class or path/file.py:Class")
+    cmp_.add_argument("--optimum", action="store_true",
+                      help="also solve every task exactly (ILP, HiGHS): each scheduler's ratio to the "
+                           "optimum and to the bandwidth-latency Pareto front")
+    cmp_.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+                      help="with --optimum: HiGHS's time limit per solve, seconds (default 60)")
     cmp_.set_defaults(func=cmd_compare)

@@ -74,9 +74,9 @@ class SchedulerSpec:
 
 
 def registered() -> dict[str, type[Scheduler]]:
-    from orchestrator.scheduling import SCHEDULERS  # the package imports this module's users, not it
+    from orchestrator.scheduling import EXTRA_SCHEDULERS, SCHEDULERS  # the package imports this module's users
 
-    return SCHEDULERS
+    return {**SCHEDULERS, **EXTRA_SCHEDULERS}
 
 
 def default_label(spec: str, cls: type[Scheduler]) -> str:

@@ -106,3 +106,20 @@ def test_scheduling_benchmark_quick_mode_runs() -> None:
     assert out.returncode == 0, out.stderr
     assert "30 tasks on NSFNET" in out.stdout
     assert all(name in out.stdout for name in ("spff", "mst", "steiner", "spt"))
+
+
+def test_compare_against_the_optimum(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["compare", "--locals", "3", "--tasks", "2", "--optimum", "--time-limit", "30", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["scheduler"] for r in rows} == {"spff", "mst", "steiner", "spt"}
+    for r in rows:
+        admitted = r["tasks"] - r["blocked"]
+        assert r["optimum_proven"] == admitted
+        # the optimum is never above a scheduler, and the front at the scheduler's own latency
+        # lies between the optimum and the scheduler
+        assert 1.0 - 1e-9 <= r["front_ratio_mean"] <= r["optimum_ratio_mean"] + 1e-9
+        assert r["chain_latency_ms_mean"] > 0
+
+    assert main(["compare", "--locals", "3", "--tasks", "1", "--schedulers", "spff", "--optimum"]) == 0
+    text = capsys.readouterr().out
+    assert "against the exact optimum" in text and "spff x front" in text
