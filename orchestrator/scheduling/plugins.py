@@ -74,7 +74,8 @@ class SchedulerSpec:
 
 
 def registered() -> dict[str, type[Scheduler]]:
-    from orchestrator.scheduling import EXTRA_SCHEDULERS, SCHEDULERS  # the package imports this module's users
+    # the package imports the users of this module, not it
+    from orchestrator.scheduling import EXTRA_SCHEDULERS, SCHEDULERS
 
     return {**SCHEDULERS, **EXTRA_SCHEDULERS}
 
