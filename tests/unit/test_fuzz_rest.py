@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import subprocess
 import sys
@@ -224,8 +225,9 @@ queries = st.one_of(st.just(""), st.lists(st.tuples(st.sampled_from(["task", "x"
 
 
 def _is_listing(method: str, path: str) -> bool:
-    """A GET of a listing: answered 200 whatever its query (only /flows reads one, ``task``)."""
-    return method == "GET" and path.rstrip("/") in ("/health", "/topology", "/tasks", "/flows", "/stats/ports",
+    """A GET of a listing: answered 200 whatever its query (only /flows reads one, ``task``). The
+    router reads repeated slashes as one (``//health`` is ``/health``)."""
+    return method == "GET" and re.sub("/+", "/", path).rstrip("/") in ("/health", "/topology", "/tasks", "/flows", "/stats/ports",
                                                     "/background")
 
 
