@@ -43,6 +43,9 @@ class TaskConfig:
     model_args: Mapping[str, Any] = field(default_factory=dict)
     #: What a round may spend training, on top of the transfer timeouts derived from the schedule.
     train_allowance_s: float = 30.0
+    #: Local-model selection per round (``{policy: random, k: 4, seed: 1}``; docs/selection.md);
+    #: None: every local trains in every round.
+    selection: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,10 @@ class ExperimentConfig:
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
         d["task"]["model_args"] = dict(self.task.model_args)
+        if self.task.selection is None:
+            del d["task"]["selection"]
+        else:
+            d["task"]["selection"] = dict(self.task.selection)
         if self.mode != "online":
             del d["online"]  # these sections are only allowed with mode: online
             del d["events"], d["reschedule"]
@@ -172,6 +179,21 @@ def _model_args(key: str, v: Any) -> dict[str, Any]:
     return dict(v)
 
 
+def _selection(key: str, v: Any) -> dict[str, Any] | None:
+    """A selection policy config, built once here so that a bad one fails before anything starts."""
+    from workers.selection import SelectionError, make_policy
+
+    if v is None:
+        return None
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+        raise ConfigError(f"{key} must be a mapping like {{policy: random, k: 4, seed: 1}}, got {v!r}")
+    try:
+        make_policy(v)
+    except SelectionError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    return dict(v)
+
+
 def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -186,7 +208,7 @@ def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, An
 TASK_SCHEMA: dict[str, Check] = {
     "model": _str, "rounds": _int(1, 1000), "demand_mbps": _num(0, lo_open=True),
     "partition": _choice(PARTITIONS), "alpha": _num(0, lo_open=True), "model_args": _model_args,
-    "train_allowance_s": _num(0, lo_open=True),
+    "train_allowance_s": _num(0, lo_open=True), "selection": _selection,
 }
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),

@@ -126,10 +126,11 @@ def measured_background(client: Any, plan: EmulationPlan) -> dict[tuple[str, str
 
 def record_rounds(db: ResultsDB, run_id: int, scheduler: str, schedule: Schedule, figures: RoundFigures,
                   rounds: Sequence[RoundResult], events: Mapping[str, Sequence[Mapping[str, Any]]],
-                  clock_of: Callable[[float], float]) -> None:
+                  clock_of: Callable[[float], float], policy: str = "all") -> None:
     """Record `rounds` of `schedule`'s task, each with its lower bound and physical reference (the
-    round's own fastest training in place of the model's), and what every node did in each round
-    (from `events`, on the clock `clock_of`)."""
+    round's own fastest training in place of the model's), its local-model selection (`policy`'s
+    choice and the round's UPDATE bytes), and what every node did in each round (from `events`, on
+    the clock `clock_of`)."""
     for r in rounds:
         bound = replace(figures.lower_bound, train_s=r.train_min_s)
         db.record_round(
@@ -138,6 +139,8 @@ def record_rounds(db: ResultsDB, run_id: int, scheduler: str, schedule: Schedule
             stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s, upload_tail_s=r.upload_tail_s,
             broadcast_bound_s=bound.broadcast_s, upload_bound_s=bound.upload_s,
             reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
+        db.record_round_selection(run_id, scheduler, schedule.task_id, r.round, policy=policy,
+                                  selected=r.selected, upload_bytes=r.upload_bytes)
     db.record_node_rounds(run_id, scheduler, schedule.task_id, node_rounds(schedule, events, clock_of))
 
 
@@ -180,6 +183,12 @@ class TaskManager:
         self.background_step: Callable[[float], None] | None = None
 
     # -- arrival and admission ------------------------------------------------------------------------
+    @property
+    def policy_name(self) -> str:
+        """The local-model selection policy of the run's tasks (``all`` without selection)."""
+        sel = self.cfg.task.selection
+        return "all" if sel is None else str(sel.get("policy", "all"))
+
     def arrive(self, scheduler: str, task: Task, at_s: float | None = None) -> None:
         """Record `task`'s arrival (at `at_s` on the run's clock; default now)."""
         at = self.clock.now() if at_s is None else at_s
@@ -246,7 +255,7 @@ class TaskManager:
         task = live.task
         options = FLOptions(model=self.cfg.task.model, model_args=dict(self.cfg.task.model_args),
                             rounds=task.rounds, partitioning=self.cfg.task.partition, alpha=self.cfg.task.alpha,
-                            seed=self.cfg.seed + task.id)
+                            seed=self.cfg.seed + task.id, selection=self.cfg.task.selection)
         timing = task_timing(self.model, live.schedule, task.model_bytes, rate=self.rate, propagation=self.delay,
                              train_allowance_s=self.cfg.task.train_allowance_s)
         live.execution = TaskExecution(wire, manager=self.compute, options=options, log_dir=log_dir, timing=timing,
@@ -455,7 +464,7 @@ class TaskManager:
         if not rounds:
             return
         record_rounds(self.db, self.run_id, live.scheduler, live.schedule, live.figures, rounds, events,
-                      self.clock.of)
+                      self.clock.of, policy=self.policy_name)
         live.rounds_recorded = rounds[-1].round
 
     def _record_result(self, live: LiveTask) -> float | None:
@@ -475,7 +484,8 @@ class TaskManager:
             chunk_bytes=result.chunk_bytes, connections_lost=result.connections_lost,
             reservation_enforced=live.reservation_enforced,
             store_and_forward_s=figures.store_and_forward.broadcast_s + figures.store_and_forward.upload_s)
-        record_rounds(self.db, self.run_id, sched, live.schedule, figures, result.rounds, events, self.clock.of)
+        record_rounds(self.db, self.run_id, sched, live.schedule, figures, result.rounds, events, self.clock.of,
+                      policy=self.policy_name)
         last = result.rounds[-1] if result.rounds else None
         LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, sched,
                  len(result.rounds), last.latency_s if last else float("nan"),

@@ -53,6 +53,46 @@ class FLOptions:
     #: Messages travel in chunks of this size so the receiver checks chunk i while i+1 arrives.
     max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
     threads: int = 1
+    #: Local-model selection (``{"policy": SPEC, **options}``, `workers.selection`); None: all train.
+    selection: Mapping[str, Any] | None = None
+
+
+def path_costs(schedule: Schedule) -> dict[str, float]:
+    """Each local's network cost: the physical hops of its upload path to G along the upload tree
+    (an overlay edge without a physical path in the schedule counts as one hop)."""
+    hops = {(e.src, e.dst): max(1, len(e.path) - 1) for e in schedule.edges_of("upload")}
+    out: dict[str, float] = {}
+    for local in schedule.local_sites:
+        cost, cur, seen = 0, local, set()
+        while cur != schedule.global_site and cur in schedule.upload_parent and cur not in seen:
+            seen.add(cur)
+            parent = schedule.upload_parent[cur]
+            cost += hops.get((cur, parent), 1)
+            cur = parent
+        out[local] = float(cost)
+    return out
+
+
+def selection_settings(selection: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, tuple[str, ...] | None]:
+    """(G's selection config, every node's measures) of a task; (None, None) for the default ``all``.
+
+    Raises
+    ------
+    ConfigError
+        The policy cannot be built (unknown spec, bad option).
+    """
+    from workers.selection import SelectionError, is_all, make_policy
+
+    try:
+        policy = make_policy(selection)
+    except SelectionError as e:
+        raise ConfigError(f"selection: {e}") from None
+    if selection is None or is_all(selection):
+        return None, None
+    config = dict(selection)
+    if isinstance(config.get("policy"), str):
+        config["policy"] = normalize_spec(config["policy"])
+    return config, tuple(policy.measures)
 
 
 def _check_trees(schedule: Schedule, addresses: Mapping[str, str]) -> None:
@@ -109,6 +149,8 @@ def agent_configs(
         )
     bc_port, up_port = task_ports(schedule.task_id)
     part_of = {site: i for i, site in enumerate(schedule.local_sites)}
+    selection, measures = selection_settings(options.selection)
+    costs = path_costs(schedule) if measures is not None else {}
 
     def peer(site: str | None) -> Peer | None:
         return None if site is None else Peer(site=site, host=addresses[site])
@@ -128,6 +170,8 @@ def agent_configs(
             part_index=part_of.get(n), local_epochs=options.local_epochs, batch_size=options.batch_size,
             lr=options.lr, child_timeout_s=timing.child_timeout_s[n], connect_timeout_s=timing.connect_timeout_s,
             global_timeout_s=timing.global_timeout_s, max_chunk_bytes=timing.chunk_bytes, threads=options.threads,
+            selection=selection if n == schedule.global_site else None, selection_measures=measures,
+            path_cost=costs.get(n, 0.0),
         )
         for n in nodes
     }
@@ -152,6 +196,10 @@ class RoundResult:
     upload_tail_s: float = 0.0
     #: The shortest local training of the round (what a round's lower bound may count).
     train_min_s: float = 0.0
+    #: Local-model selection: the locals G chose for the round (empty: no selection, all trained).
+    selected: tuple[str, ...] = ()
+    #: Bytes of every UPDATE frame of the round, over all nodes (headers included).
+    upload_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -177,7 +225,8 @@ class TaskResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["rounds"] = [asdict(r) | {"stragglers": list(r.stragglers)} for r in self.rounds]
+        d["rounds"] = [asdict(r) | {"stragglers": list(r.stragglers), "selected": list(r.selected)}
+                       for r in self.rounds]
         d["rejected"] = list(self.rejected)
         return d
 
@@ -211,11 +260,14 @@ def summarize(
     # One pass over every agent's events: (site, event, round) -> the first such event's time.
     first: dict[tuple[str, str, int], Mapping[str, Any]] = {}
     left_out_by_round: dict[int, set[str]] = {}
+    upload_bytes: dict[int, int] = {}
     for site, evs in events.items():
         for e in evs:
             if "round" not in e:
                 continue
             first.setdefault((site, e["event"], e["round"]), e)
+            if e["event"] == "aggregated" and site != schedule.global_site and isinstance(e.get("nbytes"), int):
+                upload_bytes[e["round"]] = upload_bytes.get(e["round"], 0) + e["nbytes"]
             if e["event"] in ("child_timeout", "child_lost", "child_absent"):
                 lost = {"child_lost": " (lost)", "child_absent": " (absent)"}.get(e["event"], "")
                 left_out_by_round.setdefault(e["round"], set()).add(f"{e['child']}{lost}")
@@ -256,6 +308,8 @@ def summarize(
                 broadcast_all_s=max(received.values()) - t0 if received else 0.0,
                 upload_tail_s=t_agg - max(trained.values()) if trained else 0.0,
                 train_min_s=min(spans) if spans else 0.0,
+                selected=tuple((first.get((g, "selected", r)) or {}).get("sites", ())),
+                upload_bytes=upload_bytes.get(r, 0),
             )
         )
     return results
@@ -307,7 +361,10 @@ def missing_events(
     for site in schedule.local_sites:
         ev = events.get(site, [])
         for r in range(1, rounds + 1):
+            skipped = any(e.get("event") == "skipped" and e.get("round") == r for e in ev)
             for name in REQUIRED_LOCAL_EVENTS:
+                if skipped and name in ("train_start", "train_end"):
+                    continue  # not selected this round: it relays and sends a skip, it does not train
                 if not any(e.get("event") == name and e.get("round") == r for e in ev):
                     problems.append(f"{site}: no {name} in round {r}")
     for r in range(1, rounds + 1):
