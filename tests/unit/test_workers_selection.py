@@ -330,3 +330,34 @@ def test_contribution_measures_travel_up_and_steer_the_choice() -> None:
     assert len(chosen[4]) == 2
     ready = [h for _src, h, _size in sent if h.type == "READY"]
     assert all(h.meta is not None and "stats" in h.meta for h in ready)
+
+
+# -- results and report ------------------------------------------------------------------------------------
+def test_the_report_compares_policies_by_accuracy_latency_and_update_bytes(tmp_path: Path) -> None:
+    from orchestrator.experiment.report import draw_figures, selection_curves, write_report
+    from orchestrator.experiment.results_db import ResultsDB
+
+    db = ResultsDB(tmp_path / "results.db")
+    runs = {}
+    for policy, chosen, per_round in (("all", [], 6000), ("random", ["L1", "L3"], 2000)):
+        run_id = runs[policy] = db.start_run(policy, {}, {"mode": "sequential"})
+        for task in (1, 2):
+            for r in (1, 2):
+                db.record_round(run_id, "mst", task, r, latency_s=0.1 * r + 0.01 * task, broadcast_s=0.0,
+                                train_s=0.0, upload_s=0.0, accuracy=0.5 + 0.1 * r + 0.01 * task, lower_bound_s=None)
+                db.record_round_selection(run_id, "mst", task, r, policy=policy, selected=chosen,
+                                          upload_bytes=per_round)
+    assert db.query("SELECT selected_json FROM round_selection WHERE run_id = ? AND round = 1",
+                    (runs["random"],))[0]["selected_json"] == '["L1", "L3"]'
+
+    curves = selection_curves(db)
+    # round 2: cumulative latency 0.1 + 0.2 + mean(0.01, 0.02) * 2, bytes 2 rounds, accuracy mean
+    assert curves["run 2: random, mst"][1] == pytest.approx((0.33, 0.004, 0.715))
+    assert curves["run 1: all, mst"][0] == pytest.approx((0.115, 0.006, 0.615))
+    report = write_report(db, runs["random"], tmp_path).read_text()
+    assert "## Local-model selection" in report
+    assert "| 2 | random | mst | 4 | 2.0 | 165.0 | 0.002 | 0.715 |" in report
+    assert "| 1 | all | mst | 4 | - | 165.0 | 0.006 | 0.715 |" in report
+    figure = {f.name: f for f in draw_figures(db, runs["random"], tmp_path)}["selection_accuracy"]
+    assert figure.ok and (tmp_path / "selection_accuracy.svg").read_text().lstrip().startswith("<?xml")
+    db.close()
