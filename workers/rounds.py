@@ -139,9 +139,8 @@ class _Round:
     next_out: int = 0
     min_examples: int | None = None
     max_examples: int = 0
-    #: Selection: whether this node's own model trains this round (G's ``select``), the statistics
-    #: of the locals heard from (own and the children's), the bytes of its UPDATE frames.
-    selected: bool = True
+    #: Selection: the statistics of the locals heard from this round (own and the children's); the
+    #: bytes of this node's UPDATE frames.
     stats: dict[str, LocalStats] = field(default_factory=dict)
     bytes_up: int = 0
 
@@ -341,8 +340,8 @@ class RoundEngine:
         if k == 0:
             self.log.emit("global_first", round=r)
             if header.meta is not None and "select" in header.meta:
-                st.selected = self.cfg.site in parse_select(header.meta["select"])
-                if self.cfg.trains and not st.selected and not st.own_done:
+                selected = self.cfg.site in parse_select(header.meta["select"])
+                if self.cfg.trains and not selected and not st.own_done:
                     st.own_done = st.own_excluded = True
                     self.log.emit("skipped", round=r, detail="not selected")
                     self._finalize(st)  # a leaf sends its skip at once
@@ -532,6 +531,11 @@ class RoundEngine:
             gone |= self.subtree.get(child, set())
         candidates = {s: v for s, v in self.local_stats.items() if s not in gone}
         chosen = self.policy.select(r, candidates)
+        if not isinstance(chosen, list | tuple) or not set(chosen) <= set(candidates) \
+                or (candidates and not chosen):
+            raise SelectionError(f"selection policy {type(self.policy).__name__} returned {chosen!r} for round {r}: "
+                                 f"it must choose a non-empty subset of {sorted(candidates)}")
+        chosen = sorted(set(chosen))
         self.log.emit("selected", round=r, policy=self.policy.name or type(self.policy).__name__,
                       sites=chosen, candidates=len(candidates))
         return chosen

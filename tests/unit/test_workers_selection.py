@@ -361,3 +361,23 @@ def test_the_report_compares_policies_by_accuracy_latency_and_update_bytes(tmp_p
     figure = {f.name: f for f in draw_figures(db, runs["random"], tmp_path)}["selection_accuracy"]
     assert figure.ok and (tmp_path / "selection_accuracy.svg").read_text().lstrip().startswith("<?xml")
     db.close()
+
+
+def test_g_refuses_a_policy_that_chooses_outside_its_candidates(tmp_path: Path) -> None:
+    f = tmp_path / "rogue.py"
+    f.write_text("from workers.selection import SelectionPolicy\n\n"
+                 "class Rogue(SelectionPolicy):\n"
+                 "    def select(self, round, stats):\n"
+                 "        return ['nobody']\n")
+    cfg = agent_configs(_schedule(), addresses=dict.fromkeys(_schedule().overlay_nodes, "127.0.0.1"),
+                        options=FLOptions(selection={"policy": f"{f}:Rogue"}))["G"]
+
+    class NoModel:
+        def __init__(self) -> None:
+            self.template: dict[str, torch.Tensor] = {}
+
+    engine = RoundEngine(cfg, NoModel(), (), EventLog(cfg, io.StringIO()),  # type: ignore[arg-type]
+                         broadcast_out={}, upload_out=None)
+    engine.local_stats = {"L1": LocalStats(num_examples=1)}
+    with pytest.raises(SelectionError, match="must choose a non-empty subset of \\['L1'\\]"):
+        engine._choose(1)
