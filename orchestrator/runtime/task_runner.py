@@ -425,9 +425,16 @@ class TaskExecution:
         g = self.schedule.global_site
         generation = getattr(self.manager, "generation", {})
         self._generation = {n: generation.get(n, 0) for n in nodes}
+        selection = self.configs[g].selection
+        if selection is not None and isinstance(selection.get("policy"), str):
+            # a policy file travels to G's server by content, as a model file does
+            selection = {**selection, "policy": self.manager.ship_model(selection["policy"], [g])}
         for n in nodes:
             extra: dict[str, Any] = {"checkpoint": self.checkpoint, "init_model": self.init_model} if n == g else {}
-            self.manager.start_role(n, replace(self.configs[n], model=spec), self.paths[n], **extra)
+            cfg = replace(self.configs[n], model=spec)
+            if n == g:
+                cfg = replace(cfg, selection=selection)
+            self.manager.start_role(n, cfg, self.paths[n], **extra)
             self._started.append(n)
 
     @property

@@ -4,6 +4,7 @@ loopback site servers (127.0.0.150 on, apart from test_workers_loopback's), real
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,3 +65,18 @@ def test_contribution_by_update_norm_reports_norms_through_real_agents(servers: 
     assert len(chosen[3]) == 2
     skipped = {(e["site"], e["round"]) for evs in events.values() for e in evs if e.get("event") == "skipped"}
     assert skipped == {(s, r + 1) for r, sites in enumerate(chosen) for s in LOCALS if s not in sites}
+
+
+@pytest.mark.slow
+def test_a_policy_from_a_file_reaches_g_by_content(servers: ComputeManager, tmp_path: Path) -> None:
+    f = tmp_path / "oldest.py"
+    f.write_text("from workers.selection import SelectionPolicy\n\n"
+                 "class Oldest(SelectionPolicy):\n"
+                 "    def rank(self, round, stats):\n"
+                 "        return sorted(stats, key=lambda s: (stats[s].round, s))\n")
+
+    result, events = _run(servers, 40, "file_policy", rounds=3, model="mlp", local_epochs=1,
+                          selection={"policy": f"{f}:Oldest", "k": 2})
+
+    assert [list(r.selected) for r in result.rounds] == [["A", "B"], ["L1", "L2"], ["L3", "L4"]]
+    assert any(e.get("event") == "selected" and e.get("policy") == "Oldest" for e in events["G"])
