@@ -39,8 +39,9 @@ from typing import Any, ClassVar
 #: loss on the local's own part before and after its training). Example count and path cost are
 #: always reported when selection is on.
 MEASURES = ("update_norm", "loss")
-#: Bound on the sites one ``select`` or ``stats`` entry may name (the header is at most 64 KiB).
-MAX_SITES = 512
+#: Bound on the sites one ``select`` or ``stats`` entry may name: a task with selection has at most
+#: this many locals, so that its metadata (at most about 200 bytes a local) fits the 64 KiB header.
+MAX_SITES = 256
 
 
 class SelectionError(ValueError):

@@ -126,11 +126,13 @@ def measured_background(client: Any, plan: EmulationPlan) -> dict[tuple[str, str
 
 def record_rounds(db: ResultsDB, run_id: int, scheduler: str, schedule: Schedule, figures: RoundFigures,
                   rounds: Sequence[RoundResult], events: Mapping[str, Sequence[Mapping[str, Any]]],
-                  clock_of: Callable[[float], float], policy: str = "all") -> None:
+                  clock_of: Callable[[float], float]) -> None:
     """Record `rounds` of `schedule`'s task, each with its lower bound and physical reference (the
-    round's own fastest training in place of the model's), its local-model selection (`policy`'s
-    choice and the round's UPDATE bytes), and what every node did in each round (from `events`, on
-    the clock `clock_of`)."""
+    round's own fastest training in place of the model's), its local-model selection (the policy G
+    logged, the locals it chose, the round's UPDATE bytes), and what every node did in each round
+    (from `events`, on the clock `clock_of`)."""
+    chose = [e for e in events.get(schedule.global_site, ()) if e.get("event") == "selected"]
+    policy = str(chose[0].get("policy", "all")) if chose else "all"
     for r in rounds:
         bound = replace(figures.lower_bound, train_s=r.train_min_s)
         db.record_round(
@@ -183,12 +185,6 @@ class TaskManager:
         self.background_step: Callable[[float], None] | None = None
 
     # -- arrival and admission ------------------------------------------------------------------------
-    @property
-    def policy_name(self) -> str:
-        """The local-model selection policy of the run's tasks (``all`` without selection)."""
-        sel = self.cfg.task.selection
-        return "all" if sel is None else str(sel.get("policy", "all"))
-
     def arrive(self, scheduler: str, task: Task, at_s: float | None = None) -> None:
         """Record `task`'s arrival (at `at_s` on the run's clock; default now)."""
         at = self.clock.now() if at_s is None else at_s
@@ -464,7 +460,7 @@ class TaskManager:
         if not rounds:
             return
         record_rounds(self.db, self.run_id, live.scheduler, live.schedule, live.figures, rounds, events,
-                      self.clock.of, policy=self.policy_name)
+                      self.clock.of)
         live.rounds_recorded = rounds[-1].round
 
     def _record_result(self, live: LiveTask) -> float | None:
@@ -484,8 +480,7 @@ class TaskManager:
             chunk_bytes=result.chunk_bytes, connections_lost=result.connections_lost,
             reservation_enforced=live.reservation_enforced,
             store_and_forward_s=figures.store_and_forward.broadcast_s + figures.store_and_forward.upload_s)
-        record_rounds(self.db, self.run_id, sched, live.schedule, figures, result.rounds, events, self.clock.of,
-                      policy=self.policy_name)
+        record_rounds(self.db, self.run_id, sched, live.schedule, figures, result.rounds, events, self.clock.of)
         last = result.rounds[-1] if result.rounds else None
         LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, sched,
                  len(result.rounds), last.latency_s if last else float("nan"),

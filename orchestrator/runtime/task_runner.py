@@ -28,6 +28,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.runtime.timing import TaskTiming, subtree_heights
 from orchestrator.scheduling.schedule import Schedule, task_ports
 from workers.config import DEFAULT_CHUNK_BYTES, AgentConfig, Peer, checkpoint_of, normalize_spec
+from workers.selection import MAX_SITES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +151,9 @@ def agent_configs(
     bc_port, up_port = task_ports(schedule.task_id)
     part_of = {site: i for i, site in enumerate(schedule.local_sites)}
     selection, measures = selection_settings(options.selection)
+    if measures is not None and len(schedule.local_sites) > MAX_SITES:
+        raise ConfigError(f"task {schedule.task_id}: selection handles at most {MAX_SITES} locals, "
+                          f"not {len(schedule.local_sites)}")
     costs = path_costs(schedule) if measures is not None else {}
 
     def peer(site: str | None) -> Peer | None:
