@@ -429,7 +429,7 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, figures: Sequence
     if run["environment"].get("mode") == "online":
         lines += _online_section(db, run_id, tasks)
     lines += _faults_section(db, run_id)
-    lines += _selection_section(db)
+    lines += selection_section(db)
     lines += _figures_section(figures)
     path = out_dir / "report.md"
     text = "\n".join(lines)
@@ -666,7 +666,7 @@ def plot_selection(db: ResultsDB, out_dir: Path) -> Figure:
     return Figure("selection_accuracy", SELECTION_CAPTION, (png, png.with_suffix(".svg")), drawn=curves)
 
 
-def _selection_section(db: ResultsDB) -> list[str]:
+def selection_section(db: ResultsDB) -> list[str]:
     """Per run, policy and scheduler: rounds, locals trained per round, latency, update bytes and the
     final accuracy (only when some run of the database selected locals)."""
     rows = selection_rows(db)
