@@ -29,7 +29,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import torch
@@ -84,7 +84,7 @@ class Header:
     chunks: int = 1
     #: Small JSON metadata of the round (local-model selection: ``select`` on GLOBAL, ``stats`` on
     #: UPDATE and READY; `workers.selection` validates its content). None: not sent at all.
-    meta: Mapping[str, Any] | None = None
+    meta: Mapping[str, Any] | None = field(default=None, hash=False)
 
     def to_json(self) -> bytes:
         extra = {} if self.meta is None else {"meta": self.meta}

@@ -142,6 +142,7 @@ def test_headers_carry_meta_only_when_given() -> None:
     assert Header.from_json(plain.to_json()) == plain
     with_meta = Header("GLOBAL", 1, 2, "G", meta={"select": ["L1"]})
     assert Header.from_json(with_meta.to_json()).meta == {"select": ["L1"]}
+    assert hash(with_meta) == hash(Header("GLOBAL", 1, 2, "G"))  # headers stay hashable
     with pytest.raises(FrameError, match="meta must be a JSON object"):
         Header.from_json(b'{"type":"GLOBAL","task":1,"round":1,"sender":"G","meta":[1]}')
 
