@@ -90,6 +90,14 @@ class AgentConfig:
     #: Log a fingerprint of each update and aggregate (two linear functionals of the weights, so that
     #: an aggregate's can be checked against the weighted mean of its contributors'; `workers.rounds`).
     fingerprints: bool = False
+    #: G only: the local-model selection policy (``{"policy": SPEC, **options}``, `workers.selection`);
+    #: None: every local trains in every round.
+    selection: Mapping[str, Any] | None = None
+    #: Every node of a task with selection on: what its locals measure and report up the tree
+    #: (a subset of `workers.selection.MEASURES`); None: selection off, no metadata sent at all.
+    selection_measures: tuple[str, ...] | None = None
+    #: A local's network cost (the physical hops of its upload path to G), reported to G's policy.
+    path_cost: float = 0.0
 
     @property
     def trains(self) -> bool:
@@ -106,6 +114,8 @@ class AgentConfig:
         d["upload_children"] = [peer(p) for p in self.upload_children]
         d["model_args"] = dict(self.model_args)
         d["dataset_args"] = dict(self.dataset_args)
+        d["selection"] = None if self.selection is None else dict(self.selection)
+        d["selection_measures"] = None if self.selection_measures is None else list(self.selection_measures)
         return d
 
     @classmethod
@@ -121,6 +131,8 @@ class AgentConfig:
                 kw[key] = None if kw.get(key) is None else Peer(**kw[key])
             for key in ("broadcast_children", "upload_children"):
                 kw[key] = tuple(Peer(**p) for p in kw.get(key, ()))
+            if kw.get("selection_measures") is not None:
+                kw["selection_measures"] = tuple(kw["selection_measures"])
             cfg = cls(**kw)
         except TypeError as e:
             raise ValueError(f"bad agent config: {e}") from e
@@ -141,6 +153,16 @@ class AgentConfig:
         for name in ("child_timeout_s", "connect_timeout_s", "global_timeout_s"):
             if not getattr(cfg, name) > 0:
                 raise ValueError(f"{name} must be positive")
+        if cfg.selection is not None and (not cfg.is_global or not isinstance(cfg.selection, Mapping)):
+            raise ValueError(f"{cfg.site}: only G holds a selection policy, as a mapping")
+        if cfg.selection is not None and cfg.selection_measures is None:
+            raise ValueError(f"{cfg.site}: a selection policy needs selection_measures (a list, maybe empty)")
+        from workers.selection import MEASURES
+
+        if cfg.selection_measures is not None and not set(cfg.selection_measures) <= set(MEASURES):
+            raise ValueError(f"selection_measures must be among {MEASURES}, got {list(cfg.selection_measures)}")
+        if isinstance(cfg.path_cost, bool) or not isinstance(cfg.path_cost, int | float) or cfg.path_cost < 0:
+            raise ValueError(f"path_cost must be a non-negative number, got {cfg.path_cost!r}")
         if cfg.max_chunk_bytes is not None and cfg.max_chunk_bytes < 1024:
             raise ValueError("max_chunk_bytes must be at least 1024 (or null: one chunk per message)")
         check_learning(strategy=cfg.strategy, mu=cfg.mu, compression=cfg.compression, k=cfg.k, lr=cfg.lr,

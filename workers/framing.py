@@ -29,7 +29,7 @@ import json
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import torch
@@ -50,7 +50,7 @@ MAX_CHUNKS: Final = 4096
 #: STOP: end the task early (no payload).
 MESSAGE_TYPES: Final = frozenset({"GLOBAL", "UPDATE", "HELLO", "READY", "STOP"})
 HEADER_KEYS: Final = frozenset(
-    {"type", "task", "round", "sender", "num_examples", "nbytes", "digest", "chunk", "chunks"}
+    {"type", "task", "round", "sender", "num_examples", "nbytes", "digest", "chunk", "chunks", "meta"}
 )
 
 TensorSet = dict[str, torch.Tensor]
@@ -82,8 +82,12 @@ class Header:
     digest: str = ""
     chunk: int = 0
     chunks: int = 1
+    #: Small JSON metadata of the round (local-model selection: ``select`` on GLOBAL, ``stats`` on
+    #: UPDATE and READY; `workers.selection` validates its content). None: not sent at all.
+    meta: Mapping[str, Any] | None = field(default=None, hash=False)
 
     def to_json(self) -> bytes:
+        extra = {} if self.meta is None else {"meta": self.meta}
         return json.dumps(
             {
                 "type": self.type,
@@ -95,6 +99,7 @@ class Header:
                 "digest": self.digest,
                 "chunk": self.chunk,
                 "chunks": self.chunks,
+                **extra,
             },
             separators=(",", ":"),
         ).encode()
@@ -129,6 +134,9 @@ class Header:
             raise FrameError("bad_header", "sender and digest must be strings")
         if not 1 <= ints["chunks"] <= MAX_CHUNKS or ints["chunk"] >= ints["chunks"]:
             raise FrameError("bad_header", f"chunk {ints['chunk']} of {ints['chunks']} is out of range")
+        meta = d.get("meta")
+        if meta is not None and not isinstance(meta, dict):
+            raise FrameError("bad_header", "meta must be a JSON object")
         return cls(
             type=d["type"],
             task=ints["task"],
@@ -139,6 +147,7 @@ class Header:
             digest=d.get("digest", ""),
             chunk=ints["chunk"],
             chunks=ints["chunks"],
+            meta=meta,
         )
 
 

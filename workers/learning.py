@@ -83,6 +83,15 @@ class Learner:
                 opt.step()
         return len(x)
 
+    @torch.no_grad()
+    def train_loss(self) -> float:
+        """Mean loss of the current model on this node's own training part (local-model selection's
+        ``loss`` measure, `workers.selection`)."""
+        assert self.train_idx is not None
+        self.model.eval()
+        return float(nn.functional.cross_entropy(self.model(self.data.train_x[self.train_idx]),
+                                                 self.data.train_y[self.train_idx]))
+
     def _warm_up(self) -> None:
         """One training step on a throw-away copy of the model, so that torch's one-time start-up
         costs (kernels, optimizer) are paid before ``ready`` and not inside round 1's timings."""

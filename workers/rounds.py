@@ -21,6 +21,11 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
   and logged. Because every chunk carries its own example count, leaving a contributor out part-way
   keeps every chunk an exact weighted mean of what it holds. A lost child stays *absent*: left out
   of every later round from its start (``child_absent``), not waited for, until it says READY again.
+- **Selection.** With a selection policy (`workers.selection`), G names in GLOBAL chunk 0 the
+  locals that train this round. An unselected local relays and aggregates for its subtree as
+  always but neither trains nor adds an update (its own part of every chunk is empty, so a leaf
+  sends UPDATE chunks without examples or tensors: a skip). Locals report their statistics up the
+  tree in the header of READY and of an update's last chunk; G feeds them to the policy.
 - **Resuming.** A role may start at round ``first_round`` > 1 (a task moved to new trees, or
   restarted so that a site rejoins): G starts from the global model file it is given
   (``init_model``, the old G's last checkpoint) and writes its global model after every round
@@ -29,7 +34,7 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
 Timing events (JSON lines, `workers.events`): connected, round_start (G), global_first,
 forward_first, global_received, train_start, train_end, child_received, child_timeout, child_lost, child_absent,
 connection_lost, connection_closed, update_first_sent, update_sent, aggregated, round_complete, rejected, stale, connect,
-own_excluded, stopped, error, done.
+own_excluded, stopped, error, done; with selection: selected (G), skipped (an unselected local).
 
 (Over 400 lines: one state machine whose handlers share the round's state; split apart, each piece
 would need all of it.)
@@ -42,7 +47,7 @@ from __future__ import annotations
 import queue
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
@@ -63,6 +68,15 @@ from workers.framing import (
     encode_frame,
     parse_chunk,
     reheader,
+)
+from workers.selection import (
+    LocalStats,
+    SelectionError,
+    check_meta,
+    make_policy,
+    parse_select,
+    parse_stats,
+    update_norm,
 )
 
 SELF = ""  # the node's own contribution among a chunk's contributors
@@ -92,6 +106,11 @@ class Learning(Protocol):
 
     @property
     def template(self) -> Mapping[str, torch.Tensor]: ...
+
+    @property
+    def num_examples(self) -> int: ...
+
+    def train_loss(self) -> float: ...
 
     def train(self) -> int: ...
 
@@ -125,6 +144,8 @@ class _Round:
     #: Frame bytes (fixed and JSON headers included) of this round's UPDATE sent / GLOBAL received.
     sent_bytes: int = 0
     received_bytes: int = 0
+    #: Selection: the statistics of the locals heard from this round (own and the children's).
+    stats: dict[str, LocalStats] = field(default_factory=dict)
 
 
 class RoundEngine:
@@ -163,6 +184,13 @@ class RoundEngine:
         #: Update compression (`workers.compression`; None: updates travel as the model's weights).
         self.codec = make_codec(cfg.compression, self.layout, k=cfg.k if cfg.k is not None else DEFAULT_TOPK)
         self._g_base: TensorSet = {}  # G: the global model of the round in flight
+        #: Selection (`workers.selection`): None when off (no metadata sent, every local trains).
+        self.measures = cfg.selection_measures
+        self.policy = make_policy(cfg.selection) if cfg.is_global and cfg.selection is not None else None
+        #: Locals' statistics: from the children's READY (forwarded up in this node's READY); at G,
+        #: everything known of each local, and which upload child reported which locals.
+        self.local_stats: dict[str, LocalStats] = {}
+        self.subtree: dict[str, set[str]] = {}
 
     # -- from the transport's threads ----------------------------------------------------------------
     def post(self, *event: Any) -> None:
@@ -174,6 +202,13 @@ class RoundEngine:
         allowed = {"broadcast": ("GLOBAL", "STOP"), "upload": ("UPDATE", "READY")}[kind]
         if header.type not in allowed:
             raise FrameError("wrong_port", f"{header.type} frame on the {kind} connection of {peer}", header)
+        if header.meta is not None:
+            if self.measures is None:
+                raise FrameError("bad_meta", f"{header.type} carries meta, this task selects no locals", header)
+            try:
+                check_meta(header.type, header.meta)
+            except SelectionError as e:
+                raise FrameError("bad_meta", str(e), header) from e
         if header.type in ("READY", "STOP"):
             if payload:
                 raise FrameError("bad_payload", f"{header.type} carries no payload", header)
@@ -257,12 +292,22 @@ class RoundEngine:
                 self.learner.load_file(self.cfg.init_model)
             self._start_round(self.cfg.first_round)
         elif self.upload_out is not None:
-            self.upload_out.send(encode_frame(Header("READY", self.cfg.task, 0, self.cfg.site), b""), round=0)
+            meta = None
+            if self.measures is not None:
+                stats = dict(self.local_stats)
+                if self.cfg.trains:
+                    stats[self.cfg.site] = LocalStats(num_examples=self.learner.num_examples,
+                                                      path_cost=float(self.cfg.path_cost))
+                meta = {"stats": {s: v.to_json() for s, v in sorted(stats.items())}}
+            self.upload_out.send(encode_frame(Header("READY", self.cfg.task, 0, self.cfg.site, meta=meta), b""),
+                                 round=0)
 
     # -- frames ------------------------------------------------------------------------------------------
     def _on_frame(self, kind: str, peer: str, header: Header, payload: bytearray, tensors: TensorSet) -> None:
         if header.type == "READY":
             self._ready_children.add(peer)
+            if header.meta is not None and "stats" in header.meta:
+                self._learn_stats(parse_stats(header.meta["stats"]), reporter=peer, ready=True)
             if peer in self.absent:
                 self.absent.discard(peer)
                 self.log.emit("child_rejoined", peer=peer)
@@ -304,6 +349,12 @@ class RoundEngine:
         st.received_bytes += FIXED_LEN + len(header.to_json()) + len(payload)
         if k == 0:
             self.log.emit("global_first", round=r)
+            if header.meta is not None and "select" in header.meta:
+                selected = self.cfg.site in parse_select(header.meta["select"])
+                if self.cfg.trains and not selected and not st.own_done:
+                    st.own_done = st.own_excluded = True
+                    self.log.emit("skipped", round=r, detail="not selected")
+                    self._finalize(st)  # a leaf sends its skip at once
         forwarded: list[Buffer] = [reheader(header, sender=self.cfg.site), memoryview(payload)]
         for child, out in sorted(self.broadcast_out.items()):
             out.send(forwarded, round=r, on_sent=self._once("forward_first", r, child) if k == 0 else None)
@@ -329,6 +380,8 @@ class RoundEngine:
         st.child_next[child] = k + 1
         st.chunks[k].add(child, tensors, header.num_examples)
         if k == len(self.layout) - 1:
+            if header.meta is not None and "stats" in header.meta:
+                st.stats.update(parse_stats(header.meta["stats"]))
             self.log.emit("child_received", round=r, child=child, num_examples=header.num_examples)
         self._finalize(st)
 
@@ -391,8 +444,16 @@ class RoundEngine:
     # -- learning and aggregation ---------------------------------------------------------------------
     def _train_and_add(self, st: _Round) -> None:
         self.log.emit("train_start", round=st.number)
+        measures = self.measures or ()
+        loss_before = self.learner.train_loss() if "loss" in measures else None
+        start = self.learner.state() if "update_norm" in measures else None
         n = self.learner.train()
         own = self.learner.state()
+        if self.measures is not None:
+            st.stats[self.cfg.site] = LocalStats(
+                num_examples=n, path_cost=float(self.cfg.path_cost), round=st.number,
+                update_norm=None if start is None else update_norm(own, start),
+                loss_before=loss_before, loss_after=self.learner.train_loss() if "loss" in measures else None)
         self.log.emit("train_end", round=st.number, num_examples=n,
                       **({"fingerprint": fingerprint(own)} if self.cfg.fingerprints else {}))
         if self.codec is not None:  # updates carry the change over the round's global model
@@ -443,9 +504,12 @@ class RoundEngine:
                         into.copy_(mean[p.name])
             return
         assert self.upload_out is not None
-        header = Header("UPDATE", self.cfg.task, st.number, self.cfg.site, num_examples=n,
-                        chunk=k, chunks=len(self.layout))
         last = k == len(self.layout) - 1
+        meta = None
+        if last and self.measures is not None and st.stats:
+            meta = {"stats": {s: v.to_json() for s, v in sorted(st.stats.items())}}
+        header = Header("UPDATE", self.cfg.task, st.number, self.cfg.site, num_examples=n,
+                        chunk=k, chunks=len(self.layout), meta=meta)
         payload = mean if self.codec is None or mean is None else self.codec.compress(k, mean)
         frame = encode_chunk(header, payload)
         st.sent_bytes += sum(len(b) if isinstance(b, bytes) else b.nbytes for b in frame)
@@ -453,13 +517,45 @@ class RoundEngine:
             self._once("update_first_sent", st.number, None) if k == 0 else None)
         self.upload_out.send(frame, round=st.number, on_sent=on_sent)
         if last:
-            self.log.emit("aggregated", round=st.number, num_examples=n, stragglers=sorted(st.excluded))
+            self.log.emit("aggregated", round=st.number, num_examples=n, stragglers=sorted(st.excluded),
+                          nbytes=st.sent_bytes)
 
     def _once(self, event: str, r: int, peer: str | None, **extra: Any) -> Callable[[], None]:
         def emit() -> None:
             self.log.emit(event, round=r, **({"peer": peer} if peer else {}), **extra)
 
         return emit
+
+    # -- selection ------------------------------------------------------------------------------------------
+    def _learn_stats(self, stats: Mapping[str, LocalStats], *, reporter: str, ready: bool) -> None:
+        """Keep what a child reported (READY: example counts and path costs of its subtree's locals;
+        at G also an update's measurements). A READY keeps the measurements G had of a local."""
+        if self.cfg.is_global and ready:
+            self.subtree[reporter] = set(stats)
+        for site, new in stats.items():
+            old = self.local_stats.get(site)
+            if ready and old is not None:
+                new = replace(old, num_examples=new.num_examples, path_cost=new.path_cost)
+            self.local_stats[site] = new
+
+    def _choose(self, r: int) -> list[str] | None:
+        """G: the locals that train in round `r` (None: no selection). Locals under an absent
+        upload child are no candidates."""
+        if self.policy is None:
+            return None
+        gone: set[str] = set()
+        for child in self.absent:
+            gone |= self.subtree.get(child, set())
+        candidates = {s: v for s, v in self.local_stats.items() if s not in gone}
+        chosen = self.policy.select(r, candidates)
+        if not isinstance(chosen, list | tuple) or not set(chosen) <= set(candidates) \
+                or (candidates and not chosen):
+            raise SelectionError(f"selection policy {type(self.policy).__name__} returned {chosen!r} for round {r}: "
+                                 f"it must choose a non-empty subset of {sorted(candidates)}")
+        chosen = sorted(set(chosen))
+        self.log.emit("selected", round=r, policy=self.policy.name or type(self.policy).__name__,
+                      sites=chosen, candidates=len(candidates))
+        return chosen
 
     # -- rounds at G ------------------------------------------------------------------------------------
     def _start_round(self, r: int) -> None:
@@ -470,12 +566,17 @@ class RoundEngine:
         state = self.learner.state()
         self._g_base = state
         self._next_global = {k: v.clone() for k, v in state.items()}
+        chosen = self._choose(r)
+        if chosen is not None and self.cfg.trains and self.cfg.site not in chosen:
+            st.own_done = st.own_excluded = True
+            self.log.emit("skipped", round=r, detail="not selected")
         for k, spec in enumerate(self.layout):
-            frame = encode_chunk(Header("GLOBAL", self.cfg.task, r, self.cfg.site, chunk=k, chunks=len(self.layout)),
-                                 chunk_view(state, spec))
+            meta = {"select": chosen} if chosen is not None and k == 0 else None
+            frame = encode_chunk(Header("GLOBAL", self.cfg.task, r, self.cfg.site, chunk=k, chunks=len(self.layout),
+                                        meta=meta), chunk_view(state, spec))
             for child, out in sorted(self.broadcast_out.items()):
                 out.send(frame, round=r, on_sent=self._once("forward_first", r, child) if k == 0 else None)
-        if self.cfg.trains:
+        if self.cfg.trains and not st.own_done:
             self._train_and_add(st)
         self._finalize(st)
 
@@ -484,6 +585,8 @@ class RoundEngine:
         del self.rounds[st.number]
         if not self.cfg.is_global:
             return
+        if st.stats:
+            self._learn_stats(st.stats, reporter="", ready=False)
         t_agg = self.log.emit("aggregated", round=st.number, num_examples=st.max_examples,
                               num_updates=len(self._contributors(st)), stragglers=sorted(st.excluded))
         self.learner.load(self._next_global)

@@ -184,16 +184,18 @@ class SiteServer:
             raise ValueError(f"model file {rel!r} is not an existing *{CHECKPOINT_SUFFIX} file under the log root")
         return path
 
-    def _model_spec(self, spec: str) -> str:
+    def _model_spec(self, spec: str, what: str = "model") -> str:
+        """Where this server loads a model (or, `what`, a selection policy) from: a shipped module's
+        cached copy, or the spec itself; a file spec by path is refused."""
         shipped = parse_shipped(spec)
         if shipped is not None:
             digest, factory = shipped
             if digest not in self.modules:
-                raise ValueError(f"model module {digest[:12]} was not sent to this server (put_module)")
+                raise ValueError(f"{what} module {digest[:12]} was not sent to this server (put_module)")
             return f"{self.cache_dir / (digest + '.py')}:{factory}"
         target = spec.rpartition(":")[0]
         if target.endswith(".py"):
-            raise ValueError(f"model {spec!r}: a model file reaches a site server by put_module, not by path")
+            raise ValueError(f"{what} {spec!r}: a {what} file reaches a site server by put_module, not by path")
         return spec
 
     def _op_start(self, msg: Mapping[str, Any]) -> dict[str, Any]:
@@ -220,7 +222,11 @@ class SiteServer:
                 files["checkpoint_path"] = str(checkpoint_of(events))
             if msg.get("init_model") is not None:
                 files["init_model"] = str(self._model_file(msg["init_model"]))
-        cfg = replace(cfg, model=self._model_spec(cfg.model), dataset=self._model_spec(cfg.dataset), events_path=str(events), **files)
+        if cfg.selection is not None and isinstance(cfg.selection.get("policy"), str):
+            policy = self._model_spec(cfg.selection["policy"], "selection policy")
+            files["selection"] = {**cfg.selection, "policy": policy}
+        cfg = replace(cfg, model=self._model_spec(cfg.model), dataset=self._model_spec(cfg.dataset, "dataset"),
+                      events_path=str(events), **files)
         role = Role(cfg, events)
         self.roles[cfg.task] = role
         role.thread.start()

@@ -55,6 +55,11 @@ def register(subparsers: Any) -> None:
     run.add_argument("--model", default="mlp", help="registered model, module:callable or file.py:callable")
     run.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument of the model factory (JSON value), repeatable")
+    run.add_argument("--select", default="all", metavar="POLICY",
+                     help="local-model selection policy: all (default), random, data_size, network_cost, "
+                          "contribution, module:Class or file.py:Class (docs/selection.md)")
+    run.add_argument("--select-arg", action="append", default=[], metavar="KEY=VALUE",
+                     help="an option of the selection policy (k, fraction, seed, metric); repeatable")
     run.add_argument("--backend", default="auto", choices=("auto", "docker", "process", "loopback"))
     run.add_argument("--partition", default="iid", choices=("iid", "dirichlet"))
     run.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (non-IID)")
@@ -89,6 +94,25 @@ def _model_args(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _selection(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The task's selection config from --select and --select-arg, checked (None: all train)."""
+    from orchestrator.runtime.task_runner import selection_settings
+    from workers.config import normalize_spec
+
+    options = {}
+    for p in args.select_arg:
+        key, sep, value = p.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--select-arg takes KEY=VALUE, got {p!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    selection = {"policy": normalize_spec(args.select), **options}
+    selection_settings(selection)  # a bad policy or option: one line, exit 2, before anything starts
+    return None if selection == {"policy": "all"} else selection
+
+
 def resolve_backend(name: str) -> str:
     """``auto`` -> docker / process (as root) or loopback; an explicit emulated backend needs root."""
     from orchestrator.runtime.backends import pick_backend
@@ -114,6 +138,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
     args.model = normalize_spec(args.model)
     model_args = _model_args(args.model_arg)
+    args.selection = _selection(args)
     if args.attach:
         if args.dashboard:
             raise ConfigError("--dashboard goes with the network: `netai net up --dashboard` shows attached tasks")
@@ -134,7 +159,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--dashboard shows an emulated network: use the docker or process backend (root)")
     options = FLOptions(model=args.model, model_args=model_args, rounds=args.rounds,
                         partitioning=args.partition, alpha=args.alpha, seed=args.seed,
-                        local_epochs=args.local_epochs, lr=args.lr, child_timeout_s=args.child_timeout)
+                        local_epochs=args.local_epochs, lr=args.lr, child_timeout_s=args.child_timeout,
+                        selection=args.selection)
     log_dir: Path = args.log_dir or DEFAULT_LOG_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-task{task.id}"
     if not args.json:
         print(f"task {task.id}: G={task.global_site}, locals={', '.join(task.local_sites)}; {schedule.scheduler}: "
@@ -235,7 +261,8 @@ ROUND_HEADER = f"{'round':>5} {'latency ms':>11} {'broadcast':>10} {'train':>8} 
 
 def _round_line(r: Any) -> str:
     return (f"{r.round:>5} {r.latency_s * 1e3:>11.1f} {r.broadcast_s * 1e3:>10.1f} {r.train_s * 1e3:>8.1f} "
-            f"{r.upload_s * 1e3:>8.1f} {r.accuracy:>9.3f}  {', '.join(r.stragglers) or '-'}")
+            f"{r.upload_s * 1e3:>8.1f} {r.accuracy:>9.3f}  {', '.join(r.stragglers) or '-'}"
+            + (f"  selected: {', '.join(r.selected)}" if getattr(r, "selected", ()) else ""))
 
 
 def _print_table(result: Any) -> None:
@@ -284,7 +311,7 @@ def _cmd_attach(args: argparse.Namespace, model_args: dict[str, Any]) -> int:
     net = find_running(args.url)
     options = FLOptions(model=args.model, model_args=model_args, rounds=args.rounds, partitioning=args.partition,
                         alpha=args.alpha, seed=args.seed, local_epochs=args.local_epochs, lr=args.lr,
-                        child_timeout_s=args.child_timeout)
+                        child_timeout_s=args.child_timeout, selection=args.selection)
     req = AttachRequest(scheduler=args.scheduler, locals=args.locals, seed=args.seed, options=options,
                         model_bytes=model_bytes, log_root=args.log_dir or DEFAULT_LOG_ROOT, task_id=args.task_id,
                         topology=args.topology, train_allowance_s=args.train_allowance)

@@ -60,7 +60,9 @@ class TaskConfig:
     #: A built-in dataset (``digits``, ``synthetic``) or ``module:factory`` / ``file.py:factory``.
     dataset: str = "digits"
     dataset_args: Mapping[str, Any] = field(default_factory=dict)
-
+    #: Local-model selection per round (``{policy: random, k: 4, seed: 1}``; docs/selection.md);
+    #: None: every local trains in every round.
+    selection: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -160,6 +162,10 @@ class ExperimentConfig:
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
         d["task"]["model_args"] = dict(self.task.model_args)
         d["task"]["dataset_args"] = dict(self.task.dataset_args)
+        if self.task.selection is None:
+            del d["task"]["selection"]
+        else:
+            d["task"]["selection"] = dict(self.task.selection)
         if self.mode != "online":
             del d["online"]  # these sections are only allowed with mode: online
             del d["events"], d["reschedule"]
@@ -240,6 +246,21 @@ def _optional(check: Check) -> Check:
     return optional
 
 
+def _selection(key: str, v: Any) -> dict[str, Any] | None:
+    """A selection policy config, built once here so that a bad one fails before anything starts."""
+    from workers.selection import SelectionError, make_policy
+
+    if v is None:
+        return None
+    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
+        raise ConfigError(f"{key} must be a mapping like {{policy: random, k: 4, seed: 1}}, got {v!r}")
+    try:
+        make_policy(v)
+    except SelectionError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    return dict(v)
+
+
 def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -257,7 +278,7 @@ TASK_SCHEMA: dict[str, Check] = {
     "train_allowance_s": _num(0, lo_open=True),
     "lr": _num(0, lo_open=True), "local_epochs": _int(1, 1000), "batch_size": _int(1, 1_000_000),
     "strategy": _choice(STRATEGIES), "mu": _num(0), "compression": _choice(COMPRESSIONS), "k": _optional(_num(0, 1, lo_open=True)),
-    "dataset": _str, "dataset_args": _model_args,
+    "dataset": _str, "dataset_args": _model_args, "selection": _selection,
 }
 
 

@@ -348,6 +348,8 @@ def draw_figures(db: ResultsDB, run_id: int, out_dir: Path) -> list[Figure]:
     else:
         summary = [Figure(name, caption, skipped="no task completed a round") for name, caption in specs]
     figures = summary + draw_all(db, run_id, out_dir)
+    if any(r["policy"] != "all" for r in selection_rows(db)):
+        figures.append(plot_selection(db, out_dir))
     online_caption = "Online mode: reserved and carried bandwidth and tasks running over time, one panel per scheduler."
     if db.run(run_id)["environment"].get("mode") == "online":
         png = plot_online(db, run_id, out_dir)
@@ -444,6 +446,7 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, figures: Sequence
     if run["environment"].get("mode") == "online":
         lines += _online_section(db, run_id, tasks)
     lines += _faults_section(db, run_id)
+    lines += selection_section(db)
     lines += _figures_section(figures)
     path = out_dir / "report.md"
     text = "\n".join(lines)
@@ -610,6 +613,102 @@ def _online_section(db: ResultsDB, run_id: int, tasks: list[TaskResult]) -> list
         lines.append(f"- {o['scheduler']}: " + ", ".join(f"{s} {c}" for s, c in o["site_cpu_s"].items()))
     lines += ["", "Figures: `online_bandwidth` (reserved and carried bandwidth and tasks running over time) and "
               "`online_load` (blocking ratio and load over time), under Figures below."]
+    return lines
+
+
+# -- local-model selection (docs/selection.md) ---------------------------------------------------------
+SELECTION_CAPTION = ("Local-model selection: mean accuracy after each round against the cumulative round latency "
+                     "(left) and the cumulative bytes of the updates sent up the trees (right), one line per run, "
+                     "policy and scheduler (means over tasks at each round).")
+
+
+def selection_rows(db: ResultsDB) -> list[dict[str, Any]]:
+    """Every recorded round with its selection, of every run in the database (so that runs with
+    different policies compare in one report): run_id, scheduler, task_id, round, policy,
+    selected (list), upload_bytes, latency_s, accuracy."""
+    rows = db.query(
+        "SELECT s.run_id, s.scheduler, s.task_id, s.round, s.policy, s.selected_json, s.upload_bytes, "
+        "r.latency_s, r.accuracy FROM round_selection s JOIN rounds r USING (run_id, scheduler, task_id, round) "
+        "ORDER BY s.run_id, s.scheduler, s.task_id, s.round")
+    for r in rows:
+        r["selected"] = json.loads(r.pop("selected_json"))
+    return rows
+
+
+def selection_curves(db: ResultsDB) -> dict[str, list[tuple[float, float, float]]]:
+    """Per ``run N: policy, scheduler``: (cumulative latency s, cumulative upload MB, accuracy) after
+    each round index, each the mean over the tasks that completed that round."""
+    by_task: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in selection_rows(db):
+        label = f"run {r['run_id']}: {r['policy']}, {r['scheduler']}"
+        by_task.setdefault((label, r["task_id"]), []).append(r)
+    acc: dict[str, dict[int, list[tuple[float, float, float]]]] = {}
+    for (label, _task), rounds in by_task.items():
+        lat = mb = 0.0
+        for i, r in enumerate(rounds):
+            lat += r["latency_s"]
+            mb += r["upload_bytes"] / 1e6
+            if r["accuracy"] is not None:
+                acc.setdefault(label, {}).setdefault(i, []).append((lat, mb, r["accuracy"]))
+    def mean(pts: list[tuple[float, float, float]]) -> tuple[float, float, float]:
+        return (statistics.fmean(p[0] for p in pts), statistics.fmean(p[1] for p in pts),
+                statistics.fmean(p[2] for p in pts))
+
+    return {label: [mean(pts) for _i, pts in sorted(steps.items())] for label, steps in sorted(acc.items())}
+
+
+def plot_selection(db: ResultsDB, out_dir: Path) -> Figure:
+    """The ``selection_accuracy`` figure (see `SELECTION_CAPTION`)."""
+    curves = selection_curves(db)
+    if not curves:
+        return Figure("selection_accuracy", SELECTION_CAPTION, skipped="no round with an accuracy")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+    for label, pts in curves.items():
+        left.plot([p[0] for p in pts], [p[2] for p in pts], marker="o", label=label)
+        right.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", label=label)
+    left.set_xlabel("cumulative round latency (s)")
+    right.set_xlabel("cumulative update bytes (MB)")
+    left.set_ylabel("accuracy")
+    right.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    png = out_dir / "selection_accuracy.png"
+    fig.savefig(png, dpi=120)
+    fig.savefig(png.with_suffix(".svg"))
+    plt.close(fig)
+    return Figure("selection_accuracy", SELECTION_CAPTION, (png, png.with_suffix(".svg")), drawn=curves)
+
+
+def selection_section(db: ResultsDB) -> list[str]:
+    """Per run, policy and scheduler: rounds, locals trained per round, latency, update bytes and the
+    final accuracy (only when some run of the database selected locals)."""
+    rows = selection_rows(db)
+    if not any(r["policy"] != "all" for r in rows):
+        return []
+    groups: dict[tuple[int, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["run_id"], r["policy"], r["scheduler"]), []).append(r)
+    lines = ["", "## Local-model selection", "",
+             "Every run of this database that recorded rounds (docs/selection.md). Locals per round: those G "
+             "chose (all, without selection: -). Final accuracy: mean over tasks of their last round's.", "",
+             "| run | policy | scheduler | rounds | locals per round | round latency ms (mean) "
+             "| update MB per round (mean) | final accuracy |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for (run, policy, sched), rs in sorted(groups.items()):
+        last: dict[int, dict[str, Any]] = {}
+        for r in rs:
+            last[r["task_id"]] = r
+        finals = [r["accuracy"] for r in last.values() if r["accuracy"] is not None]
+        chosen = [len(r["selected"]) for r in rs if r["selected"]]
+        lines.append(
+            f"| {run} | {policy} | {sched} | {len(rs)} | {f'{statistics.fmean(chosen):.1f}' if chosen else '-'} "
+            f"| {statistics.fmean(r['latency_s'] for r in rs) * 1e3:.1f} "
+            f"| {statistics.fmean(r['upload_bytes'] for r in rs) / 1e6:.3f} "
+            f"| {f'{statistics.fmean(finals):.3f}' if finals else '-'} |")
     return lines
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -203,6 +203,18 @@ CREATE TABLE IF NOT EXISTS moves (
     old_reserved_mbps REAL,
     new_reserved_mbps REAL,
     PRIMARY KEY (run_id, scheduler, task_id, move)
+);
+-- Local-model selection (docs/selection.md): per round of a task, the policy, the locals G chose
+-- (JSON list; [] when the task selects none, i.e. all trained) and the bytes of every UPDATE frame.
+CREATE TABLE IF NOT EXISTS round_selection (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    policy TEXT NOT NULL,
+    selected_json TEXT NOT NULL,
+    upload_bytes INTEGER NOT NULL,
+    PRIMARY KEY (run_id, scheduler, task_id, round)
 );
 """
 
@@ -424,6 +436,12 @@ class ResultsDB:
              lower_bound_s, stragglers, broadcast_all_s, upload_tail_s, broadcast_bound_s, upload_bound_s,
              reference_s),
         )
+
+    def record_round_selection(self, run_id: int, scheduler: str, task_id: int, round_: int, *, policy: str,
+                               selected: Sequence[str], upload_bytes: int) -> None:
+        """Which locals trained in a round (``selected``; [] with no selection) and its UPDATE bytes."""
+        self.conn.execute("INSERT OR REPLACE INTO round_selection VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          (run_id, scheduler, task_id, round_, policy, json.dumps(list(selected)), int(upload_bytes)))
 
     def set_task_setup(self, run_id: int, scheduler: str, task_id: int, **figures: float | int | bool) -> None:
         """Figures of a task outside its rounds: agent start-up, connection set-up, chunk size, ..."""

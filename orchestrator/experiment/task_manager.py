@@ -129,15 +129,19 @@ def fl_options(task: TaskConfig, *, rounds: int, seed: int) -> FLOptions:
     return FLOptions(model=task.model, model_args=dict(task.model_args), rounds=rounds, partitioning=task.partition,
                      alpha=task.alpha, seed=seed, lr=task.lr, local_epochs=task.local_epochs,
                      batch_size=task.batch_size, strategy=task.strategy, mu=task.mu, compression=task.compression,
-                     k=task.k, dataset=task.dataset, dataset_args=dict(task.dataset_args))
+                     k=task.k, dataset=task.dataset, dataset_args=dict(task.dataset_args),
+                     selection=task.selection)
 
 
 def record_rounds(db: ResultsDB, run_id: int, scheduler: str, schedule: Schedule, figures: RoundFigures,
                   rounds: Sequence[RoundResult], events: Mapping[str, Sequence[Mapping[str, Any]]],
                   clock_of: Callable[[float], float]) -> None:
     """Record `rounds` of `schedule`'s task, each with its lower bound and physical reference (the
-    round's own fastest training in place of the model's), and what every node did in each round
+    round's own fastest training in place of the model's), its local-model selection (the policy G
+    logged, the locals it chose, the round's UPDATE bytes), and what every node did in each round
     (from `events`, on the clock `clock_of`)."""
+    chose = [e for e in events.get(schedule.global_site, ()) if e.get("event") == "selected"]
+    policy = str(chose[0].get("policy", "all")) if chose else "all"
     for r in rounds:
         bound = replace(figures.lower_bound, train_s=r.train_min_s)
         db.record_round(
@@ -146,6 +150,8 @@ def record_rounds(db: ResultsDB, run_id: int, scheduler: str, schedule: Schedule
             stragglers=len(r.stragglers), broadcast_all_s=r.broadcast_all_s, upload_tail_s=r.upload_tail_s,
             broadcast_bound_s=bound.broadcast_s, upload_bound_s=bound.upload_s,
             reference_s=replace(figures.reference, train_s=r.train_min_s).lower_s)
+        db.record_round_selection(run_id, scheduler, schedule.task_id, r.round, policy=policy,
+                                  selected=r.selected, upload_bytes=r.upload_bytes)
     db.record_node_rounds(run_id, scheduler, schedule.task_id, node_rounds(schedule, events, clock_of))
 
 

@@ -28,6 +28,7 @@ from orchestrator.errors import ConfigError
 from orchestrator.runtime.timing import TaskTiming, subtree_heights
 from orchestrator.scheduling.schedule import Schedule, task_ports
 from workers.config import DEFAULT_CHUNK_BYTES, AgentConfig, Peer, checkpoint_of, normalize_spec
+from workers.selection import MAX_SITES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -58,6 +59,46 @@ class FLOptions:
     #: Messages travel in chunks of this size so the receiver checks chunk i while i+1 arrives.
     max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
     threads: int = 1
+    #: Local-model selection (``{"policy": SPEC, **options}``, `workers.selection`); None: all train.
+    selection: Mapping[str, Any] | None = None
+
+
+def path_costs(schedule: Schedule) -> dict[str, float]:
+    """Each local's network cost: the physical hops of its upload path to G along the upload tree
+    (an overlay edge without a physical path in the schedule counts as one hop)."""
+    hops = {(e.src, e.dst): max(1, len(e.path) - 1) for e in schedule.edges_of("upload")}
+    out: dict[str, float] = {}
+    for local in schedule.local_sites:
+        cost, cur, seen = 0, local, set()
+        while cur != schedule.global_site and cur in schedule.upload_parent and cur not in seen:
+            seen.add(cur)
+            parent = schedule.upload_parent[cur]
+            cost += hops.get((cur, parent), 1)
+            cur = parent
+        out[local] = float(cost)
+    return out
+
+
+def selection_settings(selection: Mapping[str, Any] | None) -> tuple[dict[str, Any] | None, tuple[str, ...] | None]:
+    """(G's selection config, every node's measures) of a task; (None, None) for the default ``all``.
+
+    Raises
+    ------
+    ConfigError
+        The policy cannot be built (unknown spec, bad option).
+    """
+    from workers.selection import SelectionError, is_all, make_policy
+
+    try:
+        policy = make_policy(selection)
+    except SelectionError as e:
+        raise ConfigError(f"selection: {e}") from None
+    if selection is None or is_all(selection):
+        return None, None
+    config = dict(selection)
+    if isinstance(config.get("policy"), str):
+        config["policy"] = normalize_spec(config["policy"])
+    return config, tuple(policy.measures)
 
 
 def _check_trees(schedule: Schedule, addresses: Mapping[str, str]) -> None:
@@ -114,6 +155,11 @@ def agent_configs(
         )
     bc_port, up_port = task_ports(schedule.task_id)
     part_of = {site: i for i, site in enumerate(schedule.local_sites)}
+    selection, measures = selection_settings(options.selection)
+    if measures is not None and len(schedule.local_sites) > MAX_SITES:
+        raise ConfigError(f"task {schedule.task_id}: selection handles at most {MAX_SITES} locals, "
+                          f"not {len(schedule.local_sites)}")
+    costs = path_costs(schedule) if measures is not None else {}
 
     def peer(site: str | None) -> Peer | None:
         return None if site is None else Peer(site=site, host=addresses[site])
@@ -134,6 +180,8 @@ def agent_configs(
             lr=options.lr, strategy=options.strategy, mu=options.mu, compression=options.compression, k=options.k,
             child_timeout_s=timing.child_timeout_s[n], connect_timeout_s=timing.connect_timeout_s,
             global_timeout_s=timing.global_timeout_s, max_chunk_bytes=timing.chunk_bytes, threads=options.threads,
+            selection=selection if n == schedule.global_site else None, selection_measures=measures,
+            path_cost=costs.get(n, 0.0),
         )
         for n in nodes
     }
@@ -161,6 +209,8 @@ class RoundResult:
     #: Frame bytes of the round on the overlay's edges (headers included, TCP/IP not): every node's
     #: GLOBAL received, every node's UPDATE sent (compressed, with a codec).
     broadcast_bytes: int = 0
+    #: Local-model selection: the locals G chose for the round (empty: no selection, all trained).
+    selected: tuple[str, ...] = ()
     upload_bytes: int = 0
 
 
@@ -187,7 +237,8 @@ class TaskResult:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d["rounds"] = [asdict(r) | {"stragglers": list(r.stragglers)} for r in self.rounds]
+        d["rounds"] = [asdict(r) | {"stragglers": list(r.stragglers), "selected": list(r.selected)}
+                       for r in self.rounds]
         d["rejected"] = list(self.rejected)
         return d
 
@@ -271,6 +322,7 @@ def summarize(
                 train_min_s=min(spans) if spans else 0.0,
                 broadcast_bytes=total_bytes("global_received", r),
                 upload_bytes=total_bytes("update_sent", r),
+                selected=tuple((first.get((g, "selected", r)) or {}).get("sites", ())),
             )
         )
     return results
@@ -322,7 +374,10 @@ def missing_events(
     for site in schedule.local_sites:
         ev = events.get(site, [])
         for r in range(1, rounds + 1):
+            skipped = any(e.get("event") == "skipped" and e.get("round") == r for e in ev)
             for name in REQUIRED_LOCAL_EVENTS:
+                if skipped and name in ("train_start", "train_end"):
+                    continue  # not selected this round: it relays and sends a skip, it does not train
                 if not any(e.get("event") == name and e.get("round") == r for e in ev):
                     problems.append(f"{site}: no {name} in round {r}")
     for r in range(1, rounds + 1):
@@ -384,9 +439,16 @@ class TaskExecution:
         g = self.schedule.global_site
         generation = getattr(self.manager, "generation", {})
         self._generation = {n: generation.get(n, 0) for n in nodes}
+        selection = self.configs[g].selection
+        if selection is not None and isinstance(selection.get("policy"), str):
+            # a policy file travels to G's server by content, as a model file does
+            selection = {**selection, "policy": self.manager.ship_model(selection["policy"], [g])}
         for n in nodes:
             extra: dict[str, Any] = {"checkpoint": self.checkpoint, "init_model": self.init_model} if n == g else {}
-            self.manager.start_role(n, replace(self.configs[n], model=spec, dataset=dataset), self.paths[n], **extra)
+            cfg = replace(self.configs[n], model=spec, dataset=dataset)
+            if n == g:
+                cfg = replace(cfg, selection=selection)
+            self.manager.start_role(n, cfg, self.paths[n], **extra)
             self._started.append(n)
 
     @property
