@@ -36,6 +36,7 @@ benchmark:
 	$(PY) benchmarks/bench_scheduling.py
 	$(PY) benchmarks/bench_joint.py
 	$(PY) benchmarks/bench_ilp.py
+	$(PY) benchmarks/bench_selection.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_transfer.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_dataplane.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_servers.py
