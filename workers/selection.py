@@ -24,15 +24,13 @@ What this module must not do: touch sockets or files, or unpickle anything.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import math
 import random
-import sys
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, ClassVar
+
+from workers.specs import import_target
 
 #: What a policy may ask the locals to measure (`SelectionPolicy.measures`): ``update_norm`` (the
 #: L2 norm of the update against the global model it started from) and ``loss`` (the mean training
@@ -283,24 +281,7 @@ def resolve_policy(spec: str) -> type[SelectionPolicy]:
     if not sep or not target or not attr:
         raise SelectionError(f"unknown selection policy {spec!r}: registered are {registered_policies()}; "
                              "or give 'module:Class' or 'path/to/file.py:Class'")
-    if target.endswith(".py"):
-        path = Path(target).expanduser().resolve()
-        if not path.is_file():
-            raise SelectionError(f"selection policy file {path} does not exist")
-        mod_name = f"netai_user_policy_{abs(hash(str(path)))}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-            if loader_spec is None or loader_spec.loader is None:
-                raise SelectionError(f"cannot load {path} as Python")
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[mod_name] = module
-            loader_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise SelectionError(f"cannot import {target!r} for selection policy {spec!r}: {e}") from e
+    module = import_target(target, what="selection policy", spec=spec, error=SelectionError)
     cls = getattr(module, attr, None)
     if not (isinstance(cls, type) and issubclass(cls, SelectionPolicy)):
         raise SelectionError(f"{target}:{attr} is not a subclass of workers.selection.SelectionPolicy")

@@ -14,20 +14,17 @@ the state dicts agree in names, shapes and dtypes (the wire format checks this).
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import itertools
 import math
-import sys
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
 from workers.config import normalize_spec
+from workers.specs import import_target
 
 ModelFactory = Callable[..., nn.Module]
 
@@ -70,24 +67,7 @@ def resolve_factory(spec: str) -> ModelFactory:
     target, _, attr = spec.rpartition(":")
     if not target or not attr:
         raise ModelSpecError(f"model spec {spec!r} must be 'module:callable' or 'file.py:callable'")
-    if target.endswith(".py"):
-        path = Path(target).expanduser().resolve()
-        if not path.is_file():
-            raise ModelSpecError(f"model file {path} does not exist")
-        mod_name = f"netai_user_model_{abs(hash(str(path)))}"
-        module = sys.modules.get(mod_name)
-        if module is None:
-            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
-            if loader_spec is None or loader_spec.loader is None:
-                raise ModelSpecError(f"cannot load {path} as Python")
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[mod_name] = module
-            loader_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except ImportError as e:
-            raise ModelSpecError(f"cannot import {target!r} for model {spec!r}: {e}") from e
+    module = import_target(target, what="model", spec=spec, error=ModelSpecError)
     factory = getattr(module, attr, None)
     if not callable(factory):
         raise ModelSpecError(f"{target} has no callable {attr!r}")
