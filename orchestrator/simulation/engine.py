@@ -61,8 +61,6 @@ from typing import Any
 CONFIG = ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", "--cfg=network/TCP-gamma:0",
           "--cfg=contexts/factory:thread", "--log=root.thres:critical", "--log=xbt_cfg.thres:critical"]
 
-#: Event kinds of a run's loop.
-_ARRIVE, _SEND = 0, 1
 
 
 @dataclass
@@ -125,11 +123,14 @@ class _Run:
                 self.out_up[edge.src] = edge
                 self.up_children[edge.dst] = self.up_children.get(edge.dst, 0) + 1
         self.events: dict[str, list[dict[str, Any]]] = {}
-        self.got_bc: dict[tuple[str, int], int] = {}
+        self.got_bc: dict[tuple[str, int], tuple[int, float]] = {}
         self.up_count: dict[tuple[str, int], int] = {}
         self.up_ready: dict[tuple[str, int], float] = {}
-        self.round_last = 0.0
-        self.heap: list[tuple[float, int, int, _Edge, int]] = []
+        self.g_done: dict[int, tuple[int, float]] = {}
+        #: Segments that arrived (edge, index, time), not yet handed to their receiver.
+        self.arrivals: list[tuple[_Edge, int, float]] = []
+        #: Segments of contended edges to hand to SimGrid, by start time.
+        self.sends: list[tuple[float, int, _Edge, int]] = []
         self.seq = itertools.count()
         self.start_s = 0.0
         self.end_s = 0.0
@@ -152,7 +153,7 @@ class _Run:
             e.next_idx += 1
             if e.contended:  # SimGrid transmits it, from `at` on
                 e.busy = True
-                heapq.heappush(self.heap, (at, next(self.seq), _SEND, e, idx))
+                heapq.heappush(self.sends, (at, next(self.seq), e, idx))
             else:
                 self.sent(e, idx, at + self.seg_bytes[j] / e.rate)
 
@@ -162,7 +163,7 @@ class _Run:
         e.sent_bytes += self.seg_bytes[idx % self.m]
         if e.procedure == "upload" and idx % self.m == self.m - 1:
             self.event(e.src, "update_sent", idx // self.m + 1, end)
-        heapq.heappush(self.heap, (end + e.delay_s, next(self.seq), _ARRIVE, e, idx))
+        self.arrivals.append((e, idx, end + e.delay_s))
 
     def start_round(self, rnd: int, t: float) -> None:
         self.event(self.g, "round_start", rnd, t)
@@ -181,10 +182,11 @@ class _Run:
         for e in self.out_bc.get(node, []):
             self.ready(e, idx, t)
         rnd = idx // self.m + 1
-        n = self.got_bc[(node, rnd)] = self.got_bc.get((node, rnd), 0) + 1
+        n, last = self.got_bc.pop((node, rnd), (0, t))
+        n, t = n + 1, max(last, t)
         if n < self.m:
+            self.got_bc[(node, rnd)] = (n, t)
             return
-        del self.got_bc[(node, rnd)]
         self.event(node, "global_received", rnd, t)
         if node in self.locals:
             end = t + self.train_s.get(node, 0.0)
@@ -206,9 +208,11 @@ class _Run:
             self.ready(self.out_up[node], idx, ready)
             return
         rnd = idx // self.m + 1
-        self.round_last = max(self.round_last, ready)
-        if idx % self.m == self.m - 1:  # segments of one round complete in order at G
-            last, self.round_last = self.round_last, 0.0
+        n, last = self.g_done.pop(rnd, (0, ready))
+        n, last = n + 1, max(last, ready)
+        if n < self.m:
+            self.g_done[rnd] = (n, last)
+        else:
             self.event(node, "aggregated", rnd, last)
             self.event(node, "round_complete", rnd, last)
             if rnd < self.rounds:
@@ -224,30 +228,35 @@ class _Run:
         engine = simgrid.Engine
         self.start_s = start
         self.start_round(1, start)
-        heap = self.heap
+        arrivals, sends = self.arrivals, self.sends
         flying: list[Any] = []
         owners: list[tuple[_Edge, int]] = []
-        while heap or flying:
-            if flying and (not heap or heap[0][0] > engine.clock):
-                if heap:
-                    i = simgrid.Comm.wait_any_for(flying, heap[0][0] - engine.clock)
+        while True:
+            # Arrivals first, whatever their times: they only compute (node state is a max over
+            # times), and whatever they make SimGrid send starts no earlier than they arrive.
+            while arrivals:
+                self.arrived(*arrivals.pop())
+            if not sends and not flying:
+                break
+            if flying and (not sends or sends[0][0] > engine.clock):
+                if sends:
+                    i = simgrid.Comm.wait_any_for(flying, sends[0][0] - engine.clock)
                 else:
                     i = simgrid.Comm.wait_any(flying)
-                if i >= 0:  # a transmission ended before the next event
+                if i >= 0:  # a transmission ended before the next one starts
                     flying.pop(i)
                     e, idx = owners.pop(i)
                     e.busy = False
                     self.sent(e, idx, engine.clock)
                     self.pump(e)
                     continue
-            t, _, kind, e, idx = heapq.heappop(heap)
-            if kind == _ARRIVE:
-                self.arrived(e, idx, t)
-                continue
-            if t > engine.clock:
-                simgrid.this_actor.sleep_until(t)
+            at, _, e, idx = heapq.heappop(sends)
+            if at > engine.clock:
+                simgrid.this_actor.sleep_until(at)
             flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], self.seg_bytes[idx % self.m]))
             owners.append((e, idx))
+        for events in self.events.values():
+            events.sort(key=lambda ev: ev["t"])
 
     def link_bytes(self) -> list[list[Any]]:
         total: dict[tuple[str, str], int] = {}
