@@ -81,6 +81,9 @@ class SimulationConfig:
     train_examples: int = 1437
     #: A fixed chunk size in bytes; 0: the emulation's choice (timing.optimal_chunk_bytes).
     chunk_bytes: int = 0
+    #: At most this many segments per transfer: chunks merged into segments (faster, with a
+    #: pipeline-fill error bounded in docs/architecture.md, "Flow-level simulation"); 0: one per chunk.
+    max_segments: int = 0
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,7 @@ SIMULATION_SCHEMA: dict[str, Check] = {
     "rates": _choice(("capacity", "emulated")), "tcp_efficiency": _num(0, 1, lo_open=True),
     "per_hop_latency_ms": _num(0), "propagation": _bool, "alpha_s": _num(0),
     "seconds_per_example": _num(0), "local_epochs": _int(1, 1000), "train_examples": _int(1),
-    "chunk_bytes": _int(0),
+    "chunk_bytes": _int(0), "max_segments": _int(0),
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation")

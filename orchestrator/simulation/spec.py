@@ -10,6 +10,9 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   netem);
 - per-chunk work: `alpha_s` per chunk at each sender (framing, digest, hand-off), default the
   emulation's own `orchestrator.runtime.timing.ALPHA_S`;
+- segments: ``max_segments`` (0: none) bounds the number of pieces a transfer is simulated in: a
+  transfer of k chunks is cut into ceil(k / q) segments of q = ceil(k / max_segments) chunks, each
+  carrying its chunks' bytes and q x `alpha_s` of work (see `orchestrator.simulation.engine`);
 - training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
   its near-equal share of `train_examples` (the iid split).
 
@@ -55,6 +58,8 @@ class SimParams:
     train_examples: int = DEFAULT_TRAIN_EXAMPLES
     #: A fixed chunk size in bytes (0: the emulation's choice, `optimal_chunk_bytes`).
     chunk_bytes: int = 0
+    #: At most this many segments per transfer (chunks merged; 0: every chunk is a segment).
+    max_segments: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,7 +130,7 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
         out_runs.append({
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
             "model_bytes": r.model_bytes, "chunk_bytes": chunk_bytes(s, r.model_bytes, rate, params),
-            "alpha_s": params.alpha_s, "train_s": train_seconds(s, params),
+            "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params),
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],
         })
     return {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()], "runs": out_runs}

@@ -62,6 +62,45 @@ def test_round_on_a_three_node_chain_equals_the_pipelined_figure() -> None:
     assert procedure - bound == pytest.approx(chunk * 8 / (RATE_MBPS * 1e6))
 
 
+def test_merged_segments_fill_the_pipeline_later_by_the_documented_bound() -> None:
+    # Prepare: the chain's 10 chunks simulated as 10 segments (no merging) and as 5 of 2 chunks.
+    model, schedule = line(), chain()
+    size, chunk = 1_000_000, 100_000
+    base = SimParams(alpha_s=0.0, chunk_bytes=chunk, seconds_per_example=1e-3, local_epochs=1, train_examples=500)
+    latency = {}
+    for limit in (0, 10, 5):
+        params = SimParams(**{**base.to_dict(), "max_segments": limit})
+        run = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))["runs"][0]
+        g = {e["event"]: e["t"] for e in run["events"]["G"]}
+        latency[limit] = g["aggregated"] - g["round_start"]
+
+    # One segment per chunk is exact; 2 chunks per segment on 2 hops add (h - 1) x (q - 1) chunk
+    # times per procedure, exactly (no per-chunk work).
+    assert latency[10] == latency[0]
+    chunk_s = chunk * 8 / (RATE_MBPS * 1e6)
+    assert latency[5] - latency[0] == pytest.approx(2 * (2 - 1) * (2 - 1) * chunk_s, rel=1e-9)
+
+
+def test_transfers_sharing_a_link_share_it_equally() -> None:
+    # Prepare: G sends to A directly and to B through A, one chunk each: both cross G-A at once.
+    model = line()
+    e = OverlayEdge
+    schedule = Schedule(task_id=3, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                        broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "A"},
+                        edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
+                               e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
+    size = 400_000
+    params = SimParams(alpha_s=0.0, seconds_per_example=0.0, chunk_bytes=size)
+
+    out = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))
+
+    events = out["runs"][0]["events"]
+    got = {site: next(ev["t"] for ev in events[site] if ev["event"] == "global_received") for site in ("A", "B")}
+    both = 2 * size * 8 / (RATE_MBPS * 1e6)  # each gets half of G-A until both end together
+    assert got["A"] == pytest.approx(both + D1_MS / 1e3, rel=1e-9)
+    assert got["B"] == pytest.approx(both + (D1_MS + D2_MS) / 1e3, rel=1e-9)
+
+
 def test_a_single_chunk_per_hop_round_equals_the_pipelined_bound() -> None:
     # Prepare: G's locals are its direct neighbour A only; one chunk, so the bound is reached exactly.
     model = line()
