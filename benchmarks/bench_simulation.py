@@ -5,8 +5,9 @@ and on a generated 1000-site topology (random:1000:1): 30 tasks each (10 per poi
 locals (germany50: up to 49, all its compute sites but G), every scheduler (spff, mst, steiner,
 spt), 3 rounds, link rates as the emulation shapes them (`rates: emulated`, so transfers are cut
 into many chunks). Prints the wall time of each whole run (scheduling, simulation, database,
-figures and report; target: minutes) and the peak memory of the simulation's process and of this
-one.
+figures and report; target: minutes), the part of it spent scheduling and simulating, the engine
+processes run at once and their peak memory (summed), and the peak memory of this one.
+``--max-segments N`` simulates each transfer as at most N segments (`simulation.max_segments`).
 
 ``--calibrate RESULTS.db`` (an emulated run's database, e.g. of an NSFNET config): simulates that
 run's config (its topology, tasks, schedulers, rates and whether delay was emulated) and prints,
@@ -34,11 +35,11 @@ SCHEDULERS = ["spff", "mst", "steiner", "spt"]
 MODEL_BYTES = 4 * (64 * 800 + 800 + 800 * 800 + 800 + 800 * 10 + 10)
 
 
-def bench(topology: str, locals_: list[int], tasks_per_point: int, out: Path) -> dict[str, Any]:
+def bench(topology: str, locals_: list[int], tasks_per_point: int, out: Path, max_segments: int = 0) -> dict[str, Any]:
     cfg = parse_config({"name": topology.replace("/", "-").replace(":", "-"), "engine": "simulation",
                         "topology": topology, "schedulers": SCHEDULERS, "locals": locals_,
                         "tasks_per_point": tasks_per_point, "task": {"rounds": 3},
-                        "simulation": {"rates": "emulated"}}, where="bench")
+                        "simulation": {"rates": "emulated", "max_segments": max_segments}}, where="bench")
     t0 = time.monotonic()
     outcome = run_simulated(cfg, out_root=out, model_bytes=MODEL_BYTES)
     wall = time.monotonic() - t0
@@ -48,6 +49,7 @@ def bench(topology: str, locals_: list[int], tasks_per_point: int, out: Path) ->
                      (outcome.run_id,))[0]
         rounds = db.query("SELECT COUNT(*) AS n FROM rounds WHERE run_id = ?", (outcome.run_id,))[0]["n"]
     return {"wall_s": wall, "sim_wall_s": env.get("simulation_wall_s"), "sim_rss_mb": env.get("simulation_peak_rss_mb"),
+            "sched_wall_s": env.get("scheduling_wall_s"), "processes": env.get("simulation_processes"),
             "runs": n["n"], "done": n["done"], "rounds": rounds, "status": outcome.status}
 
 
@@ -90,6 +92,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="200 sites and 3 tasks per point instead of 1000 and 10")
     ap.add_argument("--calibrate", type=Path, metavar="RESULTS_DB", help="an emulated run's results.db to compare with")
+    ap.add_argument("--max-segments", type=int, default=0, metavar="N",
+                    help="simulate each transfer as at most N segments (simulation.max_segments; default 0: off)")
     ap.add_argument("--out", type=Path, help="where to keep the run folders (default: a temporary folder)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="netai-bench-sim-") as tmp:
@@ -100,13 +104,15 @@ def main() -> None:
         per = 3 if args.quick else 10
         cases = [("sndlib/germany50", [5, 25, 49]),
                  ("random:200:1" if args.quick else "random:1000:1", [5, 10, 20] if args.quick else [10, 50, 100])]
-        print(f"engine: simulation, schedulers {', '.join(SCHEDULERS)}, {3 * per} tasks per topology, 3 rounds")
+        print(f"engine: simulation, schedulers {', '.join(SCHEDULERS)}, {3 * per} tasks per topology, 3 rounds, "
+              f"max_segments {args.max_segments or 'off'}")
         print(f"{'topology':<18}{'locals':<12}{'task runs':>10}{'done':>6}{'rounds':>8}{'wall s':>9}"
-              f"{'sim s':>8}{'sim peak MB':>13}")
+              f"{'sched s':>9}{'sim s':>8}{'procs':>6}{'sim peak MB':>13}")
         for topo, locals_ in cases:
-            r = bench(topo, locals_, per, out)
+            r = bench(topo, locals_, per, out, args.max_segments)
             print(f"{topo:<18}{','.join(map(str, locals_)):<12}{r['runs']:>10}{r['done']:>6}{r['rounds']:>8}"
-                  f"{r['wall_s']:>9.1f}{r['sim_wall_s']:>8.1f}{r['sim_rss_mb']:>13.1f}", flush=True)
+                  f"{r['wall_s']:>9.1f}{r['sched_wall_s']:>9.1f}{r['sim_wall_s']:>8.1f}{r['processes']:>6}"
+                  f"{r['sim_rss_mb']:>13.1f}", flush=True)
         own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         print(f"peak memory of this process (scheduling, database, report): {own:.1f} MB")
 

@@ -3,7 +3,7 @@
 The same task sets (`runner.task_sets`), the same schedulers, in the same order and on the same
 network states as the sequential mode of the emulation (every scheduler sees the reservations of
 the point's earlier tasks; no background load), then every admitted task's rounds simulated on
-SimGrid (one child process for the whole run), recorded in the same results database, CSVs,
+SimGrid (child engine processes, `orchestrator.simulation.spec.simulate`), recorded in the same results database, CSVs,
 figures and report. The run is marked ``engine = simulation`` (the `runs` table) and its
 environment lists the model's parameters, so the report says it was simulated and how.
 """
@@ -64,13 +64,16 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         "train_examples": params.train_examples, "max_segments": params.max_segments, "background": "not simulated"})
     status, note = "failed", ""
     try:
+        t0 = time.monotonic()
         runs, figures = _schedule_all(cfg, db, run_id, model, model_bytes, rate, params)
+        db.update_environment(run_id, scheduling_wall_s=round(time.monotonic() - t0, 3))
         t0 = time.monotonic()
         result: dict[str, Any] = simulate(build_spec(model, runs, params, rate)) if runs else {"runs": [], "sim_end_s": 0.0}
         done = _record(db, run_id, runs, figures, result)
         db.update_environment(run_id, clock_end_s=round(float(result["sim_end_s"]), 6),
                               simulation_wall_s=round(time.monotonic() - t0, 3),
-                              simulation_peak_rss_mb=round(result.get("peak_rss_bytes", 0) / 2**20, 1))
+                              simulation_peak_rss_mb=round(result.get("peak_rss_bytes", 0) / 2**20, 1),
+                              simulation_processes=int(result.get("processes", 0)))
         status = "completed" if done else "failed"
         note = "" if done else "no task completed"
     except BaseException as e:

@@ -207,3 +207,29 @@ def test_runs_of_an_older_database_count_as_emulated(tmp_path: Path) -> None:
             db.start_run("bad", {}, engine="ns3")
 
     assert old["engine"] == "emulation"
+
+
+def test_runs_split_among_engine_processes_are_laid_back_to_back_as_in_one() -> None:
+    # Prepare: three runs of the chain (one of them contended: the relayed broadcast), one engine
+    # process for all of them and one process each.
+    model = line()
+    e = OverlayEdge
+    relayed = Schedule(task_id=3, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                       broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "A"},
+                       edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
+                              e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
+    runs = [TaskRun("a", chain(), 600_000, 2), TaskRun("b", relayed, 300_000, 1), TaskRun("c", chain(), 200_000, 3)]
+    spec = build_spec(model, runs, SimParams(), capacity_rate(model))
+
+    one, three = simulate(spec, processes=1), simulate(spec, processes=3)
+
+    assert three["processes"] == 3 and one["processes"] == 1
+    assert [r["key"] for r in three["runs"]] == ["a", "b", "c"]
+    assert three["runs"][0]["start_s"] == 0.0
+    for a, b in zip(one["runs"], three["runs"], strict=True):
+        assert b["start_s"] == pytest.approx(a["start_s"], rel=1e-9)
+        assert b["end_s"] == pytest.approx(a["end_s"], rel=1e-9)
+        assert b["link_bytes"] == a["link_bytes"]
+        assert {s: [(ev["event"], ev["round"]) for ev in evs] for s, evs in b["events"].items()} == \
+            {s: [(ev["event"], ev["round"]) for ev in evs] for s, evs in a["events"].items()}
+    assert three["sim_end_s"] == pytest.approx(one["sim_end_s"], rel=1e-9)
