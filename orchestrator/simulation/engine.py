@@ -43,6 +43,13 @@ chunk was most of the time):
   unchanged and a chain of h hops fills its pipeline with one segment instead of one chunk,
   at most (h - 1) x (q - 1) x (alpha_s + chunk / rate) later per procedure (see
   docs/architecture.md, "Flow-level simulation").
+
+CPU (only when the spec has a ``cpu`` section, `spec.SimParams.cpu_cores`). One more link, "cpu",
+of the machine's cores (in nanoseconds of CPU per second), and for each path a link of one core:
+each transmission of a segment also sends its CPU work (nanoseconds: its bytes x the per-byte and
+per-hop costs) from the path's CPU host, through its core and the machine's, and the segment has
+left once both are done. Transmissions in flight thus share the cores max-min, each on one core at
+most; every edge is then simulated (the CPU is shared by all of them).
 """
 
 from __future__ import annotations
@@ -72,9 +79,13 @@ class _Edge:
     delay_s: float
     #: Bytes per second of the path's slowest link (a lone flow's rate).
     rate: float
-    #: Shares a directed link with another edge of its run: simulated by SimGrid.
+    #: Shares a directed link with another edge of its run (or the CPU is modelled): simulated by SimGrid.
     contended: bool
     hosts: tuple[Any, Any]
+    #: CPU work per byte sent, in nanoseconds (the CPU model: the receiver's work and each hop's).
+    cpu_ns_per_byte: float = 0.0
+    #: The host whose route is the path's own core (one core) and the machine's cores.
+    cpu_host: Any = None
     #: Ready time at the sender of each segment not sent yet, by (round - 1) * segments + j.
     ready: dict[int, float] = field(default_factory=dict)
     next_idx: int = 0
@@ -86,8 +97,9 @@ class _Edge:
 class _Run:
     """One task run: its nodes' state and its edges' transfers, one discrete-event loop."""
 
-    def __init__(self, spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, Any]],
-                 delays: dict[tuple[str, ...], float], rates: dict[tuple[str, str], float]) -> None:
+    def __init__(self, spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]],
+                 delays: dict[tuple[str, ...], float], rates: dict[tuple[str, str], float],
+                 cpu: dict[str, float] | None = None) -> None:
         self.key = spec["key"]
         self.g: str = spec["global"]
         self.locals: set[str] = set(spec["locals"])
@@ -111,8 +123,13 @@ class _Run:
         self.edges: list[_Edge] = []
         for e, path in zip(spec["edges"], paths, strict=True):
             links = list(itertools.pairwise(path))
+            work = 0.0 if cpu is None else 1e9 * (cpu["s_per_byte"] + len(links) * cpu["s_per_byte_hop"])
             self.edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path],
-                                    min(rates[ln] for ln in links), any(use[ln] > 1 for ln in links), hosts[path]))
+                                    min(rates[ln] for ln in links),
+                                    work > 0 or any(use[ln] > 1 for ln in links), hosts[path][:2], work,
+                                    hosts[path][2] if len(hosts[path]) > 2 else None))
+        #: Where the CPU work goes (a host with an empty route to it).
+        self.sink: Any = None
         self.out_bc: dict[str, list[_Edge]] = {}
         self.out_up: dict[str, _Edge] = {}
         self.up_children: dict[str, int] = {}
@@ -231,6 +248,8 @@ class _Run:
         arrivals, sends = self.arrivals, self.sends
         flying: list[Any] = []
         owners: list[tuple[_Edge, int]] = []
+        #: Activities (network, CPU) still running per segment in flight.
+        parts: dict[tuple[int, int], int] = {}
         while True:
             # Arrivals first, whatever their times: they only compute (node state is a max over
             # times), and whatever they make SimGrid send starts no earlier than they arrive.
@@ -243,9 +262,13 @@ class _Run:
                     i = simgrid.Comm.wait_any_for(flying, sends[0][0] - engine.clock)
                 else:
                     i = simgrid.Comm.wait_any(flying)
-                if i >= 0:  # a transmission ended before the next one starts
+                if i >= 0:  # a transmission (or its CPU work) ended before the next one starts
                     flying.pop(i)
                     e, idx = owners.pop(i)
+                    left = parts.pop((id(e), idx)) - 1
+                    if left:
+                        parts[(id(e), idx)] = left
+                        continue
                     e.busy = False
                     self.sent(e, idx, engine.clock)
                     self.pump(e)
@@ -253,8 +276,15 @@ class _Run:
             at, _, e, idx = heapq.heappop(sends)
             if at > engine.clock:
                 simgrid.this_actor.sleep_until(at)
-            flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], self.seg_bytes[idx % self.m]))
+            size = self.seg_bytes[idx % self.m]
+            flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], size))
             owners.append((e, idx))
+            parts[(id(e), idx)] = 1
+            work = round(size * e.cpu_ns_per_byte)
+            if work and e.cpu_host is not None:  # its CPU work, alongside (at most one core)
+                flying.append(simgrid.Comm.sendto_async(e.cpu_host, self.sink, work))
+                owners.append((e, idx))
+                parts[(id(e), idx)] = 2
         for events in self.events.values():
             events.sort(key=lambda ev: ev["t"])
 
@@ -283,7 +313,11 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
         rates[(ln["a"], ln["b"])] = bps
     ctl = zone.create_host("ctl", 1e9)
     zone.add_route(None, ctl.netpoint, None, None, [], False)
-    hosts: dict[tuple[str, ...], tuple[Any, Any]] = {}
+    cpu = spec.get("cpu")
+    # The CPU model: the machine's cores as one link (nanoseconds of CPU per second), and for each
+    # path a link of one core, so that one transmission's CPU work runs on one core at most.
+    cores = zone.create_link("cpu", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
+    hosts: dict[tuple[str, ...], tuple[Any, ...]] = {}
     delays: dict[tuple[str, ...], float] = {}
     for i, p in enumerate(spec["paths"]):
         path = tuple(p["path"])
@@ -292,6 +326,11 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
         zone.add_route(a.netpoint, None, None, None, route, False)
         zone.add_route(None, b.netpoint, None, None, [], False)
         hosts[path] = (a, b)
+        if cores is not None:
+            c = zone.create_host(f"p{i}c", 1e9)
+            one = zone.create_link(f"core{i}", 1e9).set_latency(0).seal()
+            zone.add_route(c.netpoint, None, None, None, [LinkInRoute(one), LinkInRoute(cores)], False)
+            hosts[path] = (a, b, c)
         delays[path] = float(p["delay_s"])
     zone.seal()
     out: list[dict[str, Any]] = []
@@ -299,7 +338,8 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
 
     def driver() -> None:
         for run_spec in spec["runs"]:
-            run = _Run(run_spec, hosts, delays, rates)
+            run = _Run(run_spec, hosts, delays, rates, cpu)
+            run.sink = ctl
             run.run(max(clock[0], Engine.clock))
             clock[0] = run.end_s
             out.append({"key": run.key, "start_s": run.start_s, "end_s": run.end_s, "chunks": run.k,

@@ -13,6 +13,12 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
 - segments: ``max_segments`` (0: none) bounds the number of pieces a transfer is simulated in: a
   transfer of k chunks is cut into ceil(k / q) segments of q = ceil(k / max_segments) chunks, each
   carrying its chunks' bytes and q x `alpha_s` of work (see `orchestrator.simulation.engine`);
+- CPU (``cpu_cores`` > 0; off by default): the emulation runs every site's processes and the
+  switches on the same few cores, so its transfers also wait for CPU. Each transmission of a
+  segment of b bytes over h links needs b x (`cpu_s_per_byte` + h x `cpu_s_per_byte_hop`) CPU
+  seconds, done alongside the transmission at most one core at a time; the transmissions in flight
+  share the `cpu_cores` cores max-min, and a segment has left once both its bytes and its CPU
+  work are done;
 - training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
   its near-equal share of `train_examples` (the iid split).
 
@@ -60,6 +66,12 @@ class SimParams:
     chunk_bytes: int = 0
     #: At most this many segments per transfer (chunks merged; 0: every chunk is a segment).
     max_segments: int = 0
+    #: The CPU model (0 cores: off): the cores every site's processes and the switches share, the
+    #: CPU seconds per byte a transfer costs (the receiving worker's decode, check and aggregation)
+    #: and per byte and link hop (kernel, virtual links, software switch, shaping).
+    cpu_cores: int = 0
+    cpu_s_per_byte: float = 0.0
+    cpu_s_per_byte_hop: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,7 +145,12 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
             "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params),
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],
         })
-    return {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()], "runs": out_runs}
+    spec: dict[str, Any] = {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()],
+                            "runs": out_runs}
+    if params.cpu_cores > 0 and (params.cpu_s_per_byte > 0 or params.cpu_s_per_byte_hop > 0):
+        spec["cpu"] = {"cores": params.cpu_cores, "s_per_byte": params.cpu_s_per_byte,
+                       "s_per_byte_hop": params.cpu_s_per_byte_hop}
+    return spec
 
 
 def _run_weight(run: dict[str, Any]) -> float:
