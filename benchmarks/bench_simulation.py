@@ -63,7 +63,8 @@ def comm_medians(db: ResultsDB, run_id: int) -> dict[int, float]:
     return {n: statistics.median(v) for n, v in by.items()}
 
 
-def calibrate(path: Path, out: Path) -> None:
+def emulated_run(path: Path) -> tuple[dict[str, Any], dict[int, float], int | None]:
+    """The latest emulated run of a results database: its record, medians and model size."""
     with ResultsDB(path) as db:
         runs = db.query("SELECT id FROM runs WHERE engine = 'emulation' ORDER BY id DESC LIMIT 1")
         if not runs:
@@ -71,15 +72,31 @@ def calibrate(path: Path, out: Path) -> None:
         run = db.run(int(runs[0]["id"]))
         emulated = comm_medians(db, run["id"])
         sizes = db.query("SELECT MAX(model_bytes) AS b FROM tasks WHERE run_id = ?", (run["id"],))[0]["b"]
+    return run, emulated, int(sizes) if sizes else None
+
+
+def simulate_like(run: dict[str, Any], model_bytes: int | None, out: Path, params: dict[str, Any],
+                  locals_: list[int] | None = None) -> dict[int, float]:
+    """Simulate an emulated run's config (its rates, delay only if it was emulated) with `params`;
+    the medians of round communication time per number of locals."""
     raw = dict(run["config"])
     for key in ("online", "events", "reschedule", "simulation"):
         raw.pop(key, None)
     raw.update(engine="simulation", mode="sequential",
-               simulation={"rates": "emulated", "propagation": bool(run["environment"].get("delay_emulated", False))})
-    cfg = parse_config(raw, where=str(path))
-    outcome = run_simulated(cfg, out_root=out, model_bytes=int(sizes) if sizes else None)
+               simulation={"rates": "emulated", "propagation": bool(run["environment"].get("delay_emulated", False)),
+                           **params})
+    if locals_:
+        raw["locals"] = locals_
+    cfg = parse_config(raw, where="calibration")
+    outcome = run_simulated(cfg, out_root=out, model_bytes=model_bytes)
     with ResultsDB(outcome.run_dir / "results.db") as db:
-        simulated = comm_medians(db, outcome.run_id)
+        return comm_medians(db, outcome.run_id)
+
+
+def calibrate(path: Path, out: Path, params: dict[str, Any] | None = None) -> None:
+    run, emulated, sizes = emulated_run(path)
+    simulated = simulate_like(run, sizes, out, params or {})
+    cfg = parse_config({**run["config"], "engine": "emulation"}, where=str(path))
     print(f"calibration against {path} (run {run['id']}, {cfg.topology}): median round communication time")
     print(f"{'locals':>7}{'emulated s':>12}{'simulated s':>13}{'sim / emu':>11}")
     for n in (2, 4, 8):

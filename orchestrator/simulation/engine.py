@@ -44,12 +44,13 @@ chunk was most of the time):
   at most (h - 1) x (q - 1) x (alpha_s + chunk / rate) later per procedure (see
   docs/architecture.md, "Flow-level simulation").
 
-CPU (only when the spec has a ``cpu`` section, `spec.SimParams.cpu_cores`). One more link, "cpu",
-of the machine's cores (in nanoseconds of CPU per second), and for each path a link of one core:
-each transmission of a segment also sends its CPU work (nanoseconds: its bytes x the per-byte and
-per-hop costs) from the path's CPU host, through its core and the machine's, and the segment has
-left once both are done. Transmissions in flight thus share the cores max-min, each on one core at
-most; every edge is then simulated (the CPU is shared by all of them).
+CPU (only when the spec has a ``cpu`` section, `spec.SimParams.cpu_cores`). Two more links, "cpu"
+of the machine's cores and "switch" of one core (the software switch forwards in one thread), in
+nanoseconds of CPU per second, and for each path a link of one core: each transmission of a segment
+also sends its workers' CPU work (its bytes x the per-byte cost) through the path's core and the
+machine's cores, and its switching work (its bytes x its hops x the per-hop cost) through the
+switch; the segment has left once all three are done. Transmissions in flight thus share the
+cores and the switch max-min; every edge is then simulated (the CPU is shared by all of them).
 """
 
 from __future__ import annotations
@@ -84,8 +85,11 @@ class _Edge:
     hosts: tuple[Any, Any]
     #: CPU work per byte sent, in nanoseconds (the CPU model: the receiver's work and each hop's).
     cpu_ns_per_byte: float = 0.0
-    #: The host whose route is the path's own core (one core) and the machine's cores.
+    #: Switching work per byte sent, in nanoseconds (the path's hops).
+    switch_ns_per_byte: float = 0.0
+    #: The hosts whose routes are the path's own core and the machine's cores, and the switch.
     cpu_host: Any = None
+    switch_host: Any = None
     #: Ready time at the sender of each segment not sent yet, by (round - 1) * segments + j.
     ready: dict[int, float] = field(default_factory=dict)
     next_idx: int = 0
@@ -123,11 +127,13 @@ class _Run:
         self.edges: list[_Edge] = []
         for e, path in zip(spec["edges"], paths, strict=True):
             links = list(itertools.pairwise(path))
-            work = 0.0 if cpu is None else 1e9 * (cpu["s_per_byte"] + len(links) * cpu["s_per_byte_hop"])
+            work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
+            switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
+            extra = hosts[path][2:] or (None, None)
             self.edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path],
                                     min(rates[ln] for ln in links),
-                                    work > 0 or any(use[ln] > 1 for ln in links), hosts[path][:2], work,
-                                    hosts[path][2] if len(hosts[path]) > 2 else None))
+                                    work + switching > 0 or any(use[ln] > 1 for ln in links), hosts[path][:2],
+                                    work, switching, extra[0], extra[1]))
         #: Where the CPU work goes (a host with an empty route to it).
         self.sink: Any = None
         self.out_bc: dict[str, list[_Edge]] = {}
@@ -280,11 +286,12 @@ class _Run:
             flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], size))
             owners.append((e, idx))
             parts[(id(e), idx)] = 1
-            work = round(size * e.cpu_ns_per_byte)
-            if work and e.cpu_host is not None:  # its CPU work, alongside (at most one core)
-                flying.append(simgrid.Comm.sendto_async(e.cpu_host, self.sink, work))
-                owners.append((e, idx))
-                parts[(id(e), idx)] = 2
+            for host, ns in ((e.cpu_host, e.cpu_ns_per_byte), (e.switch_host, e.switch_ns_per_byte)):
+                work = round(size * ns)
+                if work and host is not None:  # its CPU work, alongside
+                    flying.append(simgrid.Comm.sendto_async(host, self.sink, work))
+                    owners.append((e, idx))
+                    parts[(id(e), idx)] += 1
         for events in self.events.values():
             events.sort(key=lambda ev: ev["t"])
 
@@ -317,6 +324,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     # The CPU model: the machine's cores as one link (nanoseconds of CPU per second), and for each
     # path a link of one core, so that one transmission's CPU work runs on one core at most.
     cores = zone.create_link("cpu", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
+    switch = zone.create_link("switch", 1e9).set_latency(0).seal() if cpu else None
     hosts: dict[tuple[str, ...], tuple[Any, ...]] = {}
     delays: dict[tuple[str, ...], float] = {}
     for i, p in enumerate(spec["paths"]):
@@ -326,11 +334,12 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
         zone.add_route(a.netpoint, None, None, None, route, False)
         zone.add_route(None, b.netpoint, None, None, [], False)
         hosts[path] = (a, b)
-        if cores is not None:
-            c = zone.create_host(f"p{i}c", 1e9)
+        if cores is not None and switch is not None:
+            c, w = zone.create_host(f"p{i}c", 1e9), zone.create_host(f"p{i}w", 1e9)
             one = zone.create_link(f"core{i}", 1e9).set_latency(0).seal()
             zone.add_route(c.netpoint, None, None, None, [LinkInRoute(one), LinkInRoute(cores)], False)
-            hosts[path] = (a, b, c)
+            zone.add_route(w.netpoint, None, None, None, [LinkInRoute(switch)], False)
+            hosts[path] = (a, b, c, w)
         delays[path] = float(p["delay_s"])
     zone.seal()
     out: list[dict[str, Any]] = []

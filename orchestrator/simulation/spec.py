@@ -14,11 +14,11 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   transfer of k chunks is cut into ceil(k / q) segments of q = ceil(k / max_segments) chunks, each
   carrying its chunks' bytes and q x `alpha_s` of work (see `orchestrator.simulation.engine`);
 - CPU (``cpu_cores`` > 0; off by default): the emulation runs every site's processes and the
-  switches on the same few cores, so its transfers also wait for CPU. Each transmission of a
-  segment of b bytes over h links needs b x (`cpu_s_per_byte` + h x `cpu_s_per_byte_hop`) CPU
-  seconds, done alongside the transmission at most one core at a time; the transmissions in flight
-  share the `cpu_cores` cores max-min, and a segment has left once both its bytes and its CPU
-  work are done;
+  software switch on the same few cores, so its transfers also wait for CPU. Each transmission of
+  a segment of b bytes over h links needs b x `cpu_s_per_byte` seconds of the workers' CPU (at most
+  one core each, the transmissions in flight sharing `cpu_cores` cores max-min) and
+  b x h x `cpu_s_per_byte_hop` seconds of the switch's (one thread, shared max-min), alongside the
+  transmission; a segment has left once its bytes and both works are done;
 - training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
   its near-equal share of `train_examples` (the iid split).
 

@@ -237,7 +237,7 @@ def test_runs_split_among_engine_processes_are_laid_back_to_back_as_in_one() -> 
 
 def test_the_cpu_model_serializes_transfers_on_shared_cores() -> None:
     # Prepare: G sends 1 MB to A and to B on links of their own (0.01 s each); every byte costs
-    # 1 us of CPU, so each transfer needs 1 s of one core.
+    # 1 us of the workers' CPU or of the switch's, so each transfer needs 1 s of one core.
     model = NetworkModel.build("star", [{"name": "G"}, {"name": "A"}, {"name": "B"}], [
         {"a": "G", "b": "A", "capacity_mbps": 800.0, "wavelengths": 1},
         {"a": "G", "b": "B", "capacity_mbps": 800.0, "wavelengths": 1}])
@@ -248,15 +248,16 @@ def test_the_cpu_model_serializes_transfers_on_shared_cores() -> None:
                                e("upload", "A", "G", ("A", "G")), e("upload", "B", "G", ("B", "G"))))
     size = 1_000_000
     latency = {}
-    for cores in (0, 1, 2):
+    for cores, worker, hop in ((0, 1e-6, 0.0), (1, 1e-6, 0.0), (2, 1e-6, 0.0), (2, 0.0, 1e-6)):
         params = SimParams(alpha_s=0.0, seconds_per_example=0.0, propagation=False, chunk_bytes=size,
-                           cpu_cores=cores, cpu_s_per_byte=0.5e-6, cpu_s_per_byte_hop=0.5e-6)
+                           cpu_cores=cores, cpu_s_per_byte=worker, cpu_s_per_byte_hop=hop)
         out = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))
         g = {ev["event"]: ev["t"] for ev in out["runs"][0]["events"]["G"]}
-        latency[cores] = g["aggregated"] - g["round_start"]
+        latency[(cores, hop > 0)] = g["aggregated"] - g["round_start"]
 
-    # Off: two procedures of 0.01 s. One core: the two transfers of a procedure share it (2 s);
-    # two cores: one each (1 s).
-    assert latency[0] == pytest.approx(0.02, rel=1e-9)
-    assert latency[1] == pytest.approx(4.0, rel=1e-9)
-    assert latency[2] == pytest.approx(2.0, rel=1e-9)
+    # Off: two procedures of 0.01 s. The workers on one core: the two transfers of a procedure
+    # share it (2 s each); on two cores, one each (1 s). The switch has one thread whatever the cores.
+    assert latency[(0, False)] == pytest.approx(0.02, rel=1e-9)
+    assert latency[(1, False)] == pytest.approx(4.0, rel=1e-9)
+    assert latency[(2, False)] == pytest.approx(2.0, rel=1e-9)
+    assert latency[(2, True)] == pytest.approx(4.0, rel=1e-9)
