@@ -85,9 +85,10 @@ class SimulationConfig:
     #: pipeline-fill error bounded in docs/architecture.md, "Flow-level simulation"); 0: one per chunk.
     max_segments: int = 0
     #: The CPU model (cpu_cores 0: off): cores shared by every site's processes and the switches,
-    #: CPU seconds per byte sent (the receiving worker's work) and per byte and hop (kernel, switch).
+    #: CPU seconds per byte and per chunk sent (the two workers' work) and per byte and hop (switch).
     cpu_cores: int = 0
     cpu_s_per_byte: float = 0.0
+    cpu_s_per_chunk: float = 0.0
     cpu_s_per_byte_hop: float = 0.0
 
 
@@ -245,7 +246,8 @@ SIMULATION_SCHEMA: dict[str, Check] = {
     "per_hop_latency_ms": _num(0), "propagation": _bool, "alpha_s": _num(0),
     "seconds_per_example": _num(0), "local_epochs": _int(1, 1000), "train_examples": _int(1),
     "chunk_bytes": _int(0), "max_segments": _int(0),
-    "cpu_cores": _int(0, 1024), "cpu_s_per_byte": _num(0), "cpu_s_per_byte_hop": _num(0),
+    "cpu_cores": _int(0, 1024), "cpu_s_per_byte": _num(0), "cpu_s_per_chunk": _num(0),
+    "cpu_s_per_byte_hop": _num(0),
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation")

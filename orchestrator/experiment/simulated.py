@@ -63,6 +63,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         "seconds_per_example": params.seconds_per_example, "local_epochs": params.local_epochs,
         "train_examples": params.train_examples, "max_segments": params.max_segments,
         "cpu_cores": params.cpu_cores, "cpu_s_per_byte": params.cpu_s_per_byte,
+        "cpu_s_per_chunk": params.cpu_s_per_chunk,
         "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "background": "not simulated"})
     status, note = "failed", ""
     try:

@@ -103,7 +103,7 @@ class _Run:
 
     def __init__(self, spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]],
                  delays: dict[tuple[str, ...], float], rates: dict[tuple[str, str], float],
-                 cpu: dict[str, float] | None = None) -> None:
+                 cpu: dict[str, float] | None = None, workers: dict[tuple[str, str], Any] | None = None) -> None:
         self.key = spec["key"]
         self.g: str = spec["global"]
         self.locals: set[str] = set(spec["locals"])
@@ -118,6 +118,9 @@ class _Run:
         sizes = [self.chunk] * (self.k - 1) + [self.model_bytes - self.chunk * (self.k - 1)]
         self.seg_bytes = [sum(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
         self.seg_alpha = [alpha * len(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
+        per_chunk = 0.0 if cpu is None else 1e9 * float(cpu.get("s_per_chunk", 0.0))
+        #: Fixed CPU work of each segment, in nanoseconds (its chunks' per-chunk cost).
+        self.seg_work = [per_chunk * len(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
         self.train_s: dict[str, float] = {s: float(t) for s, t in spec["train_s"].items()}
         paths = [tuple(e["path"]) for e in spec["edges"]]
         use: dict[tuple[str, str], int] = {}
@@ -129,11 +132,10 @@ class _Run:
             links = list(itertools.pairwise(path))
             work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
             switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
-            extra = hosts[path][2:] or (None, None)
             self.edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path],
-                                    min(rates[ln] for ln in links),
-                                    work + switching > 0 or any(use[ln] > 1 for ln in links), hosts[path][:2],
-                                    work, switching, extra[0], extra[1]))
+                                    min(rates[ln] for ln in links), cpu is not None or any(use[ln] > 1 for ln in links),
+                                    hosts[path][:2], work, switching, (workers or {}).get((e["src"], e["dst"])),
+                                    hosts[path][2] if len(hosts[path]) > 2 else None))
         #: Where the CPU work goes (a host with an empty route to it).
         self.sink: Any = None
         self.out_bc: dict[str, list[_Edge]] = {}
@@ -286,8 +288,9 @@ class _Run:
             flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], size))
             owners.append((e, idx))
             parts[(id(e), idx)] = 1
-            for host, ns in ((e.cpu_host, e.cpu_ns_per_byte), (e.switch_host, e.switch_ns_per_byte)):
-                work = round(size * ns)
+            for host, ns, fixed in ((e.cpu_host, e.cpu_ns_per_byte, self.seg_work[idx % self.m]),
+                                    (e.switch_host, e.switch_ns_per_byte, 0.0)):
+                work = round(size * ns + fixed)
                 if work and host is not None:  # its CPU work, alongside
                     flying.append(simgrid.Comm.sendto_async(host, self.sink, work))
                     owners.append((e, idx))
@@ -334,20 +337,34 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
         zone.add_route(a.netpoint, None, None, None, route, False)
         zone.add_route(None, b.netpoint, None, None, [], False)
         hosts[path] = (a, b)
-        if cores is not None and switch is not None:
-            c, w = zone.create_host(f"p{i}c", 1e9), zone.create_host(f"p{i}w", 1e9)
-            one = zone.create_link(f"core{i}", 1e9).set_latency(0).seal()
-            zone.add_route(c.netpoint, None, None, None, [LinkInRoute(one), LinkInRoute(cores)], False)
+        if switch is not None:
+            w = zone.create_host(f"p{i}w", 1e9)
             zone.add_route(w.netpoint, None, None, None, [LinkInRoute(switch)], False)
-            hosts[path] = (a, b, c, w)
+            hosts[path] = (a, b, w)
         delays[path] = float(p["delay_s"])
+    # The workers' CPU work of an overlay edge: through its two sites' processes (one core each)
+    # and the machine's cores.
+    workers: dict[tuple[str, str], Any] = {}
+    if cores is not None:
+        procs: dict[str, Any] = {}
+        for run_spec in spec["runs"]:
+            for e in run_spec["edges"]:
+                pair = (e["src"], e["dst"])
+                if pair in workers:
+                    continue
+                for site in pair:
+                    if site not in procs:
+                        procs[site] = zone.create_link(f"proc:{site}", 1e9).set_latency(0).seal()
+                host = workers[pair] = zone.create_host(f"w:{pair[0]}>{pair[1]}", 1e9)
+                zone.add_route(host.netpoint, None, None, None,
+                               [LinkInRoute(procs[pair[0]]), LinkInRoute(procs[pair[1]]), LinkInRoute(cores)], False)
     zone.seal()
     out: list[dict[str, Any]] = []
     clock = [0.0]
 
     def driver() -> None:
         for run_spec in spec["runs"]:
-            run = _Run(run_spec, hosts, delays, rates, cpu)
+            run = _Run(run_spec, hosts, delays, rates, cpu, workers)
             run.sink = ctl
             run.run(max(clock[0], Engine.clock))
             clock[0] = run.end_s

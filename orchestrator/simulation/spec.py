@@ -15,8 +15,9 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   carrying its chunks' bytes and q x `alpha_s` of work (see `orchestrator.simulation.engine`);
 - CPU (``cpu_cores`` > 0; off by default): the emulation runs every site's processes and the
   software switch on the same few cores, so its transfers also wait for CPU. Each transmission of
-  a segment of b bytes over h links needs b x `cpu_s_per_byte` seconds of the workers' CPU (at most
-  one core each, the transmissions in flight sharing `cpu_cores` cores max-min) and
+  a segment of b bytes and q chunks over h links needs b x `cpu_s_per_byte` + q x `cpu_s_per_chunk`
+  seconds of the workers' CPU (in the sender's and the receiver's processes, one core each; the
+  transmissions in flight sharing the processes and `cpu_cores` cores max-min) and
   b x h x `cpu_s_per_byte_hop` seconds of the switch's (one thread, shared max-min), alongside the
   transmission; a segment has left once its bytes and both works are done;
 - training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
@@ -71,6 +72,7 @@ class SimParams:
     #: and per byte and link hop (kernel, virtual links, software switch, shaping).
     cpu_cores: int = 0
     cpu_s_per_byte: float = 0.0
+    cpu_s_per_chunk: float = 0.0
     cpu_s_per_byte_hop: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
@@ -147,9 +149,10 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
         })
     spec: dict[str, Any] = {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()],
                             "runs": out_runs}
-    if params.cpu_cores > 0 and (params.cpu_s_per_byte > 0 or params.cpu_s_per_byte_hop > 0):
+    if params.cpu_cores > 0 and (params.cpu_s_per_byte > 0 or params.cpu_s_per_chunk > 0
+                                 or params.cpu_s_per_byte_hop > 0):
         spec["cpu"] = {"cores": params.cpu_cores, "s_per_byte": params.cpu_s_per_byte,
-                       "s_per_byte_hop": params.cpu_s_per_byte_hop}
+                       "s_per_chunk": params.cpu_s_per_chunk, "s_per_byte_hop": params.cpu_s_per_byte_hop}
     return spec
 
 

@@ -255,9 +255,32 @@ def test_the_cpu_model_serializes_transfers_on_shared_cores() -> None:
         g = {ev["event"]: ev["t"] for ev in out["runs"][0]["events"]["G"]}
         latency[(cores, hop > 0)] = g["aggregated"] - g["round_start"]
 
-    # Off: two procedures of 0.01 s. The workers on one core: the two transfers of a procedure
-    # share it (2 s each); on two cores, one each (1 s). The switch has one thread whatever the cores.
+    # Off: two procedures of 0.01 s. The workers' work: G's process takes part in both transfers of
+    # a procedure, on one core, whatever the machine's cores (2 s each). The switch has one thread.
     assert latency[(0, False)] == pytest.approx(0.02, rel=1e-9)
     assert latency[(1, False)] == pytest.approx(4.0, rel=1e-9)
-    assert latency[(2, False)] == pytest.approx(2.0, rel=1e-9)
+    assert latency[(2, False)] == pytest.approx(4.0, rel=1e-9)
     assert latency[(2, True)] == pytest.approx(4.0, rel=1e-9)
+
+
+def test_the_cpu_model_shares_the_machines_cores_among_the_sites_processes() -> None:
+    # Prepare: G - A - B - C, broadcast along the chain in 10 chunks; every chunk costs 0.1 s of
+    # its sender's and receiver's processes, far more than its transmission.
+    model = NetworkModel.build("chain4", [{"name": n} for n in "GABC"], [
+        {"a": a, "b": b, "capacity_mbps": 8000.0, "wavelengths": 1} for a, b in ("GA", "AB", "BC")])
+    e = OverlayEdge
+    schedule = Schedule(task_id=5, scheduler="hand", global_site="G", local_sites=("A", "B", "C"), demand_mbps=1.0,
+                        broadcast_parent={"A": "G", "B": "A", "C": "B"}, upload_parent={"A": "G", "B": "A", "C": "B"},
+                        edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "A", "B", ("A", "B")),
+                               e("broadcast", "B", "C", ("B", "C")), e("upload", "C", "B", ("C", "B")),
+                               e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
+    got = {}
+    for cores in (1, 2):
+        params = SimParams(alpha_s=0.0, seconds_per_example=0.0, propagation=False, chunk_bytes=1000,
+                           cpu_cores=cores, cpu_s_per_chunk=0.1)
+        out = simulate(build_spec(model, [TaskRun("t", schedule, 10_000, 1)], params, capacity_rate(model)))
+        events = out["runs"][0]["events"]
+        got[cores] = next(ev["t"] for ev in events["C"] if ev["event"] == "global_received")
+
+    # G->A and B->C share no process and run at once on two cores; one core takes them in turn.
+    assert got[1] > got[2] * 1.2
