@@ -93,16 +93,110 @@ def simulate_like(run: dict[str, Any], model_bytes: int | None, out: Path, param
         return comm_medians(db, outcome.run_id)
 
 
-def calibrate(path: Path, out: Path, params: dict[str, Any] | None = None) -> None:
+#: TCP payload per byte htb shapes at MTU 1500: 1448 bytes of payload (1500 less the IP and TCP
+#: headers with timestamps) per 1514-byte Ethernet frame.
+TCP_PAYLOAD_SHARE = 1448 / 1514
+#: The 2-locals point is fitted to within this share (bisection on `cpu_s_per_chunk`).
+FIT_TOLERANCE = 0.01
+FIT_MAX_S_PER_CHUNK = 0.05
+
+
+def measure_worker_cpu(model_args: dict[str, Any] | None = None, chunk_bytes: int = 102_400,
+                       reps: int = 5) -> float:
+    """CPU seconds per byte the workers' own code spends on one transfer, measured on this machine:
+    the chunks of the model framed (`encode_chunk`), sent over a local socket pair (`sendmsg_all`),
+    read and checked (`read_frame`, `parse_chunk`) and copied into place, then a second update
+    folded in, averaged and re-encoded (`ChunkSum`, as an aggregator does); process CPU time over
+    the bytes."""
+    import socket
+    import threading
+
+    import torch
+
+    from workers.aggregate import ChunkSum
+    from workers.framing import Header, chunk_layout, chunk_view, encode_chunk, parse_chunk
+    from workers.models import build_model
+    from workers.transport import read_frame, sendmsg_all
+
+    torch.set_num_threads(1)
+    model = build_model("mlp", input_shape=(64,), num_classes=10, model_args=model_args or {"hidden": 800, "layers": 2})
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    layout = chunk_layout(state, chunk_bytes)
+    total = sum(c.nbytes for c in layout) * reps
+    a, b = socket.socketpair()
+    incoming = {k: torch.empty_like(v) for k, v in state.items()}
+
+    def send() -> None:
+        for _ in range(reps):
+            for k, spec in enumerate(layout):
+                header = Header("GLOBAL", 1, 1, "G", chunk=k, chunks=len(layout))
+                sendmsg_all(a, encode_chunk(header, chunk_view(state, spec)))
+
+    cpu0 = time.process_time()
+    sender = threading.Thread(target=send)
+    sender.start()
+    for _ in range(reps):
+        for spec in layout:
+            frame = read_frame(b, max_payload_bytes=1 << 30)
+            assert frame is not None
+            tensors = parse_chunk(frame[1], spec, frame[0])
+            for piece in spec.pieces:
+                piece.view(incoming[piece.base]).copy_(tensors[piece.name])
+            acc = ChunkSum()
+            acc.add("a", tensors, 10)
+            acc.add("b", tensors, 10)
+            encode_chunk(Header("UPDATE", 1, 1, "A", num_examples=20, chunk=spec.index, chunks=len(layout)),
+                         acc.mean())
+    sender.join()
+    a.close()
+    b.close()
+    return (time.process_time() - cpu0) / total
+
+
+def calibrate(path: Path, out: Path) -> dict[str, Any]:
+    """Set the model's parameters from an emulated run (see docs/architecture.md, "Flow-level
+    simulation", calibration): derived, measured, then one fitted on the 2-locals point; the 4-
+    and 8-locals points test the fit. Prints the comparison and returns the parameters."""
     run, emulated, sizes = emulated_run(path)
-    simulated = simulate_like(run, sizes, out, params or {})
-    cfg = parse_config({**run["config"], "engine": "emulation"}, where=str(path))
-    print(f"calibration against {path} (run {run['id']}, {cfg.topology}): median round communication time")
-    print(f"{'locals':>7}{'emulated s':>12}{'simulated s':>13}{'sim / emu':>11}")
+    env = run["environment"]
+    print(f"calibration against {path} (run {run['id']}, {run['config'].get('topology')}, emulated on "
+          f"{env.get('cpus', '?')} cores, delay {'on' if env.get('delay_emulated') else 'off'})")
+    per_byte = min(measure_worker_cpu(run["config"].get("task", {}).get("model_args")) for _ in range(3))
+    params: dict[str, Any] = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4), "cpu_cores": int(env.get("cpus") or 2),
+                              "cpu_s_per_byte": float(f"{per_byte:.3g}"), "cpu_s_per_chunk": 0.0}
+    if 2 not in emulated:
+        sys.exit(f"bench_simulation: {path} has no round at 2 locals to fit on")
+
+    def ratio_at_2(per_chunk: float) -> float:
+        sim = simulate_like(run, sizes, out, {**params, "cpu_s_per_chunk": per_chunk}, locals_=[2])
+        return sim[2] / emulated[2]
+
+    lo, hi = 0.0, FIT_MAX_S_PER_CHUNK
+    if ratio_at_2(lo) < 1.0 < ratio_at_2(hi):
+        for _ in range(20):
+            mid = (lo + hi) / 2
+            r = ratio_at_2(mid)
+            if abs(r - 1.0) <= FIT_TOLERANCE:
+                lo = hi = mid
+                break
+            lo, hi = (mid, hi) if r < 1.0 else (lo, mid)
+    params["cpu_s_per_chunk"] = float(f"{(lo + hi) / 2:.3g}")
+    before = simulate_like(run, sizes, out, {})
+    after = simulate_like(run, sizes, out, params)
+    print("parameters: tcp_efficiency derived (TCP payload per Ethernet frame at MTU 1500), cpu_cores from the "
+          "emulated run's environment, cpu_s_per_byte measured (the workers' framing, socket, check and "
+          "aggregation code on this machine), cpu_s_per_chunk fitted on the 2-locals point:")
+    print("  simulation: {" + ", ".join(f"{k}: {v}" for k, v in params.items()) + "}")
+    print("median round communication time (broadcast + upload), simulated over emulated:")
+    print(f"{'locals':>7}{'emulated s':>12}{'uncalibrated':>14}{'ratio':>8}{'calibrated':>12}{'ratio':>8}")
     for n in (2, 4, 8):
-        e, s = emulated.get(n), simulated.get(n)
-        ratio = "-" if not e or s is None else f"{s / e:.3f}"
-        print(f"{n:>7}{'-' if e is None else f'{e:.3f}':>12}{'-' if s is None else f'{s:.3f}':>13}{ratio:>11}")
+        e, s0, s1 = emulated.get(n), before.get(n), after.get(n)
+        r0 = "-" if not e or s0 is None else f"{s0 / e:.3f}"
+        r1 = "-" if not e or s1 is None else f"{s1 / e:.3f}"
+        role = "  (fit)" if n == 2 else "  (test)"
+        print(f"{n:>7}{'-' if e is None else f'{e:.3f}':>12}{'-' if s0 is None else f'{s0:.3f}':>14}{r0:>8}"
+              f"{'-' if s1 is None else f'{s1:.3f}':>12}{r1:>8}{role}")
+    return params
 
 
 def main() -> None:
