@@ -90,6 +90,9 @@ class SimulationConfig:
     cpu_s_per_byte: float = 0.0
     cpu_s_per_chunk: float = 0.0
     cpu_s_per_byte_hop: float = 0.0
+    #: How the parameters were set (free text, shown in the report's "Simulation model"), e.g. what
+    #: `benchmarks/bench_simulation.py --calibrate` prints.
+    calibration: str = ""
 
 
 @dataclass(frozen=True)
@@ -198,6 +201,12 @@ def _str(key: str, v: Any) -> str:
     return v
 
 
+def _text(key: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{key} must be a string, got {v!r}")
+    return v
+
+
 def _bool(key: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise ConfigError(f"{key} must be true or false, got {v!r}")
@@ -247,7 +256,7 @@ SIMULATION_SCHEMA: dict[str, Check] = {
     "seconds_per_example": _num(0), "local_epochs": _int(1, 1000), "train_examples": _int(1),
     "chunk_bytes": _int(0), "max_segments": _int(0),
     "cpu_cores": _int(0, 1024), "cpu_s_per_byte": _num(0), "cpu_s_per_chunk": _num(0),
-    "cpu_s_per_byte_hop": _num(0),
+    "cpu_s_per_byte_hop": _num(0), "calibration": _text,
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation")

@@ -18,7 +18,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
 from orchestrator.experiment.report import write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.runner import RunOutcome, task_sets
@@ -34,7 +34,7 @@ LOG = logging.getLogger("netai.simulation")
 
 def sim_params(cfg: ExperimentConfig) -> SimParams:
     """The model's parameters from the config's `simulation` section."""
-    return SimParams(**asdict(cfg.simulation))
+    return SimParams(**{k: v for k, v in asdict(cfg.simulation).items() if k != "calibration"})
 
 
 def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None) -> RunOutcome:
@@ -64,7 +64,9 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         "train_examples": params.train_examples, "max_segments": params.max_segments,
         "cpu_cores": params.cpu_cores, "cpu_s_per_byte": params.cpu_s_per_byte,
         "cpu_s_per_chunk": params.cpu_s_per_chunk,
-        "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "background": "not simulated"})
+        "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "calibration": cfg.simulation.calibration,
+        "defaults": sorted(k for k, v in asdict(cfg.simulation).items() if v == getattr(SimulationConfig(), k)),
+        "background": "not simulated"})
     status, note = "failed", ""
     try:
         t0 = time.monotonic()

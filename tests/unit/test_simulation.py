@@ -184,6 +184,25 @@ def test_a_simulated_run_is_recorded_and_marked_simulated(tmp_path: Path) -> Non
     assert [t["state"] for t in tasks] == ["done", "done"] and all(t["carried_bytes"] > 0 for t in tasks)
     report = (outcome.run_dir / "report.md").read_text()
     assert "**Simulated run**" in report and "## Simulation model" in report
+    assert "- CPU: not modelled" in report and "TCP efficiency factor 1.0 (default" in report
+
+
+def test_the_report_says_how_a_calibrated_models_parameters_were_set(tmp_path: Path) -> None:
+    from orchestrator.experiment.simulated import run_simulated
+
+    cfg = parse_config({"name": "simcal", "engine": "simulation", "topology": "triangle", "schedulers": ["spff"],
+                        "locals": [2], "tasks_per_point": 1, "task": {"rounds": 1},
+                        "simulation": {"rates": "emulated", "tcp_efficiency": 0.9564, "cpu_cores": 2,
+                                       "cpu_s_per_byte": 1.5e-9, "cpu_s_per_chunk": 0.003,
+                                       "calibration": "fitted on the 2-locals point"}})
+
+    outcome = run_simulated(cfg, out_root=tmp_path, model_bytes=200_000)
+
+    report = (outcome.run_dir / "report.md").read_text()
+    assert outcome.status == "completed"
+    assert "TCP efficiency factor 0.9564 (set in the config (see how below)" in report
+    assert "- CPU: 2 cores shared by every site's processes" in report and "0.003 s per chunk" in report
+    assert "- how the parameters were set: fitted on the 2-locals point" in report
 
 
 def test_runs_of_an_older_database_count_as_emulated(tmp_path: Path) -> None:
