@@ -10,6 +10,7 @@ environment lists the model's parameters, so the report says it was simulated an
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import platform
@@ -50,8 +51,15 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
 
         model_bytes = check_model(cfg.task.model, cfg.task.model_args)
     rate = emulated_rate(plan) if params.rates == "emulated" else capacity_rate(model)
-    run_dir = out_root / f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=False)
+    stamp = f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_root.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):  # a simulation can take less than a second: never reuse a folder
+        run_dir = out_root / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            continue
     db = ResultsDB(run_dir / "results.db")
     run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation")
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
