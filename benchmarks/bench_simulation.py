@@ -9,10 +9,14 @@ figures and report; target: minutes), the part of it spent scheduling and simula
 processes run at once and their peak memory (summed), and the peak memory of this one.
 ``--max-segments N`` simulates each transfer as at most N segments (`simulation.max_segments`).
 
-``--calibrate RESULTS.db`` (an emulated run's database, e.g. of an NSFNET config): simulates that
-run's config (its topology, tasks, schedulers, rates and whether delay was emulated) and prints,
-at 2, 4 and 8 locals, the median round communication time (round latency less the critical
-local's training: broadcast + upload) simulated over emulated. ``--quick`` runs smaller cases.
+``--calibrate RESULTS.db`` (an emulated run's database, e.g. of an NSFNET config): sets the
+model's parameters from that run (`calibrate`: tcp_efficiency derived, cpu_cores from its
+environment, cpu_s_per_byte measured with the workers' code on this machine, cpu_s_per_chunk
+fitted on the 2-locals point), simulates its config (topology, tasks, schedulers, rates, delay only
+if it was emulated) and prints, at 2, 4 and 8 locals, the median round communication time (round
+latency less the critical local's training: broadcast + upload) simulated over emulated, before
+and after; 4 and 8 locals test the fit (docs/architecture.md, "Flow-level simulation").
+``--quick`` runs smaller cases.
 """
 
 from __future__ import annotations
