@@ -67,9 +67,9 @@ class SimParams:
     chunk_bytes: int = 0
     #: At most this many segments per transfer (chunks merged; 0: every chunk is a segment).
     max_segments: int = 0
-    #: The CPU model (0 cores: off): the cores every site's processes and the switches share, the
-    #: CPU seconds per byte a transfer costs (the receiving worker's decode, check and aggregation)
-    #: and per byte and link hop (kernel, virtual links, software switch, shaping).
+    #: The CPU model (0 cores: off): the cores every site's processes share; the workers' CPU
+    #: seconds per byte and per chunk of a transfer (framing, socket, check, aggregation, hand-offs),
+    #: in its sender's and receiver's processes; the switch's per byte and link hop.
     cpu_cores: int = 0
     cpu_s_per_byte: float = 0.0
     cpu_s_per_chunk: float = 0.0
