@@ -98,6 +98,18 @@ class SimulationConfig:
     train_examples: int = 1437
     #: A fixed chunk size in bytes; 0: the emulation's choice (timing.optimal_chunk_bytes).
     chunk_bytes: int = 0
+    #: At most this many segments per transfer: chunks merged into segments (faster, with a
+    #: pipeline-fill error bounded in docs/architecture.md, "Flow-level simulation"); 0: one per chunk.
+    max_segments: int = 0
+    #: The CPU model (cpu_cores 0: off): cores shared by every site's processes and the switches,
+    #: CPU seconds per byte and per chunk sent (the two workers' work) and per byte and hop (switch).
+    cpu_cores: int = 0
+    cpu_s_per_byte: float = 0.0
+    cpu_s_per_chunk: float = 0.0
+    cpu_s_per_byte_hop: float = 0.0
+    #: How the parameters were set (free text, shown in the report's "Simulation model"), e.g. what
+    #: `benchmarks/bench_simulation.py --calibrate` prints.
+    calibration: str = ""
 
 
 @dataclass(frozen=True)
@@ -223,6 +235,12 @@ def _str(key: str, v: Any) -> str:
     return v
 
 
+def _text(key: str, v: Any) -> str:
+    if not isinstance(v, str):
+        raise ConfigError(f"{key} must be a string, got {v!r}")
+    return v
+
+
 def _bool(key: str, v: Any) -> bool:
     if not isinstance(v, bool):
         raise ConfigError(f"{key} must be true or false, got {v!r}")
@@ -308,7 +326,9 @@ SIMULATION_SCHEMA: dict[str, Check] = {
     "rates": _choice(("capacity", "emulated")), "tcp_efficiency": _num(0, 1, lo_open=True),
     "per_hop_latency_ms": _num(0), "propagation": _bool, "alpha_s": _num(0),
     "seconds_per_example": _num(0), "local_epochs": _int(1, 1000), "train_examples": _int(1),
-    "chunk_bytes": _int(0),
+    "chunk_bytes": _int(0), "max_segments": _int(0),
+    "cpu_cores": _int(0, 1024), "cpu_s_per_byte": _num(0), "cpu_s_per_chunk": _num(0),
+    "cpu_s_per_byte_hop": _num(0), "calibration": _text,
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation")

@@ -371,6 +371,47 @@ def _figures_section(figures: Sequence[Figure]) -> list[str]:
     return lines
 
 
+def _simulation_model(env: dict[str, Any]) -> list[str]:
+    """The report's "Simulation model" section: each parameter of a simulated run and how it was set."""
+    defaults = set(env.get("defaults", []))
+
+    def how(*keys: str) -> str:
+        if all(k in defaults for k in keys):
+            return "default"
+        return "set in the config" + (" (see how below)" if env.get("calibration") else "")
+
+    cpu = int(env.get("cpu_cores") or 0)
+    lines = ["**Simulated run**: these figures come from the flow-level model on SimGrid "
+             "(`orchestrator/simulation`), not from the emulation; no model was trained (no accuracy).", "",
+             "## Simulation model", "",
+             f"- link rates: {env.get('rates', '?')} (bw_scale {env.get('bw_scale', '?')}); flows share links max-min",
+             f"- TCP efficiency factor {env.get('tcp_efficiency', '?')} ({how('tcp_efficiency')}; 1.0 by default, "
+             "the calibration derives 1448/1514: TCP payload per Ethernet frame at MTU 1500, as htb counts it)",
+             f"- propagation: fiber delay {'on' if env.get('delay_emulated') else 'off'}, plus "
+             f"{env.get('per_hop_latency_ms', '?')} ms per hop ({how('per_hop_latency_ms')})",
+             f"- per-chunk work at each sender: {env.get('alpha_s', '?')} s ({how('alpha_s')}; by default the "
+             "emulation's own figure, `orchestrator/runtime/timing.py` ALPHA_S); chunk size as the emulation "
+             "chooses it unless the config fixes it",
+             f"- segments per transfer: {env.get('max_segments') or 'one per chunk'} ({how('max_segments')})",
+             f"- training: {env.get('seconds_per_example', '?')} s per example and epoch, "
+             f"{env.get('local_epochs', '?')} epochs, {env.get('train_examples', '?')} examples split among "
+             f"the locals ({how('seconds_per_example')}; the default is a placeholder, not measured)"]
+    if cpu:
+        lines.append(f"- CPU: {cpu} cores shared by every site's processes; per transfer "
+                     f"{env.get('cpu_s_per_byte', 0)} s per byte and {env.get('cpu_s_per_chunk', 0)} s per chunk "
+                     "in the sender's and receiver's processes (one core each), and "
+                     f"{env.get('cpu_s_per_byte_hop', 0)} s per byte and hop on the switch's one thread "
+                     f"({how('cpu_cores', 'cpu_s_per_byte', 'cpu_s_per_chunk', 'cpu_s_per_byte_hop')})")
+    else:
+        lines.append("- CPU: not modelled (`cpu_cores` 0, the default): transfers never wait for CPU")
+    if env.get("calibration"):
+        lines.append(f"- how the parameters were set: {env['calibration']}")
+    lines += ["- these parameters are the config's `simulation` section (defaults in "
+              "`orchestrator/experiment/config.py`); `benchmarks/bench_simulation.py --calibrate` sets them from an "
+              "emulated run (derived, measured, one fitted) and tests the fit", ""]
+    return lines
+
+
 def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, figures: Sequence[Figure] | None = None) -> Path:
     """A markdown report (the environment, the summary table, the paper's two claims, the paired
     ratios, where the time went, the online section, the figures) and the same as self-contained
@@ -391,22 +432,7 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, figures: Sequence
         lines += [f"- {t.scheduler} task {t.task_id}: {t.reason or 'no reason recorded'}" for t in failed[:5]]
         lines.append("")
     if run.get("engine") == "simulation":
-        env = run["environment"]
-        lines += ["**Simulated run**: these figures come from the flow-level model on SimGrid "
-                  "(`orchestrator/simulation`), not from the emulation; no model was trained (no accuracy).", "",
-                  "## Simulation model", "",
-                  f"- link rates: {env.get('rates', '?')} (bw_scale {env.get('bw_scale', '?')}), times a TCP "
-                  f"efficiency factor of {env.get('tcp_efficiency', '?')}; flows share links max-min",
-                  f"- propagation: fiber delay {'on' if env.get('delay_emulated') else 'off'}, plus "
-                  f"{env.get('per_hop_latency_ms', '?')} ms per hop",
-                  f"- per-chunk work at each sender: {env.get('alpha_s', '?')} s; chunk size as the emulation chooses "
-                  "it unless the config fixes it",
-                  f"- training: {env.get('seconds_per_example', '?')} s per example and epoch, "
-                  f"{env.get('local_epochs', '?')} epochs, {env.get('train_examples', '?')} examples split among "
-                  "the locals",
-                  "- these parameters are the config's `simulation` section (defaults in "
-                  "`orchestrator/experiment/config.py`); `benchmarks/bench_simulation.py --calibrate` compares the "
-                  "model with an emulated run", ""]
+        lines += _simulation_model(run["environment"])
     lines += ["## Environment", ""]
     for k, v in sorted(run["environment"].items()):
         lines.append(f"- {k}: {v}")

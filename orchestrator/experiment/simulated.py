@@ -3,13 +3,14 @@
 The same task sets (`runner.task_sets`), the same schedulers, in the same order and on the same
 network states as the sequential mode of the emulation (every scheduler sees the reservations of
 the point's earlier tasks; no background load), then every admitted task's rounds simulated on
-SimGrid (one child process for the whole run), recorded in the same results database, CSVs,
+SimGrid (child engine processes, `orchestrator.simulation.spec.simulate`), recorded in the same results database, CSVs,
 figures and report. The run is marked ``engine = simulation`` (the `runs` table) and its
 environment lists the model's parameters, so the report says it was simulated and how.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import platform
@@ -18,7 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
 from orchestrator.experiment.report import write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.runner import RunOutcome, task_sets
@@ -34,7 +35,7 @@ LOG = logging.getLogger("netai.simulation")
 
 def sim_params(cfg: ExperimentConfig) -> SimParams:
     """The model's parameters from the config's `simulation` section."""
-    return SimParams(**asdict(cfg.simulation))
+    return SimParams(**{k: v for k, v in asdict(cfg.simulation).items() if k != "calibration"})
 
 
 def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None) -> RunOutcome:
@@ -50,8 +51,15 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
 
         model_bytes = check_model(cfg.task.model, cfg.task.model_args)
     rate = emulated_rate(plan) if params.rates == "emulated" else capacity_rate(model)
-    run_dir = out_root / f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir.mkdir(parents=True, exist_ok=False)
+    stamp = f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_root.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):  # a simulation can take less than a second: never reuse a folder
+        run_dir = out_root / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            run_dir.mkdir()
+            break
+        except FileExistsError:
+            continue
     db = ResultsDB(run_dir / "results.db")
     run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation")
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
@@ -61,16 +69,24 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         "tcp_efficiency": params.tcp_efficiency, "per_hop_latency_ms": params.per_hop_latency_ms,
         "delay_emulated": params.propagation, "alpha_s": params.alpha_s,
         "seconds_per_example": params.seconds_per_example, "local_epochs": params.local_epochs,
-        "train_examples": params.train_examples, "background": "not simulated"})
+        "train_examples": params.train_examples, "max_segments": params.max_segments,
+        "cpu_cores": params.cpu_cores, "cpu_s_per_byte": params.cpu_s_per_byte,
+        "cpu_s_per_chunk": params.cpu_s_per_chunk,
+        "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "calibration": cfg.simulation.calibration,
+        "defaults": sorted(k for k, v in asdict(cfg.simulation).items() if v == getattr(SimulationConfig(), k)),
+        "background": "not simulated"})
     status, note = "failed", ""
     try:
+        t0 = time.monotonic()
         runs, figures = _schedule_all(cfg, db, run_id, model, model_bytes, rate, params)
+        db.update_environment(run_id, scheduling_wall_s=round(time.monotonic() - t0, 3))
         t0 = time.monotonic()
         result: dict[str, Any] = simulate(build_spec(model, runs, params, rate)) if runs else {"runs": [], "sim_end_s": 0.0}
         done = _record(db, run_id, runs, figures, result)
         db.update_environment(run_id, clock_end_s=round(float(result["sim_end_s"]), 6),
                               simulation_wall_s=round(time.monotonic() - t0, 3),
-                              simulation_peak_rss_mb=round(result.get("peak_rss_bytes", 0) / 2**20, 1))
+                              simulation_peak_rss_mb=round(result.get("peak_rss_bytes", 0) / 2**20, 1),
+                              simulation_processes=int(result.get("processes", 0)))
         status = "completed" if done else "failed"
         note = "" if done else "no task completed"
     except BaseException as e:

@@ -1,8 +1,8 @@
 """The SimGrid side of the flow-level simulation: run in a child process of its own.
 
-``python -m orchestrator.simulation.engine SPEC.json OUT.json`` reads a spec (`spec.SimSpec` as
-JSON), builds the platform, runs every task run of the spec one after the other in simulated time
-and writes what each node did (the agents' timing events, the same names and meaning as the
+``python -m orchestrator.simulation.engine SPEC OUT`` reads a spec (`spec.build_spec`'s JSON),
+builds the platform, runs every task run of the spec one after the other in simulated time and
+writes what each node did (the agents' timing events, the same names and meaning as the
 emulation's) and the bytes each directed link carried.
 
 Why a process of its own: SimGrid has one engine per process, created once and run once; the
@@ -21,18 +21,41 @@ Propagation. Links have no SimGrid latency: a chunk's propagation (the path's fi
 per-hop latency, from the spec) is added when its transmission ends, so that the chunks of one
 overlay edge stream back to back (one TCP connection) instead of each paying the path's latency.
 
-Actors. One actor per overlay edge of a task (its sender side: a "pump") and one driver. A pump
-sends its edge's chunks in order, round after round: chunk k leaves once the sender holds it
-(broadcast: it arrived from the parent; upload: every upload child's chunk k arrived and, at a
-local, its own training ended) and once chunk k-1 has left, after `alpha_s` of per-chunk work.
-Nodes need no actor: their state changes when a pump delivers a chunk (cut-through forwarding,
-per-chunk aggregation). Training is not run: a local's training ends `train_s` after the last
-chunk of the global model reached it. G aggregates when the last chunk of every upload child
-arrived, and starts the next round then.
+Transfers. Each overlay edge sends its chunks in order, round after round: chunk k leaves once the
+sender holds it (broadcast: it arrived from the parent; upload: every upload child's chunk k
+arrived and, at a local, its own training ended) and once chunk k-1 has left, after `alpha_s` of
+per-chunk work. Nodes forward cut-through and aggregate per chunk. A local's training ends
+`train_s` after the last chunk of the global model reached it; G aggregates when the last chunk
+of every upload child arrived, and starts the next round then.
+
+How it runs (fast, and the same model). The spec's runs are independent (the sequential mode: one
+task alone on the network at a time), so each run is one discrete-event loop in a single SimGrid
+actor (no actor per edge: SimGrid's Python actors are threads, and a hand-off between threads per
+chunk was most of the time):
+
+- an overlay edge whose path shares no directed link with another edge of its run is never
+  contended, so its chunks are computed, not simulated: each takes its size over the path's
+  slowest link (what SimGrid gives a lone flow), exactly;
+- an edge that shares a link is simulated chunk by chunk as a SimGrid communication, started at
+  its exact time, so the links it shares are shared max-min;
+- the chunks of a transfer may be merged into at most ``max_segments`` segments (0: no merging):
+  a segment of q chunks carries their bytes and q x `alpha_s` of work, so one hop's time is
+  unchanged and a chain of h hops fills its pipeline with one segment instead of one chunk,
+  at most (h - 1) x (q - 1) x (alpha_s + chunk / rate) later per procedure (see
+  docs/architecture.md, "Flow-level simulation").
+
+CPU (only when the spec has a ``cpu`` section, `spec.SimParams.cpu_cores`). Two more links, "cpu"
+of the machine's cores and "switch" of one core (the software switch forwards in one thread), in
+nanoseconds of CPU per second, and for each path a link of one core: each transmission of a segment
+also sends its workers' CPU work (its bytes x the per-byte cost) through the path's core and the
+machine's cores, and its switching work (its bytes x its hops x the per-hop cost) through the
+switch; the segment has left once all three are done. Transmissions in flight thus share the
+cores and the switch max-min; every edge is then simulated (the CPU is shared by all of them).
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import json
 import math
@@ -47,27 +70,40 @@ CONFIG = ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", "--cfg=net
           "--cfg=contexts/factory:thread", "--log=root.thres:critical", "--log=xbt_cfg.thres:critical"]
 
 
+
 @dataclass
 class _Edge:
     procedure: str
     src: str
     dst: str
-    path: tuple[str, ...]
+    links: list[tuple[str, str]]
     delay_s: float
-    src_host: Any = None
-    dst_host: Any = None
-    sem: Any = None
-    #: Ready time of each chunk at the sender, by (round - 1) * chunks + k.
+    #: Bytes per second of the path's slowest link (a lone flow's rate).
+    rate: float
+    #: Shares a directed link with another edge of its run (or the CPU is modelled): simulated by SimGrid.
+    contended: bool
+    hosts: tuple[Any, Any]
+    #: CPU work per byte sent, in nanoseconds (the CPU model: the receiver's work and each hop's).
+    cpu_ns_per_byte: float = 0.0
+    #: Switching work per byte sent, in nanoseconds (the path's hops).
+    switch_ns_per_byte: float = 0.0
+    #: The hosts whose routes are the path's own core and the machine's cores, and the switch.
+    cpu_host: Any = None
+    switch_host: Any = None
+    #: Ready time at the sender of each segment not sent yet, by (round - 1) * segments + j.
     ready: dict[int, float] = field(default_factory=dict)
+    next_idx: int = 0
+    free: float = 0.0
+    busy: bool = False
+    sent_bytes: int = 0
 
 
 class _Run:
-    """One task run: its nodes' state, changed by the pumps as chunks arrive."""
+    """One task run: its nodes' state and its edges' transfers, one discrete-event loop."""
 
-    def __init__(self, spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, Any]],
-                 delays: dict[tuple[str, ...], float]) -> None:
-        import simgrid
-
+    def __init__(self, spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]],
+                 delays: dict[tuple[str, ...], float], rates: dict[tuple[str, str], float],
+                 cpu: dict[str, float] | None = None, workers: dict[tuple[str, str], Any] | None = None) -> None:
         self.key = spec["key"]
         self.g: str = spec["global"]
         self.locals: set[str] = set(spec["locals"])
@@ -75,67 +111,117 @@ class _Run:
         self.model_bytes: int = int(spec["model_bytes"])
         self.chunk: int = int(spec["chunk_bytes"])
         self.k = max(1, math.ceil(self.model_bytes / self.chunk))
-        self.alpha: float = float(spec["alpha_s"])
+        alpha = float(spec["alpha_s"])
+        limit = int(spec.get("max_segments", 0))
+        per = 1 if limit <= 0 else math.ceil(self.k / limit)
+        self.m = math.ceil(self.k / per)
+        sizes = [self.chunk] * (self.k - 1) + [self.model_bytes - self.chunk * (self.k - 1)]
+        self.seg_bytes = [sum(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
+        self.seg_alpha = [alpha * len(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
+        per_chunk = 0.0 if cpu is None else 1e9 * float(cpu.get("s_per_chunk", 0.0))
+        #: Fixed CPU work of each segment, in nanoseconds (its chunks' per-chunk cost).
+        self.seg_work = [per_chunk * len(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
         self.train_s: dict[str, float] = {s: float(t) for s, t in spec["train_s"].items()}
+        paths = [tuple(e["path"]) for e in spec["edges"]]
+        use: dict[tuple[str, str], int] = {}
+        for path in paths:
+            for link in itertools.pairwise(path):
+                use[link] = use.get(link, 0) + 1
         self.edges: list[_Edge] = []
-        for e in spec["edges"]:
-            path = tuple(e["path"])
-            src_host, dst_host = hosts[path]
-            self.edges.append(_Edge(e["procedure"], e["src"], e["dst"], path, delays[path], src_host, dst_host,
-                                    simgrid.Semaphore(0)))
+        for e, path in zip(spec["edges"], paths, strict=True):
+            links = list(itertools.pairwise(path))
+            work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
+            switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
+            self.edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path],
+                                    min(rates[ln] for ln in links), cpu is not None or any(use[ln] > 1 for ln in links),
+                                    hosts[path][:2], work, switching, (workers or {}).get((e["src"], e["dst"])),
+                                    hosts[path][2] if len(hosts[path]) > 2 else None))
+        #: Where the CPU work goes (a host with an empty route to it).
+        self.sink: Any = None
         self.out_bc: dict[str, list[_Edge]] = {}
         self.out_up: dict[str, _Edge] = {}
         self.up_children: dict[str, int] = {}
-        for e in self.edges:
-            if e.procedure == "broadcast":
-                self.out_bc.setdefault(e.src, []).append(e)
+        for edge in self.edges:
+            if edge.procedure == "broadcast":
+                self.out_bc.setdefault(edge.src, []).append(edge)
             else:
-                self.out_up[e.src] = e
-                self.up_children[e.dst] = self.up_children.get(e.dst, 0) + 1
+                self.out_up[edge.src] = edge
+                self.up_children[edge.dst] = self.up_children.get(edge.dst, 0) + 1
         self.events: dict[str, list[dict[str, Any]]] = {}
-        # Per node and round: broadcast chunks received; per node and chunk index: upload parts in, ready time.
-        self.got_bc: dict[tuple[str, int], int] = {}
+        self.got_bc: dict[tuple[str, int], tuple[int, float]] = {}
         self.up_count: dict[tuple[str, int], int] = {}
         self.up_ready: dict[tuple[str, int], float] = {}
-        self.up_last: dict[tuple[str, int], float] = {}
-        self.done = simgrid.Semaphore(0)
+        self.g_done: dict[int, tuple[int, float]] = {}
+        #: Segments that arrived (edge, index, time), not yet handed to their receiver.
+        self.arrivals: list[tuple[_Edge, int, float]] = []
+        #: Segments of contended edges to hand to SimGrid, by start time.
+        self.sends: list[tuple[float, int, _Edge, int]] = []
+        self.seq = itertools.count()
         self.start_s = 0.0
         self.end_s = 0.0
-        self.link_bytes: dict[tuple[str, str], int] = {}
 
-    def chunk_size(self, k: int) -> int:
-        return self.chunk if k < self.k - 1 else self.model_bytes - self.chunk * (self.k - 1)
-
-    def event(self, site: str, name: str, rnd: int, t: float, **extra: Any) -> None:
-        self.events.setdefault(site, []).append({"event": name, "round": rnd, "t": t, "site": site, **extra})
+    def event(self, site: str, name: str, rnd: int, t: float) -> None:
+        self.events.setdefault(site, []).append({"event": name, "round": rnd, "t": t, "site": site})
 
     # -- state changes --------------------------------------------------------------------------------
+    def ready(self, e: _Edge, idx: int, t: float) -> None:
+        """Segment `idx` of edge `e` is held by its sender at `t`: send it when it is its turn."""
+        e.ready[idx] = t
+        self.pump(e)
+
+    def pump(self, e: _Edge) -> None:
+        """Send `e`'s next segments, in order, as far as they are held and the edge is free."""
+        while not e.busy and e.next_idx in e.ready:
+            idx = e.next_idx
+            j = idx % self.m
+            at = max(e.ready.pop(idx), e.free) + self.seg_alpha[j]
+            e.next_idx += 1
+            if e.contended:  # SimGrid transmits it, from `at` on
+                e.busy = True
+                heapq.heappush(self.sends, (at, next(self.seq), e, idx))
+            else:
+                self.sent(e, idx, at + self.seg_bytes[j] / e.rate)
+
+    def sent(self, e: _Edge, idx: int, end: float) -> None:
+        """Segment `idx` of edge `e` left its sender completely at `end`."""
+        e.free = end
+        e.sent_bytes += self.seg_bytes[idx % self.m]
+        if e.procedure == "upload" and idx % self.m == self.m - 1:
+            self.event(e.src, "update_sent", idx // self.m + 1, end)
+        self.arrivals.append((e, idx, end + e.delay_s))
+
     def start_round(self, rnd: int, t: float) -> None:
         self.event(self.g, "round_start", rnd, t)
-        base = (rnd - 1) * self.k
+        base = (rnd - 1) * self.m
         for e in self.out_bc.get(self.g, []):
-            for k in range(self.k):
-                e.ready[base + k] = t
-                e.sem.release()
+            for j in range(self.m):
+                self.ready(e, base + j, t)
+
+    def arrived(self, e: _Edge, idx: int, t: float) -> None:
+        if e.procedure == "broadcast":
+            self.broadcast_arrived(e.dst, idx, t)
+        else:
+            self.upload_part(e.dst, idx, t)
 
     def broadcast_arrived(self, node: str, idx: int, t: float) -> None:
         for e in self.out_bc.get(node, []):
-            e.ready[idx] = t
-            e.sem.release()
-        rnd = idx // self.k + 1
-        n = self.got_bc[(node, rnd)] = self.got_bc.get((node, rnd), 0) + 1
-        if n < self.k:
+            self.ready(e, idx, t)
+        rnd = idx // self.m + 1
+        n, last = self.got_bc.pop((node, rnd), (0, t))
+        n, t = n + 1, max(last, t)
+        if n < self.m:
+            self.got_bc[(node, rnd)] = (n, t)
             return
         self.event(node, "global_received", rnd, t)
         if node in self.locals:
             end = t + self.train_s.get(node, 0.0)
             self.event(node, "train_start", rnd, t)
             self.event(node, "train_end", rnd, end)
-            for k in range(self.k):
-                self.upload_part(node, (rnd - 1) * self.k + k, end)
+            for j in range(self.m):
+                self.upload_part(node, (rnd - 1) * self.m + j, end)
 
     def upload_part(self, node: str, idx: int, t: float) -> None:
-        """One part of chunk `idx` of `node`'s upload (its own update, or a child's chunk) is there at `t`."""
+        """One part of segment `idx` of `node`'s upload (its own update, or a child's) is there at `t`."""
         key = (node, idx)
         need = self.up_children.get(node, 0) + (1 if node in self.locals else 0)
         n = self.up_count[key] = self.up_count.get(key, 0) + 1
@@ -143,49 +229,81 @@ class _Run:
         if n < need:
             return
         del self.up_count[key], self.up_ready[key]
-        rnd = idx // self.k + 1
         if node != self.g:
-            e = self.out_up[node]
-            e.ready[idx] = ready
-            e.sem.release()
+            self.ready(self.out_up[node], idx, ready)
             return
-        last = self.up_last[(node, rnd)] = max(self.up_last.get((node, rnd), 0.0), ready)
-        if idx % self.k == self.k - 1:  # chunks of one round complete in order at G
+        rnd = idx // self.m + 1
+        n, last = self.g_done.pop(rnd, (0, ready))
+        n, last = n + 1, max(last, ready)
+        if n < self.m:
+            self.g_done[rnd] = (n, last)
+        else:
             self.event(node, "aggregated", rnd, last)
             self.event(node, "round_complete", rnd, last)
             if rnd < self.rounds:
                 self.start_round(rnd + 1, last)
             else:
                 self.end_s = last
-                self.done.release()
 
-    # -- actors ---------------------------------------------------------------------------------------
-    def pump(self, e: _Edge) -> None:
+    # -- the loop -------------------------------------------------------------------------------------
+    def run(self, start: float) -> None:
+        """Run every round from `start` (in the calling actor; SimGrid's clock is at most `start`)."""
         import simgrid
 
-        links = e.src_host.route_to(e.dst_host)[0]
-        names = [ln.name for ln in links]
-        free = 0.0
-        for rnd in range(1, self.rounds + 1):
-            for k in range(self.k):
-                idx = (rnd - 1) * self.k + k
-                e.sem.acquire()
-                at = max(e.ready.pop(idx), free) + self.alpha
-                if at > simgrid.Engine.clock:
-                    simgrid.this_actor.sleep_until(at)
-                size = self.chunk_size(k)
-                simgrid.Comm.sendto_async(e.src_host, e.dst_host, size).wait()
-                free = simgrid.Engine.clock
-                for name in names:
-                    u, v = name.split(">")
-                    self.link_bytes[(u, v)] = self.link_bytes.get((u, v), 0) + size
-                arrival = free + e.delay_s
-                if e.procedure == "broadcast":
-                    self.broadcast_arrived(e.dst, idx, arrival)
+        engine = simgrid.Engine
+        self.start_s = start
+        self.start_round(1, start)
+        arrivals, sends = self.arrivals, self.sends
+        flying: list[Any] = []
+        owners: list[tuple[_Edge, int]] = []
+        #: Activities (network, CPU) still running per segment in flight.
+        parts: dict[tuple[int, int], int] = {}
+        while True:
+            # Arrivals first, whatever their times: they only compute (node state is a max over
+            # times), and whatever they make SimGrid send starts no earlier than they arrive.
+            while arrivals:
+                self.arrived(*arrivals.pop())
+            if not sends and not flying:
+                break
+            if flying and (not sends or sends[0][0] > engine.clock):
+                if sends:
+                    i = simgrid.Comm.wait_any_for(flying, sends[0][0] - engine.clock)
                 else:
-                    self.upload_part(e.dst, idx, arrival)
-                if k == self.k - 1 and e.procedure == "upload":
-                    self.event(e.src, "update_sent", rnd, free)
+                    i = simgrid.Comm.wait_any(flying)
+                if i >= 0:  # a transmission (or its CPU work) ended before the next one starts
+                    flying.pop(i)
+                    e, idx = owners.pop(i)
+                    left = parts.pop((id(e), idx)) - 1
+                    if left:
+                        parts[(id(e), idx)] = left
+                        continue
+                    e.busy = False
+                    self.sent(e, idx, engine.clock)
+                    self.pump(e)
+                    continue
+            at, _, e, idx = heapq.heappop(sends)
+            if at > engine.clock:
+                simgrid.this_actor.sleep_until(at)
+            size = self.seg_bytes[idx % self.m]
+            flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], size))
+            owners.append((e, idx))
+            parts[(id(e), idx)] = 1
+            for host, ns, fixed in ((e.cpu_host, e.cpu_ns_per_byte, self.seg_work[idx % self.m]),
+                                    (e.switch_host, e.switch_ns_per_byte, 0.0)):
+                work = round(size * ns + fixed)
+                if work and host is not None:  # its CPU work, alongside
+                    flying.append(simgrid.Comm.sendto_async(host, self.sink, work))
+                    owners.append((e, idx))
+                    parts[(id(e), idx)] += 1
+        for events in self.events.values():
+            events.sort(key=lambda ev: ev["t"])
+
+    def link_bytes(self) -> list[list[Any]]:
+        total: dict[tuple[str, str], int] = {}
+        for e in self.edges:
+            for link in e.links:
+                total[link] = total.get(link, 0) + e.sent_bytes
+        return [[u, v, n] for (u, v), n in sorted(total.items()) if n]
 
 
 def simulate(spec: dict[str, Any]) -> dict[str, Any]:
@@ -198,12 +316,19 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     engine = Engine(["netai-sim", *CONFIG])
     zone = NetZone.create_star_zone("net")
     links = {}
+    rates: dict[tuple[str, str], float] = {}
     for ln in spec["links"]:
         bps = float(ln["rate_mbps"]) * 1e6 / 8.0
         links[(ln["a"], ln["b"])] = zone.create_link(f"{ln['a']}>{ln['b']}", bps).set_latency(0).seal()
+        rates[(ln["a"], ln["b"])] = bps
     ctl = zone.create_host("ctl", 1e9)
     zone.add_route(None, ctl.netpoint, None, None, [], False)
-    hosts: dict[tuple[str, ...], tuple[Any, Any]] = {}
+    cpu = spec.get("cpu")
+    # The CPU model: the machine's cores as one link (nanoseconds of CPU per second), and for each
+    # path a link of one core, so that one transmission's CPU work runs on one core at most.
+    cores = zone.create_link("cpu", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
+    switch = zone.create_link("switch", 1e9).set_latency(0).seal() if cpu else None
+    hosts: dict[tuple[str, ...], tuple[Any, ...]] = {}
     delays: dict[tuple[str, ...], float] = {}
     for i, p in enumerate(spec["paths"]):
         path = tuple(p["path"])
@@ -212,23 +337,42 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
         zone.add_route(a.netpoint, None, None, None, route, False)
         zone.add_route(None, b.netpoint, None, None, [], False)
         hosts[path] = (a, b)
+        if switch is not None:
+            w = zone.create_host(f"p{i}w", 1e9)
+            zone.add_route(w.netpoint, None, None, None, [LinkInRoute(switch)], False)
+            hosts[path] = (a, b, w)
         delays[path] = float(p["delay_s"])
+    # The workers' CPU work of an overlay edge: through its two sites' processes (one core each)
+    # and the machine's cores.
+    workers: dict[tuple[str, str], Any] = {}
+    if cores is not None:
+        procs: dict[str, Any] = {}
+        for run_spec in spec["runs"]:
+            for e in run_spec["edges"]:
+                pair = (e["src"], e["dst"])
+                if pair in workers:
+                    continue
+                for site in pair:
+                    if site not in procs:
+                        procs[site] = zone.create_link(f"proc:{site}", 1e9).set_latency(0).seal()
+                host = workers[pair] = zone.create_host(f"w:{pair[0]}>{pair[1]}", 1e9)
+                zone.add_route(host.netpoint, None, None, None,
+                               [LinkInRoute(procs[pair[0]]), LinkInRoute(procs[pair[1]]), LinkInRoute(cores)], False)
     zone.seal()
     out: list[dict[str, Any]] = []
+    clock = [0.0]
 
     def driver() -> None:
         for run_spec in spec["runs"]:
-            run = _Run(run_spec, hosts, delays)
-            run.start_s = Engine.clock
-            for j, e in enumerate(run.edges):
-                Actor.create(f"{run.key}/{j}", ctl, run.pump, e)
-            run.start_round(1, run.start_s)
-            run.done.acquire()
-            if run.end_s > Engine.clock:
-                simgrid.this_actor.sleep_until(run.end_s)
-            out.append({"key": run.key, "start_s": run.start_s, "end_s": run.end_s, "chunks": run.k, "chunk_bytes": run.chunk,
-                        "events": run.events,
-                        "link_bytes": [[u, v, n] for (u, v), n in sorted(run.link_bytes.items())]})
+            run = _Run(run_spec, hosts, delays, rates, cpu, workers)
+            run.sink = ctl
+            run.run(max(clock[0], Engine.clock))
+            clock[0] = run.end_s
+            out.append({"key": run.key, "start_s": run.start_s, "end_s": run.end_s, "chunks": run.k,
+                        "chunk_bytes": run.chunk, "segments": run.m, "events": run.events,
+                        "link_bytes": run.link_bytes()})
+        if clock[0] > Engine.clock:
+            simgrid.this_actor.sleep_until(clock[0])
 
     Actor.create("driver", ctl, driver)
     engine.run()

@@ -10,6 +10,16 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   netem);
 - per-chunk work: `alpha_s` per chunk at each sender (framing, digest, hand-off), default the
   emulation's own `orchestrator.runtime.timing.ALPHA_S`;
+- segments: ``max_segments`` (0: none) bounds the number of pieces a transfer is simulated in: a
+  transfer of k chunks is cut into ceil(k / q) segments of q = ceil(k / max_segments) chunks, each
+  carrying its chunks' bytes and q x `alpha_s` of work (see `orchestrator.simulation.engine`);
+- CPU (``cpu_cores`` > 0; off by default): the emulation runs every site's processes and the
+  software switch on the same few cores, so its transfers also wait for CPU. Each transmission of
+  a segment of b bytes and q chunks over h links needs b x `cpu_s_per_byte` + q x `cpu_s_per_chunk`
+  seconds of the workers' CPU (in the sender's and the receiver's processes, one core each; the
+  transmissions in flight sharing the processes and `cpu_cores` cores max-min) and
+  b x h x `cpu_s_per_byte_hop` seconds of the switch's (one thread, shared max-min), alongside the
+  transmission; a segment has left once its bytes and both works are done;
 - training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
   its near-equal share of `train_examples` (the iid split).
 
@@ -55,6 +65,15 @@ class SimParams:
     train_examples: int = DEFAULT_TRAIN_EXAMPLES
     #: A fixed chunk size in bytes (0: the emulation's choice, `optimal_chunk_bytes`).
     chunk_bytes: int = 0
+    #: At most this many segments per transfer (chunks merged; 0: every chunk is a segment).
+    max_segments: int = 0
+    #: The CPU model (0 cores: off): the cores every site's processes share; the workers' CPU
+    #: seconds per byte and per chunk of a transfer (framing, socket, check, aggregation, hand-offs),
+    #: in its sender's and receiver's processes; the switch's per byte and link hop.
+    cpu_cores: int = 0
+    cpu_s_per_byte: float = 0.0
+    cpu_s_per_chunk: float = 0.0
+    cpu_s_per_byte_hop: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,29 +144,97 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
         out_runs.append({
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
             "model_bytes": r.model_bytes, "chunk_bytes": chunk_bytes(s, r.model_bytes, rate, params),
-            "alpha_s": params.alpha_s, "train_s": train_seconds(s, params),
+            "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params),
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],
         })
-    return {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()], "runs": out_runs}
+    spec: dict[str, Any] = {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()],
+                            "runs": out_runs}
+    if params.cpu_cores > 0 and (params.cpu_s_per_byte > 0 or params.cpu_s_per_chunk > 0
+                                 or params.cpu_s_per_byte_hop > 0):
+        spec["cpu"] = {"cores": params.cpu_cores, "s_per_byte": params.cpu_s_per_byte,
+                       "s_per_chunk": params.cpu_s_per_chunk, "s_per_byte_hop": params.cpu_s_per_byte_hop}
+    return spec
 
 
-def simulate(spec: dict[str, Any], *, work_dir: Path | None = None) -> dict[str, Any]:
-    """Run `spec` in a child process (`python -m orchestrator.simulation.engine`); its JSON result.
+def _run_weight(run: dict[str, Any]) -> float:
+    """A run's share of the work, roughly: its edges' chunks over all rounds."""
+    chunks = max(1, -(-int(run["model_bytes"]) // int(run["chunk_bytes"])))
+    if run.get("max_segments"):
+        chunks = min(chunks, int(run["max_segments"]))
+    return float(len(run["edges"]) * int(run["rounds"]) * chunks)
+
+
+def split_runs(runs: Sequence[dict[str, Any]], parts: int) -> list[list[dict[str, Any]]]:
+    """`runs` cut into at most `parts` consecutive groups of about equal weight (`_run_weight`)."""
+    total = sum(_run_weight(r) for r in runs)
+    groups: list[list[dict[str, Any]]] = [[]]
+    done = 0.0
+    for r in runs:
+        if groups[-1] and len(groups) < parts and done >= total * len(groups) / parts:
+            groups.append([])
+        groups[-1].append(r)
+        done += _run_weight(r)
+    return [g for g in groups if g]
+
+
+def default_processes() -> int:
+    """Engine processes to run at once: the CPUs this process may use, at most 4."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
+def simulate(spec: dict[str, Any], *, work_dir: Path | None = None, processes: int | None = None) -> dict[str, Any]:
+    """Run `spec` in child processes (`python -m orchestrator.simulation.engine`); its JSON result.
+
+    The runs are independent (each task alone on the network, one after the other), so they are
+    cut into consecutive groups (`split_runs`), one engine process each (`processes`, default
+    `default_processes`), and laid back to back again: each group's times are shifted to start
+    where the previous group ended, as if one engine had run them all.
 
     Raises
     ------
     RuntimeError
         If the engine failed (SimGrid missing, or an error in the simulation), with its last lines.
     """
+    groups = split_runs(spec["runs"], processes or default_processes()) or [[]]
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="netai-sim-") as tmp:
-        src, dst = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        src.write_text(json.dumps(spec))
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.simulation.engine", str(src), str(dst)],
-                              capture_output=True, text=True, env=env, cwd=root)
-        if proc.returncode != 0 or not dst.exists():
-            tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
-            raise RuntimeError(f"the simulation engine failed (exit {proc.returncode}): {tail}")
-        result: dict[str, Any] = json.loads(dst.read_text())
-        return result
+        procs = []
+        for i, runs in enumerate(groups):
+            src, dst = Path(tmp) / f"spec{i}.json", Path(tmp) / f"result{i}.json"
+            src.write_text(json.dumps({**spec, "runs": runs}))
+            cmd = [sys.executable, "-m", "orchestrator.simulation.engine", str(src), str(dst)]
+            procs.append((subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                           env=env, cwd=root), dst))
+        results = []
+        failed = ""
+        for proc, dst in procs:
+            stdout, stderr = proc.communicate()
+            if (proc.returncode != 0 or not dst.exists()) and not failed:
+                tail = " | ".join((stderr or stdout).strip().splitlines()[-3:])
+                failed = f"the simulation engine failed (exit {proc.returncode}): {tail}"
+            elif not failed:
+                results.append(json.loads(dst.read_text()))
+        if failed:
+            raise RuntimeError(failed)
+    return _stitch(results)
+
+
+def _stitch(results: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The groups' results as one: each group's times shifted to start where the previous ended."""
+    runs: list[dict[str, Any]] = []
+    end = 0.0
+    for res in results:
+        shift = end - (res["runs"][0]["start_s"] if res["runs"] else 0.0)
+        for r in res["runs"]:
+            if shift:
+                r["start_s"] += shift
+                r["end_s"] += shift
+                for events in r["events"].values():
+                    for ev in events:
+                        ev["t"] += shift
+            runs.append(r)
+        end = runs[-1]["end_s"] if runs else end
+    return {"runs": runs, "sim_end_s": end,
+            "wall_s": max((float(r["wall_s"]) for r in results), default=0.0),
+            "peak_rss_bytes": sum(int(r["peak_rss_bytes"]) for r in results), "processes": len(results)}

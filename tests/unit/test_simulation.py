@@ -62,6 +62,45 @@ def test_round_on_a_three_node_chain_equals_the_pipelined_figure() -> None:
     assert procedure - bound == pytest.approx(chunk * 8 / (RATE_MBPS * 1e6))
 
 
+def test_merged_segments_fill_the_pipeline_later_by_the_documented_bound() -> None:
+    # Prepare: the chain's 10 chunks simulated as 10 segments (no merging) and as 5 of 2 chunks.
+    model, schedule = line(), chain()
+    size, chunk = 1_000_000, 100_000
+    base = SimParams(alpha_s=0.0, chunk_bytes=chunk, seconds_per_example=1e-3, local_epochs=1, train_examples=500)
+    latency = {}
+    for limit in (0, 10, 5):
+        params = SimParams(**{**base.to_dict(), "max_segments": limit})
+        run = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))["runs"][0]
+        g = {e["event"]: e["t"] for e in run["events"]["G"]}
+        latency[limit] = g["aggregated"] - g["round_start"]
+
+    # One segment per chunk is exact; 2 chunks per segment on 2 hops add (h - 1) x (q - 1) chunk
+    # times per procedure, exactly (no per-chunk work).
+    assert latency[10] == latency[0]
+    chunk_s = chunk * 8 / (RATE_MBPS * 1e6)
+    assert latency[5] - latency[0] == pytest.approx(2 * (2 - 1) * (2 - 1) * chunk_s, rel=1e-9)
+
+
+def test_transfers_sharing_a_link_share_it_equally() -> None:
+    # Prepare: G sends to A directly and to B through A, one chunk each: both cross G-A at once.
+    model = line()
+    e = OverlayEdge
+    schedule = Schedule(task_id=3, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                        broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "A"},
+                        edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
+                               e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
+    size = 400_000
+    params = SimParams(alpha_s=0.0, seconds_per_example=0.0, chunk_bytes=size)
+
+    out = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))
+
+    events = out["runs"][0]["events"]
+    got = {site: next(ev["t"] for ev in events[site] if ev["event"] == "global_received") for site in ("A", "B")}
+    both = 2 * size * 8 / (RATE_MBPS * 1e6)  # each gets half of G-A until both end together
+    assert got["A"] == pytest.approx(both + D1_MS / 1e3, rel=1e-9)
+    assert got["B"] == pytest.approx(both + (D1_MS + D2_MS) / 1e3, rel=1e-9)
+
+
 def test_a_single_chunk_per_hop_round_equals_the_pipelined_bound() -> None:
     # Prepare: G's locals are its direct neighbour A only; one chunk, so the bound is reached exactly.
     model = line()
@@ -145,6 +184,25 @@ def test_a_simulated_run_is_recorded_and_marked_simulated(tmp_path: Path) -> Non
     assert [t["state"] for t in tasks] == ["done", "done"] and all(t["carried_bytes"] > 0 for t in tasks)
     report = (outcome.run_dir / "report.md").read_text()
     assert "**Simulated run**" in report and "## Simulation model" in report
+    assert "- CPU: not modelled" in report and "TCP efficiency factor 1.0 (default" in report
+
+
+def test_the_report_says_how_a_calibrated_models_parameters_were_set(tmp_path: Path) -> None:
+    from orchestrator.experiment.simulated import run_simulated
+
+    cfg = parse_config({"name": "simcal", "engine": "simulation", "topology": "triangle", "schedulers": ["spff"],
+                        "locals": [2], "tasks_per_point": 1, "task": {"rounds": 1},
+                        "simulation": {"rates": "emulated", "tcp_efficiency": 0.9564, "cpu_cores": 2,
+                                       "cpu_s_per_byte": 1.5e-9, "cpu_s_per_chunk": 0.003,
+                                       "calibration": "fitted on the 2-locals point"}})
+
+    outcome = run_simulated(cfg, out_root=tmp_path, model_bytes=200_000)
+
+    report = (outcome.run_dir / "report.md").read_text()
+    assert outcome.status == "completed"
+    assert "TCP efficiency factor 0.9564 (set in the config (see how below)" in report
+    assert "- CPU: 2 cores shared by every site's processes" in report and "0.003 s per chunk" in report
+    assert "- how the parameters were set: fitted on the 2-locals point" in report
 
 
 def test_runs_of_an_older_database_count_as_emulated(tmp_path: Path) -> None:
@@ -168,3 +226,80 @@ def test_runs_of_an_older_database_count_as_emulated(tmp_path: Path) -> None:
             db.start_run("bad", {}, engine="ns3")
 
     assert old["engine"] == "emulation"
+
+
+def test_runs_split_among_engine_processes_are_laid_back_to_back_as_in_one() -> None:
+    # Prepare: three runs of the chain (one of them contended: the relayed broadcast), one engine
+    # process for all of them and one process each.
+    model = line()
+    e = OverlayEdge
+    relayed = Schedule(task_id=3, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                       broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "A"},
+                       edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
+                              e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
+    runs = [TaskRun("a", chain(), 600_000, 2), TaskRun("b", relayed, 300_000, 1), TaskRun("c", chain(), 200_000, 3)]
+    spec = build_spec(model, runs, SimParams(), capacity_rate(model))
+
+    one, three = simulate(spec, processes=1), simulate(spec, processes=3)
+
+    assert three["processes"] == 3 and one["processes"] == 1
+    assert [r["key"] for r in three["runs"]] == ["a", "b", "c"]
+    assert three["runs"][0]["start_s"] == 0.0
+    for a, b in zip(one["runs"], three["runs"], strict=True):
+        assert b["start_s"] == pytest.approx(a["start_s"], rel=1e-9)
+        assert b["end_s"] == pytest.approx(a["end_s"], rel=1e-9)
+        assert b["link_bytes"] == a["link_bytes"]
+        assert {s: [(ev["event"], ev["round"]) for ev in evs] for s, evs in b["events"].items()} == \
+            {s: [(ev["event"], ev["round"]) for ev in evs] for s, evs in a["events"].items()}
+    assert three["sim_end_s"] == pytest.approx(one["sim_end_s"], rel=1e-9)
+
+
+def test_the_cpu_model_serializes_transfers_on_shared_cores() -> None:
+    # Prepare: G sends 1 MB to A and to B on links of their own (0.01 s each); every byte costs
+    # 1 us of the workers' CPU or of the switch's, so each transfer needs 1 s of one core.
+    model = NetworkModel.build("star", [{"name": "G"}, {"name": "A"}, {"name": "B"}], [
+        {"a": "G", "b": "A", "capacity_mbps": 800.0, "wavelengths": 1},
+        {"a": "G", "b": "B", "capacity_mbps": 800.0, "wavelengths": 1}])
+    e = OverlayEdge
+    schedule = Schedule(task_id=4, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                        broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "G"},
+                        edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "B")),
+                               e("upload", "A", "G", ("A", "G")), e("upload", "B", "G", ("B", "G"))))
+    size = 1_000_000
+    latency = {}
+    for cores, worker, hop in ((0, 1e-6, 0.0), (1, 1e-6, 0.0), (2, 1e-6, 0.0), (2, 0.0, 1e-6)):
+        params = SimParams(alpha_s=0.0, seconds_per_example=0.0, propagation=False, chunk_bytes=size,
+                           cpu_cores=cores, cpu_s_per_byte=worker, cpu_s_per_byte_hop=hop)
+        out = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))
+        g = {ev["event"]: ev["t"] for ev in out["runs"][0]["events"]["G"]}
+        latency[(cores, hop > 0)] = g["aggregated"] - g["round_start"]
+
+    # Off: two procedures of 0.01 s. The workers' work: G's process takes part in both transfers of
+    # a procedure, on one core, whatever the machine's cores (2 s each). The switch has one thread.
+    assert latency[(0, False)] == pytest.approx(0.02, rel=1e-9)
+    assert latency[(1, False)] == pytest.approx(4.0, rel=1e-9)
+    assert latency[(2, False)] == pytest.approx(4.0, rel=1e-9)
+    assert latency[(2, True)] == pytest.approx(4.0, rel=1e-9)
+
+
+def test_the_cpu_model_shares_the_machines_cores_among_the_sites_processes() -> None:
+    # Prepare: G - A - B - C, broadcast along the chain in 10 chunks; every chunk costs 0.1 s of
+    # its sender's and receiver's processes, far more than its transmission.
+    model = NetworkModel.build("chain4", [{"name": n} for n in "GABC"], [
+        {"a": a, "b": b, "capacity_mbps": 8000.0, "wavelengths": 1} for a, b in ("GA", "AB", "BC")])
+    e = OverlayEdge
+    schedule = Schedule(task_id=5, scheduler="hand", global_site="G", local_sites=("A", "B", "C"), demand_mbps=1.0,
+                        broadcast_parent={"A": "G", "B": "A", "C": "B"}, upload_parent={"A": "G", "B": "A", "C": "B"},
+                        edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "A", "B", ("A", "B")),
+                               e("broadcast", "B", "C", ("B", "C")), e("upload", "C", "B", ("C", "B")),
+                               e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
+    got = {}
+    for cores in (1, 2):
+        params = SimParams(alpha_s=0.0, seconds_per_example=0.0, propagation=False, chunk_bytes=1000,
+                           cpu_cores=cores, cpu_s_per_chunk=0.1)
+        out = simulate(build_spec(model, [TaskRun("t", schedule, 10_000, 1)], params, capacity_rate(model)))
+        events = out["runs"][0]["events"]
+        got[cores] = next(ev["t"] for ev in events["C"] if ev["event"] == "global_received")
+
+    # G->A and B->C share no process and run at once on two cores; one core takes them in turn.
+    assert got[1] > got[2] * 1.2
