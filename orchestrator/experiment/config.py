@@ -18,6 +18,7 @@ from controller.flows import CONNECTIVITY_MODES, STRICT
 from orchestrator.emulation.background import BackgroundConfig
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
+from orchestrator.runtime.remote import RemoteServer, parse_servers
 from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
 from orchestrator.scheduling.tasks import DEFAULT_DEMAND_MBPS, max_locals
 from topologies.errors import TopologyError
@@ -149,6 +150,8 @@ class ExperimentConfig:
     #: ``emulation`` (Mininet and real workers) or ``simulation`` (the flow-level model on SimGrid).
     engine: str = "emulation"
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
+    #: Sites whose servers run on Docker daemons reached over SSH (`orchestrator.runtime.remote`).
+    remote_servers: tuple[RemoteServer, ...] = ()
     #: The resolved `schedulers` entries (`orchestrator.scheduling.plugins`) by which the labels of
     #: `schedulers` are built; a label without one is a registered name (a config built in code).
     scheduler_specs: tuple[SchedulerSpec, ...] = ()
@@ -186,6 +189,9 @@ class ExperimentConfig:
             d["reschedule"] = self.reschedule.to_dict()
         if self.engine != "simulation":
             del d["simulation"]  # only allowed with engine: simulation
+        del d["remote_servers"]
+        if self.remote_servers:
+            d["compute"] = {"servers": [s.to_dict() for s in self.remote_servers]}
         return d
 
     @property
@@ -331,7 +337,8 @@ SIMULATION_SCHEMA: dict[str, Check] = {
     "cpu_s_per_byte_hop": _num(0), "calibration": _text,
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
-            "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation")
+            "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation",
+            "compute")
 
 
 def parse_config(raw: Any, *, where: str = "config", base_dir: str | Path | None = None) -> ExperimentConfig:
@@ -394,6 +401,14 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         raise ConfigError("engine: simulation runs mode: sequential only")
     cfg = replace(cfg, engine=engine,
                   simulation=SimulationConfig(**_section("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
+    compute = raw.get("compute")
+    if compute is not None:
+        if not isinstance(compute, Mapping) or set(compute) - {"servers"}:
+            raise ConfigError(f"compute must be a mapping with one key, servers, got {compute!r}")
+        if engine == "simulation":
+            raise ConfigError("compute.servers needs engine: emulation (a simulation runs no servers)")
+        servers = parse_servers(compute.get("servers"), base_dir=None if base_dir is None else Path(base_dir))
+        cfg = replace(cfg, remote_servers=servers)
     model = cfg.network()
     events = parse_events(raw.get("events"), model)
     reschedule = parse_reschedule(raw.get("reschedule"))

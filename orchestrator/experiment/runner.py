@@ -234,9 +234,6 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         from orchestrator.experiment.simulated import run_simulated
 
         return run_simulated(cfg, out_root=out_root)
-    from orchestrator.emulation.background import BackgroundTraffic, plan_background
-    from orchestrator.emulation.network import Emulation
-    from orchestrator.runtime.backends import emulation_options, open_compute
 
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
@@ -246,6 +243,37 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         from orchestrator.runtime.backends import ensure_worker_image
 
         ensure_worker_image()  # the image carries the project's code: keep it in step with the checkout
+    remote = remote_clients(cfg, plan, backend_kind)  # SSH and host keys checked: nothing started yet
+    try:
+        return _run_emulated(cfg, out_root, plan, model, backend_kind, model_bytes, remote, dashboard_port,
+                             progress)
+    finally:
+        for client in {id(c): c for c in remote.values()}.values():
+            client.close()
+
+
+def remote_clients(cfg: ExperimentConfig, plan: EmulationPlan, backend_kind: str) -> dict[str, Any]:
+    """{site: Docker client over SSH} for the config's `compute.servers` (`orchestrator.runtime.remote`)."""
+    if not cfg.remote_servers:
+        return {}
+    if backend_kind != "docker":
+        raise ConfigError("compute.servers needs the docker backend (emulation.backend: docker or auto)")
+    from orchestrator.runtime.backends import docker_client
+    from orchestrator.runtime.remote import connect_servers
+
+    local = docker_client()
+    try:
+        return connect_servers(cfg.remote_servers, sites=[h.site for h in plan.hosts], local_client=local)
+    finally:
+        local.close()
+
+
+def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any, backend_kind: str,
+                  model_bytes: int, remote: dict[str, Any], dashboard_port: int | None, progress: bool) -> RunOutcome:
+    from orchestrator.emulation.background import BackgroundTraffic, plan_background
+    from orchestrator.emulation.network import Emulation
+    from orchestrator.runtime.backends import emulation_options, open_compute
+
     run_dir = out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     dash = None if dashboard_port is None else Dashboard(run_dir / "results.db", port=dashboard_port, live=True)
     try:
@@ -268,13 +296,14 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         print(f"netai: live dashboard at {dash.url}", flush=True)
         LOG.info("live dashboard at %s", dash.url)
     try:
-        hosting = emulation_options(backend_kind, log_dir=run_dir / "workers")
+        hosting = emulation_options(backend_kind, log_dir=run_dir / "workers", clients=remote)
         with Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
                        **hosting) as emu, \
                 open_compute(backend_kind, emu, log_root=run_dir / "workers") as compute:
             info = emu.info
             reservations = emu.client.health().get("reservations", {})
             db.set_environment(run_id, environment(cfg, plan, info, backend_kind) | {
+                "remote_sites": {site: server.docker for server in cfg.remote_servers for site in server.sites},
                 "reservations_enforced": bool(reservations.get("enforced")),
                 "reservations_note": reservations.get("reason", ""), "mode": cfg.mode})
             LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s; %d site servers up",

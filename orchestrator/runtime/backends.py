@@ -417,14 +417,19 @@ class DockerBackend(_EmulatedHosts):
 
 
 # -- wiring into the emulation -------------------------------------------------------------------------
-def emulation_options(kind: str, *, log_dir: Path, image: str = DEFAULT_IMAGE) -> dict[str, Any]:
+def emulation_options(kind: str, *, log_dir: Path, image: str = DEFAULT_IMAGE,
+                      clients: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Keyword arguments for `orchestrator.emulation.network.Emulation` that host a backend's servers.
 
     ``docker``: every host is a `DockerWorkerHost` of `image` with its site's CPU and memory limits,
     mounting `log_dir` (created; the servers' log root) at `CONTAINER_LOG_DIR` and a fresh control
-    socket directory at `CONTAINER_CTL_DIR`. ``process``: plain Mininet hosts ({}).
+    socket directory at `CONTAINER_CTL_DIR`; a site in `clients` ({site: Docker client}, e.g. over
+    SSH: `orchestrator.runtime.remote`) has its container made through that client. ``process``:
+    plain Mininet hosts ({}).
     """
     if kind == "process":
+        if clients:
+            raise ConfigError("sites on other Docker daemons (compute.servers) need the docker backend")
         return {}
     if kind != "docker":
         raise ConfigError(f"backend {kind!r} does not run in the emulation (use docker or process)")
@@ -433,8 +438,10 @@ def emulation_options(kind: str, *, log_dir: Path, image: str = DEFAULT_IMAGE) -
     ctl = str(new_ctl_dir())
 
     def params(h: Any) -> dict[str, Any]:
-        return {"image": image, "cpus": float(h.cpu), "memory_mb": int(h.memory_mb), "log_dir": root,
-                "ctl_dir": ctl}
+        out = {"image": image, "cpus": float(h.cpu), "memory_mb": int(h.memory_mb), "log_dir": root, "ctl_dir": ctl}
+        if clients and h.site in clients:
+            out["docker_client"] = clients[h.site]
+        return out
 
     from orchestrator.runtime.docker_host import make_docker_host_class
 
