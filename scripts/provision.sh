@@ -38,6 +38,17 @@ if [ -n "$missing" ]; then
     apt-get update -qq
     # shellcheck disable=SC2086
     apt-get install -y -qq --no-install-recommends $missing >/dev/null
+    # openssh-server is here for its sshd binary only (the remote-server tests run their own sshd on
+    # 127.0.0.1): a system sshd the package may have started, listening on every interface, is
+    # stopped and disabled again, as the machine had none before.
+    case " $missing " in
+        *" openssh-server "*)
+            if [ -d /run/systemd/system ]; then
+                systemctl disable --now ssh.service ssh.socket >/dev/null 2>&1 || true
+            elif [ -x /etc/init.d/ssh ]; then
+                /etc/init.d/ssh stop >/dev/null 2>&1 || true
+            fi ;;
+    esac
 else
     log "OS packages present"
 fi
