@@ -21,6 +21,7 @@ from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_e
 from orchestrator.runtime.remote import RemoteServer, parse_servers
 from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
 from orchestrator.scheduling.tasks import DEFAULT_DEMAND_MBPS, max_locals
+from orchestrator.simulation.spec import SimParams
 from topologies.errors import TopologyError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
 from topologies.model import NetworkModel
@@ -78,36 +79,10 @@ class EmulationConfig:
 
 
 @dataclass(frozen=True)
-class SimulationConfig:
-    """The flow-level model's parameters (`engine: simulation`; `orchestrator.simulation.spec.SimParams`)."""
+class SimulationConfig(SimParams):
+    """The flow-level model's parameters (`engine: simulation`; each documented in
+    `orchestrator.simulation.spec.SimParams`), and how they were set."""
 
-    #: ``capacity``: the topology's link capacities; ``emulated``: the rates the emulation shapes
-    #: (capacity x bw_scale from `emulation.max_link_mbps`), to compare with emulated runs.
-    rates: str = "capacity"
-    #: Share of a link's rate TCP payload gets.
-    tcp_efficiency: float = 1.0
-    #: Latency added per link crossed, on top of the fiber delay (switching, queueing).
-    per_hop_latency_ms: float = 0.0
-    #: Fiber delay on (false: as an emulation without netem).
-    propagation: bool = True
-    #: Per-chunk work at each sender, seconds (default: the emulation's timing.ALPHA_S).
-    alpha_s: float = 3e-4
-    #: Local training: seconds per example and epoch, epochs, and the dataset's training examples
-    #: (split near-equally among the locals).
-    seconds_per_example: float = 2e-4
-    local_epochs: int = 2
-    train_examples: int = 1437
-    #: A fixed chunk size in bytes; 0: the emulation's choice (timing.optimal_chunk_bytes).
-    chunk_bytes: int = 0
-    #: At most this many segments per transfer: chunks merged into segments (faster, with a
-    #: pipeline-fill error bounded in docs/architecture.md, "Flow-level simulation"); 0: one per chunk.
-    max_segments: int = 0
-    #: The CPU model (cpu_cores 0: off): cores shared by every site's processes and the switches,
-    #: CPU seconds per byte and per chunk sent (the two workers' work) and per byte and hop (switch).
-    cpu_cores: int = 0
-    cpu_s_per_byte: float = 0.0
-    cpu_s_per_chunk: float = 0.0
-    cpu_s_per_byte_hop: float = 0.0
     #: How the parameters were set (free text, shown in the report's "Simulation model"), e.g. what
     #: `benchmarks/bench_simulation.py --calibrate` prints.
     calibration: str = ""

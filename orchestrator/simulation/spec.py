@@ -53,19 +53,29 @@ DEFAULT_TRAIN_EXAMPLES = 1437
 
 @dataclass(frozen=True)
 class SimParams:
-    """The model's parameters (see the module docstring)."""
+    """The model's parameters (see the module docstring); an experiment config's ``simulation``
+    section gives them (`orchestrator.experiment.config.SimulationConfig`)."""
 
+    #: ``capacity``: the topology's link capacities; ``emulated``: the rates the emulation shapes
+    #: (capacity x bw_scale from `emulation.max_link_mbps`), to compare with emulated runs.
     rates: str = "capacity"
+    #: Share of a link's rate TCP payload gets.
     tcp_efficiency: float = 1.0
+    #: Latency added per link crossed, on top of the fiber delay (switching, queueing).
     per_hop_latency_ms: float = 0.0
+    #: Fiber delay on (false: as an emulation without netem).
     propagation: bool = True
+    #: Per-chunk work at each sender, seconds (default: the emulation's timing.ALPHA_S).
     alpha_s: float = ALPHA_S
+    #: Local training: seconds per example and epoch, epochs, and the dataset's training examples
+    #: (split near-equally among the locals).
     seconds_per_example: float = DEFAULT_SECONDS_PER_EXAMPLE
     local_epochs: int = 2
     train_examples: int = DEFAULT_TRAIN_EXAMPLES
     #: A fixed chunk size in bytes (0: the emulation's choice, `optimal_chunk_bytes`).
     chunk_bytes: int = 0
-    #: At most this many segments per transfer (chunks merged; 0: every chunk is a segment).
+    #: At most this many segments per transfer: chunks merged into segments (faster, with a
+    #: pipeline-fill error bounded in docs/architecture.md, "Flow-level simulation"); 0: one per chunk.
     max_segments: int = 0
     #: The CPU model (0 cores: off): the cores every site's processes share; the workers' CPU
     #: seconds per byte and per chunk of a transfer (framing, socket, check, aggregation, hand-offs),
