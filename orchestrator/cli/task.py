@@ -81,12 +81,13 @@ def register(subparsers: Any) -> None:
     run.set_defaults(func=cmd_run)
 
 
-def _model_args(pairs: list[str]) -> dict[str, Any]:
+def _key_values(pairs: list[str], flag: str = "--model-arg") -> dict[str, Any]:
+    """KEY=VALUE pairs of `flag` as a mapping (a value that parses as JSON is that JSON)."""
     out: dict[str, Any] = {}
     for p in pairs:
         key, sep, value = p.partition("=")
         if not sep or not key:
-            raise ConfigError(f"--model-arg takes KEY=VALUE, got {p!r}")
+            raise ConfigError(f"{flag} takes KEY=VALUE, got {p!r}")
         try:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -99,16 +100,7 @@ def _selection(args: argparse.Namespace) -> dict[str, Any] | None:
     from orchestrator.runtime.task_runner import selection_settings
     from workers.config import normalize_spec
 
-    options = {}
-    for p in args.select_arg:
-        key, sep, value = p.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--select-arg takes KEY=VALUE, got {p!r}")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    selection = {"policy": normalize_spec(args.select), **options}
+    selection = {"policy": normalize_spec(args.select), **_key_values(args.select_arg, "--select-arg")}
     selection_settings(selection)  # a bad policy or option: one line, exit 2, before anything starts
     return None if selection == {"policy": "all"} else selection
 
@@ -137,7 +129,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
     args.model = normalize_spec(args.model)
-    model_args = _model_args(args.model_arg)
+    model_args = _key_values(args.model_arg)
     args.selection = _selection(args)
     if args.attach:
         if args.dashboard:
