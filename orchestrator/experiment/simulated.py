@@ -15,7 +15,7 @@ import logging
 import math
 import platform
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -148,14 +148,14 @@ def _record(db: ResultsDB, run_id: int, runs: list[TaskRun], figures: dict[str, 
             if ev["event"] == "round_complete":  # no training is run: no accuracy or loss
                 ev.update(accuracy=math.nan, loss=math.nan, num_examples=0)
         for rr in summarize(schedule, events, rounds=run.rounds):
-            lb, ref = fig.lower_bound, fig.reference
+            # the bound and the reference with the round's own fastest training, as an emulated run's
+            lb = replace(fig.lower_bound, train_s=rr.train_min_s)
             db.record_round(
                 run_id, name, tid, rr.round, latency_s=rr.latency_s, broadcast_s=rr.broadcast_s,
-                train_s=rr.train_s, upload_s=rr.upload_s, accuracy=None,
-                lower_bound_s=rr.train_min_s + max(lb.broadcast_s, lb.upload_s),
+                train_s=rr.train_s, upload_s=rr.upload_s, accuracy=None, lower_bound_s=lb.lower_s,
                 broadcast_all_s=rr.broadcast_all_s, upload_tail_s=rr.upload_tail_s,
                 broadcast_bound_s=lb.broadcast_s, upload_bound_s=lb.upload_s,
-                reference_s=rr.train_min_s + max(ref.broadcast_s, ref.upload_s))
+                reference_s=replace(fig.reference, train_s=rr.train_min_s).lower_s)
         db.record_node_rounds(run_id, name, tid, node_rounds(schedule, events))
         start, end = float(r["start_s"]), float(r["end_s"])
         db.set_task_times(run_id, name, tid, arrival_s=start, admitted_s=start, first_broadcast_s=start,
