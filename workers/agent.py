@@ -26,7 +26,7 @@ from typing import IO
 from workers.config import AgentConfig
 from workers.events import EventLog
 from workers.framing import FrameError, Header, chunk_layout
-from workers.learning import Learner
+from workers.learning import Learner, tune_process
 from workers.rounds import RoundEngine
 from workers.transport import Listener, Outbound
 
@@ -137,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     stream: IO[str] = open(cfg.events_path, "a", encoding="utf-8") if cfg.events_path else sys.stdout
     log = EventLog(cfg, stream)
+    tune_process()
     try:
         return Agent(cfg, log).run()
     except Exception as e:

@@ -149,4 +149,3 @@ class ChunkSum:
             return self.sums.result()
         assert self.single is not None
         return self.single
-        return {k: (v / self.num_examples).to(self.dtypes[k]) for k, v in self.sums.items()}

@@ -45,6 +45,7 @@ What this module must not do: touch sockets or files (it calls `Sender.send` and
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -125,6 +126,35 @@ class Learning(Protocol):
     def save_file(self, path: str) -> None: ...
 
 
+class _Sent:
+    """A tensor set being broadcast, and how many children still have to get all of it (sender
+    threads count down as each child's last chunk leaves; a dropped send never does)."""
+
+    def __init__(self, tensors: TensorSet, children: int) -> None:
+        self.tensors = tensors
+        self._left = children
+        self._lock = threading.Lock()
+
+    def one_done(self) -> None:
+        with self._lock:
+            self._left -= 1
+
+    def free(self) -> bool:
+        with self._lock:
+            return self._left <= 0
+
+
+def _both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callable[[], None] | None:
+    if a is None or b is None:
+        return a or b
+
+    def run() -> None:
+        a()
+        b()
+
+    return run
+
+
 @dataclass
 class _Round:
     number: int
@@ -184,6 +214,12 @@ class RoundEngine:
         #: Update compression (`workers.compression`; None: updates travel as the model's weights).
         self.codec = make_codec(cfg.compression, self.layout, k=cfg.k if cfg.k is not None else DEFAULT_TOPK)
         self._g_base: TensorSet = {}  # G: the global model of the round in flight
+        #: G: the last round's aggregate, already a copy the model does not own: the next round
+        #: broadcasts it as it is, without a second copy of the model on the round's critical path.
+        self._carry: TensorSet | None = None
+        #: G: the last broadcast's tensors; once every child has all of them, the next round
+        #: aggregates into them (a fresh buffer costs page faults: ~9x a copy into a warm one).
+        self._last_sent: _Sent | None = None
         #: Selection (`workers.selection`): None when off (no metadata sent, every local trains).
         self.measures = cfg.selection_measures
         self.policy = make_policy(cfg.selection) if cfg.is_global and cfg.selection is not None else None
@@ -495,13 +531,14 @@ class RoundEngine:
         st.max_examples = max(st.max_examples, n)
         mean = acc.mean()
         if self.cfg.is_global:
-            if mean is not None:
-                for p in self.layout[k].pieces:
-                    into = p.view(self._next_global[p.base])
-                    if self.codec is not None and into.is_floating_point():
-                        into.add_(mean[p.name].to(into.dtype))  # the mean change over the round's global
-                    else:
-                        into.copy_(mean[p.name])
+            for p in self.layout[k].pieces:
+                into, base = p.view(self._next_global[p.base]), p.view(self._g_base[p.base])
+                if mean is None:
+                    into.copy_(base)  # nothing with examples arrived: the chunk stays as it was
+                elif self.codec is not None and into.is_floating_point():
+                    torch.add(base, mean[p.name].to(into.dtype), out=into)  # the mean change over the global
+                else:
+                    into.copy_(mean[p.name])
             return
         assert self.upload_out is not None
         last = k == len(self.layout) - 1
@@ -563,9 +600,14 @@ class RoundEngine:
         st.start = self.log.emit("round_start", round=r)
         st.deadline = st.start + self.cfg.child_timeout_s
         st.global_done = True
-        state = self.learner.state()
+        state = self._carry if self._carry is not None else self.learner.state()
+        self._carry = None
         self._g_base = state
-        self._next_global = {k: v.clone() for k, v in state.items()}
+        # filled chunk by chunk as aggregates complete (`_emit_chunk`): the last round's broadcast
+        # buffer when every child has it, a fresh one while a sender may still read it
+        spare, self._last_sent = self._last_sent, _Sent(state, len(self.broadcast_out))
+        self._next_global = (spare.tensors if spare is not None and spare.free()
+                             else {k: torch.empty_like(v) for k, v in state.items()})
         chosen = self._choose(r)
         if chosen is not None and self.cfg.trains and self.cfg.site not in chosen:
             st.own_done = st.own_excluded = True
@@ -574,8 +616,9 @@ class RoundEngine:
             meta = {"select": chosen} if chosen is not None and k == 0 else None
             frame = encode_chunk(Header("GLOBAL", self.cfg.task, r, self.cfg.site, chunk=k, chunks=len(self.layout),
                                         meta=meta), chunk_view(state, spec))
+            last = self._last_sent.one_done if k == len(self.layout) - 1 else None
             for child, out in sorted(self.broadcast_out.items()):
-                out.send(frame, round=r, on_sent=self._once("forward_first", r, child) if k == 0 else None)
+                out.send(frame, round=r, on_sent=_both(self._once("forward_first", r, child) if k == 0 else None, last))
         if self.cfg.trains and not st.own_done:
             self._train_and_add(st)
         self._finalize(st)
@@ -590,6 +633,7 @@ class RoundEngine:
         t_agg = self.log.emit("aggregated", round=st.number, num_examples=st.max_examples,
                               num_updates=len(self._contributors(st)), stragglers=sorted(st.excluded))
         self.learner.load(self._next_global)
+        self._carry = self._next_global
         if self.cfg.checkpoint_path is not None:
             self.learner.save_file(self.cfg.checkpoint_path)
         accuracy, loss = self.learner.evaluate()

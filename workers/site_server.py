@@ -341,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # once, before any role: roles then start in milliseconds
 
     import workers.agent  # noqa: F401 -- the agent's modules, loaded once too
-    from workers.learning import warm_process
+    from workers.learning import tune_process, warm_process
 
+    tune_process()
     torch.set_num_threads(max(1, args.threads))
     warm_process()
     with tempfile.TemporaryDirectory(prefix="netai-models-") as cache:

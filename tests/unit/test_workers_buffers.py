@@ -1,0 +1,108 @@
+"""G's model buffers across rounds: the aggregate of a round is broadcast as it is in the next round
+(no second copy), and a round aggregates into the buffer the last round broadcast only once every
+child has all of it; the result stays the exact FedAvg. Also the worker process's allocator tuning."""
+
+from __future__ import annotations
+
+import io
+import threading
+from collections.abc import Callable, Sequence
+
+import torch
+
+from orchestrator.runtime.task_runner import FLOptions, agent_configs
+from orchestrator.scheduling.schedule import Schedule
+from tests.unit.test_workers_selection import Recording, Wire
+from workers.aggregate import aggregate_tensors
+from workers.events import EventLog
+from workers.framing import Buffer, Header, chunk_layout
+from workers.learning import keep_freed_memory
+from workers.rounds import RoundEngine
+
+
+class Watched(RoundEngine):
+    """Records, at each round start, where the round's broadcast and its aggregate live."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.buffers: list[tuple[int, int]] = []  # (broadcast's first tensor, aggregate's first tensor)
+
+    def _start_round(self, r: int) -> None:
+        super()._start_round(r)
+        name = next(iter(self._g_base))
+        self.buffers.append((self._g_base[name].data_ptr(), self._next_global[name].data_ptr()))
+
+
+class Holding(Wire):
+    """An edge whose sender never reports a frame as sent and keeps its pieces, as a sender's queue
+    does while a child is still being fed (so no freed buffer's address can come back)."""
+
+    held: list[Sequence[Buffer]] = []
+
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None:
+        self.held.append(pieces)
+        super().send(pieces, round=round, on_sent=None)
+
+
+def _run(rounds: int, edge: type[Wire]) -> tuple[Watched, dict[str, Recording]]:
+    sched = Schedule(task_id=3, scheduler="hand", global_site="G", local_sites=("L1", "L2"), demand_mbps=1.0,
+                     broadcast_parent={"L1": "G", "L2": "G"}, upload_parent={"L1": "G", "L2": "G"})
+    addrs = {n: f"127.0.0.{i + 1}" for i, n in enumerate(sched.overlay_nodes)}
+    cfgs = agent_configs(sched, addresses=addrs, options=FLOptions(rounds=rounds, local_epochs=1,
+                                                                   max_chunk_bytes=4096, child_timeout_s=60))
+    learners = {n: Recording(c) for n, c in cfgs.items()}
+    layout = chunk_layout(learners["G"].template, cfgs["G"].max_chunk_bytes)
+    engines: dict[str, RoundEngine] = {}
+    sent: list[tuple[str, Header, int]] = []
+    for n, c in cfgs.items():
+        cls = Watched if n == "G" else RoundEngine
+        engines[n] = cls(c, learners[n], layout, EventLog(c, io.StringIO()),
+                         broadcast_out={p.site: edge(n, "broadcast", lambda p=p: engines[p.site], sent)
+                                        for p in c.broadcast_children},
+                         upload_out=None if c.upload_parent is None else Wire(
+                             n, "upload", lambda up=c.upload_parent: engines[up.site], sent))
+    for n, c in cfgs.items():
+        for p in (*c.broadcast_children, *([c.upload_parent] if c.upload_parent else [])):
+            engines[n].post("connected", p.site, 0.0, 1)
+        if c.broadcast_parent is not None:
+            engines[n].post("accepted", "broadcast", c.broadcast_parent.site)
+        for p in c.upload_children:
+            engines[n].post("accepted", "upload", p.site)
+    status: dict[str, int] = {}
+    threads = [threading.Thread(target=lambda n=n: status.__setitem__(n, engines[n].run()), daemon=True)
+               for n in cfgs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert status == dict.fromkeys(cfgs, 0), status
+    g = engines["G"]
+    assert isinstance(g, Watched)
+    return g, learners
+
+
+def _exact(learners: dict[str, Recording]) -> None:
+    want = aggregate_tensors([learners[s].trained[-1] for s in ("L1", "L2")])
+    got = learners["G"].model.state_dict()
+    assert all(torch.allclose(got[k], want[k], atol=1e-6) for k in want)
+
+
+def test_a_round_broadcasts_the_last_aggregate_and_reuses_the_buffer_every_child_has() -> None:
+    g, learners = _run(4, Wire)
+    (b1, a1), (b2, a2), (b3, a3), (b4, a4) = g.buffers
+    assert len({b1, a1}) == 2
+    assert (b2, b3, b4) == (a1, a2, a3)  # each round sends the last round's aggregate as it is
+    assert (a2, a3, a4) == (b1, b2, b3)  # ...and aggregates into the buffer the last round sent
+    _exact(learners)
+
+
+def test_a_broadcast_buffer_a_child_may_still_be_sent_is_never_written() -> None:
+    g, learners = _run(4, Holding)
+    broadcast = [b for b, _ in g.buffers]
+    for i, (_, agg) in enumerate(g.buffers):
+        assert agg not in broadcast[: i + 1]
+    _exact(learners)
+
+
+def test_the_worker_allocator_keeps_freed_memory_on_glibc() -> None:
+    assert keep_freed_memory() is True
