@@ -75,6 +75,13 @@ BEST_EFFORT_PRIO = 2
 BEST_EFFORT_FILTER_PRIO = 1
 #: The background's guaranteed share of every link (the tasks' guarantees share the rest).
 BACKGROUND_SHARE = 0.01
+#: The background leaf's queue, packets (a pfifo under 5:2 where no netem delay takes that place).
+#: htb's default leaf queue is txqueuelen (1000) packets; in Open vSwitch's userspace datapath every
+#: packet waiting in any class of a port also holds the send budget of the datapath's socket for that
+#: port, so a saturating background with 1000 packets queued left the tasks' packets no room: they
+#: were dropped before htb could classify them. 32 packets are about 4 ms at 100 Mbit/s.
+BACKGROUND_QUEUE_PACKETS = 8
+BACKGROUND_QDISC_MAJOR = 6
 #: The rate of a task class with nothing guaranteed (htb needs a positive rate): 1 kbit/s.
 MIN_RATE_MBPS = 0.001
 #: One MTU frame: at tens of Mbit/s htb's default quantum (rate / r2q) draws a warning.
@@ -144,6 +151,12 @@ def base_layout(dev: str, link_mbps: float) -> list[TcCommand]:
         ["filter", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "protocol", "ip", "prio",
          str(BEST_EFFORT_FILTER_PRIO), "u32", *best_effort_filter_match(), "flowid", classid(BEST_EFFORT_CLASS)],
     ]
+
+
+def background_queue(dev: str) -> TcCommand:
+    """The background leaf's short queue (`BACKGROUND_QUEUE_PACKETS`), for links without netem."""
+    return ["qdisc", "add", "dev", dev, "parent", classid(BACKGROUND_CLASS), "handle", f"{BACKGROUND_QDISC_MAJOR}:",
+            "pfifo", "limit", str(BACKGROUND_QUEUE_PACKETS)]
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
-from controller.shaping import BACKGROUND_CLASS, ENV_LINK_DELAY, base_layout, classid
+from controller.shaping import BACKGROUND_CLASS, ENV_LINK_DELAY, background_queue, base_layout, classid
 from orchestrator.emulation.cleanup import (
     BRIDGE_TAG,
     ENV_RUN,
@@ -175,6 +175,16 @@ def _mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
             # Mininet fills in the tc binary and the interface: "%s <args>" % (tc, intf).
             cmds = [" ".join(["%s", *args]) for args in base_layout("%s", float(bw))]
             return cmds, f" parent {classid(BACKGROUND_CLASS)} "
+
+        @staticmethod
+        def delayCmds(parent: str, delay: Any = None, jitter: Any = None, loss: Any = None,
+                      max_queue_size: Any = None) -> tuple[list[str], str]:
+            """Mininet's netem under the background leaf; without one, the background's short
+            pfifo (`controller.shaping.background_queue`)."""
+            cmds, out = TCIntf.delayCmds(parent, delay=delay, jitter=jitter, loss=loss, max_queue_size=max_queue_size)
+            if not cmds and parent.split() == ["parent", classid(BACKGROUND_CLASS)]:
+                cmds = [" ".join(["%s", *background_queue("%s")])]
+            return cmds, out
 
     link = partial(TCLink, cls1=ShapedIntf, cls2=ShapedIntf)
     return NetaiSwitch, NetaiController, link

@@ -31,7 +31,15 @@ from typing import Any
 import pytest
 
 from controller.paths import PathSpec, TaskPaths
-from controller.shaping import BACKGROUND_CLASS, BEST_EFFORT_CLASS, LINK_CLASS, classid, interface
+from controller.shaping import (
+    BACKGROUND_CLASS,
+    BACKGROUND_QDISC_MAJOR,
+    BACKGROUND_QUEUE_PACKETS,
+    BEST_EFFORT_CLASS,
+    LINK_CLASS,
+    classid,
+    interface,
+)
 from orchestrator.emulation.network import Emulation, dump_flows
 from orchestrator.emulation.selftest import GOODPUT_CEILING
 from topologies.model import NetworkModel
@@ -194,6 +202,9 @@ def test_links_have_the_base_layout_and_the_controller_enforces_reservations(lin
     assert health["reservations"]["enforced"] is True, health["reservations"]
     assert set(classes) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS), classid(BEST_EFFORT_CLASS)}
     assert "rate 30Mbit ceil 30Mbit" in tc_show("class", dev)
+    # no netem here: the background leaf has its short queue (controller.shaping.BACKGROUND_QUEUE_PACKETS)
+    background_leaf = f"qdisc pfifo {BACKGROUND_QDISC_MAJOR}: parent {classid(BACKGROUND_CLASS)} limit {BACKGROUND_QUEUE_PACKETS}p"
+    assert background_leaf in tc_show("qdisc", dev)
 
 
 def test_a_reservation_holds_against_saturating_background_traffic(

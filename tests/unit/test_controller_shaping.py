@@ -20,11 +20,13 @@ from controller.core import NO_SHAPER, ControllerCore, ControllerError
 from controller.paths import PathSpec, TaskPaths
 from controller.rest import RestApi
 from controller.shaping import (
+    BACKGROUND_QUEUE_PACKETS,
     FIRST_TASK_CLASS,
     MIN_RATE_MBPS,
     ShapingError,
     SubprocessTc,
     TcShaper,
+    background_queue,
     base_layout,
     batch_text,
     install_commands,
@@ -139,6 +141,11 @@ def test_base_layout_is_root_link_background_and_best_effort_classes() -> None:
         f"class add dev s1-eth2 parent 5:1 classid 5:3 htb rate 1000bit ceil 50000000bit {HTB} prio 2",
         "filter add dev s1-eth2 parent 5:0 protocol ip prio 1 u32 match ip dsfield 0x04 0xfc flowid 5:3",
     ]
+
+
+def test_the_background_leaf_gets_a_short_pfifo() -> None:
+    assert batch_text([background_queue("s1-eth2")]).splitlines() == [
+        f"qdisc add dev s1-eth2 parent 5:2 handle 6: pfifo limit {BACKGROUND_QUEUE_PACKETS}"]
 
 
 def test_shaped_links_name_the_egress_interface_of_each_direction(plan: EmulationPlan) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import threading
 from collections.abc import Callable, Sequence
+from typing import ClassVar
 
 import torch
 
@@ -37,7 +38,7 @@ class Holding(Wire):
     """An edge whose sender never reports a frame as sent and keeps its pieces, as a sender's queue
     does while a child is still being fed (so no freed buffer's address can come back)."""
 
-    held: list[Sequence[Buffer]] = []
+    held: ClassVar[list[Sequence[Buffer]]] = []
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None:
         self.held.append(pieces)
