@@ -5,7 +5,6 @@ child has all of it; the result stays the exact FedAvg. Also the worker process'
 from __future__ import annotations
 
 import io
-import threading
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -13,7 +12,7 @@ import torch
 
 from orchestrator.runtime.task_runner import FLOptions, agent_configs
 from orchestrator.scheduling.schedule import Schedule
-from tests.unit.test_workers_selection import Recording, Wire
+from tests.unit.test_workers_selection import Recording, Wire, run_connected
 from workers.aggregate import aggregate_tensors
 from workers.events import EventLog
 from workers.framing import Buffer, Header, chunk_layout
@@ -62,21 +61,7 @@ def _run(rounds: int, edge: type[Wire]) -> tuple[Watched, dict[str, Recording]]:
                                         for p in c.broadcast_children},
                          upload_out=None if c.upload_parent is None else Wire(
                              n, "upload", lambda up=c.upload_parent: engines[up.site], sent))
-    for n, c in cfgs.items():
-        for p in (*c.broadcast_children, *([c.upload_parent] if c.upload_parent else [])):
-            engines[n].post("connected", p.site, 0.0, 1)
-        if c.broadcast_parent is not None:
-            engines[n].post("accepted", "broadcast", c.broadcast_parent.site)
-        for p in c.upload_children:
-            engines[n].post("accepted", "upload", p.site)
-    status: dict[str, int] = {}
-    threads = [threading.Thread(target=lambda n=n: status.__setitem__(n, engines[n].run()), daemon=True)
-               for n in cfgs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert status == dict.fromkeys(cfgs, 0), status
+    run_connected(cfgs, engines)
     g = engines["G"]
     assert isinstance(g, Watched)
     return g, learners

@@ -222,6 +222,27 @@ class Wire:
             on_sent()
 
 
+def run_connected(cfgs: dict[str, AgentConfig], engines: dict[str, RoundEngine]) -> None:
+    """Tell every engine its connections are up, run them all on threads to the end, check they
+    all ended with status 0."""
+    for n, c in cfgs.items():
+        e = engines[n]
+        for p in (*c.broadcast_children, *([c.upload_parent] if c.upload_parent else [])):
+            e.post("connected", p.site, 0.0, 1)
+        if c.broadcast_parent is not None:
+            e.post("accepted", "broadcast", c.broadcast_parent.site)
+        for p in c.upload_children:
+            e.post("accepted", "upload", p.site)
+    status: dict[str, int] = {}
+    threads = [threading.Thread(target=lambda n=n: status.__setitem__(n, engines[n].run()), daemon=True)
+               for n in cfgs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert status == dict.fromkeys(cfgs, 0), status
+
+
 def _run_task(selection: dict[str, Any] | None, rounds: int) -> tuple[dict[str, RoundEngine], dict[str, Recording],
                                                                        list[tuple[str, Header, int]],
                                                                        dict[str, list[dict[str, Any]]]]:
@@ -241,22 +262,7 @@ def _run_task(selection: dict[str, Any] | None, rounds: int) -> tuple[dict[str, 
                            for p in c.broadcast_children},
             upload_out=None if c.upload_parent is None else Wire(
                 n, "upload", lambda up=c.upload_parent: engines[up.site], sent))
-    for n, c in cfgs.items():
-        e = engines[n]
-        for p in (*c.broadcast_children, *([c.upload_parent] if c.upload_parent else [])):
-            e.post("connected", p.site, 0.0, 1)
-        if c.broadcast_parent is not None:
-            e.post("accepted", "broadcast", c.broadcast_parent.site)
-        for p in c.upload_children:
-            e.post("accepted", "upload", p.site)
-    status: dict[str, int] = {}
-    threads = [threading.Thread(target=lambda n=n: status.__setitem__(n, engines[n].run()), daemon=True)
-               for n in cfgs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert status == dict.fromkeys(cfgs, 0), status
+    run_connected(cfgs, engines)
     events = {n: [json.loads(x) for x in s.getvalue().splitlines()] for n, s in streams.items()}
     return engines, learners, sent, events
 
