@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import resource
@@ -429,14 +430,11 @@ class Control:
         return buf
 
 
-@pytest.fixture(scope="module")
-def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Control]:
-    root = tmp_path_factory.mktemp("site")
-    (root / "logs" / "t1").mkdir(parents=True)
-    (root / "cache").mkdir()
-    server = SiteServer(site="A", address="127.0.0.9", log_root=root / "logs", cache_dir=root / "cache")
-    path = root / "control.sock"
-    out_path = root / "server.out"
+@contextlib.contextmanager
+def _served(server: SiteServer, path: Path, out_path: Path) -> Iterator[tuple[socket.socket, threading.Thread,
+                                                                               list[int]]]:
+    """`serve(server)` on a thread, once it has written its first line to `out_path`; a connection
+    to its control socket; the list its exit status goes into."""
     with out_path.open("w", encoding="utf-8") as out:
         result: list[int] = []
         t = threading.Thread(target=lambda: result.append(serve(server, path, out=out)), daemon=True)
@@ -445,14 +443,25 @@ def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Control]:
         while not out_path.read_text():
             assert time.monotonic() < deadline, "the site server did not start"
             time.sleep(0.01)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(TIMEOUT_S)
-        sock.connect(str(path))
-        with sock, out_path.open(encoding="utf-8") as reader:
-            reader.readlines()
-            yield Control(sock, reader, server)
-            send_message(sock, {"op": "shutdown"})
-            t.join(timeout=TIMEOUT_S)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(TIMEOUT_S)
+            sock.connect(str(path))
+            yield sock, t, result
+
+
+@pytest.fixture(scope="module")
+def control(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Control]:
+    root = tmp_path_factory.mktemp("site")
+    (root / "logs" / "t1").mkdir(parents=True)
+    (root / "cache").mkdir()
+    server = SiteServer(site="A", address="127.0.0.9", log_root=root / "logs", cache_dir=root / "cache")
+    out_path = root / "server.out"
+    with _served(server, root / "control.sock", out_path) as (sock, t, result), \
+            out_path.open(encoding="utf-8") as reader:
+        reader.readlines()
+        yield Control(sock, reader, server)
+        send_message(sock, {"op": "shutdown"})
+        t.join(timeout=TIMEOUT_S)
     assert result == [0]
 
 
@@ -517,21 +526,11 @@ def test_the_control_channel_refuses_bad_requests_logs_them_and_keeps_serving(co
 @pytest.mark.parametrize("data", [struct.pack(">I", MAX_MESSAGE_BYTES + 1), struct.pack(">I", 100) + b'{"op":'])
 def test_a_broken_control_stream_ends_the_server_as_a_closed_connection_does(tmp_path: Path, data: bytes) -> None:
     server = SiteServer(site="A", address="127.0.0.9", log_root=tmp_path, cache_dir=tmp_path)
-    path, out_path = tmp_path / "control.sock", tmp_path / "server.out"
-    with out_path.open("w", encoding="utf-8") as out:
-        result: list[int] = []
-        t = threading.Thread(target=lambda: result.append(serve(server, path, out=out)), daemon=True)
-        t.start()
-        deadline = time.monotonic() + TIMEOUT_S
-        while not out_path.read_text():
-            assert time.monotonic() < deadline, "the site server did not start"
-            time.sleep(0.01)
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(TIMEOUT_S)
-            sock.connect(str(path))
-            sock.sendall(data)
-            sock.shutdown(socket.SHUT_WR)
-            t.join(timeout=TIMEOUT_S)
+    out_path = tmp_path / "server.out"
+    with _served(server, tmp_path / "control.sock", out_path) as (sock, t, result):
+        sock.sendall(data)
+        sock.shutdown(socket.SHUT_WR)
+        t.join(timeout=TIMEOUT_S)
 
     assert result == [0]
     assert "control connection lost" in out_path.read_text()
