@@ -40,6 +40,15 @@ def chain() -> Schedule:
                            e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
 
 
+def relayed() -> Schedule:
+    """Broadcast G -> A and G -> B through A (both copies cross G-A), upload B -> A -> G."""
+    e = OverlayEdge
+    return Schedule(task_id=3, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                    broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "A"},
+                    edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
+                           e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
+
+
 def test_round_on_a_three_node_chain_equals_the_pipelined_figure() -> None:
     # Prepare: 1 MB in 10 chunks, no per-chunk work, 0.25 s of training at each local.
     model, schedule = line(), chain()
@@ -84,11 +93,7 @@ def test_merged_segments_fill_the_pipeline_later_by_the_documented_bound() -> No
 def test_transfers_sharing_a_link_share_it_equally() -> None:
     # Prepare: G sends to A directly and to B through A, one chunk each: both cross G-A at once.
     model = line()
-    e = OverlayEdge
-    schedule = Schedule(task_id=3, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
-                        broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "A"},
-                        edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
-                               e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
+    schedule = relayed()
     size = 400_000
     params = SimParams(alpha_s=0.0, seconds_per_example=0.0, chunk_bytes=size)
 
@@ -232,12 +237,7 @@ def test_runs_split_among_engine_processes_are_laid_back_to_back_as_in_one() -> 
     # Prepare: three runs of the chain (one of them contended: the relayed broadcast), one engine
     # process for all of them and one process each.
     model = line()
-    e = OverlayEdge
-    relayed = Schedule(task_id=3, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
-                       broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "A"},
-                       edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
-                              e("upload", "B", "A", ("B", "A")), e("upload", "A", "G", ("A", "G"))))
-    runs = [TaskRun("a", chain(), 600_000, 2), TaskRun("b", relayed, 300_000, 1), TaskRun("c", chain(), 200_000, 3)]
+    runs = [TaskRun("a", chain(), 600_000, 2), TaskRun("b", relayed(), 300_000, 1), TaskRun("c", chain(), 200_000, 3)]
     spec = build_spec(model, runs, SimParams(), capacity_rate(model))
 
     one, three = simulate(spec, processes=1), simulate(spec, processes=3)
