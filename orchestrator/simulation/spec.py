@@ -34,12 +34,13 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.runtime.timing import ALPHA_S, optimal_chunk_bytes
+from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.schedule import Schedule
 from topologies.model import NetworkModel
 
@@ -87,9 +88,6 @@ class SimParams:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-RateFn = Callable[[str, str], float]
 
 
 @dataclass(frozen=True)
