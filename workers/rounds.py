@@ -214,9 +214,6 @@ class RoundEngine:
         #: Update compression (`workers.compression`; None: updates travel as the model's weights).
         self.codec = make_codec(cfg.compression, self.layout, k=cfg.k if cfg.k is not None else DEFAULT_TOPK)
         self._g_base: TensorSet = {}  # G: the global model of the round in flight
-        #: G: the last round's aggregate, already a copy the model does not own: the next round
-        #: broadcasts it as it is, without a second copy of the model on the round's critical path.
-        self._carry: TensorSet | None = None
         #: G: the last broadcast's tensors; once every child has all of them, the next round
         #: aggregates into them (a fresh buffer costs page faults: ~9x a copy into a warm one).
         self._last_sent: _Sent | None = None
@@ -600,8 +597,9 @@ class RoundEngine:
         st.start = self.log.emit("round_start", round=r)
         st.deadline = st.start + self.cfg.child_timeout_s
         st.global_done = True
-        state = self._carry if self._carry is not None else self.learner.state()
-        self._carry = None
+        # a later round broadcasts the last round's aggregate as it is (a copy the model does not
+        # own): no second copy of the model on the round's critical path
+        state = self._next_global or self.learner.state()
         self._g_base = state
         # filled chunk by chunk as aggregates complete (`_emit_chunk`): the last round's broadcast
         # buffer when every child has it, a fresh one while a sender may still read it
@@ -633,7 +631,6 @@ class RoundEngine:
         t_agg = self.log.emit("aggregated", round=st.number, num_examples=st.max_examples,
                               num_updates=len(self._contributors(st)), stragglers=sorted(st.excluded))
         self.learner.load(self._next_global)
-        self._carry = self._next_global
         if self.cfg.checkpoint_path is not None:
             self.learner.save_file(self.cfg.checkpoint_path)
         accuracy, loss = self.learner.evaluate()
