@@ -79,7 +79,7 @@ BACKGROUND_SHARE = 0.01
 #: htb's default leaf queue is txqueuelen (1000) packets; in Open vSwitch's userspace datapath every
 #: packet waiting in any class of a port also holds the send budget of the datapath's socket for that
 #: port, so a saturating background with 1000 packets queued left the tasks' packets no room: they
-#: were dropped before htb could classify them. 32 packets are about 4 ms at 100 Mbit/s.
+#: were dropped before htb could classify them. 8 packets are about 1 ms at 100 Mbit/s.
 BACKGROUND_QUEUE_PACKETS = 8
 BACKGROUND_QDISC_MAJOR = 6
 #: The rate of a task class with nothing guaranteed (htb needs a positive rate): 1 kbit/s.
