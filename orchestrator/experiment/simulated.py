@@ -23,6 +23,7 @@ from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
 from orchestrator.experiment.report import write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.runner import RunOutcome, task_sets
+from orchestrator.experiment.task_manager import round_bound
 from orchestrator.runtime.task_runner import node_rounds, summarize
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import RoundFigures, capacity_rate, emulated_rate, round_figures
@@ -149,7 +150,7 @@ def _record(db: ResultsDB, run_id: int, runs: list[TaskRun], figures: dict[str, 
                 ev.update(accuracy=math.nan, loss=math.nan, num_examples=0)
         for rr in summarize(schedule, events, rounds=run.rounds):
             # the bound and the reference with the round's own fastest training, as an emulated run's
-            lb = replace(fig.lower_bound, train_s=rr.train_min_s)
+            lb = round_bound(fig, schedule, rr)
             db.record_round(
                 run_id, name, tid, rr.round, latency_s=rr.latency_s, broadcast_s=rr.broadcast_s,
                 train_s=rr.train_s, upload_s=rr.upload_s, accuracy=None, lower_bound_s=lb.lower_s,

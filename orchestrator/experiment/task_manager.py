@@ -48,7 +48,7 @@ from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskExecution, node_rounds, rounds_so_far
 from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling import NetworkState, Schedule
-from orchestrator.scheduling.cost import RoundFigures, emulated_rate, round_figures
+from orchestrator.scheduling.cost import RoundBound, RoundFigures, emulated_rate, round_figures
 from orchestrator.scheduling.tasks import Task
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
@@ -133,6 +133,13 @@ def fl_options(task: TaskConfig, *, rounds: int, seed: int) -> FLOptions:
                      selection=task.selection)
 
 
+def round_bound(figures: RoundFigures, schedule: Schedule, r: RoundResult) -> RoundBound:
+    """The lower bound of round `r`: with the round's own fastest training, and the joint bound
+    only if every local trained and none was left out (`orchestrator.scheduling.cost`)."""
+    every_local = r.trained >= len(schedule.local_sites) and not r.stragglers
+    return replace(figures.lower_bound, train_s=r.train_min_s, joint_s=figures.joint_s if every_local else 0.0)
+
+
 def record_rounds(db: ResultsDB, run_id: int, scheduler: str, schedule: Schedule, figures: RoundFigures,
                   rounds: Sequence[RoundResult], events: Mapping[str, Sequence[Mapping[str, Any]]],
                   clock_of: Callable[[float], float]) -> None:
@@ -143,7 +150,7 @@ def record_rounds(db: ResultsDB, run_id: int, scheduler: str, schedule: Schedule
     chose = [e for e in events.get(schedule.global_site, ()) if e.get("event") == "selected"]
     policy = str(chose[0].get("policy", "all")) if chose else "all"
     for r in rounds:
-        bound = replace(figures.lower_bound, train_s=r.train_min_s)
+        bound = round_bound(figures, schedule, r)
         db.record_round(
             run_id, scheduler, schedule.task_id, r.round, latency_s=r.latency_s, broadcast_s=r.broadcast_s,
             train_s=r.train_s, upload_s=r.upload_s, accuracy=r.accuracy, lower_bound_s=bound.lower_s,
@@ -214,7 +221,7 @@ class TaskManager:
             self.outcomes["blocked"] += 1
             return None
         state.admit(schedule)
-        figures = round_figures(self.model, schedule, task.model_bytes, rate=self.rate, propagation=self.delay)
+        figures = self._figures(schedule, task.model_bytes)
         self.db.record_schedule(self.run_id, schedule, figures.lower_bound.lower_s, scheduler=scheduler)
         admitted = self.clock.now()
         self.db.set_task_state(self.run_id, scheduler, task.id, "scheduled", at_s=admitted)
@@ -236,6 +243,11 @@ class TaskManager:
             return None
         self.db.set_task_state(self.run_id, scheduler, task.id, "running", at_s=self.clock.now())
         return live
+
+    def _figures(self, schedule: Schedule, model_bytes: int) -> RoundFigures:
+        """The schedule's bounds and references as emulated (the joint bound only for uncompressed updates)."""
+        return round_figures(self.model, schedule, model_bytes, rate=self.rate, propagation=self.delay,
+                             joint=self.cfg.task.compression == "none")
 
     def _schedule(self, label: str, task: Task, state: NetworkState) -> Schedule:
         """`task` scheduled by `label`'s scheduler on `state` without the links cut now (blocked,
@@ -344,8 +356,7 @@ class TaskManager:
             if new.blocked:
                 continue
             was = lv.figures.lower_bound.lower_s
-            now = round_figures(self.model, new, lv.task.model_bytes, rate=self.rate,
-                                propagation=self.delay).lower_bound.lower_s
+            now = self._figures(new, lv.task.model_bytes).lower_bound.lower_s
             if was > 0 and (was - now) / was > threshold and not self.move(lv, f"periodic: predicted round "
                                                                             f"{was:.3f} s -> {now:.3f} s", new=new):
                 live.remove(lv)
@@ -394,7 +405,7 @@ class TaskManager:
             self._end(live, "failed", f"{reason}; no new schedule: {new.reason}")
             return False
         live.state.admit(new)
-        figures = round_figures(self.model, new, task.model_bytes, rate=self.rate, propagation=self.delay)
+        figures = self._figures(new, task.model_bytes)
         self.db.record_schedule(self.run_id, new, figures.lower_bound.lower_s, scheduler=label)
         self.db.record_move(self.run_id, label, task.id, live.moves, new_schedule_json=json.dumps(new.to_dict()),
                             new_bound_s=figures.lower_bound.lower_s, new_reserved_mbps=new.reserved_mbps_total)

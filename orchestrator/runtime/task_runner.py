@@ -212,6 +212,8 @@ class RoundResult:
     #: Local-model selection: the locals G chose for the round (empty: no selection, all trained).
     selected: tuple[str, ...] = ()
     upload_bytes: int = 0
+    #: How many of the task's locals trained in the round (logged their training's end).
+    trained: int = 0
 
 
 @dataclass(frozen=True)
@@ -323,6 +325,7 @@ def summarize(
                 broadcast_bytes=total_bytes("global_received", r),
                 upload_bytes=total_bytes("update_sent", r),
                 selected=tuple((first.get((g, "selected", r)) or {}).get("sites", ())),
+                trained=len(trained),
             )
         )
     return results

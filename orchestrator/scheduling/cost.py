@@ -61,9 +61,26 @@ aggregates; the figure of a non-pipelined execution, never below T_p)::
 `rate` defaults to each link's capacity (model units); pass the emulated rates to compare with
 measurements in the emulation.
 
-A round's lower bound (`RoundBound.lower_s`) is the shortest local training plus the larger of the
-two procedures' bounds: the last local to hold the whole model must still train, and no update
-can leave before some local has trained (delaying an upload's start cannot make it end sooner).
+A round's lower bound (`RoundBound.lower_s`) is the shortest local training plus the largest of
+the two procedures' bounds and ``joint`` (`joint_bound_s`): the last local to hold the whole model
+must still train, and no update can leave before some local has trained.
+
+``joint`` (every local trains, its update uncompressed) ties the procedures together through
+each local λ. λ trains only once it holds the whole model, and G's aggregate needs every bit of
+λ's update, which then crosses every link of λ's upload chain. One copy alone on a chain of links
+needs S / (the chain's slowest rate) + the chain's propagation; call that b(λ) on λ's broadcast
+chain and u(λ) on its upload chain. Then the link bound above holds with wider windows:
+
+- broadcast copy j on l: down'_j = the largest, over the locals λ that j feeds, of the
+  propagation from the tail of l to λ + u(λ) (after the last bit of J reaches λ, λ trains and its
+  update still reaches G);
+- upload copy j on l: up'_j = the largest, over the locals λ that feed j, of b(λ) + the
+  propagation from λ to the tail of l (no bit of j exists before each such λ has trained).
+
+``joint`` is the larger of the two link bounds taken with these windows (training left out: the
+round adds the shortest local training once). It is never below either procedure's T_p, and it
+is what a serial link shows: n unicast copies from G on one link cost n * S / rate before the
+last local trains, and that local's update still needs u(λ) after it.
 `RoundBound.total_s` adds broadcast, training and upload, the three phases one after the other;
 it is NOT a bound, because the agents overlap them across branches (a near local uploads while a
 far one still receives; measured: spff rounds at 0.96 of that sum on NSFNET).
@@ -76,7 +93,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from orchestrator.scheduling.schedule import DirectedLink, OverlayEdge, Procedure, Schedule
@@ -93,6 +110,9 @@ class RoundBound:
     broadcast_s: float
     train_s: float
     upload_s: float
+    #: `joint_bound_s` (0 where it does not apply: a round in which not every local trained, or
+    #: compressed updates).
+    joint_s: float = 0.0
 
     @property
     def total_s(self) -> float:
@@ -101,8 +121,9 @@ class RoundBound:
 
     @property
     def lower_s(self) -> float:
-        """A round's lower bound when `train_s` is the shortest local training: train + max(procedures)."""
-        return self.train_s + max(self.broadcast_s, self.upload_s)
+        """A round's lower bound when `train_s` is the shortest local training: train + the largest
+        of the procedures' bounds and `joint_s`."""
+        return self.train_s + max(self.broadcast_s, self.upload_s, self.joint_s)
 
 
 def capacity_rate(model: NetworkModel) -> RateFn:
@@ -151,16 +172,20 @@ class CopyWindow(NamedTuple):
     bit is needed."""
 
 
-def copy_windows(
-    model: NetworkModel, schedule: Schedule, procedure: Procedure, *, propagation: bool = True
-) -> dict[DirectedLink, list[CopyWindow]]:
-    """The `CopyWindow` of every copy of `procedure`, per directed link.
+class _Tree(NamedTuple):
+    """One procedure's overlay tree hanging from G (see `_walk`)."""
 
-    Raises
-    ------
-    ValueError
-        If the procedure's edges do not form a tree rooted at G.
-    """
+    edges: list[OverlayEdge]
+    toward_g: dict[str, OverlayEdge]
+    """Each node's edge on its side toward G."""
+    near: dict[str, float]
+    """Propagation (s) between G and the node along its overlay chain."""
+    deepest_first: list[str]
+    """The nodes other than G, every node before its parent."""
+
+
+def _walk(model: NetworkModel, schedule: Schedule, procedure: Procedure, propagation: bool) -> _Tree:
+    """Check that `procedure`'s edges form a tree from G and walk it (raises ValueError)."""
     edges = schedule.edges_of(procedure)
     g = schedule.global_site
     broken = f"task {schedule.task_id}: {procedure} edges do not form a tree from G"
@@ -168,19 +193,10 @@ def copy_windows(
     # the broadcast and the receiver's side for the upload (its mirror image).
     toward_g: dict[str, OverlayEdge] = {}
     for e in edges:
-        child, parent = (e.dst, e.src) if procedure == "broadcast" else (e.src, e.dst)
+        child = e.dst if procedure == "broadcast" else e.src
         if child == g or child in toward_g:
             raise ValueError(broken)
         toward_g[child] = e
-
-    def parent_of(node: str) -> str:
-        e = toward_g[node]
-        return e.src if procedure == "broadcast" else e.dst
-
-    def delay_s(path: tuple[str, ...]) -> float:
-        return model.path_delay_ms(path) / 1e3 if propagation else 0.0
-
-    # near: propagation between G and a node along its overlay chain; hops: its overlay depth.
     near: dict[str, float] = {g: 0.0}
     hops: dict[str, int] = {g: 0}
     for start in toward_g:
@@ -190,28 +206,129 @@ def copy_windows(
             if node not in toward_g or len(chain) > len(edges):
                 raise ValueError(broken)
             chain.append(node)
-            node = parent_of(node)
+            node = _parent(toward_g[node], procedure)
         for node in reversed(chain):
-            near[node] = near[parent_of(node)] + delay_s(toward_g[node].path)
-            hops[node] = hops[parent_of(node)] + 1
-    # far: the largest propagation between a node and a local of its subtree (0 at a leaf),
-    # filled deepest first so that every child is final before its parent reads it.
-    far = dict.fromkeys(near, 0.0)
-    for node in sorted(toward_g, key=hops.__getitem__, reverse=True):
-        parent = parent_of(node)
-        far[parent] = max(far[parent], delay_s(toward_g[node].path) + far[node])
+            parent = _parent(toward_g[node], procedure)
+            near[node] = near[parent] + _delay_s(model, toward_g[node].path, propagation)
+            hops[node] = hops[parent] + 1
+    return _Tree(edges, toward_g, near, sorted(toward_g, key=hops.__getitem__, reverse=True))
 
+
+def _parent(e: OverlayEdge, procedure: Procedure) -> str:
+    return e.src if procedure == "broadcast" else e.dst
+
+
+def _delay_s(model: NetworkModel, path: tuple[str, ...], propagation: bool) -> float:
+    return model.path_delay_ms(path) / 1e3 if propagation else 0.0
+
+
+def _farthest(model: NetworkModel, tree: _Tree, procedure: Procedure, propagation: bool,
+              at: Callable[[str], float | None]) -> dict[str, float | None]:
+    """Per node x: the largest, over the nodes y of x's subtree (x included) with a figure
+    ``at(y)``, of ``at(y)`` + the propagation between x and y; None if no node of it has one."""
+    far: dict[str, float | None] = {n: at(n) for n in tree.near}
+    for node in tree.deepest_first:  # every child is final before its parent reads it
+        own = far[node]
+        if own is None:
+            continue
+        e = tree.toward_g[node]
+        parent = _parent(e, procedure)
+        via = _delay_s(model, e.path, propagation) + own
+        far[parent] = via if far[parent] is None else max(far[parent] or 0.0, via)
+    return far
+
+
+def _windows(model: NetworkModel, tree: _Tree, procedure: Procedure, propagation: bool,
+             before: Callable[[OverlayEdge], float | None], after: Callable[[OverlayEdge], float | None],
+             ) -> dict[DirectedLink, list[CopyWindow]]:
+    """Every copy's window per directed link, from what comes before the edge's first link and
+    after its last (copies for which either is None are left out)."""
     windows: dict[DirectedLink, list[CopyWindow]] = {}
-    for e in edges:
-        # The broadcast's data comes from G's side and is needed in the subtree below e.dst; the
-        # upload's comes from the subtree below e.src and is needed at G.
-        before_e, after_e = (near[e.src], far[e.dst]) if procedure == "broadcast" else (far[e.src], near[e.dst])
-        total = delay_s(e.path)
+    for e in tree.edges:
+        first, last = before(e), after(e)
+        if first is None or last is None:
+            continue
+        total = _delay_s(model, e.path, propagation)
         done = 0.0
         for i, link in enumerate(e.links()):
-            windows.setdefault(link, []).append(CopyWindow(before_e + done, total - done + after_e))
-            done += delay_s(e.path[i : i + 2])
+            windows.setdefault(link, []).append(CopyWindow(first + done, total - done + last))
+            done += _delay_s(model, e.path[i : i + 2], propagation)
     return windows
+
+
+def copy_windows(
+    model: NetworkModel, schedule: Schedule, procedure: Procedure, *, propagation: bool = True
+) -> dict[DirectedLink, list[CopyWindow]]:
+    """The `CopyWindow` of every copy of `procedure`, per directed link.
+
+    Raises
+    ------
+    ValueError
+        If the procedure's edges do not form a tree from G.
+    """
+    tree = _walk(model, schedule, procedure, propagation)
+    # far: the largest propagation between a node and a node of its subtree (0 at a leaf)
+    far = _farthest(model, tree, procedure, propagation, lambda n: 0.0)
+    # The broadcast's data comes from G's side and is needed in the subtree below e.dst; the
+    # upload's comes from the subtree below e.src and is needed at G.
+    if procedure == "broadcast":
+        return _windows(model, tree, procedure, propagation, lambda e: tree.near[e.src], lambda e: far[e.dst])
+    return _windows(model, tree, procedure, propagation, lambda e: far[e.src], lambda e: tree.near[e.dst])
+
+
+def chain_s(
+    model: NetworkModel, schedule: Schedule, procedure: Procedure, model_bytes: int, *,
+    rate: RateFn | None = None, propagation: bool = True,
+) -> dict[str, float]:
+    """Per overlay node: one copy of the model alone on the node's overlay chain between G and it
+    (S / the chain's slowest rate + its propagation); b(λ) and u(λ) of the module docstring."""
+    rate = rate or capacity_rate(model)
+    bits = model_bytes * 8.0
+    tree = _walk(model, schedule, procedure, propagation)
+    slowest: dict[str, float] = {schedule.global_site: float("inf")}
+    for node in reversed(tree.deepest_first):  # parents first
+        e = tree.toward_g[node]
+        slowest[node] = min([slowest[_parent(e, procedure)], *(rate(u, v) for u, v in e.links())])
+    return {n: (bits / (slowest[n] * 1e6) if slowest[n] != float("inf") else 0.0) + tree.near[n] for n in tree.near}
+
+
+def joint_bound_s(
+    model: NetworkModel,
+    schedule: Schedule,
+    model_bytes: int,
+    *,
+    rate: RateFn | None = None,
+    propagation: bool = True,
+) -> float:
+    """Lower bound (s) of a round of `schedule` in which every local trains, its training left out
+    (``joint`` of the module docstring).
+
+    Raises
+    ------
+    ValueError
+        If the schedule is blocked or a procedure's edges are not a tree from G.
+    """
+    _check_not_blocked(schedule)
+    rate = rate or capacity_rate(model)
+    kw: dict[str, Any] = {"rate": rate, "propagation": propagation}
+    b = chain_s(model, schedule, "broadcast", model_bytes, **kw)
+    u = chain_s(model, schedule, "upload", model_bytes, **kw)
+    locals_ = set(schedule.local_sites)
+    serial = lambda link: model_bytes * 8.0 / (rate(*link) * 1e6)  # noqa: E731
+    best = 0.0
+    down = _walk(model, schedule, "broadcast", propagation)
+    then_up = _farthest(model, down, "broadcast", propagation, lambda n: u.get(n) if n in locals_ else None)
+    for link, ws in _windows(model, down, "broadcast", propagation, lambda e: down.near[e.src],
+                             lambda e: then_up[e.dst]).items():
+        best = max(best, _link_bound_s(ws, serial(link)))
+    up = _walk(model, schedule, "upload", propagation)
+    first_down = _farthest(model, up, "upload", propagation, lambda n: b.get(n) if n in locals_ else None)
+    for link, ws in _windows(model, up, "upload", propagation, lambda e: first_down[e.src],
+                             lambda e: up.near[e.dst]).items():
+        best = max(best, _link_bound_s(ws, serial(link)))
+    for site in locals_ & set(b) & set(u):  # a local with no copy on any link (G itself) still needs both
+        best = max(best, b[site] + u[site])
+    return best
 
 
 def _link_bound_s(windows: list[CopyWindow], serial_s: float) -> float:
@@ -300,6 +417,8 @@ class RoundFigures:
     broadcast: ProcedureFigures
     upload: ProcedureFigures
     train_s: float = 0.0
+    #: `joint_bound_s` (0: not computed, e.g. for compressed updates).
+    joint_s: float = 0.0
 
     def _round(self, figure: str) -> RoundBound:
         return RoundBound(
@@ -310,8 +429,9 @@ class RoundFigures:
 
     @property
     def lower_bound(self) -> RoundBound:
-        """The pipelined lower bounds (what `round_lower_bound` gives)."""
-        return self._round("pipelined_s")
+        """The round's lower bound when every local trains (what `round_lower_bound` gives); a round
+        in which some did not takes ``replace(lower_bound, joint_s=0.0)``."""
+        return replace(self._round("pipelined_s"), joint_s=self.joint_s)
 
     @property
     def store_and_forward(self) -> RoundBound:
@@ -348,8 +468,10 @@ def round_figures(
     train_s: float = 0.0,
     rate: RateFn | None = None,
     propagation: bool = True,
+    joint: bool = True,
 ) -> RoundFigures:
-    """`procedure_figures` of the broadcast and the upload of one round of `schedule`.
+    """`procedure_figures` of the broadcast and the upload of one round of `schedule`, and
+    `joint_bound_s` unless `joint` is False (updates smaller than the model: compressed).
 
     Raises
     ------
@@ -361,6 +483,7 @@ def round_figures(
         broadcast=procedure_figures(model, schedule, "broadcast", model_bytes, **kw),
         upload=procedure_figures(model, schedule, "upload", model_bytes, **kw),
         train_s=train_s,
+        joint_s=joint_bound_s(model, schedule, model_bytes, **kw) if joint else 0.0,
     )
 
 
@@ -442,12 +565,14 @@ def round_lower_bound(
     pipelined: bool = True,
     propagation: bool = True,
 ) -> RoundBound:
-    """Lower bound of one round: broadcast + slowest local training + upload."""
+    """One round's procedures and `joint_bound_s` (`pipelined`), or its store-and-forward figures;
+    `RoundBound.lower_s` combines them with the training time `train_s`."""
     kw: dict[str, Any] = {"rate": rate, "pipelined": pipelined, "propagation": propagation}
     return RoundBound(
         broadcast_s=procedure_bound_s(model, schedule, "broadcast", model_bytes, **kw),
         train_s=train_s,
         upload_s=procedure_bound_s(model, schedule, "upload", model_bytes, **kw),
+        joint_s=joint_bound_s(model, schedule, model_bytes, rate=rate, propagation=propagation) if pipelined else 0.0,
     )
 
 

@@ -19,6 +19,7 @@ import heapq
 import itertools
 import random
 from collections import deque
+from dataclasses import replace
 
 import networkx as nx
 import pytest
@@ -76,6 +77,26 @@ def simulate_s(
         Seconds until every local holds the whole model (broadcast) or G holds every chunk of
         the aggregate (upload).
     """
+    finish = simulate_nodes(model, schedule, procedure, model_bytes, chunks=chunks, rate=rate, propagation=propagation)
+    needed = schedule.local_sites if procedure == "broadcast" else (schedule.global_site,)
+    assert all(n in finish for n in needed), f"{procedure}: some site never got the model"
+    return max(finish[n] for n in needed)
+
+
+def simulate_nodes(
+    model: NetworkModel,
+    schedule: Schedule,
+    procedure: Procedure,
+    model_bytes: int,
+    *,
+    chunks: int,
+    rate: RateFn | None = None,
+    propagation: bool = True,
+    release: dict[str, float] | None = None,
+) -> dict[str, float]:
+    """`simulate_s`, per node: when each node held the whole model (broadcast) or G the whole
+    aggregate (upload). With `release` (upload only), each local's own update exists from its
+    release time on (training ended) instead of from the start."""
     rate = rate or capacity_rate(model)
     chunk_bits = model_bytes * 8.0 / chunks
     edges = schedule.edges_of(procedure)
@@ -86,12 +107,16 @@ def simulate_s(
         out_of.setdefault(e.src, []).append(i)
         into.setdefault(e.dst, []).append(i)
     Item = tuple[int, int, int]  # (edge index, hop index on its path, chunk index)
-    events: list[tuple[float, int, bool, Item]] = []  # (time, order, sent (else arrived), item)
+    # (time, order, kind, item): kind SENT (a link finished sending), ARRIVED (at the far end), or
+    # RELEASED (a local's update exists; item[0] indexes `released`)
+    SENT, ARRIVED, RELEASED = 0, 1, 2
+    events: list[tuple[float, int, int, Item]] = []
     order = itertools.count()
     waiting: dict[DirectedLink, deque[Item]] = {}
     busy: set[DirectedLink] = set()
-    have: dict[tuple[str, int], int] = {}  # (node, chunk) -> children's chunks received
+    have: dict[tuple[str, int], int] = {}  # (node, chunk) -> contributions received
     finish: dict[str, float] = {}
+    released = sorted(release or {})
 
     def serve(t: float, link: DirectedLink) -> None:
         queue = waiting.get(link)
@@ -99,7 +124,7 @@ def simulate_s(
             busy.discard(link)
             return
         busy.add(link)
-        heapq.heappush(events, (t + chunk_bits / (rate(*link) * 1e6), next(order), True, queue.popleft()))
+        heapq.heappush(events, (t + chunk_bits / (rate(*link) * 1e6), next(order), SENT, queue.popleft()))
 
     def at_tail(t: float, item: Item) -> None:
         link = hops[item[0]][item[1]]
@@ -114,34 +139,57 @@ def simulate_s(
         for f in out_of.get(node, []):
             at_tail(t, (f, 0, k))
 
+    def contributed(t: float, node: str, k: int) -> None:
+        have[(node, k)] = have.get((node, k), 0) + 1
+        if have[(node, k)] == len(into.get(node, ())) + (node in (release or {})):
+            holds(t, node, k)
+
     def delivered(t: float, edge: int, k: int) -> None:
         node = edges[edge].dst
         if procedure == "broadcast":
             finish[node] = max(finish.get(node, 0.0), t)
             holds(t, node, k)
             return
-        have[(node, k)] = have.get((node, k), 0) + 1
-        if have[(node, k)] == len(into[node]):
-            holds(t, node, k)
+        contributed(t, node, k)
 
-    senders = [schedule.global_site] if procedure == "broadcast" else [n for n in out_of if n not in into]
-    for k in range(chunks):  # round robin over the streams a node starts at time 0
-        for node in senders:
-            holds(0.0, node, k)
+    if release is None:
+        senders = [schedule.global_site] if procedure == "broadcast" else [n for n in out_of if n not in into]
+        for k in range(chunks):  # round robin over the streams a node starts at time 0
+            for node in senders:
+                holds(0.0, node, k)
+    else:
+        assert procedure == "upload"
+        for i, node in enumerate(released):
+            heapq.heappush(events, (release[node], next(order), RELEASED, (i, 0, 0)))
     while events:
-        t, _, sent, (edge, hop, k) = heapq.heappop(events)
+        t, _, kind, (edge, hop, k) = heapq.heappop(events)
+        if kind == RELEASED:
+            for k in range(chunks):
+                contributed(t, released[edge], k)
+            continue
         link = hops[edge][hop]
-        if sent:
+        if kind == SENT:
             serve(t, link)
             delay_s = model.link(*link).delay_ms / 1e3 if propagation else 0.0
-            heapq.heappush(events, (t + delay_s, next(order), False, (edge, hop, k)))
+            heapq.heappush(events, (t + delay_s, next(order), ARRIVED, (edge, hop, k)))
         elif hop + 1 < len(hops[edge]):
             at_tail(t, (edge, hop + 1, k))
         else:
             delivered(t, edge, k)
-    needed = schedule.local_sites if procedure == "broadcast" else (schedule.global_site,)
-    assert all(n in finish for n in needed), f"{procedure}: some site never got the model"
-    return max(finish[n] for n in needed)
+    return finish
+
+
+def simulate_round_s(
+    model: NetworkModel, schedule: Schedule, model_bytes: int, *, chunks: int, train_s: float,
+    rate: RateFn | None = None, propagation: bool = True,
+) -> float:
+    """A whole round in the ideal chunked execution: the broadcast, each local training `train_s`
+    once it holds the whole model, then the upload from each local's training end."""
+    kw = {"chunks": chunks, "rate": rate, "propagation": propagation}
+    got = simulate_nodes(model, schedule, "broadcast", model_bytes, **kw)  # type: ignore[arg-type]
+    release = {n: got[n] + train_s for n in schedule.local_sites}
+    done = simulate_nodes(model, schedule, "upload", model_bytes, release=release, **kw)  # type: ignore[arg-type]
+    return done[schedule.global_site]
 
 
 def old_pipelined_bound_s(model: NetworkModel, schedule: Schedule, procedure: Procedure, model_bytes: int) -> float:
@@ -266,6 +314,59 @@ def test_upload_copy_windows_wait_for_the_farthest_child() -> None:
     assert bound == pytest.approx(8e6 / 80_000e6 + 2.5e-3)
 
 
+def shared_access() -> tuple[NetworkModel, Schedule]:
+    """G-X one 100 Mbit/s wavelength, X-A and X-B fast; unicast both ways (as spff schedules)."""
+    model = NetworkModel.build(
+        "shared-access",
+        [{"name": "G"}, {"name": "A"}, {"name": "B"}, {"name": "X", "has_compute": False}],
+        [{"a": "G", "b": "X", "length_km": 1, "wavelengths": 1, "wavelength_mbps": 100},
+         {"a": "X", "b": "A", "length_km": 1, "wavelength_mbps": 25_000},
+         {"a": "X", "b": "B", "length_km": 1, "wavelength_mbps": 25_000}],
+    )
+    edges = [OverlayEdge("broadcast", "G", n, ("G", "X", n)) for n in ("A", "B")]
+    edges += [OverlayEdge("upload", n, "G", (n, "X", "G")) for n in ("A", "B")]
+    s = Schedule(task_id=1, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1,
+                 broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "G"}, edges=tuple(edges))
+    return model, s
+
+
+def test_the_joint_bound_counts_the_last_served_locals_upload_after_a_shared_link() -> None:
+    # Prepare: two copies of 100 Mbit cross G->X (2 s); whichever local gets the model last
+    # still trains and sends its update back through X->G (1 s).
+    model, s = shared_access()
+    train = 0.25
+
+    # Execute
+    f = round_figures(model, s, MB_12_5, train_s=train, propagation=False)
+    achieved = simulate_round_s(model, s, MB_12_5, chunks=200, train_s=train, propagation=False)
+
+    # Assert: the procedures alone allow train + 2 s; no execution does better than train + 3 s.
+    assert max(f.broadcast.pipelined_s, f.upload.pipelined_s) == pytest.approx(2.0, rel=1e-3)
+    assert f.joint_s == pytest.approx(3.0, rel=1e-3)
+    assert f.lower_bound.lower_s == pytest.approx(train + 3.0, rel=1e-3)
+    assert f.lower_bound.lower_s <= achieved
+    assert replace(f.lower_bound, joint_s=0.0).lower_s == pytest.approx(train + 2.0, rel=1e-3)
+
+
+def test_the_joint_bound_of_one_chain_is_reached_with_many_chunks() -> None:
+    # Prepare: G-A-B-C with C the only local, A and B relays both ways.
+    model = line(compute_inside=True)
+    path = ("G", "A", "B", "C")
+    edges = [OverlayEdge("broadcast", a, b, (a, b)) for a, b in itertools.pairwise(path)]
+    edges += [OverlayEdge("upload", b, a, (b, a)) for a, b in itertools.pairwise(path)]
+    s = Schedule(task_id=1, scheduler="hand", global_site="G", local_sites=("C",), demand_mbps=1,
+                 broadcast_parent={"A": "G", "B": "A", "C": "B"}, upload_parent={"C": "B", "B": "A", "A": "G"},
+                 edges=tuple(edges))
+
+    # Execute
+    f = round_figures(model, s, MB_12_5, train_s=0.1)
+    achieved = simulate_round_s(model, s, MB_12_5, chunks=400, train_s=0.1)
+
+    # Assert: each way, 100 Mbit at 400 Mbit/s + 10.5 ms of fiber.
+    assert f.joint_s == pytest.approx(2 * (0.25 + 10.5e-3), rel=1e-6)
+    assert f.lower_bound.lower_s <= achieved < f.lower_bound.lower_s * 1.01
+
+
 def line(compute_inside: bool) -> NetworkModel:
     """G-A-B-C, 300/1200/600 km at 1000/400/2500 Mbit/s."""
     return NetworkModel.build(
@@ -379,9 +480,17 @@ def random_rate(model: NetworkModel, rng: random.Random) -> RateFn:
 
 
 def check_against_simulation(
-    model: NetworkModel, s: Schedule, model_bytes: int, chunks: int, rate: RateFn, propagation: bool
+    model: NetworkModel, s: Schedule, model_bytes: int, chunks: int, rate: RateFn, propagation: bool,
+    train_s: float = 0.0,
 ) -> None:
-    """Every execution is at least the bound; the bound lies between reference and S&F."""
+    """Every execution is at least the bound; the bound lies between reference and S&F; a whole
+    round (each local training `train_s`) is at least the round's bound."""
+    f = round_figures(model, s, model_bytes, train_s=train_s, rate=rate, propagation=propagation)
+    for c in (chunks, 1):
+        whole_round = simulate_round_s(model, s, model_bytes, chunks=c, train_s=train_s, rate=rate,
+                                       propagation=propagation)
+        assert whole_round >= f.lower_bound.lower_s * (1 - SLACK), (c, whole_round, f.lower_bound)
+    assert f.joint_s >= max(f.broadcast.pipelined_s, f.upload.pipelined_s) * (1 - SLACK)
     for procedure in ("broadcast", "upload"):
         bound = pipelined_bound_s(model, s, procedure, model_bytes, rate=rate, propagation=propagation)
         chunked = simulate_s(model, s, procedure, model_bytes, chunks=chunks, rate=rate, propagation=propagation)
@@ -402,9 +511,11 @@ def check_against_simulation(
     model_bytes=st.sampled_from([125_000, 1_250_000, 12_500_000]),
     chunks=st.integers(min_value=2, max_value=24),
     propagation=st.booleans(),
+    train_s=st.sampled_from([0.0, 0.002, 0.3]),
 )
 def test_no_execution_of_a_schedulers_schedule_beats_the_bound(
-    name: str, data: tuple[NetworkModel, random.Random], model_bytes: int, chunks: int, propagation: bool
+    name: str, data: tuple[NetworkModel, random.Random], model_bytes: int, chunks: int, propagation: bool,
+    train_s: float,
 ) -> None:
     # Prepare: a small demand, so that the empty network admits every task.
     model, rng = data
@@ -416,7 +527,7 @@ def test_no_execution_of_a_schedulers_schedule_beats_the_bound(
 
     # Assert
     assert not s.blocked
-    check_against_simulation(model, s, model_bytes, chunks, random_rate(model, rng), propagation)
+    check_against_simulation(model, s, model_bytes, chunks, random_rate(model, rng), propagation, train_s)
 
 
 def random_tree(
@@ -459,9 +570,10 @@ def random_tree(
     model_bytes=st.sampled_from([125_000, 1_250_000, 12_500_000]),
     chunks=st.integers(min_value=2, max_value=24),
     propagation=st.booleans(),
+    train_s=st.sampled_from([0.0, 0.002, 0.3]),
 )
 def test_no_execution_of_a_random_schedule_beats_the_bound(
-    data: tuple[NetworkModel, random.Random], model_bytes: int, chunks: int, propagation: bool
+    data: tuple[NetworkModel, random.Random], model_bytes: int, chunks: int, propagation: bool, train_s: float
 ) -> None:
     # Prepare: G, locals and relays on random sites; independent broadcast and upload trees.
     model, rng = data
@@ -479,4 +591,4 @@ def test_no_execution_of_a_random_schedule_beats_the_bound(
     )
 
     # Execute and assert
-    check_against_simulation(model, s, model_bytes, chunks, random_rate(model, rng), propagation)
+    check_against_simulation(model, s, model_bytes, chunks, random_rate(model, rng), propagation, train_s)
