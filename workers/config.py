@@ -98,6 +98,10 @@ class AgentConfig:
     selection_measures: tuple[str, ...] | None = None
     #: A local's network cost (the physical hops of its upload path to G), reported to G's policy.
     path_cost: float = 0.0
+    #: Groups of broadcast children (site names) whose copies of GLOBAL cross a common link: within
+    #: a group (a *lane*) the copies go one after another in the given order, each whole before the
+    #: next starts; copies in different lanes, and to children in none, go side by side.
+    broadcast_lanes: tuple[tuple[str, ...], ...] = ()
 
     @property
     def trains(self) -> bool:
@@ -116,6 +120,7 @@ class AgentConfig:
         d["dataset_args"] = dict(self.dataset_args)
         d["selection"] = None if self.selection is None else dict(self.selection)
         d["selection_measures"] = None if self.selection_measures is None else list(self.selection_measures)
+        d["broadcast_lanes"] = [list(lane) for lane in self.broadcast_lanes]
         return d
 
     @classmethod
@@ -133,6 +138,11 @@ class AgentConfig:
                 kw[key] = tuple(Peer(**p) for p in kw.get(key, ()))
             if kw.get("selection_measures") is not None:
                 kw["selection_measures"] = tuple(kw["selection_measures"])
+            lanes = kw.get("broadcast_lanes", ())
+            if not isinstance(lanes, list | tuple) or not all(
+                    isinstance(lane, list | tuple) and all(isinstance(c, str) for c in lane) for lane in lanes):
+                raise ValueError(f"broadcast_lanes must be a list of lists of site names, got {lanes!r}")
+            kw["broadcast_lanes"] = tuple(tuple(lane) for lane in lanes)
             cfg = cls(**kw)
         except TypeError as e:
             raise ValueError(f"bad agent config: {e}") from e
@@ -163,6 +173,11 @@ class AgentConfig:
             raise ValueError(f"selection_measures must be among {MEASURES}, got {list(cfg.selection_measures)}")
         if isinstance(cfg.path_cost, bool) or not isinstance(cfg.path_cost, int | float) or cfg.path_cost < 0:
             raise ValueError(f"path_cost must be a non-negative number, got {cfg.path_cost!r}")
+        in_lanes = [c for lane in cfg.broadcast_lanes for c in lane]
+        children = {c.site for c in cfg.broadcast_children}
+        if len(in_lanes) != len(set(in_lanes)) or not set(in_lanes) <= children:
+            raise ValueError(f"{cfg.site}: broadcast_lanes must name each broadcast child at most once, among "
+                             f"{sorted(children)}; got {[list(lane) for lane in cfg.broadcast_lanes]}")
         if cfg.max_chunk_bytes is not None and cfg.max_chunk_bytes < 1024:
             raise ValueError("max_chunk_bytes must be at least 1024 (or null: one chunk per message)")
         check_learning(strategy=cfg.strategy, mu=cfg.mu, compression=cfg.compression, k=cfg.k, lr=cfg.lr,

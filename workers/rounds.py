@@ -11,6 +11,9 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
 - **Broadcast, cut-through.** G sends GLOBAL(r) as chunks. A relay forwards chunk k to each
   broadcast child as soon as chunk k arrived checked (same payload, its own header), and copies it
   into its next model. With the last chunk it loads the model and, if it holds data, trains.
+  Copies to children whose paths share a link (a *lane*, `AgentConfig.broadcast_lanes`) go one
+  after another, each whole before the next starts (`_Lanes`): the first child's subtree trains
+  and uploads while the next copy crosses the link, instead of every copy ending together.
 - **Upload, pipelined aggregation.** For every chunk k an aggregator keeps the example-weighted sum
   of what arrived for k (its own update once trained, each upload child's chunk k). As soon as every
   contributor of the round has delivered chunk k, it sends the mean of chunk k upward, with the
@@ -34,6 +37,7 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
 Timing events (JSON lines, `workers.events`): connected, round_start (G), global_first,
 forward_first, global_received, train_start, train_end, child_received, child_timeout, child_lost, child_absent,
 connection_lost, connection_closed, update_first_sent, update_sent, aggregated, round_complete, rejected, stale, connect,
+copy_sent (a lane's copy left whole),
 own_excluded, stopped, error, done; with selection: selected (G), skipped (an unselected local).
 
 (Over 400 lines: one state machine whose handlers share the round's state; split apart, each piece
@@ -155,6 +159,94 @@ def _both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callabl
     return run
 
 
+class _Lanes:
+    """Copies of GLOBAL to the broadcast children of one lane (`AgentConfig.broadcast_lanes`: their
+    paths share a link) go one after another: a child's frames wait here until the copy before it
+    in the lane has left whole (its last chunk sent) or its connection is lost. Children in no lane
+    are sent to at once. A lane starts over with each round; a new round first lets out whatever
+    still waits of older ones, so a connection's frames keep their order.
+
+    Engine thread only; `sent` reaches it as an event posted by a sender thread."""
+
+    def __init__(self, lanes: Sequence[Sequence[str]], outs: Mapping[str, Sender],
+                 post: Callable[..., None]) -> None:
+        self.lanes = [tuple(lane) for lane in lanes]
+        self.lane_of = {c: i for i, lane in enumerate(self.lanes) for c in lane}
+        self.outs = outs
+        self.post = post
+        self.round = 0
+        self.pos = [0] * len(self.lanes)  # per lane: the child whose copy goes now
+        self.held: dict[str, list[tuple[Sequence[Buffer], int, Callable[[], None] | None]]] = {
+            c: [] for c in self.lane_of}
+        #: Children whose connection broke and has not come back: never waited for.
+        self.down: set[str] = set()
+
+    def send(self, child: str, frame: Sequence[Buffer], r: int, on_sent: Callable[[], None] | None,
+             last: bool) -> None:
+        lane = self.lane_of.get(child)
+        if lane is None:
+            self.outs[child].send(frame, round=r, on_sent=on_sent)
+            return
+        if r > self.round:
+            self._open(r)
+        if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
+            self.outs[child].send(frame, round=r, on_sent=on_sent)
+            return
+        if last:
+            on_sent = _both(on_sent, lambda: self.post("copy_sent", r, child))
+        if self.lanes[lane][self.pos[lane]] == child:
+            self.outs[child].send(frame, round=r, on_sent=on_sent)
+        else:
+            self.held[child].append((frame, r, on_sent))
+
+    def sent(self, r: int, child: str) -> None:
+        """`child`'s copy of round `r` left whole: the next child of its lane goes."""
+        lane = self.lane_of[child]
+        if r == self.round and self.pos[lane] < len(self.lanes[lane]) and self.lanes[lane][self.pos[lane]] == child:
+            self._advance(lane)
+
+    def lost(self, child: str) -> None:
+        """`child`'s connection broke: its copy will not leave whole; the lane goes on without it."""
+        if child not in self.lane_of:
+            return
+        self.down.add(child)
+        lane = self.lane_of[child]
+        if self.pos[lane] < len(self.lanes[lane]) and self.lanes[lane][self.pos[lane]] == child:
+            self._advance(lane)
+
+    def back(self, child: str) -> None:
+        self.down.discard(child)
+
+    def release(self) -> None:
+        """Let out everything that waits (the role ends)."""
+        for lane in range(len(self.lanes)):
+            self.pos[lane] = len(self.lanes[lane])
+            for child in self.lanes[lane]:
+                self._flush(child)
+
+    def _open(self, r: int) -> None:
+        self.release()
+        self.round = r
+        for lane in range(len(self.lanes)):
+            self.pos[lane] = -1
+            self._advance(lane)
+
+    def _advance(self, lane: int) -> None:
+        while True:
+            self.pos[lane] += 1
+            if self.pos[lane] >= len(self.lanes[lane]):
+                return
+            child = self.lanes[lane][self.pos[lane]]
+            self._flush(child)
+            if child not in self.down:
+                return
+
+    def _flush(self, child: str) -> None:
+        held, self.held[child] = self.held[child], []
+        for frame, r, on_sent in held:
+            self.outs[child].send(frame, round=r, on_sent=on_sent)
+
+
 @dataclass
 class _Round:
     number: int
@@ -197,6 +289,7 @@ class RoundEngine:
         self.layout = tuple(layout)
         self.log = log
         self.broadcast_out = dict(broadcast_out)
+        self.lanes = _Lanes(cfg.broadcast_lanes, self.broadcast_out, self.post)
         self.upload_out = upload_out
         self.clock = clock
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -264,6 +357,12 @@ class RoundEngine:
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self) -> int:
         """Consume events until the last round is done; the exit status."""
+        try:
+            return self._loop()
+        finally:
+            self.lanes.release()
+
+    def _loop(self) -> int:
         idle_since = self.clock()
         while not self._finished():
             if self.fatal is not None:
@@ -306,6 +405,7 @@ class RoundEngine:
 
     def _on_connected(self, peer: str, seconds: float, attempts: int) -> None:
         self._connected.add(("out", peer))
+        self.lanes.back(peer)
         self.log.emit("connect", peer=peer, connect_s=seconds, attempts=attempts)
         self._check_set_up()
 
@@ -389,8 +489,9 @@ class RoundEngine:
                     self.log.emit("skipped", round=r, detail="not selected")
                     self._finalize(st)  # a leaf sends its skip at once
         forwarded: list[Buffer] = [reheader(header, sender=self.cfg.site), memoryview(payload)]
-        for child, out in sorted(self.broadcast_out.items()):
-            out.send(forwarded, round=r, on_sent=self._once("forward_first", r, child) if k == 0 else None)
+        last = k == len(self.layout) - 1
+        for child in sorted(self.broadcast_out):
+            self.lanes.send(child, forwarded, r, self._once("forward_first", r, child) if k == 0 else None, last)
         for p in self.layout[k].pieces:
             p.view(self._incoming[p.base]).copy_(tensors[p.name])
         if k == len(self.layout) - 1:
@@ -427,6 +528,8 @@ class RoundEngine:
             self.log.emit("connection_closed", peer=peer, direction=direction, detail=error)
             return
         self.log.emit("connection_lost", peer=peer, direction=direction, detail=error)
+        if direction == "out":
+            self.lanes.lost(peer)
         if not self.set_up and direction == "out" and ("out", peer) not in self._connected:
             self.fatal = f"could not connect to {peer}: {error}"
             return
@@ -451,6 +554,10 @@ class RoundEngine:
             return st.child_next.get(peer, 0) >= len(self.layout)
         parent = self.cfg.broadcast_parent
         return parent is not None and peer == parent.site and st.global_done
+
+    def _on_copy_sent(self, r: int, child: str) -> None:
+        self.log.emit("copy_sent", round=r, peer=child)
+        self.lanes.sent(r, child)
 
     def _on_rejected(self, kind: str, peer_ip: str, reason: str, detail: str) -> None:
         self.log.emit("rejected", peer=peer_ip, port_kind=kind, reason=reason, detail=detail)
@@ -614,9 +721,10 @@ class RoundEngine:
             meta = {"select": chosen} if chosen is not None and k == 0 else None
             frame = encode_chunk(Header("GLOBAL", self.cfg.task, r, self.cfg.site, chunk=k, chunks=len(self.layout),
                                         meta=meta), chunk_view(state, spec))
-            last = self._last_sent.one_done if k == len(self.layout) - 1 else None
-            for child, out in sorted(self.broadcast_out.items()):
-                out.send(frame, round=r, on_sent=_both(self._once("forward_first", r, child) if k == 0 else None, last))
+            last = k == len(self.layout) - 1
+            for child in sorted(self.broadcast_out):
+                first = self._once("forward_first", r, child) if k == 0 else None
+                self.lanes.send(child, frame, r, _both(first, self._last_sent.one_done if last else None), last)
         if self.cfg.trains and not st.own_done:
             self._train_and_add(st)
         self._finalize(st)

@@ -201,7 +201,7 @@ def run_attached(
                     recorder.state(label, task.id, "blocked", schedule.reason)
                 raise ConfigError(f"{label} cannot place task {task.id} on {net.name}: {schedule.reason}")
             figures = round_figures(model, schedule, task.model_bytes, rate=rate, propagation=delay,
-                                    joint=req.options.compression == "none")
+                                    whole_updates=req.options.compression == "none")
             if recorder:
                 recorder.db.record_schedule(recorder.run_id, schedule, figures.lower_bound.lower_s)
                 admitted = recorder.state(label, task.id, "scheduled")

@@ -245,9 +245,9 @@ class TaskManager:
         return live
 
     def _figures(self, schedule: Schedule, model_bytes: int) -> RoundFigures:
-        """The schedule's bounds and references as emulated (the joint bound only for uncompressed updates)."""
+        """The schedule's bounds and references as emulated (`cost.round_figures`)."""
         return round_figures(self.model, schedule, model_bytes, rate=self.rate, propagation=self.delay,
-                             joint=self.cfg.task.compression == "none")
+                             whole_updates=self.cfg.task.compression == "none")
 
     def _schedule(self, label: str, task: Task, state: NetworkState) -> Schedule:
         """`task` scheduled by `label`'s scheduler on `state` without the links cut now (blocked,

@@ -181,10 +181,49 @@ def agent_configs(
             child_timeout_s=timing.child_timeout_s[n], connect_timeout_s=timing.connect_timeout_s,
             global_timeout_s=timing.global_timeout_s, max_chunk_bytes=timing.chunk_bytes, threads=options.threads,
             selection=selection if n == schedule.global_site else None, selection_measures=measures,
-            path_cost=costs.get(n, 0.0),
+            path_cost=costs.get(n, 0.0), broadcast_lanes=broadcast_lanes(schedule, n),
         )
         for n in nodes
     }
+
+
+def broadcast_lanes(schedule: Schedule, node: str) -> tuple[tuple[str, ...], ...]:
+    """`node`'s broadcast children grouped into lanes (`workers.config.AgentConfig.broadcast_lanes`):
+    children whose overlay edges from `node` share a directed link, directly or through another
+    child's, are in one lane. Sent one after another, each copy crosses a shared link at its full
+    rate and its subtree can train and upload while the next copy crosses; sent side by side, all
+    would finish together, at the end (see docs/architecture.md, "Data plane"). A lane serves the
+    child with the most locals below it first (then by name); one-child groups are left out."""
+    edges = {e.dst: e for e in schedule.edges_of("broadcast") if e.src == node}
+    group = {c: c for c in edges}
+
+    def root(c: str) -> str:
+        while group[c] != c:
+            c = group[c]
+        return c
+
+    owner: dict[tuple[str, str], str] = {}
+    for c in sorted(edges):
+        for link in edges[c].links():
+            if link in owner:
+                group[root(c)] = root(owner[link])
+            else:
+                owner[link] = c
+    locals_ = set(schedule.local_sites)
+
+    def locals_below(c: str) -> int:
+        count, todo = 0, [c]
+        while todo:
+            n = todo.pop()
+            count += n in locals_
+            todo.extend(schedule.broadcast_children(n))
+        return count
+
+    members: dict[str, list[str]] = {}
+    for c in edges:
+        members.setdefault(root(c), []).append(c)
+    lanes = [sorted(m, key=lambda c: (-locals_below(c), c)) for m in members.values() if len(m) > 1]
+    return tuple(tuple(lane) for lane in sorted(lanes))
 
 
 # -- results ----------------------------------------------------------------------------------------

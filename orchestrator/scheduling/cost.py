@@ -468,10 +468,14 @@ def round_figures(
     train_s: float = 0.0,
     rate: RateFn | None = None,
     propagation: bool = True,
-    joint: bool = True,
+    whole_updates: bool = True,
 ) -> RoundFigures:
     """`procedure_figures` of the broadcast and the upload of one round of `schedule`, and
-    `joint_bound_s` unless `joint` is False (updates smaller than the model: compressed).
+    `joint_bound_s`.
+
+    `whole_updates=False` (compressed updates, of a size the cost model does not know): the
+    upload's lower bound counts propagation only and there is no joint bound, so that the lower
+    bounds stay bounds; the upload's store-and-forward figure and reference still count the model.
 
     Raises
     ------
@@ -479,11 +483,14 @@ def round_figures(
         If the schedule is blocked or a procedure's edges are not a tree from G.
     """
     kw: dict[str, Any] = {"rate": rate, "propagation": propagation}
+    upload = procedure_figures(model, schedule, "upload", model_bytes, **kw)
+    if not whole_updates:
+        upload = replace(upload, pipelined_s=pipelined_bound_s(model, schedule, "upload", 0, **kw))
     return RoundFigures(
         broadcast=procedure_figures(model, schedule, "broadcast", model_bytes, **kw),
-        upload=procedure_figures(model, schedule, "upload", model_bytes, **kw),
+        upload=upload,
         train_s=train_s,
-        joint_s=joint_bound_s(model, schedule, model_bytes, **kw) if joint else 0.0,
+        joint_s=joint_bound_s(model, schedule, model_bytes, **kw) if whole_updates else 0.0,
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import pytest
 
 from orchestrator.emulation.network import Emulation
 from orchestrator.runtime.backends import emulation_options, open_compute
-from orchestrator.runtime.task_runner import FLOptions, missing_events, read_events, run_task
+from orchestrator.runtime.task_runner import FLOptions, broadcast_lanes, missing_events, read_events, run_task
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load
@@ -66,6 +67,15 @@ def test_task_runs_in_mininet_hosts(tmp_path: Path, scheduler: str) -> None:
     assert carried > 2 * result.model_bytes, "the task's traffic took the task's flow entries"
     assert [r.round for r in result.rounds] == [1, 2] and result.rounds[-1].accuracy > 0.3
     assert result.connections_lost == 0, "children closing after their last update are not lost"
+    # copies on a shared link go one after another: a lane's next copy starts after the last left whole
+    lanes = {n: broadcast_lanes(schedule, n) for n in schedule.overlay_nodes}
+    assert any(lanes.values()) == (scheduler == "spff"), lanes
+    for n, node_lanes in lanes.items():
+        at = {(e["event"], e["round"], e.get("peer")): e["t"] for e in events[n] if "round" in e}
+        for lane in node_lanes:
+            for r in (1, 2):
+                for a, b in itertools.pairwise(lane):
+                    assert at[("copy_sent", r, a)] <= at[("forward_first", r, b)], (n, r, a, b)
 
 
 def awkward_task(tmp_path: Path) -> tuple[EmulationPlan, Schedule, str]:

@@ -592,3 +592,21 @@ def test_no_execution_of_a_random_schedule_beats_the_bound(
 
     # Execute and assert
     check_against_simulation(model, s, model_bytes, chunks, random_rate(model, rng), propagation, train_s)
+
+
+def test_compressed_updates_keep_only_bounds_that_hold_for_any_update_size() -> None:
+    # Prepare
+    model, s = shared_access()
+
+    # Execute
+    whole = round_figures(model, s, MB_12_5, train_s=0.25)
+    compressed = round_figures(model, s, MB_12_5, train_s=0.25, whole_updates=False)
+
+    # Assert: the upload bound is its propagation alone (2 km of fiber), no joint bound; the
+    # broadcast and the upload's store-and-forward figure and reference are unchanged
+    assert compressed.upload.pipelined_s == pytest.approx(pipelined_bound_s(model, s, "upload", 0))
+    assert compressed.upload.pipelined_s < 1e-4 < whole.upload.pipelined_s
+    assert compressed.joint_s == 0.0 < whole.joint_s
+    assert compressed.broadcast == whole.broadcast
+    assert compressed.upload.store_and_forward_s == whole.upload.store_and_forward_s
+    assert compressed.lower_bound.lower_s == pytest.approx(0.25 + whole.broadcast.pipelined_s)
