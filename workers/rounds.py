@@ -162,24 +162,33 @@ def _both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callabl
 class _Lanes:
     """Copies of GLOBAL to the broadcast children of one lane (`AgentConfig.broadcast_lanes`: their
     paths share a link) go one after another: a child's frames wait here until the copy before it
-    in the lane has left whole (its last chunk sent) or its connection is lost. Children in no lane
-    are sent to at once. A lane starts over with each round; a new round first lets out whatever
-    still waits of older ones, so a connection's frames keep their order.
+    in the lane has left whole (its last chunk sent: the sender thread moves the lane on at once,
+    whatever the engine thread is doing, e.g. training) or its connection is lost. Children in no
+    lane are sent to at once.
 
-    Engine thread only; `sent` reaches it as an event posted by a sender thread."""
+    A lane starts over with each round. Copies still waiting when a new round starts, or when the
+    role ends, never started: they are dropped (their child gives that round up anyway), so no
+    connection carries a stale model and a connection's frames keep their order. When the round
+    passes its deadline at this node (a child hangs without its connection breaking), everything
+    waiting goes out at once.
+
+    `on_copy_sent(round, child)` is called from the sender thread. Thread-safe."""
 
     def __init__(self, lanes: Sequence[Sequence[str]], outs: Mapping[str, Sender],
-                 post: Callable[..., None]) -> None:
+                 on_copy_sent: Callable[[int, str], None]) -> None:
         self.lanes = [tuple(lane) for lane in lanes]
         self.lane_of = {c: i for i, lane in enumerate(self.lanes) for c in lane}
         self.outs = outs
-        self.post = post
+        self.on_copy_sent = on_copy_sent
         self.round = 0
         self.pos = [0] * len(self.lanes)  # per lane: the child whose copy goes now
         self.held: dict[str, list[tuple[Sequence[Buffer], int, Callable[[], None] | None]]] = {
             c: [] for c in self.lane_of}
         #: Children whose connection broke and has not come back: never waited for.
         self.down: set[str] = set()
+        #: Held frames dropped so far (copies of a round that ended before their turn).
+        self.dropped = 0
+        self._lock = threading.RLock()  # reentrant: a sender may run `on_sent` inline
 
     def send(self, child: str, frame: Sequence[Buffer], r: int, on_sent: Callable[[], None] | None,
              last: bool) -> None:
@@ -187,45 +196,65 @@ class _Lanes:
         if lane is None:
             self.outs[child].send(frame, round=r, on_sent=on_sent)
             return
-        if r > self.round:
-            self._open(r)
-        if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
-            self.outs[child].send(frame, round=r, on_sent=on_sent)
-            return
-        if last:
-            on_sent = _both(on_sent, lambda: self.post("copy_sent", r, child))
-        if self.lanes[lane][self.pos[lane]] == child:
-            self.outs[child].send(frame, round=r, on_sent=on_sent)
-        else:
-            self.held[child].append((frame, r, on_sent))
+        with self._lock:
+            if r > self.round:
+                self._open(r)
+            if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
+                self.outs[child].send(frame, round=r, on_sent=on_sent)
+                return
+            if last:
+                on_sent = _both(on_sent, lambda: self.sent(r, child))
+            if self.lanes[lane][self.pos[lane]] == child:
+                self.outs[child].send(frame, round=r, on_sent=on_sent)
+            else:
+                self.held[child].append((frame, r, on_sent))
 
     def sent(self, r: int, child: str) -> None:
         """`child`'s copy of round `r` left whole: the next child of its lane goes."""
-        lane = self.lane_of[child]
-        if r == self.round and self.pos[lane] < len(self.lanes[lane]) and self.lanes[lane][self.pos[lane]] == child:
-            self._advance(lane)
+        self.on_copy_sent(r, child)
+        with self._lock:
+            lane = self.lane_of[child]
+            if r == self.round and self._current(lane) == child:
+                self._advance(lane)
 
     def lost(self, child: str) -> None:
         """`child`'s connection broke: its copy will not leave whole; the lane goes on without it."""
         if child not in self.lane_of:
             return
-        self.down.add(child)
-        lane = self.lane_of[child]
-        if self.pos[lane] < len(self.lanes[lane]) and self.lanes[lane][self.pos[lane]] == child:
-            self._advance(lane)
+        with self._lock:
+            self.down.add(child)
+            lane = self.lane_of[child]
+            if self._current(lane) == child:
+                self._advance(lane)
 
     def back(self, child: str) -> None:
-        self.down.discard(child)
+        with self._lock:
+            self.down.discard(child)
 
-    def release(self) -> None:
-        """Let out everything that waits (the role ends)."""
-        for lane in range(len(self.lanes)):
-            self.pos[lane] = len(self.lanes[lane])
-            for child in self.lanes[lane]:
-                self._flush(child)
+    def late(self, r: int) -> None:
+        """Round `r` passed its deadline here: what waits of it goes out at once."""
+        with self._lock:
+            if r != self.round:
+                return
+            for lane in range(len(self.lanes)):
+                self.pos[lane] = len(self.lanes[lane])
+                for child in self.lanes[lane]:
+                    self._flush(child)
+
+    def drop(self) -> None:
+        """Drop every copy that still waits (a new round starts, or the role ends)."""
+        with self._lock:
+            for lane in range(len(self.lanes)):
+                self.pos[lane] = len(self.lanes[lane])
+            for held in self.held.values():
+                self.dropped += len(held)
+                held.clear()
+
+    def _current(self, lane: int) -> str | None:
+        return self.lanes[lane][self.pos[lane]] if self.pos[lane] < len(self.lanes[lane]) else None
 
     def _open(self, r: int) -> None:
-        self.release()
+        self.drop()
         self.round = r
         for lane in range(len(self.lanes)):
             self.pos[lane] = -1
@@ -234,9 +263,9 @@ class _Lanes:
     def _advance(self, lane: int) -> None:
         while True:
             self.pos[lane] += 1
-            if self.pos[lane] >= len(self.lanes[lane]):
+            child = self._current(lane)
+            if child is None:
                 return
-            child = self.lanes[lane][self.pos[lane]]
             self._flush(child)
             if child not in self.down:
                 return
@@ -289,7 +318,7 @@ class RoundEngine:
         self.layout = tuple(layout)
         self.log = log
         self.broadcast_out = dict(broadcast_out)
-        self.lanes = _Lanes(cfg.broadcast_lanes, self.broadcast_out, self.post)
+        self.lanes = _Lanes(cfg.broadcast_lanes, self.broadcast_out, self._copy_sent)
         self.upload_out = upload_out
         self.clock = clock
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -360,7 +389,7 @@ class RoundEngine:
         try:
             return self._loop()
         finally:
-            self.lanes.release()
+            self.lanes.drop()
 
     def _loop(self) -> int:
         idle_since = self.clock()
@@ -555,9 +584,9 @@ class RoundEngine:
         parent = self.cfg.broadcast_parent
         return parent is not None and peer == parent.site and st.global_done
 
-    def _on_copy_sent(self, r: int, child: str) -> None:
+    def _copy_sent(self, r: int, child: str) -> None:
+        """A lane's copy left whole (called from the sender thread; the event log is thread-safe)."""
         self.log.emit("copy_sent", round=r, peer=child)
-        self.lanes.sent(r, child)
 
     def _on_rejected(self, kind: str, peer_ip: str, reason: str, detail: str) -> None:
         self.log.emit("rejected", peer=peer_ip, port_kind=kind, reason=reason, detail=detail)
@@ -579,6 +608,7 @@ class RoundEngine:
         for st in list(self.rounds.values()):
             if not st.late and now >= st.deadline:
                 st.late = True
+                self.lanes.late(st.number)
                 self._finalize(st)
 
     # -- learning and aggregation ---------------------------------------------------------------------

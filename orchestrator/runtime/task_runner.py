@@ -237,7 +237,8 @@ class RoundResult:
     accuracy: float
     loss: float
     num_examples: int
-    #: Nodes left out of the round: by a timeout (``site``) or a broken connection (``site (lost)``).
+    #: Nodes left out of the round: by a timeout (``site``), a broken connection (``site (lost)``,
+    #: ``site (absent)``) or an out-of-order chunk (``site (rejected)``).
     stragglers: tuple[str, ...]
     #: Round start to the last local holding the whole GLOBAL.
     broadcast_all_s: float = 0.0
@@ -318,8 +319,11 @@ def summarize(
             if "round" not in e:
                 continue
             first.setdefault((site, e["event"], e["round"]), e)
-            if e["event"] in ("child_timeout", "child_lost", "child_absent"):
-                lost = {"child_lost": " (lost)", "child_absent": " (absent)"}.get(e["event"], "")
+            # a child left out for an out-of-order chunk logs "rejected" with the child's name
+            if e["event"] in ("child_timeout", "child_lost", "child_absent") or (
+                    e["event"] == "rejected" and "child" in e):
+                lost = {"child_lost": " (lost)", "child_absent": " (absent)",
+                        "rejected": " (rejected)"}.get(e["event"], "")
                 left_out_by_round.setdefault(e["round"], set()).add(f"{e['child']}{lost}")
 
     def total_bytes(name: str, r: int) -> int:

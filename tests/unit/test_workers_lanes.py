@@ -18,24 +18,25 @@ from workers.rounds import _Lanes
 
 
 class Out:
-    """A sender that sends at once: records (child, round, frame) and runs `on_sent`."""
+    """A sender that records (child, round, frame) at once and keeps `on_sent` for `deliver`
+    (the frame "leaves" when the test says so, as from a sender thread)."""
 
-    def __init__(self, child: str, log: list[tuple[str, int, str]]) -> None:
-        self.child, self.log = child, log
+    def __init__(self, child: str, log: list[tuple[str, int, str]], pending: list[Callable[[], None]]) -> None:
+        self.child, self.log, self.pending = child, log, pending
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None:
         self.log.append((self.child, round, str(pieces[0])))
         if on_sent is not None:
-            on_sent()
+            self.pending.append(on_sent)
 
 
 def lanes(spec: Sequence[Sequence[str]], children: Sequence[str]) -> tuple[_Lanes, list[tuple[str, int, str]],
-                                                                         list[tuple[str, int, str]]]:
-    """A `_Lanes` over recording senders; also the log of sends and of posted events."""
+                                                                         list[Callable[[], None]]]:
+    """A `_Lanes` over recording senders; also the log of sends and the `on_sent` callbacks pending."""
     log: list[tuple[str, int, str]] = []
-    posted: list[tuple[str, int, str]] = []
-    outs = {c: Out(c, log) for c in children}
-    return _Lanes(spec, outs, lambda *e: posted.append(e)), log, posted
+    pending: list[Callable[[], None]] = []
+    outs = {c: Out(c, log, pending) for c in children}
+    return _Lanes(spec, outs, lambda r, child: log.append((child, r, "copy_sent"))), log, pending
 
 
 def broadcast(ln: _Lanes, r: int, children: Sequence[str], chunks: int) -> None:
@@ -45,59 +46,63 @@ def broadcast(ln: _Lanes, r: int, children: Sequence[str], chunks: int) -> None:
             ln.send(c, [f"r{r}k{k}"], r, None, k == chunks - 1)
 
 
-def deliver(ln: _Lanes, posted: list[tuple[str, int, str]]) -> None:
-    """Hand the posted ``copy_sent`` events to the lanes (as the engine's loop does), until none is left."""
-    while posted:
-        event, r, child = posted.pop(0)
-        assert event == "copy_sent"
-        ln.sent(r, child)
+def deliver(pending: list[Callable[[], None]]) -> None:
+    """Let every frame sent so far leave, and those its leaving lets out, until none is left."""
+    while pending:
+        pending.pop(0)()
+
+
+def sends(log: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
+    return [e for e in log if e[2] != "copy_sent"]
 
 
 def test_a_lane_sends_each_copy_whole_before_the_next_and_others_at_once() -> None:
     # Prepare: A, B, C share a link, in that order; D is in no lane.
-    ln, log, posted = lanes([("A", "B", "C")], "ABCD")
+    ln, log, pending = lanes([("A", "B", "C")], "ABCD")
 
     # Execute
     broadcast(ln, 1, "ABCD", chunks=3)
     before = list(log)
-    deliver(ln, posted)
+    deliver(pending)
 
-    # Assert: at first, A's whole copy and D's; then B's whole, then C's
+    # Assert: at first, A's whole copy and D's; then B's whole, then C's, each after the last left
     assert before == [(c, 1, f"r1k{k}") for k in range(3) for c in "AD"]
-    assert log[len(before):] == [(c, 1, f"r1k{k}") for c in "BC" for k in range(3)]
+    assert log[len(before):] == [("A", 1, "copy_sent"), *[("B", 1, f"r1k{k}") for k in range(3)],
+                                 ("B", 1, "copy_sent"), *[("C", 1, f"r1k{k}") for k in range(3)],
+                                 ("C", 1, "copy_sent")]
 
 
 def test_a_lost_child_does_not_hold_up_its_lane_and_is_skipped_until_it_is_back() -> None:
-    # Prepare
-    ln, log, posted = lanes([("A", "B", "C")], "ABC")
+    # Prepare: A's copy went to its sender, but A's connection breaks before it leaves
+    ln, log, pending = lanes([("A", "B", "C")], "ABC")
     broadcast(ln, 1, "ABC", chunks=2)
-    posted.clear()  # A's copy "left", but its connection breaks before the engine hears of it
+    pending.clear()
 
     # Execute: A lost; B's copy leaves; then round 2 with B down at its turn
     ln.lost("A")
-    sent_after_loss = list(log)
-    deliver(ln, posted)
+    sent_after_loss = sends(log)
+    deliver(pending)
     ln.lost("B")
     log.clear()
     broadcast(ln, 2, "ABC", chunks=2)
 
     # Assert
     assert [c for c, _, _ in sent_after_loss] == ["A", "A", "B", "B"]
-    assert [c for c, _, _ in log] == ["A", "B", "C", "A", "B", "C"], "both down: C goes at once"
+    assert [c for c, _, _ in sends(log)] == ["A", "B", "C", "A", "B", "C"], "both down: C goes at once"
 
     # Execute: A and B come back: round 3 is serial again
     ln.back("A")
     ln.back("B")
-    posted.clear()
+    pending.clear()
     log.clear()
     broadcast(ln, 3, "ABC", chunks=2)
 
     # Assert
-    assert [c for c, _, _ in log] == ["A", "A"]
+    assert [c for c, _, _ in sends(log)] == ["A", "A"]
 
 
-def test_a_new_round_first_lets_out_what_waits_of_the_last_one_in_order() -> None:
-    # Prepare: round 1 never completes at A (no copy_sent delivered): B and C still wait
+def test_a_new_round_drops_the_copies_of_the_last_one_that_never_started() -> None:
+    # Prepare: round 1 never completes at A (its last chunk never leaves): B and C still wait
     ln, log, _ = lanes([("A", "B", "C")], "ABC")
     broadcast(ln, 1, "ABC", chunks=2)
     log.clear()
@@ -105,17 +110,32 @@ def test_a_new_round_first_lets_out_what_waits_of_the_last_one_in_order() -> Non
     # Execute
     broadcast(ln, 2, "ABC", chunks=1)
 
-    # Assert: B's and C's round-1 frames leave before anything of round 2 on their connections
-    assert [(c, r) for c, r, _ in log] == [("B", 1), ("B", 1), ("C", 1), ("C", 1), ("A", 2)]
+    # Assert: no stale round-1 model goes to B or C; round 2 starts with A
+    assert sends(log) == [("A", 2, "r2k0")]
+    assert ln.dropped == 4
 
 
-def test_release_lets_everything_out() -> None:
+def test_past_the_deadline_what_waits_goes_out_at_once() -> None:
+    # Prepare: A hangs (its copy never leaves, its connection does not break)
+    ln, log, _ = lanes([("A", "B", "C")], "ABC")
+    broadcast(ln, 1, "ABC", chunks=2)
+    log.clear()
+
+    # Execute
+    ln.late(1)
+    ln.send("B", ["r1k2"], 1, None, False)  # a relay's later chunk, after the deadline
+
+    # Assert
+    assert [c for c, _, _ in sends(log)] == ["B", "B", "C", "C", "B"]
+
+
+def test_the_role_ending_drops_what_waits() -> None:
     ln, log, _ = lanes([("A", "B")], "AB")
     broadcast(ln, 1, "AB", chunks=2)
 
-    ln.release()
+    ln.drop()
 
-    assert [c for c, _, _ in log] == ["A", "A", "B", "B"]
+    assert [c for c, _, _ in sends(log)] == ["A", "A"] and ln.dropped == 2
 
 
 def test_children_whose_paths_share_a_link_are_in_one_lane_most_locals_first() -> None:
