@@ -59,7 +59,9 @@ def events(path: Path) -> list[dict[str, Any]]:
 
 
 def test_link_cut_moves_the_task_or_fails_it(tmp_path: Path, figures: list[str]) -> None:
-    rounds = 120
+    # Rounds of this small model take 30-40 ms: 400 rounds (about 15 s) keep the task running well
+    # past the cut at 4 s under both policies (120 rounds could end before it).
+    rounds = 400
     config = faults_config(tmp_path, task={"model": "mlp", "model_args": {"hidden": 100}, "rounds": rounds,
                                            "demand_mbps": 1000},
                            events=[{"at_s": 4, "action": "link_down", "on_task": 1}],
