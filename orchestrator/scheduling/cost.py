@@ -234,7 +234,8 @@ def _farthest(model: NetworkModel, tree: _Tree, procedure: Procedure, propagatio
         e = tree.toward_g[node]
         parent = _parent(e, procedure)
         via = _delay_s(model, e.path, propagation) + own
-        far[parent] = via if far[parent] is None else max(far[parent] or 0.0, via)
+        was = far[parent]
+        far[parent] = via if was is None else max(was, via)
     return far
 
 
@@ -276,16 +277,10 @@ def copy_windows(
     return _windows(model, tree, procedure, propagation, lambda e: far[e.src], lambda e: tree.near[e.dst])
 
 
-def chain_s(
-    model: NetworkModel, schedule: Schedule, procedure: Procedure, model_bytes: int, *,
-    rate: RateFn | None = None, propagation: bool = True,
-) -> dict[str, float]:
-    """Per overlay node: one copy of the model alone on the node's overlay chain between G and it
-    (S / the chain's slowest rate + its propagation); b(λ) and u(λ) of the module docstring."""
-    rate = rate or capacity_rate(model)
-    bits = model_bytes * 8.0
-    tree = _walk(model, schedule, procedure, propagation)
-    slowest: dict[str, float] = {schedule.global_site: float("inf")}
+def _chain_s(tree: _Tree, procedure: Procedure, bits: float, rate: RateFn, g: str) -> dict[str, float]:
+    """Per node of `tree`: one copy of `bits` alone on the node's overlay chain between G and it
+    (the bits over the chain's slowest rate + its propagation); b(λ) and u(λ) of the module docstring."""
+    slowest: dict[str, float] = {g: float("inf")}
     for node in reversed(tree.deepest_first):  # parents first
         e = tree.toward_g[node]
         slowest[node] = min([slowest[_parent(e, procedure)], *(rate(u, v) for u, v in e.links())])
@@ -310,25 +305,21 @@ def joint_bound_s(
     """
     _check_not_blocked(schedule)
     rate = rate or capacity_rate(model)
-    kw: dict[str, Any] = {"rate": rate, "propagation": propagation}
-    b = chain_s(model, schedule, "broadcast", model_bytes, **kw)
-    u = chain_s(model, schedule, "upload", model_bytes, **kw)
-    locals_ = set(schedule.local_sites)
-    serial = lambda link: model_bytes * 8.0 / (rate(*link) * 1e6)  # noqa: E731
-    best = 0.0
+    bits = model_bytes * 8.0
+    g, locals_ = schedule.global_site, set(schedule.local_sites)
     down = _walk(model, schedule, "broadcast", propagation)
-    then_up = _farthest(model, down, "broadcast", propagation, lambda n: u.get(n) if n in locals_ else None)
-    for link, ws in _windows(model, down, "broadcast", propagation, lambda e: down.near[e.src],
-                             lambda e: then_up[e.dst]).items():
-        best = max(best, _link_bound_s(ws, serial(link)))
     up = _walk(model, schedule, "upload", propagation)
+    b, u = _chain_s(down, "broadcast", bits, rate, g), _chain_s(up, "upload", bits, rate, g)
+    # after the broadcast: each local's whole update still reaches G; before the upload: each
+    # local got the whole model
+    then_up = _farthest(model, down, "broadcast", propagation, lambda n: u.get(n) if n in locals_ else None)
     first_down = _farthest(model, up, "upload", propagation, lambda n: b.get(n) if n in locals_ else None)
-    for link, ws in _windows(model, up, "upload", propagation, lambda e: first_down[e.src],
-                             lambda e: up.near[e.dst]).items():
-        best = max(best, _link_bound_s(ws, serial(link)))
-    for site in locals_ & set(b) & set(u):  # a local with no copy on any link (G itself) still needs both
-        best = max(best, b[site] + u[site])
-    return best
+    windows = [
+        _windows(model, down, "broadcast", propagation, lambda e: down.near[e.src], lambda e: then_up[e.dst]),
+        _windows(model, up, "upload", propagation, lambda e: first_down[e.src], lambda e: up.near[e.dst]),
+    ]
+    return max((_link_bound_s(ws, bits / (rate(*link) * 1e6)) for w in windows for link, ws in w.items()),
+               default=0.0)
 
 
 def _link_bound_s(windows: list[CopyWindow], serial_s: float) -> float:
