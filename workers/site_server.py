@@ -269,6 +269,8 @@ class SiteServer:
 def _log_rejected(out: IO[str], what: str, error: object) -> None:
     """One line of the server's output for a refused control message (any text, escaped to print)."""
     line = f"rejected control {what}: {error}"[:2000]
+    # control characters (a "\r" in a key name) are escaped, so that the entry stays one line
+    line = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in line)
     print(line.encode("utf-8", "backslashreplace").decode("utf-8"), file=out, flush=True)
 
 
