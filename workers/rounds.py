@@ -523,7 +523,7 @@ class RoundEngine:
             self.lanes.send(child, forwarded, r, self._once("forward_first", r, child) if k == 0 else None, last)
         for p in self.layout[k].pieces:
             p.view(self._incoming[p.base]).copy_(tensors[p.name])
-        if k == len(self.layout) - 1:
+        if last:
             st.global_done = True
             self.log.emit("global_received", round=r, nbytes=st.received_bytes)
             self.learner.load(self._incoming)

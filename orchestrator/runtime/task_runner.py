@@ -24,6 +24,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from networkx.utils import UnionFind
+
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.timing import TaskTiming, subtree_heights
 from orchestrator.scheduling.schedule import Schedule, task_ports
@@ -195,20 +197,11 @@ def broadcast_lanes(schedule: Schedule, node: str) -> tuple[tuple[str, ...], ...
     would finish together, at the end (see docs/architecture.md, "Data plane"). A lane serves the
     child with the most locals below it first (then by name); one-child groups are left out."""
     edges = {e.dst: e for e in schedule.edges_of("broadcast") if e.src == node}
-    group = {c: c for c in edges}
-
-    def root(c: str) -> str:
-        while group[c] != c:
-            c = group[c]
-        return c
-
+    groups = UnionFind(edges)
     owner: dict[tuple[str, str], str] = {}
     for c in sorted(edges):
         for link in edges[c].links():
-            if link in owner:
-                group[root(c)] = root(owner[link])
-            else:
-                owner[link] = c
+            groups.union(owner.setdefault(link, c), c)
     locals_ = set(schedule.local_sites)
 
     def locals_below(c: str) -> int:
@@ -219,10 +212,7 @@ def broadcast_lanes(schedule: Schedule, node: str) -> tuple[tuple[str, ...], ...
             todo.extend(schedule.broadcast_children(n))
         return count
 
-    members: dict[str, list[str]] = {}
-    for c in edges:
-        members.setdefault(root(c), []).append(c)
-    lanes = [sorted(m, key=lambda c: (-locals_below(c), c)) for m in members.values() if len(m) > 1]
+    lanes = [sorted(m, key=lambda c: (-locals_below(c), c)) for m in groups.to_sets() if len(m) > 1]
     return tuple(tuple(lane) for lane in sorted(lanes))
 
 
@@ -298,6 +288,8 @@ def read_events(path: Path) -> list[dict[str, Any]]:
     return out
 
 
+#: Events that leave a child out of a round, and what its name carries in `RoundResult.stragglers`.
+LEFT_OUT = {"child_timeout": "", "child_lost": " (lost)", "child_absent": " (absent)", "rejected": " (rejected)"}
 REQUIRED_LOCAL_EVENTS = ("global_received", "train_start", "train_end", "aggregated", "update_sent")
 
 
@@ -320,11 +312,8 @@ def summarize(
                 continue
             first.setdefault((site, e["event"], e["round"]), e)
             # a child left out for an out-of-order chunk logs "rejected" with the child's name
-            if e["event"] in ("child_timeout", "child_lost", "child_absent") or (
-                    e["event"] == "rejected" and "child" in e):
-                lost = {"child_lost": " (lost)", "child_absent": " (absent)",
-                        "rejected": " (rejected)"}.get(e["event"], "")
-                left_out_by_round.setdefault(e["round"], set()).add(f"{e['child']}{lost}")
+            if e["event"] in LEFT_OUT and "child" in e:
+                left_out_by_round.setdefault(e["round"], set()).add(f"{e['child']}{LEFT_OUT[e['event']]}")
 
     def total_bytes(name: str, r: int) -> int:
         return sum(int(e.get("nbytes", 0)) for s in events if (e := first.get((s, name, r))) is not None)
