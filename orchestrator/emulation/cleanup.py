@@ -150,6 +150,31 @@ def delete_bridges(names: Iterable[str]) -> None:
         _run(["ovs-vsctl", "--timeout=5", "--if-exists", "del-br", name])
 
 
+#: Cluster mode's private namespace of a run, holding its VXLAN tunnels' sockets
+#: (`orchestrator.emulation.cluster`): ``netai-ul-<run id>``.
+UNDERLAY_PREFIX = "netai-ul-"
+NETNS_DIR = Path("/run/netns")
+
+
+def underlay_netns(run_id: str) -> str:
+    return UNDERLAY_PREFIX + run_id
+
+
+def underlay_runs() -> list[str]:
+    """Run ids that have an underlay namespace."""
+    if not NETNS_DIR.is_dir():
+        return []
+    return sorted(p.name[len(UNDERLAY_PREFIX):] for p in NETNS_DIR.iterdir() if p.name.startswith(UNDERLAY_PREFIX))
+
+
+def delete_underlay(run_id: str) -> bool:
+    """Delete the run's underlay namespace if it exists; True if one was deleted."""
+    if not (NETNS_DIR / underlay_netns(run_id)).exists():
+        return False
+    _run(["ip", "netns", "delete", underlay_netns(run_id)])
+    return True
+
+
 def delete_interfaces(names: Iterable[str]) -> None:
     for name in existing_interfaces(names):
         _run(["ip", "link", "del", name])
@@ -279,6 +304,9 @@ def _clean_ids(run_ids: set[str], report: CleanReport, *, interfaces: Iterable[s
     leftover = [n for n in existing_interfaces(interfaces) if n not in attached]
     delete_interfaces(leftover)
     report.interfaces += leftover
+    for rid in sorted(run_ids):
+        if delete_underlay(rid):
+            report.interfaces.append(f"netns {underlay_netns(rid)}")
 
 
 def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
@@ -299,6 +327,7 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
     # Marks without a state file: a run that crashed before writing it, or whose file was lost.
     orphan_ids = {rid for rid in marked_processes().values() if rid not in live}
     orphan_ids |= {rid for rid in tagged_bridges().values() if rid not in live}
+    orphan_ids |= {rid for rid in underlay_runs() if rid not in live}
     if orphan_ids:
         log(f"cleaning marks of runs without a state file: {sorted(orphan_ids)}")
         report.runs += sorted(orphan_ids - set(report.runs))

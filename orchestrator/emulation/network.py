@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -46,6 +48,7 @@ from typing import Any
 
 from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
 from controller.shaping import BACKGROUND_CLASS, ENV_LINK_DELAY, background_queue, base_layout, classid
+from orchestrator.emulation import cluster as clustering
 from orchestrator.emulation.cleanup import (
     BRIDGE_TAG,
     ENV_RUN,
@@ -60,6 +63,7 @@ from orchestrator.emulation.controller_client import ControllerClient
 from orchestrator.emulation.controller_process import ControllerProcess
 from orchestrator.emulation.links import set_link
 from orchestrator.emulation.task_paths import task_paths
+from orchestrator.errors import ConfigError
 from orchestrator.scheduling.schedule import Schedule
 from topologies.errors import TopologyError
 from topologies.mininet_topo import HostParams, PlanTopo, switch_interfaces
@@ -127,6 +131,8 @@ class EmulationInfo:
     teardown_s: float = 0.0
     teardown_clean: bool | None = None
     leftovers: dict[str, list[Any]] = field(default_factory=dict)
+    #: Cluster mode: the servers, where each site went and the links cut (`PlacementReport.to_dict`).
+    cluster: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -216,6 +222,10 @@ class Emulation:
         below tasks and background, in the links' lowest class, so ``ping`` and a hand-run
         ``iperf3`` work) or ``"strict"`` (only tasks' paths and background routes carry anything;
         what an experiment measures, and what isolation checks need); see `controller.flows`.
+    cluster
+        Spread the sites over these servers (Mininet's cluster mode; `orchestrator.emulation.cluster`),
+        placed by `place_sites` unless `placement` ({site: server name}) says where each goes.
+        Plain Mininet hosts only (no `host_cls`).
     """
 
     def __init__(
@@ -230,6 +240,8 @@ class Emulation:
         host_cls: Any = None,
         host_params: HostParams | None = None,
         connectivity: str = BEST_EFFORT,
+        cluster: clustering.ClusterSpec | None = None,
+        placement: dict[str, str] | None = None,
     ) -> None:
         if connectivity not in CONNECTIVITY_MODES:
             raise TopologyError(f"connectivity must be one of {', '.join(CONNECTIVITY_MODES)}, got {connectivity!r}")
@@ -247,6 +259,9 @@ class Emulation:
         self.host_cls = host_cls
         self.host_params = host_params
         self.connectivity = connectivity
+        self.cluster = cluster
+        self.placement = self._placement(plan, cluster, placement, host_cls)
+        self._ssh_dir: Path | None = None
         self.net: Any = None
         self.controller: ControllerProcess | None = None
         self.state: RunState | None = None
@@ -254,6 +269,27 @@ class Emulation:
         self._old_env: str | None = None
         self._old_handlers: dict[int, Any] = {}
         self._stopped = False
+
+    @staticmethod
+    def _placement(plan: EmulationPlan, cluster: clustering.ClusterSpec | None, given: dict[str, str] | None,
+                   host_cls: Any) -> dict[str, str]:
+        """{site: server name} in cluster mode (checked), {} otherwise."""
+        if cluster is None:
+            if given:
+                raise ConfigError("a placement needs cluster servers")
+            return {}
+        if host_cls is not None:
+            raise ConfigError("cluster mode runs plain Mininet hosts (the process backend), not containers")
+        names = [s.name for s in cluster.servers]
+        placement = dict(given) if given else clustering.place_sites(plan, names)
+        sites = {sw.site for sw in plan.switches}
+        if set(placement) != sites:
+            missing = sorted(sites - set(placement)) or sorted(set(placement) - sites)
+            raise ConfigError(f"the placement must name every site exactly; check {missing[0]!r}")
+        bad = sorted(s for s, srv in placement.items() if srv not in names)
+        if bad:
+            raise ConfigError(f"site {bad[0]!r} is placed on {placement[bad[0]]!r}, which is not a cluster server")
+        return placement
 
     # -- access ------------------------------------------------------------------------------------
     @property
@@ -317,6 +353,9 @@ class Emulation:
             links=len(self.plan.links),
             log_dir=str(self.log_dir),
         )
+        if self.cluster is not None:
+            names = [s.name for s in self.cluster.servers]
+            self.info.cluster = clustering.placement_report(self.plan, self.placement, names).to_dict()
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.state = RunState(
             run_id=self.run_id,
@@ -331,6 +370,11 @@ class Emulation:
         self._old_env = os.environ.get(ENV_RUN)
         os.environ[ENV_RUN] = self.run_id
         try:
+            if self.cluster is not None:
+                # Servers checked (host keys, keys, tools) before anything is started on them.
+                self._ssh_dir = Path(tempfile.mkdtemp(prefix="netai-ssh-"))
+                clustering.check_servers(self.cluster, self._ssh_dir)
+                clustering.create_underlay(self.run_id)
             self.controller = ControllerProcess(
                 self.plan, self.log_dir,
                 env={ENV_LINK_DELAY: "1" if delay_emulated else "0", ENV_CONNECTIVITY: self.connectivity},
@@ -345,7 +389,8 @@ class Emulation:
             health = self.controller.wait_switches(self.connect_timeout_s)
         except BaseException as e:
             self.stop()
-            if isinstance(e, (TimeoutError, RuntimeError, OSError, subprocess.SubprocessError)):
+            if isinstance(e, (TimeoutError, RuntimeError, OSError, subprocess.SubprocessError)) and \
+                    not isinstance(e, ConfigError):
                 raise EmulationError(f"bringing up {self.plan.topology} failed: {e}") from e
             raise
         self.info.bringup_s = round(time.monotonic() - t0, 3)
@@ -373,6 +418,13 @@ class Emulation:
             failMode="secure",
         )
         extra = {"host": self.host_cls} if self.host_cls is not None else {}
+        if self.cluster is not None:
+            assert self._ssh_dir is not None
+            host, cluster_switch, link_cls = clustering.cluster_classes(
+                self.run_id, self.cluster, self.placement, self.plan, self._ssh_dir, switch_cls, link_cls)
+            switch = partial(cluster_switch, datapath="kernel" if use_kernel else "user",
+                             protocols="OpenFlow13", failMode="secure")
+            extra = {"host": host}
         self.net = Mininet(
             topo=topo,
             switch=switch,
@@ -443,6 +495,8 @@ class Emulation:
                 self.controller.stop()
             if self.state is not None:
                 clean_run(self.state)
+            if self._ssh_dir is not None:
+                shutil.rmtree(self._ssh_dir, ignore_errors=True)
             if self._old_env is None:
                 os.environ.pop(ENV_RUN, None)
             else:

@@ -16,6 +16,7 @@ import yaml
 
 from controller.flows import CONNECTIVITY_MODES, STRICT
 from orchestrator.emulation.background import BackgroundConfig
+from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
 from orchestrator.runtime.remote import RemoteServer, parse_servers
@@ -76,6 +77,9 @@ class EmulationConfig:
     #: strays from its paths fails instead of being carried best-effort) or ``best-effort`` (every
     #: host pair also routed, in the links' lowest class; see `controller.flows`).
     connectivity: str = STRICT
+    #: Cluster mode: the servers the sites are spread over (`orchestrator.emulation.cluster`); runs
+    #: with the process backend.
+    cluster: ClusterSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -165,6 +169,10 @@ class ExperimentConfig:
         if self.engine != "simulation":
             del d["simulation"]  # only allowed with engine: simulation
         del d["remote_servers"]
+        if self.emulation.cluster is None:
+            del d["emulation"]["cluster"]
+        else:
+            d["emulation"]["cluster"] = self.emulation.cluster.to_dict()
         if self.remote_servers:
             d["compute"] = {"servers": [s.to_dict() for s in self.remote_servers]}
         return d
@@ -271,6 +279,17 @@ def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, An
     return {k: schema[k](f"{prefix}.{k}", v) for k, v in raw.items()}
 
 
+def _emulation(raw: Any, base_dir: Any) -> EmulationConfig:
+    """The emulation section; its ``cluster`` entry names files relative to the config's folder."""
+    rest = dict(raw) if isinstance(raw, Mapping) else raw
+    cluster = rest.pop("cluster", None) if isinstance(rest, dict) else None
+    cfg = EmulationConfig(**_section("emulation", rest, EMULATION_SCHEMA))
+    spec = parse_cluster(cluster, base_dir=None if base_dir is None else Path(base_dir))
+    if spec is not None and cfg.backend == "docker":
+        raise ConfigError("emulation.cluster runs the process backend (plain Mininet hosts), not docker")
+    return replace(cfg, cluster=spec, backend="process" if spec is not None else cfg.backend)
+
+
 TASK_SCHEMA: dict[str, Check] = {
     "model": _str, "rounds": _int(1, 1000), "demand_mbps": _num(0, lo_open=True),
     "partition": _choice(PARTITIONS), "alpha": _num(0, lo_open=True), "model_args": _model_args,
@@ -362,7 +381,7 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         tasks_per_point=_int(1, 10_000)("tasks_per_point", raw.get("tasks_per_point", 2)),
         seed=_int(0)("seed", raw.get("seed", 1)),
         task=_task(raw.get("task")),
-        emulation=EmulationConfig(**_section("emulation", raw.get("emulation"), EMULATION_SCHEMA)),
+        emulation=_emulation(raw.get("emulation"), base_dir),
         background=BackgroundConfig(**_section("background", raw.get("background"), BACKGROUND_SCHEMA)),
         mode=_choice(MODES)("mode", raw.get("mode", "sequential")),
         online=OnlineConfig(**_section("online", raw.get("online"), ONLINE_SCHEMA)),
@@ -374,6 +393,8 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         raise ConfigError("a simulation section needs engine: simulation")
     if engine == "simulation" and cfg.mode != "sequential":
         raise ConfigError("engine: simulation runs mode: sequential only")
+    if engine == "simulation" and cfg.emulation.cluster is not None:
+        raise ConfigError("emulation.cluster needs engine: emulation")
     cfg = replace(cfg, engine=engine,
                   simulation=SimulationConfig(**_section("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
     compute = raw.get("compute")
@@ -382,6 +403,8 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
             raise ConfigError(f"compute must be a mapping with one key, servers, got {compute!r}")
         if engine == "simulation":
             raise ConfigError("compute.servers needs engine: emulation (a simulation runs no servers)")
+        if cfg.emulation.cluster is not None:
+            raise ConfigError("compute.servers (Docker over SSH) and emulation.cluster do not combine yet")
         servers = parse_servers(compute.get("servers"), base_dir=None if base_dir is None else Path(base_dir))
         cfg = replace(cfg, remote_servers=servers)
     model = cfg.network()

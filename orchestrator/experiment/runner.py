@@ -102,6 +102,7 @@ def preflight(cfg: ExperimentConfig) -> str:
 
 
 def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: str) -> dict[str, Any]:
+    cluster = getattr(info, "cluster", {}) or {}
     return {
         "kernel": platform.release(),
         "python": platform.python_version(),
@@ -115,7 +116,7 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         "cpus": os.cpu_count(),
         "background": f"{cfg.background.pattern}, load {cfg.background.load}, {cfg.background.pairs} pairs"
         if cfg.background.enabled else "off",
-    }
+    } | ({"cluster": cluster} if cluster else {})  # {servers: {server: [sites]}, cut: [[a, b]..], cut_mbps, ..}
 
 
 # -- progress -------------------------------------------------------------------------------------
@@ -298,7 +299,7 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
     try:
         hosting = emulation_options(backend_kind, log_dir=run_dir / "workers", clients=remote)
         with Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
-                       **hosting) as emu, \
+                       cluster=cfg.emulation.cluster, **hosting) as emu, \
                 open_compute(backend_kind, emu, log_root=run_dir / "workers") as compute:
             info = emu.info
             reservations = emu.client.health().get("reservations", {})

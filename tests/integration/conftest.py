@@ -4,6 +4,7 @@
   controller logs when a test failed.
 - `figures` collects measured figures (bring-up seconds, iperf ratios); they are printed in the
   terminal summary of every run, passing or not.
+- `sshd` (from `tests.integration.sshd`): an sshd on 127.0.0.1 with keys made for the test.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections.abc import Generator
 from typing import Any
 
 import pytest
+
+from tests.integration.sshd import sshd  # noqa: F401 - a fixture for the tests of this folder
 
 _FIGURES: list[str] = []
 

@@ -1,0 +1,438 @@
+"""The emulation across servers: Mininet's cluster mode, sites placed so that heavy links stay inside one server.
+
+``emulation: {cluster: {servers: [localhost, {ssh: "root@127.0.0.1:2222", key: PATH, known_hosts: PATH}]}}``
+in an experiment config (or ``Emulation(plan, cluster=...)``) spreads the emulated sites over
+several servers, with Mininet's own cluster classes (`mininet.examples.cluster`, shipped with
+Debian's mininet): a site's switch and host on a remote server are a `RemoteOVSSwitch` and a
+`RemoteHost`, whose shells and commands run over SSH on that server.
+
+- **Placement** (`place_sites`): each site (its switch and host together) goes to one server. The
+  sites are split by recursive Kernighan-Lin bisection (networkx) weighted by the links' emulated
+  rates, with server sizes as even as the site count allows, so that the links a server cuts are
+  the lightest the bisection finds. `PlacementReport` gives what was cut.
+- **Links across servers** are VXLAN tunnels (this kernel has VXLAN, not GRE), shaped with the same
+  htb tree as every switch link, so the controller's per-task classes apply to them as to a veth.
+  Each end is made by its own server's shell. The tunnels' UDP sockets live in a private network
+  namespace of the run (``netai-ul-<run id>``, only loopback), created before the devices are moved
+  into the root namespace, so no tunnel endpoint listens on the machine's addresses.
+- **SSH**: key authentication with the config's key only (``IdentitiesOnly``), host keys checked
+  against the entry's known_hosts file (``StrictHostKeyChecking=yes``, never added), no agent
+  forwarding, one multiplexed connection per server. `check_servers` tries every server before
+  anything starts; a refused host key is a `ConfigError` naming the known_hosts file. Commands sent
+  over SSH are argument lists quoted with `shlex.join`, so the far shell splits them back exactly;
+  every remote command carries the run's mark (``NETAI_RUN``) for cleanup.
+
+What this version runs: servers reached over SSH on this machine's loopback (as the integration
+test does with an sshd bound to 127.0.0.1). A server on another machine is refused when the config
+is read: its switches would need the controller on an address outside loopback, its tunnels an
+underlay between machines, and the site servers' control sockets a channel over SSH; none is built
+(docs/architecture.md, "The emulation across servers").
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+import os
+import re
+import shlex
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from orchestrator.emulation.cleanup import underlay_netns
+from orchestrator.errors import ConfigError
+from topologies.plan import EmulationPlan, LinkPlan
+
+LOCAL = "localhost"
+SERVER_KEYS = ("ssh", "key", "known_hosts")
+CLUSTER_KEYS = ("servers",)
+#: How long one SSH connection attempt may take.
+SSH_CONNECT_TIMEOUT_S = 10
+#: Environment variables a command started over SSH keeps (the far side's login environment has none
+#: of ours): these names and every one the caller set to something other than this process's value.
+_FORWARD_ENV = re.compile(r"^(PATH|PYTHONPATH|PYTHON[A-Z_]*|OMP_[A-Z_]+|NETAI_[A-Z_]+)$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SSH_TARGET = re.compile(r"^(?P<user>[A-Za-z_][A-Za-z0-9_.-]*)@(?P<host>[0-9.]+)(?::(?P<port>[0-9]{1,5}))?$")
+
+
+@dataclass(frozen=True)
+class ClusterServer:
+    """A server of the cluster: ``localhost`` (this process's machine, where the controller runs) or
+    one reached as ``user@ip[:port]`` over SSH with `key`, its host key checked against `known_hosts`."""
+
+    name: str
+    user: str = ""
+    host: str = ""
+    port: int = 22
+    key: str = ""
+    known_hosts: str = ""
+
+    @property
+    def local(self) -> bool:
+        return self.name == LOCAL
+
+    def to_dict(self) -> Any:
+        """The config's form of this entry (`parse_cluster` reads it back)."""
+        if self.local:
+            return LOCAL
+        return {"ssh": self.name, "key": self.key, "known_hosts": self.known_hosts}
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The servers an emulation is spread over (the first is ``localhost``)."""
+
+    servers: tuple[ClusterServer, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"servers": [s.to_dict() for s in self.servers]}
+
+
+def _file(where: str, raw: Any, base: Path) -> str:
+    if not isinstance(raw, str) or not raw:
+        raise ConfigError(f"{where} must be a file path, got {raw!r}")
+    path = Path(raw).expanduser()
+    path = path if path.is_absolute() else base / path
+    if not path.is_file() or not os.access(path, os.R_OK):
+        raise ConfigError(f"{where}: {path} is not a readable file")
+    return str(path.resolve())
+
+
+def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | None:
+    """``emulation.cluster`` of a config, checked; None when absent.
+
+    Raises
+    ------
+    ConfigError
+        One line naming the entry and what is wrong with it.
+    """
+    if raw is None:
+        return None
+    base = Path.cwd() if base_dir is None else base_dir
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"emulation.cluster must be a mapping with servers, got {raw!r}")
+    unknown = sorted(set(raw) - set(CLUSTER_KEYS))
+    if unknown:
+        raise ConfigError(f"unknown key emulation.cluster.{unknown[0]}; allowed: {', '.join(CLUSTER_KEYS)}")
+    entries = raw.get("servers")
+    if not isinstance(entries, list) or len(entries) < 2:
+        raise ConfigError(f"emulation.cluster.servers must list at least two servers, got {entries!r}")
+    if entries[0] != LOCAL:
+        raise ConfigError("emulation.cluster.servers[0] must be localhost: the controller and the "
+                          "orchestrator run there")
+    servers = [ClusterServer(LOCAL)]
+    for i, entry in enumerate(entries[1:], start=1):
+        servers.append(_parse_server(f"emulation.cluster.servers[{i}]", entry, base))
+    names = [s.name for s in servers]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ConfigError(f"emulation.cluster.servers: {dup[0]} is given twice")
+    return ClusterSpec(tuple(servers))
+
+
+def _parse_server(where: str, entry: Any, base: Path) -> ClusterServer:
+    if not isinstance(entry, Mapping):
+        raise ConfigError(f"{where} must be a mapping with ssh, key and known_hosts, got {entry!r}")
+    unknown = sorted(set(entry) - set(SERVER_KEYS))
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(SERVER_KEYS)}")
+    target = entry.get("ssh")
+    m = _SSH_TARGET.match(target) if isinstance(target, str) else None
+    if m is None:
+        raise ConfigError(f"{where}.ssh must be user@ip[:port] (an IPv4 address, no password), got {target!r}")
+    try:
+        ip = ipaddress.IPv4Address(m["host"])
+    except ValueError as e:
+        raise ConfigError(f"{where}.ssh: {m['host']!r} is not an IPv4 address") from e
+    if not ip.is_loopback:
+        raise ConfigError(
+            f"{where}.ssh: {ip} is not a loopback address; this version runs cluster servers reached over "
+            "SSH on this machine only (another machine would need the controller and the tunnels on an "
+            "address outside loopback: docs/architecture.md, 'The emulation across servers')")
+    port = int(m["port"] or 22)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"{where}.ssh: port {port} is out of range")
+    for k in ("key", "known_hosts"):
+        if k not in entry:
+            raise ConfigError(f"{where}: {k} is required (key authentication, host keys checked)")
+    return ClusterServer(name=f"{m['user']}@{ip}:{port}", user=m["user"], host=str(ip), port=port,
+                         key=_file(f"{where}.key", entry["key"], base),
+                         known_hosts=_file(f"{where}.known_hosts", entry["known_hosts"], base))
+
+
+# -- placement --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class PlacementReport:
+    """Where each site went, and the links whose ends are on different servers."""
+
+    servers: dict[str, list[str]]
+    cut: list[tuple[str, str]] = field(default_factory=list)
+    cut_mbps: float = 0.0
+    total_mbps: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"servers": self.servers, "cut": [list(c) for c in self.cut], "cut_mbps": self.cut_mbps,
+                "total_mbps": self.total_mbps}
+
+
+def site_graph(plan: EmulationPlan) -> nx.Graph:
+    """The plan's sites, links weighted by their emulated rate (parallel links add up)."""
+    g = nx.Graph()
+    g.add_nodes_from(sw.site for sw in plan.switches)
+    for ln in plan.links:
+        w = g.edges[ln.a, ln.b]["weight"] if g.has_edge(ln.a, ln.b) else 0.0
+        g.add_edge(ln.a, ln.b, weight=w + ln.emulated_mbps)
+    return g
+
+
+def place_sites(plan: EmulationPlan, servers: Sequence[str], *, seed: int = 1) -> dict[str, str]:
+    """{site: server}: recursive Kernighan-Lin bisection of the site graph weighted by link rate.
+
+    Each split gives the two halves site counts in proportion to their server counts (KL swaps keep
+    the sizes), starting from a breadth-first order so that each half starts connected; sites are
+    visited in the plan's order, so the placement is deterministic for a seed.
+    """
+    if not servers:
+        raise ConfigError("placing sites needs at least one server")
+    g = site_graph(plan)
+    out: dict[str, str] = {}
+    _split(g, list(g.nodes), list(servers), out, seed)
+    return out
+
+
+def _split(g: nx.Graph, sites: list[str], servers: list[str], out: dict[str, str], seed: int) -> None:
+    if len(servers) == 1 or len(sites) <= 1:
+        for s in sites:
+            out[s] = servers[0]
+        return
+    k1 = math.ceil(len(servers) / 2)
+    n1 = max(1, min(len(sites) - 1, round(len(sites) * k1 / len(servers))))
+    sub = g.subgraph(sites)
+    order = _bfs_order(sub, sites)
+    first, second = set(order[:n1]), set(order[n1:])
+    if sub.number_of_edges():
+        a, b = nx.community.kernighan_lin_bisection(sub, partition=(first, second), weight="weight", seed=seed)
+        # KL keeps the two sizes but may hand the halves back in either order.
+        if len(a) != n1:
+            a, b = b, a
+        if len(a) == n1:
+            first, second = a, b
+    keep = [s for s in sites if s in first]
+    rest = [s for s in sites if s in second]
+    _split(g, keep, servers[:k1], out, seed)
+    _split(g, rest, servers[k1:], out, seed)
+
+
+def _bfs_order(g: nx.Graph, sites: list[str]) -> list[str]:
+    """Sites in breadth-first order from the first site of the first component, component by component."""
+    seen: list[str] = []
+    for s in sites:
+        if s not in seen:
+            seen += [n for n in nx.bfs_tree(g, s) if n not in seen]
+    return seen
+
+
+def placement_report(plan: EmulationPlan, placement: Mapping[str, str], servers: Sequence[str]) -> PlacementReport:
+    by_server: dict[str, list[str]] = {s: [] for s in servers}
+    for sw in plan.switches:
+        by_server[placement[sw.site]].append(sw.site)
+    cut = [ln for ln in plan.links if placement[ln.a] != placement[ln.b]]
+    return PlacementReport(by_server, [(ln.a, ln.b) for ln in cut], round(sum(ln.emulated_mbps for ln in cut), 3),
+                           round(sum(ln.emulated_mbps for ln in plan.links), 3))
+
+
+# -- SSH --------------------------------------------------------------------------------------------
+def ssh_argv(server: ClusterServer, control_dir: Path) -> list[str]:
+    """``ssh`` with the server's key only, its host key checked, one multiplexed connection (no target)."""
+    return ["ssh", "-q", "-p", str(server.port), "-i", server.key,
+            "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
+            "-o", "ForwardAgent=no", "-o", "StrictHostKeyChecking=yes",
+            "-o", f"UserKnownHostsFile={server.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
+            "-o", f"ConnectTimeout={SSH_CONNECT_TIMEOUT_S}", "-o", "ServerAliveInterval=5",
+            "-o", f"ControlPath={control_dir}/%C", "-o", "ControlMaster=auto", "-o", "ControlPersist=30"]
+
+
+def ssh_target(server: ClusterServer) -> str:
+    return f"{server.user}@{server.host}"
+
+
+def check_servers(spec: ClusterSpec, control_dir: Path) -> None:
+    """Reach every remote server once (host key, key, the tools the emulation needs there).
+
+    Raises
+    ------
+    ConfigError
+        Naming the server, and the known_hosts file when the host key was refused.
+    """
+    probe = "command -v mnexec >/dev/null && command -v ovs-vsctl >/dev/null && command -v ip >/dev/null"
+    for server in spec.servers:
+        if server.local:
+            continue
+        argv = [*ssh_argv(server, control_dir), ssh_target(server), probe]
+        argv.remove("-q")  # keep ssh's own reason for a failure
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=3 * SSH_CONNECT_TIMEOUT_S, check=False)
+        if res.returncode == 0:
+            continue
+        err = res.stderr.strip().splitlines()
+        why = err[-1] if err else f"exit status {res.returncode}"
+        if "host key" in res.stderr.lower() or "REMOTE HOST IDENTIFICATION HAS CHANGED" in res.stderr:
+            raise ConfigError(f"cluster server {server.name}: its host key is not the one in {server.known_hosts} "
+                              f"(refused; {why})")
+        if res.returncode == 1 and not err:
+            raise ConfigError(f"cluster server {server.name}: mnexec, ovs-vsctl or ip is missing there")
+        raise ConfigError(f"cluster server {server.name}: SSH with key {server.key} failed: {why}")
+
+
+def remote_command(cmd: Sequence[str], *, run_id: str, env: Mapping[str, str] | None = None,
+                   cwd: str | None = None, sudo: bool = False) -> str:
+    """The one string a far shell splits back into exactly `cmd`, with the run's mark, the forwarded
+    environment (see `_FORWARD_ENV`) and the working directory set by ``env``."""
+    pre = ["env"]
+    if cwd:
+        pre += ["-C", str(cwd)]
+    extra = {"NETAI_RUN": run_id}
+    for k, v in (env or {}).items():
+        if _ENV_NAME.match(k) and (_FORWARD_ENV.match(k) or os.environ.get(k) != v):
+            extra[k] = v
+    pre += [f"{k}={v}" for k, v in sorted(extra.items())]
+    return shlex.join([*(["sudo", "-E"] if sudo else []), *pre, *[str(c) for c in cmd]])
+
+
+# -- Mininet classes ---------------------------------------------------------------------------------
+def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str], plan: EmulationPlan,
+                    control_dir: Path, switch_cls: Any, link_cls: Any) -> tuple[Any, Any, Any]:
+    """(host, switch, link) constructors for Mininet that put each node on its site's server.
+
+    `switch_cls` is the run's switch class (its bridges tagged), `link_cls` the shaped link class;
+    both are extended, not replaced.
+    """
+    from mininet.examples.cluster import RemoteHost, RemoteMixin, RemoteOVSSwitch
+    from mininet.link import Link
+
+    servers = {s.name: s for s in spec.servers}
+    node_server = {sw.name: placement[sw.site] for sw in plan.switches}
+    node_server |= {h.name: placement[h.site] for h in plan.hosts}
+    shaped = link_cls.func if hasattr(link_cls, "func") else link_cls
+    link_kw = dict(getattr(link_cls, "keywords", {}) or {})
+
+    class SshNode:
+        """RemoteMixin's SSH, with the server's own options, quoted commands and the run's mark."""
+
+        isRemote: bool
+        server: str
+        name: str
+        pid: int
+
+        def _popen(self, cmd: Any, sudo: bool = True, tt: bool = True, **params: Any) -> Any:
+            if isinstance(cmd, str):
+                cmd = cmd.split()
+            if self.isRemote:
+                srv = servers[node_server[self.name]]
+                env, cwd = params.pop("env", None), params.pop("cwd", None)
+                line = remote_command(cmd, run_id=run_id, env=env, cwd=cwd, sudo=sudo and srv.user != "root")
+                cmd = [*ssh_argv(srv, control_dir), *(["-tt"] if tt else []), ssh_target(srv), line]
+            params.update(preexec_fn=os.setpgrp)
+            return super(RemoteMixin, self)._popen(cmd, **params)  # type: ignore[misc]
+
+        def popen(self, *args: Any, **kwargs: Any) -> Any:
+            """Mininet's popen, entering the namespace with ``mnexec -a`` only: with ``-d`` mnexec forks
+            and its first process exits at once when it leads its process group, as it does here (its
+            own group, and over SSH its own session), so the caller would lose the process it started."""
+            kwargs.setdefault("mncmd", ["mnexec", "-a", str(self.pid)])
+            return super().popen(*args, **kwargs)  # type: ignore[misc]
+
+    def _where(name: str) -> dict[str, Any]:
+        srv = servers[node_server[name]]
+        if srv.local:
+            return {"server": LOCAL}
+        return {"server": srv.name, "serverIP": srv.host, "user": srv.user}
+
+    class ClusterHost(SshNode, RemoteHost):
+        pass
+
+    class ClusterSwitch(SshNode, RemoteOVSSwitch, switch_cls):
+        """RemoteOVSSwitch (per-server batch start-up and shutdown) with the run's bridge tag."""
+
+    def host(name: str, *args: Any, **params: Any) -> Any:
+        return ClusterHost(name, *args, **_where(name), **params)
+
+    def switch(name: str, *args: Any, **params: Any) -> Any:
+        return ClusterSwitch(name, *args, **_where(name), **params)
+
+    ports = _UdpPorts()
+
+    class ClusterLink(shaped):  # type: ignore[misc,valid-type]
+        """A veth pair within a server, a VXLAN tunnel between two servers (see the module docstring)."""
+
+        def __init__(self, node1: Any, node2: Any, **kw: Any) -> None:
+            super().__init__(node1, node2, **(link_kw | kw))
+
+        def makeIntfPair(self, intfname1: str, intfname2: str, addr1: Any = None, addr2: Any = None,
+                         node1: Any = None, node2: Any = None, deleteIntfs: bool = True) -> Any:
+            s1, s2 = getattr(node1, "server", LOCAL), getattr(node2, "server", LOCAL)
+            if s1 == s2:
+                return Link.makeIntfPair(intfname1, intfname2, addr1, addr2, node1, node2, deleteIntfs=deleteIntfs)
+            if node1.inNamespace or node2.inNamespace:
+                raise RuntimeError(f"{node1}-{node2}: only links between switches may cross servers")
+            vni = ports.next_vni()
+            p1, p2 = ports.next_port(), ports.next_port()
+            _vxlan(node1, intfname1, vni, p1, p2, addr1, run_id)
+            _vxlan(node2, intfname2, vni, p2, p1, addr2, run_id)
+            return None
+
+    return host, switch, ClusterLink
+
+
+class _UdpPorts:
+    """VXLAN ids and UDP ports of a run's tunnels (in the run's own namespace, so any free range works)."""
+
+    def __init__(self, first_port: int = 47000) -> None:
+        self._vni, self._port = 0, first_port
+
+    def next_vni(self) -> int:
+        self._vni += 1
+        return self._vni
+
+    def next_port(self) -> int:
+        self._port += 1
+        return self._port
+
+
+def _vxlan(node: Any, name: str, vni: int, port: int, peer_port: int, mac: str | None, run_id: str) -> None:
+    """One end of a tunnel, made by `node`'s server in the run's underlay namespace, then moved to the
+    root namespace: ``name`` sends to the peer's port on loopback and listens on `port`."""
+    ns = underlay_netns(run_id)
+    steps: list[list[str]] = [
+        ["ip", "-n", ns, "link", "add", name, "type", "vxlan", "id", str(vni), "local", "127.0.0.1",
+         "dstport", str(port), "nolearning"],
+        ["ip", "-n", ns, "link", "set", name, "netns", "1"],
+        ["bridge", "fdb", "append", "00:00:00:00:00:00", "dev", name, "dst", "127.0.0.1", "port", str(peer_port)],
+        ["ip", "link", "set", name, "mtu", "1500"],
+    ]
+    if mac:
+        steps.append(["ip", "link", "set", name, "address", str(mac)])
+    steps.append(["ip", "link", "set", name, "up"])
+    for argv in steps:
+        out = node.rcmd(argv).strip()
+        if out:
+            raise RuntimeError(f"tunnel end {name} on {node.server}: {shlex.join(argv)}: {out}")
+
+
+def create_underlay(run_id: str) -> str:
+    """Create the run's underlay namespace (loopback up); returns its name."""
+    ns = underlay_netns(run_id)
+    for argv in (["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"]):
+        res = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if res.returncode != 0:
+            raise RuntimeError(f"{shlex.join(argv)}: {res.stderr.strip()}")
+    return ns
+
+
+def cut_links(plan: EmulationPlan, placement: Mapping[str, str]) -> list[LinkPlan]:
+    """The plan's links whose two sites are on different servers."""
+    return [ln for ln in plan.links if placement[ln.a] != placement[ln.b]]
