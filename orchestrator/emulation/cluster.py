@@ -17,10 +17,13 @@ Debian's mininet): a site's switch and host on a remote server are a `RemoteOVSS
   into the root namespace, so no tunnel endpoint listens on the machine's addresses.
 - **SSH**: key authentication with the config's key only (``IdentitiesOnly``), host keys checked
   against the entry's known_hosts file (``StrictHostKeyChecking=yes``, never added), no agent
-  forwarding, one multiplexed connection per server. `check_servers` tries every server before
-  anything starts; a refused host key is a `ConfigError` naming the known_hosts file. Commands sent
-  over SSH are argument lists quoted with `shlex.join`, so the far shell splits them back exactly;
-  every remote command carries the run's mark (``NETAI_RUN``) for cleanup.
+  forwarding, no ssh_config, one multiplexed connection per server. `check_servers` tries every
+  server before anything starts; a refused host key is a `ConfigError` naming the known_hosts file.
+  Processes started over SSH (`popen`, `rcmd`, the nodes' shells) are argument lists quoted with
+  `shlex.join`, so the far shell splits them back exactly, and carry the run's mark (``NETAI_RUN``)
+  for cleanup; what Mininet types into a node's shell (``node.cmd``) is its own commands, of names
+  and numbers. Mininet's `ClusterCleanup` hook (``mn -c`` on every server) is never called: the
+  project cleans by its marks only.
 
 What this version runs: servers reached over SSH on this machine's loopback (as the integration
 test does with an sshd bound to 127.0.0.1). A server on another machine is refused when the config
@@ -39,13 +42,15 @@ import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import groupby
+from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
 from orchestrator.emulation.cleanup import underlay_netns
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, config_entry, readable_file
 from topologies.plan import EmulationPlan, LinkPlan
 
 LOCAL = "localhost"
@@ -93,16 +98,6 @@ class ClusterSpec:
         return {"servers": [s.to_dict() for s in self.servers]}
 
 
-def _file(where: str, raw: Any, base: Path) -> str:
-    if not isinstance(raw, str) or not raw:
-        raise ConfigError(f"{where} must be a file path, got {raw!r}")
-    path = Path(raw).expanduser()
-    path = path if path.is_absolute() else base / path
-    if not path.is_file() or not os.access(path, os.R_OK):
-        raise ConfigError(f"{where}: {path} is not a readable file")
-    return str(path.resolve())
-
-
 def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | None:
     """``emulation.cluster`` of a config, checked; None when absent.
 
@@ -114,11 +109,7 @@ def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | No
     if raw is None:
         return None
     base = Path.cwd() if base_dir is None else base_dir
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"emulation.cluster must be a mapping with servers, got {raw!r}")
-    unknown = sorted(set(raw) - set(CLUSTER_KEYS))
-    if unknown:
-        raise ConfigError(f"unknown key emulation.cluster.{unknown[0]}; allowed: {', '.join(CLUSTER_KEYS)}")
+    raw = config_entry("emulation.cluster", raw, CLUSTER_KEYS, "servers")
     entries = raw.get("servers")
     if not isinstance(entries, list) or len(entries) < 2:
         raise ConfigError(f"emulation.cluster.servers must list at least two servers, got {entries!r}")
@@ -136,11 +127,7 @@ def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | No
 
 
 def _parse_server(where: str, entry: Any, base: Path) -> ClusterServer:
-    if not isinstance(entry, Mapping):
-        raise ConfigError(f"{where} must be a mapping with ssh, key and known_hosts, got {entry!r}")
-    unknown = sorted(set(entry) - set(SERVER_KEYS))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(SERVER_KEYS)}")
+    entry = config_entry(where, entry, SERVER_KEYS, "ssh, key and known_hosts")
     target = entry.get("ssh")
     m = _SSH_TARGET.match(target) if isinstance(target, str) else None
     if m is None:
@@ -160,9 +147,12 @@ def _parse_server(where: str, entry: Any, base: Path) -> ClusterServer:
     for k in ("key", "known_hosts"):
         if k not in entry:
             raise ConfigError(f"{where}: {k} is required (key authentication, host keys checked)")
+    files = {k: readable_file(entry[k], base, f"{where}.{k}") for k in ("key", "known_hosts")}
+    for k, path in files.items():
+        if any(c.isspace() or c in "%\"'" for c in path):
+            raise ConfigError(f"{where}.{k}: ssh cannot take a path with spaces, quotes or '%' ({path!r})")
     return ClusterServer(name=f"{m['user']}@{ip}:{port}", user=m["user"], host=str(ip), port=port,
-                         key=_file(f"{where}.key", entry["key"], base),
-                         known_hosts=_file(f"{where}.known_hosts", entry["known_hosts"], base))
+                         key=files["key"], known_hosts=files["known_hosts"])
 
 
 # -- placement --------------------------------------------------------------------------------------
@@ -248,8 +238,9 @@ def placement_report(plan: EmulationPlan, placement: Mapping[str, str], servers:
 
 # -- SSH --------------------------------------------------------------------------------------------
 def ssh_argv(server: ClusterServer, control_dir: Path) -> list[str]:
-    """``ssh`` with the server's key only, its host key checked, one multiplexed connection (no target)."""
-    return ["ssh", "-q", "-p", str(server.port), "-i", server.key,
+    """``ssh`` with the server's key only, its host key checked, one multiplexed connection (no target);
+    no user or system ssh_config applies (``-F /dev/null``: no other identities, forwardings or proxies)."""
+    return ["ssh", "-q", "-F", "/dev/null", "-p", str(server.port), "-i", server.key,
             "-o", "BatchMode=yes", "-o", "IdentitiesOnly=yes", "-o", "IdentityAgent=none",
             "-o", "ForwardAgent=no", "-o", "StrictHostKeyChecking=yes",
             "-o", f"UserKnownHostsFile={server.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
@@ -269,13 +260,18 @@ def check_servers(spec: ClusterSpec, control_dir: Path) -> None:
     ConfigError
         Naming the server, and the known_hosts file when the host key was refused.
     """
-    probe = "command -v mnexec >/dev/null && command -v ovs-vsctl >/dev/null && command -v ip >/dev/null"
+    tools = "for t in mnexec ovs-vsctl ip bridge; do command -v $t >/dev/null || exit 1; done"
     for server in spec.servers:
         if server.local:
             continue
+        probe = tools if server.user == "root" else tools + " && sudo -n true"
         argv = [*ssh_argv(server, control_dir), ssh_target(server), probe]
         argv.remove("-q")  # keep ssh's own reason for a failure
-        res = subprocess.run(argv, capture_output=True, text=True, timeout=3 * SSH_CONNECT_TIMEOUT_S, check=False)
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=3 * SSH_CONNECT_TIMEOUT_S,
+                                 stdin=subprocess.DEVNULL, check=False)
+        except subprocess.TimeoutExpired as e:
+            raise ConfigError(f"cluster server {server.name}: no answer over SSH in {e.timeout:.0f} s") from e
         if res.returncode == 0:
             continue
         err = res.stderr.strip().splitlines()
@@ -284,7 +280,8 @@ def check_servers(spec: ClusterSpec, control_dir: Path) -> None:
             raise ConfigError(f"cluster server {server.name}: its host key is not the one in {server.known_hosts} "
                               f"(refused; {why})")
         if res.returncode == 1 and not err:
-            raise ConfigError(f"cluster server {server.name}: mnexec, ovs-vsctl or ip is missing there")
+            raise ConfigError(f"cluster server {server.name}: mnexec, ovs-vsctl, ip or bridge is missing there, "
+                              "or sudo asks for a password")
         raise ConfigError(f"cluster server {server.name}: SSH with key {server.key} failed: {why}")
 
 
@@ -300,7 +297,7 @@ def remote_command(cmd: Sequence[str], *, run_id: str, env: Mapping[str, str] | 
         if _ENV_NAME.match(k) and (_FORWARD_ENV.match(k) or os.environ.get(k) != v):
             extra[k] = v
     pre += [f"{k}={v}" for k, v in sorted(extra.items())]
-    return shlex.join([*(["sudo", "-E"] if sudo else []), *pre, *[str(c) for c in cmd]])
+    return shlex.join([*(["sudo", "-n", "-E"] if sudo else []), *pre, *[str(c) for c in cmd]])
 
 
 # -- Mininet classes ---------------------------------------------------------------------------------
@@ -311,8 +308,9 @@ def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str]
     `switch_cls` is the run's switch class (its bridges tagged), `link_cls` the shaped link class;
     both are extended, not replaced.
     """
-    from mininet.examples.cluster import RemoteHost, RemoteMixin, RemoteOVSSwitch
+    from mininet.examples.cluster import RemoteHost, RemoteOVSSwitch
     from mininet.link import Link
+    from mininet.node import Node, OVSSwitch
 
     servers = {s.name: s for s in spec.servers}
     node_server = {sw.name: placement[sw.site] for sw in plan.switches}
@@ -331,20 +329,28 @@ def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str]
         def _popen(self, cmd: Any, sudo: bool = True, tt: bool = True, **params: Any) -> Any:
             if isinstance(cmd, str):
                 cmd = cmd.split()
-            if self.isRemote:
-                srv = servers[node_server[self.name]]
-                env, cwd = params.pop("env", None), params.pop("cwd", None)
-                line = remote_command(cmd, run_id=run_id, env=env, cwd=cwd, sudo=sudo and srv.user != "root")
-                cmd = [*ssh_argv(srv, control_dir), *(["-tt"] if tt else []), ssh_target(srv), line]
+            if not self.isRemote:
+                return Node._popen(self, cmd, **params)  # a local node: plain Mininet
+            srv = servers[node_server[self.name]]
+            env, cwd = params.pop("env", None), params.pop("cwd", None)
+            line = remote_command(cmd, run_id=run_id, env=env, cwd=cwd, sudo=sudo and srv.user != "root")
+            params.setdefault("stdin", subprocess.DEVNULL)  # never the orchestrator's terminal
+            # Its own process group: a Ctrl-C meant for the orchestrator does not cut the SSH session
+            # that teardown still needs (RemoteMixin does the same).
             params.update(preexec_fn=os.setpgrp)
-            return super(RemoteMixin, self)._popen(cmd, **params)  # type: ignore[misc]
+            return Node._popen(self, [*ssh_argv(srv, control_dir), *(["-tt"] if tt else []), ssh_target(srv), line],
+                               **params)
 
         def popen(self, *args: Any, **kwargs: Any) -> Any:
-            """Mininet's popen, entering the namespace with ``mnexec -a`` only: with ``-d`` mnexec forks
-            and its first process exits at once when it leads its process group, as it does here (its
-            own group, and over SSH its own session), so the caller would lose the process it started."""
+            """Mininet's popen, with a terminal on the far side (``ssh -tt``): when the local ssh ends
+            (`ProcessHandle.stop` or `kill`), the far process gets the hangup and ends too, where
+            without a terminal it would run on. The namespace is entered with ``mnexec -a`` only: with
+            ``-d`` mnexec forks and its first process exits at once when it leads its process group,
+            as it does over SSH (its own session), so the caller would lose the process it started."""
             kwargs.setdefault("mncmd", ["mnexec", "-a", str(self.pid)])
-            return super().popen(*args, **kwargs)  # type: ignore[misc]
+            if self.isRemote:
+                kwargs["tt"] = True
+            return Node.popen(self, *args, **kwargs)
 
     def _where(name: str) -> dict[str, Any]:
         srv = servers[node_server[name]]
@@ -357,6 +363,25 @@ def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str]
 
     class ClusterSwitch(SshNode, RemoteOVSSwitch, switch_cls):
         """RemoteOVSSwitch (per-server batch start-up and shutdown) with the run's bridge tag."""
+
+        @classmethod
+        def batchStartup(cls, switches: Any, **_kwargs: Any) -> Any:
+            """Per server, Mininet's batch of ``ovs-vsctl`` commands run as one argument list
+            (``sh -c``) rather than typed into the first switch's shell as `RemoteOVSSwitch` does: a
+            terminal in line mode cuts a line at 4095 bytes, which a server of a dozen switches exceeds."""
+            key = attrgetter("server")
+            for _server, group in groupby(sorted(switches, key=key), key):
+                members = tuple(group)
+                OVSSwitch.batchStartup(members, run=_runner(members[0]))
+            return switches
+
+        @classmethod
+        def batchShutdown(cls, switches: Any, **_kwargs: Any) -> Any:
+            key = attrgetter("server")
+            for _server, group in groupby(sorted(switches, key=key), key):
+                members = tuple(group)
+                OVSSwitch.batchShutdown(members, run=_runner(members[0]))
+            return switches
 
     def host(name: str, *args: Any, **params: Any) -> Any:
         return ClusterHost(name, *args, **_where(name), **params)
@@ -386,6 +411,17 @@ def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str]
             return None
 
     return host, switch, ClusterLink
+
+
+def _runner(node: Any) -> Any:
+    """A ``run`` for Mininet's batch functions: the command line through ``sh -c`` on `node`'s
+    server, in its root namespace, with no terminal (Mininet's own commands: names and numbers)."""
+
+    def run(cmd: str, **_kwargs: Any) -> str:
+        out: str = node.rcmd(["sh", "-c", cmd], tt=False)
+        return out
+
+    return run
 
 
 class _UdpPorts:

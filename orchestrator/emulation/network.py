@@ -52,12 +52,14 @@ from orchestrator.emulation import cluster as clustering
 from orchestrator.emulation.cleanup import (
     BRIDGE_TAG,
     ENV_RUN,
+    NETNS_DIR,
     RunState,
     clean_run,
     existing_interfaces,
     marked_processes,
     proc_start_ticks,
     tagged_bridges,
+    underlay_netns,
 )
 from orchestrator.emulation.controller_client import ControllerClient
 from orchestrator.emulation.controller_process import ControllerProcess
@@ -511,10 +513,13 @@ class Emulation:
         return self.info
 
     def leftovers(self) -> dict[str, list[Any]]:
-        """What of this run still exists: processes, bridges, root-namespace interfaces."""
+        """What of this run still exists: processes, bridges, root-namespace interfaces (and its
+        underlay namespace in cluster mode)."""
         procs = sorted(marked_processes({self.run_id}))
         bridges = sorted(b for b, rid in tagged_bridges().items() if rid == self.run_id)
         intfs = existing_interfaces(switch_interfaces(self.plan))
+        if (NETNS_DIR / underlay_netns(self.run_id)).exists():
+            intfs.append(f"netns {underlay_netns(self.run_id)}")
         return {"processes": procs, "bridges": bridges, "interfaces": intfs}
 
     # -- signals -----------------------------------------------------------------------------------

@@ -17,14 +17,13 @@ refused with a clear error: its container would have to reach the site's switch 
 from __future__ import annotations
 
 import logging
-import os
 import urllib.parse
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.errors import ConfigError
+from orchestrator.errors import ConfigError, config_entry, readable_file
 
 LOG = logging.getLogger("netai.remote")
 
@@ -67,11 +66,7 @@ def parse_servers(raw: Any, *, base_dir: Path | None = None) -> tuple[RemoteServ
     seen: set[str] = set()
     for i, entry in enumerate(raw):
         where = f"compute.servers[{i}]"
-        if not isinstance(entry, Mapping):
-            raise ConfigError(f"{where} must be a mapping with sites, docker and key, got {entry!r}")
-        unknown = sorted(set(entry) - set(SERVER_KEYS))
-        if unknown:
-            raise ConfigError(f"{where}: unknown key {unknown[0]!r}; allowed: {', '.join(SERVER_KEYS)}")
+        entry = config_entry(where, entry, SERVER_KEYS, "sites, docker and key")
         sites = entry.get("sites")
         if not isinstance(sites, list) or not sites or not all(isinstance(s, str) and s for s in sites):
             raise ConfigError(f"{where}.sites must be a non-empty list of site names, got {sites!r}")
@@ -81,9 +76,9 @@ def parse_servers(raw: Any, *, base_dir: Path | None = None) -> tuple[RemoteServ
             seen.add(s)
         url = entry.get("docker")
         check_ssh_url(url, where=f"{where}.docker")
-        key = _existing_file(entry.get("key"), base, f"{where}.key")
+        key = readable_file(entry.get("key"), base, f"{where}.key")
         known = entry.get("known_hosts", str(Path("~/.ssh/known_hosts").expanduser()))
-        known_hosts = _existing_file(known, base, f"{where}.known_hosts")
+        known_hosts = readable_file(known, base, f"{where}.known_hosts")
         out.append(RemoteServer(tuple(sites), str(url), key, known_hosts))
     return tuple(out)
 
@@ -104,15 +99,6 @@ def check_ssh_url(url: Any, *, where: str) -> urllib.parse.SplitResult:
     if port is not None and not 0 < port < 65536:
         raise ConfigError(f"{where}: port {port} is out of range")
     return parts
-
-
-def _existing_file(value: Any, base: Path, where: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{where} must be a file path, got {value!r}")
-    path = (base / Path(value).expanduser()).resolve()
-    if not path.is_file() or not os.access(path, os.R_OK):
-        raise ConfigError(f"{where}: {path} is not a readable file")
-    return str(path)
 
 
 def ssh_docker_client(server: RemoteServer) -> Any:

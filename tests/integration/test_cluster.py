@@ -1,8 +1,9 @@
 """The emulation across servers (Mininet's cluster mode, `orchestrator.emulation.cluster`), for real.
 
 localhost is the second "server": an sshd bound to 127.0.0.1 on a spare port with keys made for
-the test. Half of a ring's sites run there (their switches and hosts started over SSH), the two
-ring links between the halves are VXLAN tunnels; every host reaches every other, and a task whose
+the test. Half of a 20-site ring runs there (its switches and hosts started over SSH; ten
+switches, whose batched start-up is longer than a terminal line), the two ring links between the
+halves are VXLAN tunnels; every host reaches every other, and a task whose
 tree spans both servers runs its rounds. An experiment config with a cluster runs to its report.
 A wrong host key is refused before anything starts.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -49,8 +51,21 @@ def _ancestors(pid: int) -> list[str]:
     return names
 
 
+def _pgrep(pattern: str) -> list[str]:
+    return subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
+
+
+def _eventually(check: Callable[[], object], timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def test_a_ring_over_two_servers_reaches_every_host_and_runs_a_task(tmp_path: Path, sshd: Sshd) -> None:
-    model = load("ring:6")
+    model = load("ring:20")
     plan = EmulationPlan.from_model(model)
     spec = _spec(sshd, sshd.known_hosts)
     far = spec.servers[1].name
@@ -58,7 +73,7 @@ def test_a_ring_over_two_servers_reaches_every_host_and_runs_a_task(tmp_path: Pa
                    **emulation_options("process", log_dir=tmp_path)) as emu, \
             open_compute("process", emu, log_root=tmp_path / "workers") as manager:
         placed = emu.info.cluster["servers"]
-        assert sorted(len(s) for s in placed.values()) == [3, 3], placed
+        assert sorted(len(s) for s in placed.values()) == [10, 10], placed
         assert len(emu.info.cluster["cut"]) == 2, "a ring cut in two contiguous halves cuts two links"
         for site in model.site_names:
             remote = emu.placement[site] == far
@@ -78,6 +93,13 @@ def test_a_ring_over_two_servers_reaches_every_host_and_runs_a_task(tmp_path: Pa
 
         loss = emu.net.pingAll(timeout=2)
         assert loss == 0.0
+
+        # a process started over SSH ends with its local handle (the far side gets the hangup)
+        proc = emu.host(next(s for s in model.site_names if emu.placement[s] == far)).popen(["sleep", "4447"])
+        assert _eventually(lambda: _pgrep("^sleep 4447$")), "the far process started"
+        proc.kill()
+        proc.wait(timeout=10)
+        assert _eventually(lambda: not _pgrep("^sleep 4447$")), "the far process ended with its handle"
 
         local_site = next(s for s in model.site_names if emu.placement[s] == "localhost")
         far_sites = [s for s in model.site_names if emu.placement[s] == far]

@@ -59,6 +59,7 @@ def test_a_cluster_entry_is_read_with_its_files(files: dict[str, str]) -> None:
     argv = ssh_argv(far, Path("/tmp/x"))
     assert argv[argv.index("-i") + 1] == files["key"] and "StrictHostKeyChecking=yes" in argv
     assert f"UserKnownHostsFile={files['known_hosts']}" in argv and "IdentitiesOnly=yes" in argv
+    assert argv[argv.index("-F") + 1] == "/dev/null", "no ssh_config adds identities, forwardings or proxies"
 
 
 @pytest.mark.parametrize(("change", "message"), [
@@ -72,6 +73,13 @@ def test_a_cluster_entry_is_read_with_its_files(files: dict[str, str]) -> None:
 def test_a_bad_server_entry_is_refused(files: dict[str, str], change: dict[str, str], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
         parse_cluster(_raw(files, **change))
+
+
+def test_a_key_path_ssh_would_split_is_refused(tmp_path: Path, files: dict[str, str]) -> None:
+    spaced = tmp_path / "my key"
+    spaced.write_text("x\n")
+    with pytest.raises(ConfigError, match="spaces, quotes or '%'"):
+        parse_cluster(_raw(files, key=str(spaced)))
 
 
 def test_the_cluster_needs_localhost_first_and_distinct_servers(files: dict[str, str]) -> None:
@@ -137,4 +145,4 @@ def test_a_command_sent_over_ssh_is_split_back_exactly_with_the_run_mark() -> No
     assigned = dict(a.split("=", 1) for a in argv[3:-len(awkward)])
     assert assigned["NETAI_RUN"] == "r1" and assigned["PYTHONPATH"] == "/p q" and assigned["NETAI_X"] == "1"
     assert "BAD NAME" not in assigned
-    assert shlex.split(remote_command(["true"], run_id="r1", sudo=True))[:2] == ["sudo", "-E"]
+    assert shlex.split(remote_command(["true"], run_id="r1", sudo=True))[:3] == ["sudo", "-n", "-E"], "never a prompt"
