@@ -49,6 +49,7 @@ from typing import Any
 from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
 from controller.shaping import BACKGROUND_CLASS, ENV_LINK_DELAY, background_queue, base_layout, classid
 from orchestrator.emulation import cluster as clustering
+from orchestrator.emulation import ovs_socket
 from orchestrator.emulation.cleanup import (
     BRIDGE_TAG,
     ENV_RUN,
@@ -135,6 +136,9 @@ class EmulationInfo:
     leftovers: dict[str, list[Any]] = field(default_factory=dict)
     #: Cluster mode: the servers, where each site went and the links cut (`PlacementReport.to_dict`).
     cluster: dict[str, Any] = field(default_factory=dict)
+    #: The userspace datapath's send budget, bytes, shared by every link (`ovs_socket`); None with
+    #: the kernel datapath or when unknown.
+    ovs_send_buffer: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -345,6 +349,12 @@ class Emulation:
         )
         delay_emulated = self._delay_choice == "auto" and features.netem
         self._warn_delay(delay_emulated)
+        budget = None
+        if not use_kernel:
+            budget, source = ovs_socket.expected_send_buffer()
+            warning = ovs_socket.shortfall_warning(budget, source)
+            if warning:
+                print(warning, file=sys.stderr)
         self.info = EmulationInfo(
             run_id=self.run_id,
             topology=self.plan.topology,
@@ -354,6 +364,7 @@ class Emulation:
             hosts=len(self.plan.hosts),
             links=len(self.plan.links),
             log_dir=str(self.log_dir),
+            ovs_send_buffer=budget,
         )
         if self.cluster is not None:
             names = [s.name for s in self.cluster.servers]

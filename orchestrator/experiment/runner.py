@@ -108,6 +108,8 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         "python": platform.python_version(),
         "datapath": getattr(info, "datapath", "?"),
         "delay_emulated": getattr(info, "delay_emulated", False),
+        # the userspace datapath's one send budget for every link, bytes (orchestrator/emulation/ovs_socket.py)
+        "ovs_send_buffer": getattr(info, "ovs_send_buffer", None),
         "bringup_s": round(getattr(info, "bringup_s", 0.0), 3),
         "backend": backend,
         "bw_scale": plan.bw_scale,

@@ -1,0 +1,67 @@
+"""The send budget of Open vSwitch's userspace datapath, which every emulated link shares.
+
+In the userspace datapath (`netdev-linux`), ovs-vswitchd sends every packet, on every port, through
+one AF_PACKET socket (``af_packet_sock()`` in OVS's ``lib/netdev-linux.c``). A packet waiting in a
+port's qdisc (the htb classes that shape the links) still counts against that one socket's send
+buffer, which the kernel sets from ``net.core.wmem_default`` when the socket is made (212992
+bytes by default, about 90 full frames). So when the queues of all shaped links together hold more
+than that, ovs-vswitchd's sends fail and the packet is lost, on whatever port it was meant for.
+
+Measured here (`benchmarks/bench_dataplane.py`, one run each, same commit): with the default budget,
+mst's broadcast over a 5-deep relay chain took 1.70 x S/B, with 4 MiB 1.15; latency over the
+round's lower bound went from 1.38 to 1.19 for mst and from 1.82 to 1.27 for steiner.
+
+`scripts/provision.sh` (``make setup``) raises ``net.core.wmem_default`` to `TARGET_BYTES` and
+restarts ovs-vswitchd when its socket has less (only when no bridge exists). The emulation records
+the budget it ran with (`send_buffer`) and warns when it is below the target.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+#: The send budget the testbed wants for ovs-vswitchd's packet socket (bytes).
+TARGET_BYTES = 4 * 1024 * 1024
+WMEM_DEFAULT = Path("/proc/sys/net/core/wmem_default")
+_SOCKET = re.compile(r"^p_raw\s.*\[0\]:\*.*\"ovs-vswitchd\".*\n\s+.*skmem:\([^)]*\btb(?P<tb>\d+)", re.M)
+
+
+def parse_send_buffer(ss_output: str) -> int | None:
+    """The send buffer (bytes) of ovs-vswitchd's unbound packet socket in ``ss -0 -e -m -p`` output."""
+    m = _SOCKET.search(ss_output)
+    return int(m["tb"]) if m else None
+
+
+def send_buffer() -> int | None:
+    """ovs-vswitchd's packet socket send buffer now; None when it has not sent yet (or ss fails)."""
+    try:
+        res = subprocess.run(["ss", "-0", "-e", "-m", "-p"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_send_buffer(res.stdout)
+
+
+def wmem_default() -> int | None:
+    try:
+        return int(WMEM_DEFAULT.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def expected_send_buffer() -> tuple[int | None, str]:
+    """(the budget the datapath has or will have, where the figure comes from)."""
+    now = send_buffer()
+    if now is not None:
+        return now, "ovs-vswitchd's packet socket"
+    return wmem_default(), "net.core.wmem_default (ovs-vswitchd has not made its packet socket yet)"
+
+
+def shortfall_warning(budget: int | None, source: str) -> str | None:
+    """The warning to give when `budget` is below `TARGET_BYTES` (None when it is not)."""
+    if budget is None or budget >= TARGET_BYTES:
+        return None
+    return (f"netai: warning: Open vSwitch's userspace datapath sends every link's packets through one socket "
+            f"with a {budget}-byte budget ({source}); queued packets beyond it are lost on any link. "
+            f"Run `make setup` (it raises the budget to {TARGET_BYTES} bytes and restarts ovs-vswitchd)")
