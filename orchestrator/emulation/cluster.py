@@ -35,6 +35,7 @@ underlay between machines, and the site servers' control sockets a channel over 
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import math
 import os
 import re
@@ -51,13 +52,15 @@ import networkx as nx
 
 from orchestrator.emulation.cleanup import underlay_netns
 from orchestrator.errors import ConfigError, config_entry, readable_file
-from topologies.plan import EmulationPlan, LinkPlan
+from topologies.plan import EmulationPlan
 
 LOCAL = "localhost"
 SERVER_KEYS = ("ssh", "key", "known_hosts")
 CLUSTER_KEYS = ("servers",)
 #: How long one SSH connection attempt may take.
 SSH_CONNECT_TIMEOUT_S = 10
+#: What `check_servers` runs on a remote server: the tools the emulation runs there.
+TOOL_PROBES = (["mnexec", "-v"], ["ovs-vsctl", "--version"], ["ip", "-V"], ["bridge", "-V"])
 #: Environment variables a command started over SSH keeps (the far side's login environment has none
 #: of ours): these names and every one the caller set to something other than this process's value.
 _FORWARD_ENV = re.compile(r"^(PATH|PYTHONPATH|PYTHON[A-Z_]*|OMP_[A-Z_]+|NETAI_[A-Z_]+)$")
@@ -231,7 +234,7 @@ def placement_report(plan: EmulationPlan, placement: Mapping[str, str], servers:
     by_server: dict[str, list[str]] = {s: [] for s in servers}
     for sw in plan.switches:
         by_server[placement[sw.site]].append(sw.site)
-    cut = [ln for ln in plan.links if placement[ln.a] != placement[ln.b]]
+    cut = [ln for ln in plan.links if placement[ln.a] != placement[ln.b]]  # links across servers
     return PlacementReport(by_server, [(ln.a, ln.b) for ln in cut], round(sum(ln.emulated_mbps for ln in cut), 3),
                            round(sum(ln.emulated_mbps for ln in plan.links), 3))
 
@@ -260,29 +263,30 @@ def check_servers(spec: ClusterSpec, control_dir: Path) -> None:
     ConfigError
         Naming the server, and the known_hosts file when the host key was refused.
     """
-    tools = "for t in mnexec ovs-vsctl ip bridge; do command -v $t >/dev/null || exit 1; done"
     for server in spec.servers:
         if server.local:
             continue
-        probe = tools if server.user == "root" else tools + " && sudo -n true"
-        argv = [*ssh_argv(server, control_dir), ssh_target(server), probe]
-        argv.remove("-q")  # keep ssh's own reason for a failure
-        try:
-            res = subprocess.run(argv, capture_output=True, text=True, timeout=3 * SSH_CONNECT_TIMEOUT_S,
-                                 stdin=subprocess.DEVNULL, check=False)
-        except subprocess.TimeoutExpired as e:
-            raise ConfigError(f"cluster server {server.name}: no answer over SSH in {e.timeout:.0f} s") from e
-        if res.returncode == 0:
-            continue
-        err = res.stderr.strip().splitlines()
-        why = err[-1] if err else f"exit status {res.returncode}"
-        if "host key" in res.stderr.lower() or "REMOTE HOST IDENTIFICATION HAS CHANGED" in res.stderr:
-            raise ConfigError(f"cluster server {server.name}: its host key is not the one in {server.known_hosts} "
-                              f"(refused; {why})")
-        if res.returncode == 1 and not err:
-            raise ConfigError(f"cluster server {server.name}: mnexec, ovs-vsctl, ip or bridge is missing there, "
-                              "or sudo asks for a password")
-        raise ConfigError(f"cluster server {server.name}: SSH with key {server.key} failed: {why}")
+        # the first probe reaches the server (key, host key); then the tools the emulation runs there
+        probes = [["true"], *TOOL_PROBES, *([] if server.user == "root" else [["sudo", "-n", "true"]])]
+        for probe in probes:
+            argv = [*ssh_argv(server, control_dir), ssh_target(server), shlex.join(probe)]
+            argv.remove("-q")  # keep ssh's own reason for a failure
+            try:
+                res = subprocess.run(argv, capture_output=True, text=True, timeout=3 * SSH_CONNECT_TIMEOUT_S,
+                                     stdin=subprocess.DEVNULL, check=False)
+            except subprocess.TimeoutExpired as e:
+                raise ConfigError(f"cluster server {server.name}: no answer over SSH in {e.timeout:.0f} s") from e
+            if res.returncode == 0:
+                continue
+            err = res.stderr.strip().splitlines()
+            why = err[-1] if err else f"exit status {res.returncode}"
+            if "host key" in res.stderr.lower() or "REMOTE HOST IDENTIFICATION HAS CHANGED" in res.stderr:
+                raise ConfigError(f"cluster server {server.name}: its host key is not the one in "
+                                  f"{server.known_hosts} (refused; {why})")
+            if probe != ["true"]:
+                raise ConfigError(f"cluster server {server.name}: `{shlex.join(probe)}` failed there "
+                                  f"(missing, or sudo asks for a password): {why}")
+            raise ConfigError(f"cluster server {server.name}: SSH with key {server.key} failed: {why}")
 
 
 def remote_command(cmd: Sequence[str], *, run_id: str, env: Mapping[str, str] | None = None,
@@ -367,7 +371,7 @@ def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str]
         @classmethod
         def batchStartup(cls, switches: Any, **_kwargs: Any) -> Any:
             """Per server, Mininet's batch of ``ovs-vsctl`` commands run as one argument list
-            (``sh -c``) rather than typed into the first switch's shell as `RemoteOVSSwitch` does: a
+            (split, no shell) rather than typed into the first switch's shell as `RemoteOVSSwitch` does: a
             terminal in line mode cuts a line at 4095 bytes, which a server of a dozen switches exceeds."""
             key = attrgetter("server")
             for _server, group in groupby(sorted(switches, key=key), key):
@@ -389,7 +393,8 @@ def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str]
     def switch(name: str, *args: Any, **params: Any) -> Any:
         return ClusterSwitch(name, *args, **_where(name), **params)
 
-    ports = _UdpPorts()
+    # VXLAN ids and UDP ports of the run's tunnels (in the run's own namespace: any free range works)
+    vnis, ports = itertools.count(1), itertools.count(47001)
 
     class ClusterLink(shaped):  # type: ignore[misc,valid-type]
         """A veth pair within a server, a VXLAN tunnel between two servers (see the module docstring)."""
@@ -404,8 +409,7 @@ def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str]
                 return Link.makeIntfPair(intfname1, intfname2, addr1, addr2, node1, node2, deleteIntfs=deleteIntfs)
             if node1.inNamespace or node2.inNamespace:
                 raise RuntimeError(f"{node1}-{node2}: only links between switches may cross servers")
-            vni = ports.next_vni()
-            p1, p2 = ports.next_port(), ports.next_port()
+            vni, p1, p2 = next(vnis), next(ports), next(ports)
             _vxlan(node1, intfname1, vni, p1, p2, addr1, run_id)
             _vxlan(node2, intfname2, vni, p2, p1, addr2, run_id)
             return None
@@ -414,29 +418,15 @@ def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str]
 
 
 def _runner(node: Any) -> Any:
-    """A ``run`` for Mininet's batch functions: the command line through ``sh -c`` on `node`'s
-    server, in its root namespace, with no terminal (Mininet's own commands: names and numbers)."""
+    """A ``run`` for Mininet's batch functions: its command line (Mininet's own ``ovs-vsctl`` and
+    ``kill`` commands, of names and numbers) split into an argument list and run on `node`'s server,
+    in its root namespace, with no terminal and no shell."""
 
     def run(cmd: str, **_kwargs: Any) -> str:
-        out: str = node.rcmd(["sh", "-c", cmd], tt=False)
+        out: str = node.rcmd(shlex.split(cmd), tt=False)
         return out
 
     return run
-
-
-class _UdpPorts:
-    """VXLAN ids and UDP ports of a run's tunnels (in the run's own namespace, so any free range works)."""
-
-    def __init__(self, first_port: int = 47000) -> None:
-        self._vni, self._port = 0, first_port
-
-    def next_vni(self) -> int:
-        self._vni += 1
-        return self._vni
-
-    def next_port(self) -> int:
-        self._port += 1
-        return self._port
 
 
 def _vxlan(node: Any, name: str, vni: int, port: int, peer_port: int, mac: str | None, run_id: str) -> None:
@@ -467,8 +457,3 @@ def create_underlay(run_id: str) -> str:
         if res.returncode != 0:
             raise RuntimeError(f"{shlex.join(argv)}: {res.stderr.strip()}")
     return ns
-
-
-def cut_links(plan: EmulationPlan, placement: Mapping[str, str]) -> list[LinkPlan]:
-    """The plan's links whose two sites are on different servers."""
-    return [ln for ln in plan.links if placement[ln.a] != placement[ln.b]]
