@@ -54,38 +54,41 @@ else
 fi
 
 # 2. Open vSwitch daemons (systemd where it runs, else the packaged ovs-ctl script) ----------------
-if ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
-    log "Open vSwitch running"
-else
-    log "starting Open vSwitch"
-    if [ -d /run/systemd/system ] && systemctl start openvswitch-switch 2>/dev/null; then :; else
-        /usr/share/openvswitch/scripts/ovs-ctl start --system-id=random >/dev/null
+# ovs_daemons start|restart: act, then wait until ovsdb answers.
+ovs_daemons() {
+    if [ -d /run/systemd/system ] && systemctl "$1" openvswitch-switch 2>/dev/null; then :; else
+        /usr/share/openvswitch/scripts/ovs-ctl "$1" --system-id=random >/dev/null
     fi
     for _ in $(seq 1 50); do ovs-vsctl --timeout=3 show >/dev/null 2>&1 && break; sleep 0.2; done
-    ovs-vsctl --timeout=3 show >/dev/null || { echo "provision.sh: Open vSwitch did not start" >&2; exit 1; }
-fi
+    ovs-vsctl --timeout=3 show >/dev/null || { echo "provision.sh: Open vSwitch did not $1" >&2; exit 1; }
+}
 
 # The userspace datapath sends every port's packets through one packet socket, whose send buffer
 # (net.core.wmem_default when ovs-vswitchd makes it) every queued packet of every shaped link counts
 # against: 212992 bytes by default, and packets beyond it are lost. Raise it (a machine-wide default
-# for new sockets, as Mininet raises other socket limits) and restart ovs-vswitchd if its socket
-# was made with less, unless bridges exist (a run may be live). orchestrator/emulation/ovs_socket.py
+# for new sockets, as Mininet raises other socket limits) before the daemons start, and restart
+# ovs-vswitchd if its socket was made with less, unless bridges exist (a run may be live).
+# orchestrator/emulation/ovs_socket.py
 OVS_SEND_BYTES=4194304
 if [ "$(sysctl -n net.core.wmem_default)" -lt "$OVS_SEND_BYTES" ]; then
     sysctl -qw net.core.wmem_default="$OVS_SEND_BYTES"
     log "net.core.wmem_default raised to $OVS_SEND_BYTES (Open vSwitch's packet socket)"
 fi
+
+if ovs-vsctl --timeout=3 show >/dev/null 2>&1; then
+    log "Open vSwitch running"
+else
+    log "starting Open vSwitch"
+    ovs_daemons start
+fi
+
 ovs_tb=$(ss -0 -e -m -p 2>/dev/null | grep -A1 '\[0\]:\*.*"ovs-vswitchd"' | grep -o 'tb[0-9]*' | head -n 1 | tr -d tb)
 if [ -n "$ovs_tb" ] && [ "$ovs_tb" -lt "$OVS_SEND_BYTES" ]; then
     if [ -n "$(ovs-vsctl --timeout=3 list-br)" ]; then
         log "WARNING: ovs-vswitchd's packet socket has a $ovs_tb-byte send buffer; bridges exist, so it is not restarted now (run make setup again when no run is live)"
     else
         log "restarting ovs-vswitchd so that its packet socket gets $OVS_SEND_BYTES bytes (it has $ovs_tb)"
-        if [ -d /run/systemd/system ] && systemctl restart openvswitch-switch 2>/dev/null; then :; else
-            /usr/share/openvswitch/scripts/ovs-ctl restart --system-id=random >/dev/null
-        fi
-        for _ in $(seq 1 50); do ovs-vsctl --timeout=3 show >/dev/null 2>&1 && break; sleep 0.2; done
-        ovs-vsctl --timeout=3 show >/dev/null || { echo "provision.sh: Open vSwitch did not restart" >&2; exit 1; }
+        ovs_daemons restart
     fi
 fi
 
