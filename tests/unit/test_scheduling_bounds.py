@@ -20,6 +20,7 @@ import itertools
 import random
 from collections import deque
 from dataclasses import replace
+from typing import Any
 
 import networkx as nx
 import pytest
@@ -50,34 +51,12 @@ SETTINGS = settings(max_examples=100, deadline=None, suppress_health_check=[Heal
 MB_12_5 = 12_500_000  # bytes: 100 Mbit
 
 
-def simulate_s(
-    model: NetworkModel,
-    schedule: Schedule,
-    procedure: Procedure,
-    model_bytes: int,
-    *,
-    chunks: int,
-    rate: RateFn | None = None,
-    propagation: bool = True,
-) -> float:
-    """Completion time of one procedure of `schedule` in the ideal chunked execution.
-
-    Parameters
-    ----------
-    chunks
-        Chunks per model copy, all of the same size.
-    rate
-        Mbit/s of each directed link; the links' capacities by default.
-    propagation
-        Whether a chunk takes the link's propagation delay to reach its far end.
-
-    Returns
-    -------
-    float
-        Seconds until every local holds the whole model (broadcast) or G holds every chunk of
-        the aggregate (upload).
-    """
-    finish = simulate_nodes(model, schedule, procedure, model_bytes, chunks=chunks, rate=rate, propagation=propagation)
+def simulate_s(model: NetworkModel, schedule: Schedule, procedure: Procedure, model_bytes: int,
+               **options: Any) -> float:
+    """Completion time of one procedure of `schedule` in the ideal chunked execution: seconds until
+    every local holds the whole model (broadcast) or G holds every chunk of the aggregate (upload).
+    `options` are `simulate_nodes`' (``chunks``, ``rate``, ``propagation``, ...)."""
+    finish = simulate_nodes(model, schedule, procedure, model_bytes, **options)
     needed = schedule.local_sites if procedure == "broadcast" else (schedule.global_site,)
     assert all(n in finish for n in needed), f"{procedure}: some site never got the model"
     return max(finish[n] for n in needed)
@@ -95,11 +74,24 @@ def simulate_nodes(
     release: dict[str, float] | None = None,
     whole_copies: bool = False,
 ) -> dict[str, float]:
-    """`simulate_s`, per node: when each node held the whole model (broadcast) or G the whole
-    aggregate (upload). With `release` (upload only), each local's own update exists from its
-    release time on (training ended) instead of from the start. With `whole_copies` (broadcast
-    only), G queues its copies whole one after another (as the agents' lanes do) instead of
-    chunk by chunk in turn."""
+    """The ideal chunked execution of one procedure of `schedule`, per node: when each node held the
+    whole model (broadcast) or G the whole aggregate (upload).
+
+    Parameters
+    ----------
+    chunks
+        Chunks per model copy, all of the same size.
+    rate
+        Mbit/s of each directed link; the links' capacities by default.
+    propagation
+        Whether a chunk takes the link's propagation delay to reach its far end.
+    release
+        Upload only: each local's own update exists from its release time on (training ended)
+        instead of from the start.
+    whole_copies
+        Broadcast only: G queues its copies whole one after another (as the agents' lanes do)
+        instead of chunk by chunk in turn.
+    """
     rate = rate or capacity_rate(model)
     chunk_bits = model_bytes * 8.0 / chunks
     edges = schedule.edges_of(procedure)
