@@ -167,9 +167,13 @@ def underlay_runs() -> list[str]:
     return sorted(p.name[len(UNDERLAY_PREFIX):] for p in NETNS_DIR.iterdir() if p.name.startswith(UNDERLAY_PREFIX))
 
 
+def underlay_exists(run_id: str) -> bool:
+    return (NETNS_DIR / underlay_netns(run_id)).exists()
+
+
 def delete_underlay(run_id: str) -> bool:
     """Delete the run's underlay namespace if it exists; True if one was deleted."""
-    if not (NETNS_DIR / underlay_netns(run_id)).exists():
+    if not underlay_exists(run_id):
         return False
     _run(["ip", "netns", "delete", underlay_netns(run_id)])
     return True

@@ -53,13 +53,13 @@ from orchestrator.emulation import ovs_socket
 from orchestrator.emulation.cleanup import (
     BRIDGE_TAG,
     ENV_RUN,
-    NETNS_DIR,
     RunState,
     clean_run,
     existing_interfaces,
     marked_processes,
     proc_start_ticks,
     tagged_bridges,
+    underlay_exists,
     underlay_netns,
 )
 from orchestrator.emulation.controller_client import ControllerClient
@@ -402,8 +402,7 @@ class Emulation:
             health = self.controller.wait_switches(self.connect_timeout_s)
         except BaseException as e:
             self.stop()
-            if isinstance(e, (TimeoutError, RuntimeError, OSError, subprocess.SubprocessError)) and \
-                    not isinstance(e, ConfigError):
+            if isinstance(e, (TimeoutError, RuntimeError, OSError, subprocess.SubprocessError)):
                 raise EmulationError(f"bringing up {self.plan.topology} failed: {e}") from e
             raise
         self.info.bringup_s = round(time.monotonic() - t0, 3)
@@ -424,20 +423,18 @@ class Emulation:
             self.plan, delay_emulated=delay_emulated, checksum_offload=use_kernel, host_params=self.host_params
         )
         switch_cls, controller_cls, link_cls = _mininet_classes(self.run_id)
+        extra = {"host": self.host_cls} if self.host_cls is not None else {}
+        if self.cluster is not None:
+            assert self._ssh_dir is not None
+            host, switch_cls, link_cls = clustering.cluster_classes(
+                self.run_id, self.cluster, self.placement, self.plan, self._ssh_dir, switch_cls, link_cls)
+            extra = {"host": host}
         switch = partial(
             switch_cls,
             datapath="kernel" if use_kernel else "user",
             protocols="OpenFlow13",
             failMode="secure",
         )
-        extra = {"host": self.host_cls} if self.host_cls is not None else {}
-        if self.cluster is not None:
-            assert self._ssh_dir is not None
-            host, cluster_switch, link_cls = clustering.cluster_classes(
-                self.run_id, self.cluster, self.placement, self.plan, self._ssh_dir, switch_cls, link_cls)
-            switch = partial(cluster_switch, datapath="kernel" if use_kernel else "user",
-                             protocols="OpenFlow13", failMode="secure")
-            extra = {"host": host}
         self.net = Mininet(
             topo=topo,
             switch=switch,
@@ -529,7 +526,7 @@ class Emulation:
         procs = sorted(marked_processes({self.run_id}))
         bridges = sorted(b for b, rid in tagged_bridges().items() if rid == self.run_id)
         intfs = existing_interfaces(switch_interfaces(self.plan))
-        if (NETNS_DIR / underlay_netns(self.run_id)).exists():
+        if underlay_exists(self.run_id):
             intfs.append(f"netns {underlay_netns(self.run_id)}")
         return {"processes": procs, "bridges": bridges, "interfaces": intfs}
 

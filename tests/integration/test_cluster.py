@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from controller.flows import BEST_EFFORT
-from orchestrator.emulation.cleanup import NETNS_DIR, underlay_netns
+from orchestrator.emulation.cleanup import underlay_exists, underlay_netns
 from orchestrator.emulation.cluster import ClusterServer, ClusterSpec
 from orchestrator.emulation.network import Emulation
 from orchestrator.errors import ConfigError
@@ -116,7 +116,7 @@ def test_a_ring_over_two_servers_reaches_every_host_and_runs_a_task(tmp_path: Pa
     assert all(r.trained == 2 for r in result.rounds)
     log = sshd.log.read_text()
     assert "Accepted publickey for root" in log, log[-2000:]
-    assert not (NETNS_DIR / underlay_netns(run_id)).exists(), "the run's underlay namespace is removed"
+    assert not underlay_exists(run_id), "the run's underlay namespace is removed"
     deadline = time.monotonic() + 10
     while (left := leftovers()) != {"bridges": [], "veths": [], "controller": [], "containers": []} \
             and time.monotonic() < deadline:
@@ -132,7 +132,7 @@ def test_a_wrong_host_key_is_refused_before_anything_starts(tmp_path: Path, sshd
         emu.start()
 
     assert emu.controller is None, "nothing was started"
-    assert not (NETNS_DIR / underlay_netns(emu.run_id)).exists()
+    assert not underlay_exists(emu.run_id)
     assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
 
 
