@@ -279,12 +279,12 @@ def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, An
     return {k: schema[k](f"{prefix}.{k}", v) for k, v in raw.items()}
 
 
-def _emulation(raw: Any, base_dir: Any) -> EmulationConfig:
+def _emulation(raw: Any, base_dir: Path | None) -> EmulationConfig:
     """The emulation section; its ``cluster`` entry names files relative to the config's folder."""
     rest = dict(raw) if isinstance(raw, Mapping) else raw
     cluster = rest.pop("cluster", None) if isinstance(rest, dict) else None
     cfg = EmulationConfig(**_section("emulation", rest, EMULATION_SCHEMA))
-    spec = parse_cluster(cluster, base_dir=None if base_dir is None else Path(base_dir))
+    spec = parse_cluster(cluster, base_dir=base_dir)
     if spec is not None and cfg.backend == "docker":
         raise ConfigError("emulation.cluster runs the process backend (plain Mininet hosts), not docker")
     return replace(cfg, cluster=spec, backend="process" if spec is not None else cfg.backend)
@@ -364,6 +364,7 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
     if not isinstance(schedulers, list) or not schedulers:
         raise ConfigError("schedulers must be a non-empty list")
     specs = resolve_schedulers(schedulers, base_dir)  # classes loaded, options checked, labels unique
+    files_dir = None if base_dir is None else Path(base_dir)  # what key and known_hosts paths are relative to
     locals_ = raw.get("locals", [2, 4, 8])
     if not isinstance(locals_, list) or not locals_:
         raise ConfigError("locals must be a non-empty list of integers")
@@ -381,7 +382,7 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         tasks_per_point=_int(1, 10_000)("tasks_per_point", raw.get("tasks_per_point", 2)),
         seed=_int(0)("seed", raw.get("seed", 1)),
         task=_task(raw.get("task")),
-        emulation=_emulation(raw.get("emulation"), base_dir),
+        emulation=_emulation(raw.get("emulation"), files_dir),
         background=BackgroundConfig(**_section("background", raw.get("background"), BACKGROUND_SCHEMA)),
         mode=_choice(MODES)("mode", raw.get("mode", "sequential")),
         online=OnlineConfig(**_section("online", raw.get("online"), ONLINE_SCHEMA)),
@@ -405,7 +406,7 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
             raise ConfigError("compute.servers needs engine: emulation (a simulation runs no servers)")
         if cfg.emulation.cluster is not None:
             raise ConfigError("compute.servers (Docker over SSH) and emulation.cluster do not combine yet")
-        servers = parse_servers(compute.get("servers"), base_dir=None if base_dir is None else Path(base_dir))
+        servers = parse_servers(compute.get("servers"), base_dir=files_dir)
         cfg = replace(cfg, remote_servers=servers)
     model = cfg.network()
     events = parse_events(raw.get("events"), model)
