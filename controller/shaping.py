@@ -77,10 +77,14 @@ BEST_EFFORT_FILTER_PRIO = 1
 BACKGROUND_SHARE = 0.01
 #: The background leaf's queue, packets (a pfifo under 5:2 where no netem delay takes that place).
 #: htb's default leaf queue is txqueuelen (1000) packets; in Open vSwitch's userspace datapath every
-#: packet waiting in any class of a port also holds the send budget of the datapath's socket for that
-#: port, so a saturating background with 1000 packets queued left the tasks' packets no room: they
-#: were dropped before htb could classify them. 8 packets are about 1 ms at 100 Mbit/s.
-BACKGROUND_QUEUE_PACKETS = 8
+#: packet waiting in any class of any port also holds the send budget of the datapath's one packet
+#: socket (`orchestrator.emulation.ovs_socket`), so a saturating background with 1000 packets queued
+#: left the tasks' packets no room: they were dropped before htb could classify them. 8 packets were
+#: chosen under the kernel's default budget (212992 bytes); with the 4 MiB that `make setup` gives,
+#: 8 packets dropped the datapath's batches of up to 32 frames and a background TCP flow over three
+#: 100 Mbit/s links reached 0.66-0.75 of the line rate (`netai net test`). 64 packets (about 8 ms
+#: at 100 Mbit/s) give 0.95, with the tasks still isolated (`benchmarks/bench_dataplane.py`: 1.05).
+BACKGROUND_QUEUE_PACKETS = 64
 BACKGROUND_QDISC_MAJOR = 6
 #: The rate of a task class with nothing guaranteed (htb needs a positive rate): 1 kbit/s.
 MIN_RATE_MBPS = 0.001
