@@ -55,9 +55,23 @@ fi
 
 # 2. Open vSwitch daemons (systemd where it runs, else the packaged ovs-ctl script) ----------------
 # ovs_daemons start|restart: act, then wait until ovsdb answers.
+# ovs-ctl raises the open-file limit to 65535 before it starts ovs-vswitchd and gives up when that
+# is refused (a container without CAP_SYS_RESOURCE whose hard limit is lower). There, ovs-ctl starts
+# ovsdb-server only, and ovs-vswitchd is started with the arguments ovs-ctl gives it, under the
+# limit the machine has (it needs a few descriptors per bridge and port, far below that).
+OVS_CTL=/usr/share/openvswitch/scripts/ovs-ctl
 ovs_daemons() {
-    if [ -d /run/systemd/system ] && systemctl "$1" openvswitch-switch 2>/dev/null; then :; else
-        /usr/share/openvswitch/scripts/ovs-ctl "$1" --system-id=random >/dev/null
+    if [ -d /run/systemd/system ] && systemctl "$1" openvswitch-switch 2>/dev/null; then :
+    elif sh -c 'ulimit -n 65535' 2>/dev/null; then
+        "$OVS_CTL" "$1" --system-id=random >/dev/null
+    else
+        if [ "$1" = restart ]; then "$OVS_CTL" stop >/dev/null; fi
+        "$OVS_CTL" start --no-ovs-vswitchd --system-id=random >/dev/null
+        mkdir -p /var/log/openvswitch /var/run/openvswitch
+        log "ovs-ctl may not raise the open-file limit here; starting ovs-vswitchd under $(ulimit -Hn)"
+        ovs-vswitchd unix:/var/run/openvswitch/db.sock -vconsole:emer -vsyslog:err -vfile:info \
+            --mlockall --no-chdir --log-file=/var/log/openvswitch/ovs-vswitchd.log \
+            --pidfile=/var/run/openvswitch/ovs-vswitchd.pid --detach --monitor
     fi
     for _ in $(seq 1 50); do ovs-vsctl --timeout=3 show >/dev/null 2>&1 && break; sleep 0.2; done
     ovs-vsctl --timeout=3 show >/dev/null || { echo "provision.sh: Open vSwitch did not $1" >&2; exit 1; }
@@ -82,7 +96,9 @@ else
     ovs_daemons start
 fi
 
-ovs_tb=$(ss -0 -e -m -p 2>/dev/null | grep -A1 '\[0\]:\*.*"ovs-vswitchd"' | grep -o 'tb[0-9]*' | head -n 1 | tr -d tb)
+# No packet socket yet (no bridge has had a port since ovs-vswitchd started): it will be made with
+# the raised default.
+ovs_tb=$(ss -0 -e -m -p 2>/dev/null | grep -A1 '\[0\]:\*.*"ovs-vswitchd"' | grep -o 'tb[0-9]*' | head -n 1 | tr -d tb || true)
 if [ -n "$ovs_tb" ] && [ "$ovs_tb" -lt "$OVS_SEND_BYTES" ]; then
     if [ -n "$(ovs-vsctl --timeout=3 list-br)" ]; then
         log "WARNING: ovs-vswitchd's packet socket has a $ovs_tb-byte send buffer; bridges exist, so it is not restarted now (run make setup again when no run is live)"
