@@ -139,6 +139,9 @@ class EmulationInfo:
     #: The userspace datapath's send budget, bytes, shared by every link (`ovs_socket`); None with
     #: the kernel datapath or when unknown.
     ovs_send_buffer: int | None = None
+    #: The smallest receive buffer, bytes, of the packet sockets ovs-vswitchd reads this run's
+    #: switch ports with (`ovs_socket`); None with the kernel datapath or when unknown.
+    ovs_receive_buffer: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -355,6 +358,12 @@ class Emulation:
             warning = ovs_socket.shortfall_warning(budget, source)
             if warning:
                 print(warning, file=sys.stderr)
+            try:  # before the ports exist: their sockets take the default when they are made
+                raised = ovs_socket.raise_receive_default()
+            except (OSError, ValueError, IndexError) as e:
+                raised = f"net.core.rmem_default could not be raised: {e}"
+            if raised:
+                LOG.info("%s", raised)
         self.info = EmulationInfo(
             run_id=self.run_id,
             topology=self.plan.topology,
@@ -398,6 +407,8 @@ class Emulation:
             self.state.save()
             self.controller.wait_ready()
             self._start_mininet(use_kernel=use_kernel, delay_emulated=delay_emulated)
+            if not use_kernel:
+                self._record_receive_buffers()
             self._record_hosts()
             health = self.controller.wait_switches(self.connect_timeout_s)
         except BaseException as e:
@@ -456,6 +467,16 @@ class Emulation:
             # IPv6 neighbour discovery would only be dropped by the table-miss entry; keep counters clean.
             h.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
             self._set_rto_min(h)
+
+    def _record_receive_buffers(self) -> None:
+        """The smallest receive buffer of this run's switch ports' packet sockets, warned about when short."""
+        assert self.info is not None and self.state is not None
+        mine = set(self.state.interfaces)
+        buffers = {dev: rb for dev, rb in ovs_socket.port_receive_buffers().items() if dev in mine}
+        self.info.ovs_receive_buffer = min(buffers.values()) if buffers else None
+        warning = ovs_socket.receive_shortfall_warning(buffers)
+        if warning:
+            print(warning, file=sys.stderr)
 
     def _record_hosts(self) -> None:
         """Record the connectivity mode and every host's pid in the run's state (for attaching processes)."""

@@ -14,6 +14,19 @@ round's lower bound went from 1.38 to 1.19 for mst and from 1.82 to 1.27 for ste
 `scripts/provision.sh` (``make setup``) raises ``net.core.wmem_default`` to `TARGET_BYTES` and
 restarts ovs-vswitchd when its socket has less (only when no bridge exists). The emulation records
 the budget it ran with (`send_buffer`) and warns when it is below the target.
+
+The receive side: ovs-vswitchd reads each port through a packet socket of its own, bound to the
+port when the port is added, whose receive buffer is ``net.core.rmem_default`` at that moment
+(212992 bytes by default). A host that sends a burst into its switch port (a cwnd's worth of a
+model copy, several copies at once at G under spff) overflows it while ovs-vswitchd is busy with
+other ports, and the kernel drops what does not fit: TCP loss, recovered by retransmission or a
+timeout, on the emulation's instrument rather than on a shaped link. Measured here
+(`benchmarks/bench_dataplane.py` stalls, spff, NSFNET, background on, same commit): 1123 drops on
+these sockets in 200 rounds and a largest round of 5.2 x the median with 212992 bytes, none and
+2.3 x with `RECEIVE_TARGET_BYTES`. As no restart is needed (the sockets are made with the ports),
+the emulation raises the default itself before it adds its ports (`raise_receive_default`: only
+upwards, as Mininet's ``fixLimits`` raises other socket limits), then records the smallest
+receive buffer its ports got (`port_receive_buffers`).
 """
 
 from __future__ import annotations
@@ -26,6 +39,12 @@ from pathlib import Path
 TARGET_BYTES = 4 * 1024 * 1024
 WMEM_DEFAULT = Path("/proc/sys/net/core/wmem_default")
 _SOCKET = re.compile(r"^p_raw\s.*\[0\]:\*.*\"ovs-vswitchd\".*\n\s+.*skmem:\([^)]*\btb(?P<tb>\d+)", re.M)
+#: The receive buffer the testbed wants for each port's packet socket (bytes).
+RECEIVE_TARGET_BYTES = 4 * 1024 * 1024
+RMEM_DEFAULT = Path("/proc/sys/net/core/rmem_default")
+_PORT_SOCKET = re.compile(
+    r"^p_raw\s.*\s\S*:(?P<dev>[^\s*]\S*)\s.*\"ovs-vswitchd\".*\n\s+.*skmem:\([^)]*\brb(?P<rb>\d+)", re.M
+)
 
 
 def parse_send_buffer(ss_output: str) -> int | None:
@@ -65,3 +84,42 @@ def shortfall_warning(budget: int | None, source: str) -> str | None:
     return (f"netai: warning: Open vSwitch's userspace datapath sends every link's packets through one socket "
             f"with a {budget}-byte budget ({source}); queued packets beyond it are lost on any link. "
             f"Run `make setup` (it raises the budget to {TARGET_BYTES} bytes and restarts ovs-vswitchd)")
+
+
+def parse_port_receive_buffers(ss_output: str) -> dict[str, int]:
+    """Interface -> receive buffer (bytes) of ovs-vswitchd's packet socket bound to it, from
+    ``ss -0 -e -m -p`` output."""
+    return {m["dev"]: int(m["rb"]) for m in _PORT_SOCKET.finditer(ss_output)}
+
+
+def port_receive_buffers() -> dict[str, int]:
+    """`parse_port_receive_buffers` of ``ss`` now (empty when ss fails)."""
+    try:
+        res = subprocess.run(["ss", "-0", "-e", "-m", "-p"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    return parse_port_receive_buffers(res.stdout)
+
+
+def raise_receive_default(target: int = RECEIVE_TARGET_BYTES, path: Path = RMEM_DEFAULT) -> str | None:
+    """Raise ``net.core.rmem_default`` to `target` if it is lower (never lower it).
+
+    Returns what was done, for the log (None when nothing was needed); raises OSError when the
+    value cannot be read or written (not root, no such file).
+    """
+    now = int(path.read_text().split()[0])
+    if now >= target:
+        return None
+    path.write_text(f"{target}\n")
+    return f"net.core.rmem_default raised from {now} to {target} (the receive buffer of Open vSwitch's port sockets)"
+
+
+def receive_shortfall_warning(buffers: dict[str, int]) -> str | None:
+    """The warning to give when a port's receive buffer is below `RECEIVE_TARGET_BYTES`."""
+    short = sorted(dev for dev, rb in buffers.items() if rb < RECEIVE_TARGET_BYTES)
+    if not short:
+        return None
+    return (f"netai: warning: {len(short)} Open vSwitch port socket(s) ({', '.join(short[:3])}"
+            f"{', ...' if len(short) > 3 else ''}) have a receive buffer below {RECEIVE_TARGET_BYTES} bytes "
+            f"(smallest {min(buffers[d] for d in short)}): bursts into those ports are dropped before any "
+            f"shaped link (net.core.rmem_default could not be raised)")

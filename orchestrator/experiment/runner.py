@@ -110,6 +110,8 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         "delay_emulated": getattr(info, "delay_emulated", False),
         # the userspace datapath's one send budget for every link, bytes (orchestrator/emulation/ovs_socket.py)
         "ovs_send_buffer": getattr(info, "ovs_send_buffer", None),
+        # the smallest receive buffer of the run's switch ports' packet sockets, bytes (same module)
+        "ovs_receive_buffer": getattr(info, "ovs_receive_buffer", None),
         "bringup_s": round(getattr(info, "bringup_s", 0.0), 3),
         "backend": backend,
         "bw_scale": plan.bw_scale,

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from controller.flows import BACKGROUND_COOKIE, table_miss_entries
+from orchestrator.emulation import ovs_socket
 from orchestrator.emulation.controller_client import ControllerHTTPError
 from orchestrator.emulation.network import Emulation, dump_flows
 from orchestrator.emulation.selftest import (
@@ -29,6 +30,7 @@ from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load
+from topologies.mininet_topo import switch_interfaces
 from topologies.plan import EmulationPlan
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -89,6 +91,20 @@ def test_nsfnet_comes_up_with_every_switch_connected_quickly(nsfnet: Emulation, 
     assert info.bringup_s < MAX_BRINGUP_S
     bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout.split()
     assert {sw.name for sw in nsfnet.plan.switches} <= set(bridges)
+
+
+def test_every_switch_port_is_read_with_the_full_receive_buffer(nsfnet: Emulation) -> None:
+    """The userspace datapath's per-port packet sockets got the raised receive default (bursts into a
+    port are not dropped before any shaped link), and the run records the smallest of them."""
+    info = nsfnet.info
+    assert info is not None
+    if info.datapath != "user":
+        pytest.skip("the kernel datapath reads ports without packet sockets")
+    ports = set(switch_interfaces(nsfnet.plan))
+    buffers = {dev: rb for dev, rb in ovs_socket.port_receive_buffers().items() if dev in ports}
+    assert set(buffers) == ports, f"no packet socket seen for {sorted(ports - set(buffers))[:5]}"
+    assert min(buffers.values()) >= ovs_socket.RECEIVE_TARGET_BYTES
+    assert info.ovs_receive_buffer == min(buffers.values())
 
 
 def test_flow_tables_equal_the_schedule(nsfnet: Emulation, installed: Schedule) -> None:
