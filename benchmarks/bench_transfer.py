@@ -14,6 +14,14 @@ Throughput = model bytes / that time (both agents log on CLOCK_MONOTONIC of one 
 printed is the median over rounds as a ratio to iperf3 in the same direction (targets: >= 0.7 on the
 raw veth, >= 0.9 over the testbed's own link).
 
+Placement on two cores: iperf3 has one busy thread per side, which the scheduler keeps on separate
+cores; an agent has two per side (the connection's reader or sender thread and the round loop),
+and when the scheduler puts both sides' busy threads on one core for a round, that round runs at
+half the rate, whatever the code does (measured here: per-round rates of 7 to 24 Gbit/s against
+iperf3's steady 24). So the raw veth is measured twice: as the scheduler places things, and with
+each side on a core of its own (``taskset`` for the agents' site servers, ``iperf3 -A`` for iperf3:
+the same placement for both), which measures the agent's own transfer path.
+
 Run as root: ``sudo .venv/bin/python benchmarks/bench_transfer.py [--quick] [--json]``.
 """
 
@@ -22,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -94,10 +103,12 @@ class VethPair:
         return ["ip", "netns", "exec", ns, *cmd]
 
 
-def iperf3_mbps(pair: VethPair, *, seconds: int, reverse: bool) -> float:
-    """Raw TCP goodput A -> B (or B -> A with `reverse`), Mbit/s, as iperf3's receiver saw it."""
+def iperf3_mbps(pair: VethPair, *, seconds: int, reverse: bool, pin: bool = False) -> float:
+    """Raw TCP goodput A -> B (or B -> A with `reverse`), Mbit/s, as iperf3's receiver saw it; with
+    `pin`, the client runs on core 0 and the server on core 1."""
     port = "5341"
-    server = subprocess.Popen(pair.exec(pair.ns_b, "iperf3", "-s", "-1", "-B", ADDR_B, "-p", port),
+    server = subprocess.Popen(pair.exec(pair.ns_b, "iperf3", "-s", "-1", "-B", ADDR_B, "-p", port,
+                                        *(["-A", "1"] if pin else [])),
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 10
@@ -108,7 +119,7 @@ def iperf3_mbps(pair: VethPair, *, seconds: int, reverse: bool) -> float:
             if time.monotonic() > deadline:
                 raise TimeoutError("iperf3 server did not listen within 10 s")
             time.sleep(0.05)
-        args = ["iperf3", "-c", ADDR_B, "-B", ADDR_A, "-p", port, "-t", str(seconds), "-J"]
+        args = ["iperf3", "-c", ADDR_B, "-B", ADDR_A, "-p", port, "-t", str(seconds), "-J", *(["-A", "0"] if pin else [])]
         if reverse:
             args.append("-R")
         res = sh(*pair.exec(pair.ns_a, *args))
@@ -123,8 +134,10 @@ class NetnsBackend(_LocalServers):
 
     name = "netns"
 
-    def __init__(self, pair: VethPair, *, log_root: Path) -> None:
+    def __init__(self, pair: VethPair, *, log_root: Path, pin: bool = False) -> None:
         self.pair = pair
+        #: With `pin`, G's site server runs on core 0 and L's on core 1 (as iperf3's client and server).
+        self._cores = {"G": "0", "L": "1"} if pin else {}
         self._where = {"G": (pair.ns_a, ADDR_A), "L": (pair.ns_b, ADDR_B)}
         self._python = sys.executable
         self.log_root = log_root
@@ -137,11 +150,13 @@ class NetnsBackend(_LocalServers):
         return site
 
     def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(self.pair.exec(self._where[site][0], *cmd), **kw)
+        pin = ["taskset", "-c", self._cores[site]] if site in self._cores else []
+        return subprocess.Popen([*pin, *self.pair.exec(self._where[site][0], *cmd)], **kw)
 
 
 def run(
-    *, rounds: int, iperf_s: int, model: str, hidden: int, chunk_mb: float, log_dir: Path, link: str = "veth"
+    *, rounds: int, iperf_s: int, model: str, hidden: int, chunk_mb: float, log_dir: Path, link: str = "veth",
+    pin: bool = False,
 ) -> dict[str, Any]:
     log_dir.mkdir(parents=True, exist_ok=True)
     schedule = Schedule(task_id=77, scheduler="bench", global_site="G", local_sites=("L",), demand_mbps=1.0,
@@ -149,9 +164,9 @@ def run(
     options = FLOptions(rounds=rounds, model=model, model_args={"hidden": hidden}, local_epochs=1,
                         max_chunk_bytes=int(chunk_mb * 2**20) or None)
     with VethPair(link) as pair:
-        raw_ab = iperf3_mbps(pair, seconds=iperf_s, reverse=False)
-        raw_ba = iperf3_mbps(pair, seconds=iperf_s, reverse=True)
-        with ComputeManager(NetnsBackend(pair, log_root=log_dir), ["G", "L"]) as manager:
+        raw_ab = iperf3_mbps(pair, seconds=iperf_s, reverse=False, pin=pin)
+        raw_ba = iperf3_mbps(pair, seconds=iperf_s, reverse=True, pin=pin)
+        with ComputeManager(NetnsBackend(pair, log_root=log_dir, pin=pin), ["G", "L"]) as manager:
             task_dir = manager.task_dir("task")
             result = run_task(schedule, manager=manager, options=options, log_dir=task_dir)
     g = read_events(task_dir / "G.events.jsonl")
@@ -167,6 +182,7 @@ def run(
     up = [bits / (at(g, "aggregated", r) - at(loc, "train_end", r)) / 1e6 for r in range(1, rounds + 1)]
     return {
         "link": link,
+        "pinned": pin,
         "model": model,
         "model_bytes": result.model_bytes,
         "chunk_bytes": result.chunk_bytes,
@@ -181,7 +197,7 @@ def run(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="3 rounds, 2 s of iperf3")
-    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=3200, help="width of the 'large' model (3200: 42 MB)")
     parser.add_argument("--chunk-mb", type=float, default=1.0, help="chunk size of a message, MiB (0: one frame)")
     parser.add_argument("--log-dir", type=Path, default=Path("/var/tmp/netai-bench-transfer"))
@@ -192,17 +208,23 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         print("bench_transfer: run as root (it creates network namespaces)", file=sys.stderr)
         return 2
+    # (link, pinned): the raw veth as placed by the scheduler and one core per side (see the module docstring)
+    pinning = (False, True) if (os.cpu_count() or 1) >= 2 and shutil.which("taskset") else (False,)
+    cases = [(link, pin) for link in (("veth", "ovs") if args.link == "both" else (args.link,))
+             for pin in (pinning if link == "veth" else (False,))]
     results = [
         run(rounds=3 if args.quick else args.rounds, iperf_s=2 if args.quick else 5, model="large",
-            hidden=args.hidden, chunk_mb=args.chunk_mb, log_dir=args.log_dir / link, link=link)
-        for link in (("veth", "ovs") if args.link == "both" else (args.link,))
+            hidden=args.hidden, chunk_mb=args.chunk_mb, log_dir=args.log_dir / f"{link}{'-pinned' if pin else ''}",
+            link=link, pin=pin)
+        for link, pin in cases
     ]
     if args.json:
         print(json.dumps(results, indent=1))
         return 0
     for res in results:
         mb = res["model_bytes"] / 1e6
-        print(f"{res['link']}: model {res['model']} {mb:.1f} MB of weights, chunks of {res['chunk_bytes']} bytes, "
+        where = "one core per side" if res["pinned"] else "placed by the scheduler"
+        print(f"{res['link']} ({where}): model {res['model']} {mb:.1f} MB of weights, chunks of {res['chunk_bytes']} bytes, "
               f"{res['rounds']} rounds")
         for d in ("G->L", "L->G"):
             agent = res["agent_mbps"][d]
