@@ -45,22 +45,24 @@ class Agent:
         self.learner = Learner(cfg)
         self.layout = chunk_layout(self.learner.template, cfg.max_chunk_bytes)
         self.max_payload_bytes = max(c.nbytes for c in self.layout) + CHUNK_HEADER_SLACK_BYTES
-        self.broadcast_out = {c.site: self._outbound(c.site, c.host, cfg.broadcast_port)
+        self.broadcast_out = {c.site: self._outbound("broadcast", c.site, c.host, cfg.broadcast_port)
                               for c in cfg.broadcast_children}
         up = cfg.upload_parent
-        self.upload_out = None if up is None else self._outbound(up.site, up.host, cfg.upload_port)
+        self.upload_out = None if up is None else self._outbound("upload", up.site, up.host, cfg.upload_port)
         self.engine = RoundEngine(cfg, self.learner, self.layout, log,
                                   broadcast_out=self.broadcast_out, upload_out=self.upload_out)
         self.listeners: list[Listener] = []
         #: How long `run` lets the last frames drain before it closes (shortened by `cancel`).
         self.flush_timeout_s = FLUSH_TIMEOUT_S
 
-    def _outbound(self, site: str, host: str, port: int) -> Outbound:
+    def _outbound(self, kind: str, site: str, host: str, port: int) -> Outbound:
+        """A connection to `site`'s `kind` port (``broadcast``: to a broadcast child; ``upload``: to the
+        upload parent). A peer may be both, on two connections: events name the kind."""
         return Outbound(
             peer=site, peer_host=host, port=port, local_host=self.cfg.host, task=self.cfg.task,
             site=self.cfg.site, connect_timeout_s=self.cfg.connect_timeout_s,
-            on_lost=lambda peer, e: self.engine.post("lost", "out", peer, str(e)),
-            on_connect=lambda peer, secs, attempts: self.engine.post("connected", peer, secs, attempts),
+            on_lost=lambda peer, e: self.engine.post("lost", "out", peer, str(e), kind),
+            on_connect=lambda peer, secs, attempts: self.engine.post("connected", peer, secs, attempts, kind),
         )
 
     def _listen(self, kind: str, port: int, expected: dict[str, str]) -> None:
@@ -75,7 +77,8 @@ class Agent:
         listener = Listener(
             host=self.cfg.host, port=port, task=self.cfg.task, kind=kind, expected=expected,
             max_payload_bytes=self.max_payload_bytes, on_frame=on_frame,
-            on_lost=lambda peer, e: self.engine.post("lost", "in", peer, "end of stream" if e is None else str(e)),
+            on_lost=lambda peer, e: self.engine.post("lost", "in", peer, "end of stream" if e is None else str(e),
+                                                     kind),
             on_accept=lambda peer: self.engine.post("accepted", kind, peer),
             on_reject=on_reject,
         )

@@ -421,9 +421,9 @@ class RoundEngine:
 
     # -- set-up ------------------------------------------------------------------------------------------
     def _needed(self) -> set[tuple[str, str]]:
-        need = {("out", c.site) for c in self.cfg.broadcast_children}
+        need = {("out-broadcast", c.site) for c in self.cfg.broadcast_children}
         if self.cfg.upload_parent is not None:
-            need.add(("out", self.cfg.upload_parent.site))
+            need.add(("out-upload", self.cfg.upload_parent.site))
         if self.cfg.expects_global and self.cfg.broadcast_parent is not None:
             need.add(("in-broadcast", self.cfg.broadcast_parent.site))
         need |= {("in-upload", c.site) for c in self.cfg.upload_children}
@@ -432,10 +432,11 @@ class RoundEngine:
     def _on_cancel(self, reason: str) -> None:
         self.fatal = f"cancelled: {reason}"
 
-    def _on_connected(self, peer: str, seconds: float, attempts: int) -> None:
-        self._connected.add(("out", peer))
-        self.lanes.back(peer)
-        self.log.emit("connect", peer=peer, connect_s=seconds, attempts=attempts)
+    def _on_connected(self, peer: str, seconds: float, attempts: int, kind: str) -> None:
+        self._connected.add((f"out-{kind}", peer))
+        if kind == "broadcast":
+            self.lanes.back(peer)
+        self.log.emit("connect", peer=peer, port_kind=kind, connect_s=seconds, attempts=attempts)
         self._check_set_up()
 
     def _on_accepted(self, kind: str, peer: str) -> None:
@@ -549,38 +550,43 @@ class RoundEngine:
         self._finalize(st)
 
     # -- faults --------------------------------------------------------------------------------------
-    def _on_lost(self, direction: str, peer: str, error: str) -> None:
-        """A connection broke (``in``: the peer's, to us; ``out``: ours, to the peer). A peer that
-        closes its connection after sending all it owes (its last round's chunks) has not been
-        lost: that is logged as ``connection_closed``."""
-        if direction == "in" and self._owes_nothing(peer):
-            self.log.emit("connection_closed", peer=peer, direction=direction, detail=error)
+    def _on_lost(self, direction: str, peer: str, error: str, kind: str) -> None:
+        """A connection broke (``in``: the peer's, to us; ``out``: ours, to the peer) on the `kind`
+        port (``broadcast`` or ``upload``). A peer can be on two connections (a node's broadcast
+        parent may be its upload child), so only the role of the connection that broke is affected.
+        A peer that closes its connection after sending all it owes on it (its last round's
+        chunks) has not been lost: that is logged as ``connection_closed``."""
+        if direction == "in" and self._owes_nothing(peer, kind):
+            self.log.emit("connection_closed", peer=peer, direction=direction, port_kind=kind, detail=error)
             return
-        self.log.emit("connection_lost", peer=peer, direction=direction, detail=error)
-        if direction == "out":
+        self.log.emit("connection_lost", peer=peer, direction=direction, port_kind=kind, detail=error)
+        if direction == "out" and kind == "broadcast":
             self.lanes.lost(peer)
-        if not self.set_up and direction == "out" and ("out", peer) not in self._connected:
+        if not self.set_up and direction == "out" and (f"out-{kind}", peer) not in self._connected:
             self.fatal = f"could not connect to {peer}: {error}"
             return
-        if direction == "in" and peer in {c.site for c in self.cfg.upload_children}:
+        if direction != "in":
+            return
+        if kind == "upload" and peer in {c.site for c in self.cfg.upload_children}:
             self.absent.add(peer)
         for st in list(self.rounds.values()):
-            if direction == "in" and peer in st.child_next and st.child_next[peer] < len(self.layout):
+            if kind == "upload" and peer in st.child_next and st.child_next[peer] < len(self.layout):
                 self._exclude(st, peer, "child_lost", error)
                 self._finalize(st)
-            elif direction == "in" and self.cfg.broadcast_parent is not None \
+            elif kind == "broadcast" and self.cfg.broadcast_parent is not None \
                     and peer == self.cfg.broadcast_parent.site and not st.global_done:
                 self._give_up_own(st, f"broadcast parent {peer} lost: {error}")
 
-    def _owes_nothing(self, peer: str) -> bool:
+    def _owes_nothing(self, peer: str, kind: str) -> bool:
+        """Whether `peer` has sent everything it owes on its `kind` connection to this node."""
         last = self.cfg.rounds
         if last in self.finished_rounds:
             return True
         st = self.rounds.get(last)
         if st is None:
             return False
-        if peer in {c.site for c in self.cfg.upload_children}:
-            return st.child_next.get(peer, 0) >= len(self.layout)
+        if kind == "upload":
+            return peer in {c.site for c in self.cfg.upload_children} and st.child_next.get(peer, 0) >= len(self.layout)
         parent = self.cfg.broadcast_parent
         return parent is not None and peer == parent.site and st.global_done
 

@@ -227,8 +227,10 @@ def run_connected(cfgs: dict[str, AgentConfig], engines: dict[str, RoundEngine])
     all ended with status 0."""
     for n, c in cfgs.items():
         e = engines[n]
-        for p in (*c.broadcast_children, *([c.upload_parent] if c.upload_parent else [])):
-            e.post("connected", p.site, 0.0, 1)
+        for p in c.broadcast_children:
+            e.post("connected", p.site, 0.0, 1, "broadcast")
+        if c.upload_parent is not None:
+            e.post("connected", c.upload_parent.site, 0.0, 1, "upload")
         if c.broadcast_parent is not None:
             e.post("accepted", "broadcast", c.broadcast_parent.site)
         for p in c.upload_children:
