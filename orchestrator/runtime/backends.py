@@ -307,6 +307,10 @@ def pick_backend(name: str, *, image: str = DEFAULT_IMAGE) -> str:
         client.close()
 
 
+#: The checkout's image build script (``<checkout>/scripts``; absent from an installed package).
+BUILD_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "build_worker_image.sh"
+
+
 def ensure_worker_image(*, quiet: bool = False) -> None:
     """Rebuild the worker image if its recorded source hash differs from this checkout's
     (``scripts/build_worker_image.sh --if-stale``: about a second when nothing changed, seconds
@@ -317,10 +321,9 @@ def ensure_worker_image(*, quiet: bool = False) -> None:
     ConfigError
         If the build fails (its last output lines are in the message).
     """
-    script = Path(__file__).resolve().parent.parent / "scripts" / "build_worker_image.sh"
-    if not script.exists():
+    if not BUILD_SCRIPT.exists():
         return
-    res = subprocess.run(["bash", str(script), "--if-stale"], capture_output=True, text=True)
+    res = subprocess.run(["bash", str(BUILD_SCRIPT), "--if-stale"], capture_output=True, text=True)
     if not quiet and "up to date" not in res.stdout:
         for line in res.stdout.splitlines():
             print(line, file=sys.stderr)
