@@ -7,10 +7,11 @@ Every shaped switch-to-switch egress interface (the directed link a->b leaves a'
     └─ 5:1   the link: rate = ceil = the plan's emulated rate
        ├─ 5:2    background: rate = BACKGROUND_SHARE of the link, ceil = the link, prio 1
        ├─ 5:3    best-effort connectivity: rate = MIN_RATE_MBPS, ceil = the link, prio 2
+       ├─ 5:4    small TCP segments (pure ACKs): rate = ACK_SHARE of the link, ceil = the link, prio 0
        └─ 5:N    one class per task (N = 0x10, 0x11, ...; a task has the same N on every link):
                  rate = the task's guaranteed rate on the link, ceil = the link, prio 0
 
-The emulation builds 5:0, 5:1, 5:2, 5:3 and the best-effort filter when it brings the links up
+The emulation builds 5:0, 5:1, 5:2, 5:3, 5:4 and their two filters when it brings the links up
 (`base_layout`, used by Mininet's interface class); the controller adds a task's classes and
 filters after the task's flow entries and removes them with the entries (`TcShaper`).
 
@@ -19,10 +20,19 @@ Effort DSCP; one u32 filter per link (preference `BEST_EFFORT_FILTER_PRIO`, belo
 them to 5:3, the lowest class: it is guaranteed next to nothing and borrows only after the tasks and
 the background, so a ``ping`` or a hand-run ``iperf3`` never takes a task's reserved rate.
 
+Pure ACKs (and any TCP segment under 128 bytes: `small_segment_match`) go to 5:4, whatever flow
+they belong to (filter preference `ACK_FILTER_PRIO`, after best effort's, before any task's). Without
+it, the ACKs of a task's flow down a path shared the task's FIFO on the reverse links with the task's
+own data coming up them (spff's copies of the model from G, while the first locals already upload),
+waited behind up to a full queue of it, and held the flow to a fraction of the link
+(`benchmarks/bench_dataplane.py`, bound). 5:4 is guaranteed `ACK_SHARE` of the link (the ACKs of
+about 20 times that much data) and borrows at the tasks' prio.
+
 A reservation is a guarantee, not a cap: a task's class is guaranteed the sum of the
 `PathSpec.reserved_mbps` of the task's paths that cross the link, and borrows up to the link's rate
 while the link has room, before the background does (better htb prio). The guarantees on a link
-never add up to more than the link's rate: the background keeps `BACKGROUND_SHARE`, and a task
+never add up to more than the link's rate: the background keeps `BACKGROUND_SHARE`, the ACKs
+`ACK_SHARE`, and a task
 gets at most what earlier tasks left (first come, first served; `LinkClass.capped` says when it got
 less than it asked). A class needs a positive rate, so a task granted nothing (or only carrying
 ACKs on a link) gets `MIN_RATE_MBPS`, still at the tasks' prio.
@@ -65,6 +75,7 @@ ROOT_MAJOR = 5
 LINK_CLASS = 1
 BACKGROUND_CLASS = 2
 BEST_EFFORT_CLASS = 3
+ACK_CLASS = 4
 FIRST_TASK_CLASS = 0x10
 LAST_TASK_CLASS = 0xFFFF
 #: htb priorities (lower is better): spare capacity goes to task classes before the background.
@@ -73,6 +84,10 @@ BACKGROUND_PRIO = 1
 BEST_EFFORT_PRIO = 2
 #: The preference of the best-effort filter (task filters use their class minor, from 0x10).
 BEST_EFFORT_FILTER_PRIO = 1
+#: The preference of the small-segment filter (after best effort's: best-effort ACKs stay there).
+ACK_FILTER_PRIO = 2
+#: The ACK class's guaranteed share of every link.
+ACK_SHARE = 0.02
 #: The background's guaranteed share of every link (the tasks' guarantees share the rest).
 BACKGROUND_SHARE = 0.01
 #: The background leaf's queue, packets (a pfifo under 5:2 where no netem delay takes that place).
@@ -125,9 +140,13 @@ def background_rate_mbps(link_mbps: float) -> float:
     return link_mbps * BACKGROUND_SHARE
 
 
+def ack_rate_mbps(link_mbps: float) -> float:
+    return link_mbps * ACK_SHARE
+
+
 def task_budget_mbps(link_mbps: float) -> float:
     """What the tasks' guarantees on a link may add up to."""
-    return link_mbps - background_rate_mbps(link_mbps)
+    return link_mbps - background_rate_mbps(link_mbps) - ack_rate_mbps(link_mbps)
 
 
 def _htb(rate_mbps: float, ceil_mbps: float, prio: int | None = None) -> list[str]:
@@ -141,9 +160,15 @@ def best_effort_filter_match() -> list[str]:
     return ["match", "ip", "dsfield", f"{LOWER_EFFORT_DSCP << 2:#04x}", "0xfc"]
 
 
+def small_segment_match() -> list[str]:
+    """u32 match of TCP segments whose IP datagram is under 128 bytes: pure ACKs (52 bytes with
+    timestamps, up to 84 with SACK blocks), and nothing that carries a real share of the data."""
+    return ["match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2"]
+
+
 def base_layout(dev: str, link_mbps: float) -> list[TcCommand]:
-    """The root qdisc, the link, background and best-effort classes and the best-effort filter of
-    one interface (see the module docstring)."""
+    """The root qdisc, the link, background, best-effort and ACK classes and the best-effort and
+    small-segment filters of one interface (see the module docstring)."""
     return [
         ["qdisc", "add", "dev", dev, "root", "handle", f"{ROOT_MAJOR}:0", "htb", "default", f"{BACKGROUND_CLASS:x}"],
         ["class", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "classid", classid(LINK_CLASS),
@@ -154,6 +179,10 @@ def base_layout(dev: str, link_mbps: float) -> list[TcCommand]:
          *_htb(MIN_RATE_MBPS, link_mbps, BEST_EFFORT_PRIO)],
         ["filter", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "protocol", "ip", "prio",
          str(BEST_EFFORT_FILTER_PRIO), "u32", *best_effort_filter_match(), "flowid", classid(BEST_EFFORT_CLASS)],
+        ["class", "add", "dev", dev, "parent", classid(LINK_CLASS), "classid", classid(ACK_CLASS),
+         *_htb(ack_rate_mbps(link_mbps), link_mbps, TASK_PRIO)],
+        ["filter", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "protocol", "ip", "prio",
+         str(ACK_FILTER_PRIO), "u32", *small_segment_match(), "flowid", classid(ACK_CLASS)],
     ]
 
 

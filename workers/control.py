@@ -13,7 +13,8 @@ Requests (``op`` and its fields; every reply has ``ok`` and, when not ok, ``erro
   may name a stored module as ``@sha256:<digest>:<factory>``; ``events`` is the role's events file,
   relative to the server's log root.
 - ``status``: every role's state (starting, running, done, failed), exit status and last error, and
-  the server's CPU seconds and resident memory.
+  the server's CPU seconds and resident memory (read at most once a second: reading PSS walks the
+  page tables).
 - ``stop`` ``task``: cancel a task's role; ``forget`` ``task``: drop a finished role's record.
 - ``shutdown``: stop every role and exit. Closing the connection does the same.
 

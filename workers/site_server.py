@@ -28,6 +28,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
@@ -115,7 +116,13 @@ class Role:
             return {"site": self.cfg.site, "state": self.state, "status": self.status, "error": self.error}
 
 
-def _memory_bytes() -> tuple[int, int]:
+#: The longest a status reply's memory figures may be stale. Reading PSS walks the process's page
+#: tables (``/proc/self/smaps_rollup``) under its memory-map lock; the task runner polls the status
+#: every 50 ms, and reading it that often took measurable time from the agent's own transfers.
+MEMORY_REFRESH_S = 1.0
+
+
+def _read_memory() -> tuple[int, int]:
     """(resident, proportional) set size of this process: RSS counts the shared libraries in full in
     every server, PSS divides each shared page among the processes that map it (sums to the machine's)."""
     rss = pss = 0
@@ -130,6 +137,21 @@ def _memory_bytes() -> tuple[int, int]:
     return rss, pss
 
 
+class _MemoryReading:
+    """`_read_memory`, read again only once the last reading is `MEMORY_REFRESH_S` old."""
+
+    def __init__(self, clock: Any = time.monotonic, read: Any = _read_memory) -> None:
+        self.clock, self.read = clock, read
+        self.at: float | None = None
+        self.value = (0, 0)
+
+    def __call__(self) -> tuple[int, int]:
+        now = self.clock()
+        if self.at is None or now - self.at >= MEMORY_REFRESH_S:
+            self.value, self.at = self.read(), now
+        return self.value
+
+
 class SiteServer:
     """The roles of one site and the requests that manage them (`handle` answers one request)."""
 
@@ -142,6 +164,7 @@ class SiteServer:
         self.max_roles = max_roles
         self.roles: dict[int, Role] = {}
         self.modules: set[str] = set()
+        self._memory = _MemoryReading()
 
     def handle(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         """The reply to one request; a bad request gets ``ok: false`` and changes nothing."""
@@ -234,7 +257,7 @@ class SiteServer:
 
     def _op_status(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         t = os.times()
-        rss, pss = _memory_bytes()
+        rss, pss = self._memory()
         return {"roles": {str(k): r.report() for k, r in self.roles.items()},
                 "cpu_s": t.user + t.system, "rss_bytes": rss, "pss_bytes": pss, "threads": threading.active_count()}
 

@@ -12,7 +12,8 @@ kernel has it, else the userspace datapath with tx/rx checksum offload off on ev
 TCP needs there) and whether link delay can be emulated (netem). Without netem it warns once and
 records ``delay_emulated = False``. Links between switches are shaped with htb to the plan's
 emulated rate, in the layout the controller hangs each task's class under (`controller.shaping`:
-root 5:0, the link 5:1, the background 5:2, best-effort connectivity 5:3); host links are not shaped.
+root 5:0, the link 5:1, the background 5:2, best-effort connectivity 5:3, pure ACKs 5:4); host
+links are not shaped.
 The controller runs in the chosen connectivity mode (`connectivity`: best-effort routes between
 every pair of hosts, or strict), and the run's state records it with every host's pid.
 
@@ -175,8 +176,8 @@ def _mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
         """TCIntf whose htb tree leaves room for the controller's per-task classes.
 
         `controller.shaping.base_layout`: root qdisc 5:0 (default 5:2), the link class 5:1 at `bw`,
-        the background leaf 5:2 (small guarantee, borrows up to `bw`), the best-effort leaf 5:3 and
-        its filter; a netem delay goes under 5:2 (the controller puts the same delay under each
+        the background leaf 5:2 (small guarantee, borrows up to `bw`), the best-effort leaf 5:3, the
+        ACK leaf 5:4 and their filters; a netem delay goes under 5:2 (the controller puts the same delay under each
         task class; best-effort traffic goes without it). Every class has an explicit
         quantum (one MTU frame): at tens of Mbit/s htb's default (rate / r2q) draws a warning,
         which Mininet reports as an error.

@@ -32,6 +32,7 @@ import pytest
 
 from controller.paths import PathSpec, TaskPaths
 from controller.shaping import (
+    ACK_CLASS,
     BACKGROUND_CLASS,
     BACKGROUND_QDISC_MAJOR,
     BACKGROUND_QUEUE_PACKETS,
@@ -200,7 +201,7 @@ def test_links_have_the_base_layout_and_the_controller_enforces_reservations(lin
     classes = class_bytes(dev)
 
     assert health["reservations"]["enforced"] is True, health["reservations"]
-    assert set(classes) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS), classid(BEST_EFFORT_CLASS)}
+    assert set(classes) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS), classid(BEST_EFFORT_CLASS), classid(ACK_CLASS)}
     assert "rate 30Mbit ceil 30Mbit" in tc_show("class", dev)
     # no netem here: the background leaf has its short queue (controller.shaping.BACKGROUND_QUEUE_PACKETS)
     background_leaf = f"qdisc pfifo {BACKGROUND_QDISC_MAJOR}: parent {classid(BACKGROUND_CLASS)} limit {BACKGROUND_QUEUE_PACKETS}p"
@@ -214,11 +215,12 @@ def test_a_reservation_holds_against_saturating_background_traffic(
     summary = line.client.install_task(the_task())
     reservation = summary["reservation"]
     task_class = reservation["classid"]
-    before = class_bytes(dev)
+    rev = interface(line.plan, "B", "A")  # the ACK direction of the task's first link
+    before, rev_before = class_bytes(dev), class_bytes(rev)
 
     shaped = run_together(line, [BACKGROUND_FLOW, TASK_FLOW])
 
-    after = class_bytes(dev)
+    after, rev_after = class_bytes(dev), class_bytes(rev)
     line.client.remove_task(TASK_ID)
     control = run_together(line, [BACKGROUND_FLOW, TASK_FLOW])  # the same flows, the task's port unreserved
 
@@ -239,11 +241,15 @@ def test_a_reservation_holds_against_saturating_background_traffic(
     # Its bytes went through its class on A's egress, not through the background class.
     task_bytes = after.get(task_class, 0) - before.get(task_class, 0)
     assert task_bytes >= shaped["task"] * 1e6 / 8 * (SECONDS - OMIT_S)
+    # The ACKs coming back went to the ACK class, not behind data in a FIFO of their flow's class.
+    acks = rev_after.get(classid(ACK_CLASS), 0) - rev_before.get(classid(ACK_CLASS), 0)
+    assert acks > 0
+    assert rev_after.get(task_class, 0) - rev_before.get(task_class, 0) < acks
     # Without the reservation the same flow shares one FIFO with the four background streams.
     assert control["task"] < 0.75 * RESERVED_MBPS
     assert control["task"] < 0.6 * shaped["task"]
     # And removing the task took its class and filters with it (the best-effort filter stays).
-    assert set(class_bytes(dev)) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS), classid(BEST_EFFORT_CLASS)}
+    assert set(class_bytes(dev)) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS), classid(BEST_EFFORT_CLASS), classid(ACK_CLASS)}
     assert f"flowid {task_class}" not in tc_show("filter", dev)
 
 

@@ -29,7 +29,7 @@ from workers.control import (
     send_message,
     shipped_spec,
 )
-from workers.site_server import SiteServer
+from workers.site_server import SiteServer, _MemoryReading, _read_memory
 
 AWKWARD = ("Kansas City", "São Paulo", "$(touch pwned);", "-west")
 
@@ -95,6 +95,27 @@ def test_put_module_stores_by_content_only(tmp_path: Path) -> None:
 
     assert (tmp_path / "cache" / f"{digest}.py").read_text() == source
     assert server._model_spec(shipped_spec(digest, "make")) == f"{tmp_path / 'cache' / digest}.py:make"
+
+
+def test_status_reads_memory_at_most_once_a_second() -> None:
+    """Reading PSS walks the page tables; the runner's 50 ms polls must not do it each time."""
+    now = [100.0]
+    reads: list[float] = []
+
+    def read() -> tuple[int, int]:
+        reads.append(now[0])
+        return (len(reads) * 10, len(reads))
+
+    memory = _MemoryReading(clock=lambda: now[0], read=read)
+    seen = []
+    for _ in range(20):  # 1.25 s of polls 1/16 s apart (exact in binary)
+        seen.append(memory())
+        now[0] += 0.0625
+
+    assert reads == [100.0, 101.0]
+    assert seen[0] == (10, 1) and seen[15] == (10, 1) and seen[16] == (20, 2) and seen[19] == (20, 2)
+    rss, pss = _read_memory()  # the real reading, of this process
+    assert rss > 0 and 0 < pss <= rss
 
 
 def test_control_framing_rejects_oversized_and_non_objects() -> None:
