@@ -345,6 +345,30 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
     return report
 
 
+def clear_the_way(names: Iterable[str], *, log: Callable[[str], None] = lambda _m: None) -> dict[str, str]:
+    """Make way for a new run's switch interfaces `names` (Mininet's names, the same in every run).
+
+    If none exists, nothing is done. Otherwise they may be what a run that ended without its
+    teardown (killed, or its machine's CI job cut off) left: every run that is not live is cleaned
+    (`clean`, so only what carries the project's marks). Returns those still there, each with who
+    holds it: a live run of this testbed, or not this testbed (left as it is).
+    """
+    names = list(names)
+    found = existing_interfaces(names)
+    if not found:
+        return {}
+    log(f"{len(found)} of this run's interface names are taken ({', '.join(found[:4])}"
+        f"{', ...' if len(found) > 4 else ''}): cleaning runs that are no longer live")
+    clean(log=log)
+    live = [s for s in run_states() if s.live]
+    held = {}
+    for name in existing_interfaces(names):
+        owner = next((s for s in live if name in s.interfaces), None)
+        held[name] = (f"run {owner.run_id} (pid {owner.owner_pid}), still running" if owner is not None
+                      else "not this testbed's (no run of it holds it)")
+    return held
+
+
 def main() -> int:
     """``python -m orchestrator.emulation.cleanup``: `clean()` without the CLI (for ``make clean`` without a venv)."""
     if os.geteuid() != 0:

@@ -56,6 +56,7 @@ from orchestrator.emulation.cleanup import (
     ENV_RUN,
     RunState,
     clean_run,
+    clear_the_way,
     existing_interfaces,
     marked_processes,
     proc_start_ticks,
@@ -344,9 +345,11 @@ class Emulation:
         Raises
         ------
         EmulationError
-            Naming the step that failed (the partial run is torn down first).
+            Naming the step that failed (the partial run is torn down first); or, before anything is
+            started, naming the switch interfaces another live run or another program holds.
         """
         t0 = time.monotonic()
+        self._clear_the_way()
         features = probe_kernel()
         use_kernel = self._datapath_choice == "kernel" or (
             self._datapath_choice == "auto" and features.ovs_kernel_datapath
@@ -422,6 +425,19 @@ class Emulation:
         self.info.controller_rest = self.controller.client.base_url
         LOG.info("%s up in %.1f s (run %s)", self.plan.topology, self.info.bringup_s, self.run_id)
         return self.info
+
+    def _clear_the_way(self) -> None:
+        """Before anything starts: the switch interfaces' names must be free. Those a run that ended
+        without its teardown left are removed (with a note); any other holder is an error."""
+        held = clear_the_way(switch_interfaces(self.plan),
+                             log=lambda m: print(f"netai: {m}", file=sys.stderr, flush=True))
+        if held:
+            shown = "; ".join(f"{name}: {who}" for name, who in list(held.items())[:4])
+            raise EmulationError(
+                f"bringing up {self.plan.topology} failed before anything was started: {len(held)} of its "
+                f"switch interfaces already exist ({shown}{'; ...' if len(held) > 4 else ''}). Stop that run "
+                f"(exit its Mininet CLI, or Ctrl-C), or remove another program's interfaces (mn -c removes a "
+                f"crashed Mininet's)")
 
     def _start_mininet(self, *, use_kernel: bool, delay_emulated: bool) -> None:
         from functools import partial

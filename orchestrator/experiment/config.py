@@ -409,7 +409,7 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         servers = parse_servers(compute.get("servers"), base_dir=files_dir)
         cfg = replace(cfg, remote_servers=servers)
     model = cfg.network()
-    events = parse_events(raw.get("events"), model)
+    events = parse_events(raw.get("events"), model, tasks=cfg.online.tasks, rounds=cfg.task.rounds)
     reschedule = parse_reschedule(raw.get("reschedule"))
     if (events or "reschedule" in raw) and cfg.mode != "online":
         raise ConfigError("events and reschedule need mode: online (tasks that run side by side)")

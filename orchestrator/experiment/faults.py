@@ -2,7 +2,9 @@
 rescheduling policy (docs/architecture.md, "Faults and rescheduling").
 
 - `FaultEvent` / `parse_events`: the config's ``events:`` list, validated before anything starts.
-  Times count from the start of the first task of each scheduler's trace (online mode). Actions:
+  Each fires at a time (``at_s``, counted from the start of the first task of each scheduler's trace,
+  online mode) or at a point of a task's progress (``at_round: {task: N, round: R}``: once task N has
+  completed round R, read about once a second; the same point of the learning on any machine). Actions:
   ``link_down`` / ``link_up`` (``link: [A, B]``: both directions, as a fibre cut; or ``on_task: N``:
   the link that most of running task N's paths cross, one whose loss leaves the network
   connected, chosen when the event fires; its ``link_up`` restores that link), ``server_kill``
@@ -44,10 +46,12 @@ Link = tuple[str, str]
 
 @dataclass(frozen=True)
 class FaultEvent:
-    """One scheduled event (see the module docstring)."""
+    """One scheduled event (see the module docstring): at `at_s`, or after round `at_round[1]` of
+    task `at_round[0]`."""
 
-    at_s: float
     action: str
+    at_s: float | None = None
+    at_round: tuple[int, int] | None = None
     link: Link | None = None
     #: ``link_down`` / ``link_up`` by task: the link under running task `on_task` (see the module docstring).
     on_task: int | None = None
@@ -65,8 +69,19 @@ class FaultEvent:
             return self.site
         return "" if self.load is None else f"load {self.load:g}"
 
+    @property
+    def when(self) -> str:
+        """``at 4.0 s`` or ``after round 50 of task 1``."""
+        if self.at_round is not None:
+            return f"after round {self.at_round[1]} of task {self.at_round[0]}"
+        return f"at {self.at_s:.1f} s"
+
     def to_dict(self) -> dict[str, Any]:
-        d: dict[str, Any] = {"at_s": self.at_s, "action": self.action}
+        d: dict[str, Any] = {"action": self.action}
+        if self.at_round is not None:
+            d["at_round"] = {"task": self.at_round[0], "round": self.at_round[1]}
+        else:
+            d["at_s"] = self.at_s
         if self.link is not None:
             d["link"] = list(self.link)
         for k in ("on_task", "site", "restart_after_s", "load"):
@@ -95,15 +110,41 @@ def _number(where: str, v: Any, lo: float, hi: float = math.inf) -> float:
     return float(v)
 
 
-def parse_events(raw: Any, model: NetworkModel) -> tuple[FaultEvent, ...]:
-    """The ``events:`` list, in time order.
+def _order(ev: FaultEvent) -> tuple[int, float, int, int]:
+    """Timed events first, by time; then those at a round, by task and round."""
+    if ev.at_round is not None:
+        return (1, 0.0, *ev.at_round)
+    return (0, float(ev.at_s or 0.0), 0, 0)
+
+
+def _at_round(where: str, v: Any, tasks: int | None, rounds: int | None) -> tuple[int, int]:
+    """``at_round: {task: N, round: R}``, checked against the trace's `tasks` and each task's `rounds`."""
+    if not isinstance(v, Mapping) or set(v) != {"task", "round"} or any(
+            isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in v.values()):
+        raise ConfigError(f"{where}.at_round must be a mapping {{task: N, round: R}} of positive integers, got {v!r}")
+    task, rnd = int(v["task"]), int(v["round"])
+    if tasks is not None and task > tasks:
+        raise ConfigError(f"{where}.at_round: task {task} is not in the trace (online.tasks is {tasks})")
+    if rounds is not None and rnd >= rounds:
+        raise ConfigError(f"{where}.at_round: round {rnd} is not before the task's last round ({rounds}): "
+                          f"the task would have ended")
+    return task, rnd
+
+
+def parse_events(raw: Any, model: NetworkModel, *, tasks: int | None = None,
+                 rounds: int | None = None) -> tuple[FaultEvent, ...]:
+    """The ``events:`` list: timed events in time order, then those at a round (by task and round).
+
+    `tasks` and `rounds` (the trace's number of tasks and each task's rounds), when given, bound
+    ``at_round``.
 
     Raises
     ------
     ConfigError
-        One line naming the event (by index) and what is wrong: an unknown action or key, a time
-        that is not a non-negative number, a link that is not in the topology, a site without a
-        server, a load outside [0, 1].
+        One line naming the event (by index) and what is wrong: an unknown action or key, neither or
+        both of ``at_s`` and ``at_round``, a time that is not a non-negative number, a round that is
+        not before the task's last, a link that is not in the topology, a site without a server, a
+        load outside [0, 1].
     """
     if raw is None:
         return ()
@@ -113,7 +154,7 @@ def parse_events(raw: Any, model: NetworkModel) -> tuple[FaultEvent, ...]:
     for i, ev in enumerate(raw):
         where = f"events[{i}]"
         if not isinstance(ev, Mapping):
-            raise ConfigError(f"{where} must be a mapping with at_s and action, got {ev!r}")
+            raise ConfigError(f"{where} must be a mapping with at_s (or at_round) and action, got {ev!r}")
         action = ev.get("action")
         if action not in ACTIONS:
             raise ConfigError(f"{where}.action must be one of {', '.join(ACTIONS)}, got {action!r}")
@@ -122,14 +163,18 @@ def parse_events(raw: Any, model: NetworkModel) -> tuple[FaultEvent, ...]:
             if ("link" in ev) == ("on_task" in ev):
                 raise ConfigError(f"{where}: {action} needs either link: [A, B] or on_task: N")
             need = {"link"} if "link" in ev else {"on_task"}
-        unknown = sorted(set(ev) - need - optional - {"at_s", "action"})
+        unknown = sorted(set(ev) - need - optional - {"at_s", "at_round", "action"})
         if unknown:
             raise ConfigError(f"{where}: unknown key {unknown[0]!r} for {action}; allowed: "
-                              f"{', '.join(['at_s', 'action', *sorted(need | optional)])}")
+                              f"{', '.join(['at_s or at_round', 'action', *sorted(need | optional)])}")
         missing = sorted(need - set(ev))
-        if "at_s" not in ev or missing:
-            raise ConfigError(f"{where}: {action} needs {', '.join(['at_s', *sorted(need)])}")
-        kw: dict[str, Any] = {"at_s": _number(f"{where}.at_s", ev["at_s"], 0.0), "action": action}
+        if ("at_s" in ev) == ("at_round" in ev) or missing:
+            raise ConfigError(f"{where}: {action} needs {', '.join(['at_s or at_round (one of them)', *sorted(need)])}")
+        kw: dict[str, Any] = {"action": action}
+        if "at_s" in ev:
+            kw["at_s"] = _number(f"{where}.at_s", ev["at_s"], 0.0)
+        else:
+            kw["at_round"] = _at_round(where, ev["at_round"], tasks, rounds)
         if "link" in need:
             link = ev["link"]
             if not (isinstance(link, list) and len(link) == 2 and all(isinstance(s, str) for s in link)):
@@ -151,7 +196,7 @@ def parse_events(raw: Any, model: NetworkModel) -> tuple[FaultEvent, ...]:
         if "load" in need:
             kw["load"] = _number(f"{where}.load", ev["load"], 0.0, 1.0)
         out.append(FaultEvent(**kw))
-    return tuple(sorted(out, key=lambda e: e.at_s))
+    return tuple(sorted(out, key=_order))
 
 
 def parse_reschedule(raw: Any) -> RescheduleConfig:
@@ -179,7 +224,8 @@ def parse_reschedule(raw: Any) -> RescheduleConfig:
 # -- applying events -------------------------------------------------------------------------------
 @dataclass
 class FaultInjector:
-    """Applies `events` (times from `start`) to the run; `due` is called from the run's loop.
+    """Applies `events` (times from `start`; rounds as `progress` reports them) to the run; `due` is
+    called from the run's loop.
 
     Parameters
     ----------
@@ -201,6 +247,8 @@ class FaultInjector:
     background_step: Callable[[float], None] | None = None
     #: Task id -> the link an ``on_task`` event cuts (None: no such running task).
     task_link: Callable[[int], Link | None] | None = None
+    #: Task id -> the last round it completed (None: not running); for ``at_round`` events.
+    progress: Callable[[int], int | None] | None = None
     t0: float | None = None
     #: Links ``on_task`` events cut, by task, for their ``link_up``.
     _cut_for: dict[int, Link] = field(default_factory=dict)
@@ -209,22 +257,44 @@ class FaultInjector:
     def start(self) -> None:
         """Start counting (the first task of the trace starts now)."""
         self.t0 = self.clock()
-        self._pending = sorted(self.events, key=lambda e: e.at_s)
+        self._pending = sorted(self.events, key=_order)
 
     @property
     def pending(self) -> int:
         return len(self._pending)
 
+    @property
+    def not_applied(self) -> list[FaultEvent]:
+        """The events not applied (yet)."""
+        return list(self._pending)
+
+    def finish(self) -> list[FaultEvent]:
+        """The trace has ended: record every event not applied (not ok, with why); those events."""
+        left, self._pending = self._pending, []
+        for ev in left:
+            self.record(at_s=self.clock(), action=ev.action, target=ev.target, ok=False,
+                        detail=f"not applied: the trace ended before it was due ({ev.when})", took_s=None)
+        return left
+
+    def _is_due(self, ev: FaultEvent, elapsed: float) -> bool:
+        if ev.at_round is None:
+            return elapsed >= float(ev.at_s or 0.0)
+        done = self.progress(ev.at_round[0]) if self.progress is not None else None
+        return done is not None and done >= ev.at_round[1]
+
     def due(self) -> list[FaultEvent]:
-        """Apply every event whose time has come, in order; the events applied."""
+        """Apply every event whose time (or round) has come, timed ones in time order; the events applied."""
         if self.t0 is None:
             return []
-        done = []
-        while self._pending and self.clock() - self.t0 >= self._pending[0].at_s:
-            ev = self._pending.pop(0)
+        done: list[FaultEvent] = []
+        while True:
+            elapsed = self.clock() - self.t0
+            ev = next((e for e in self._pending if self._is_due(e, elapsed)), None)
+            if ev is None:
+                return done
+            self._pending.remove(ev)
             self.apply(ev)
             done.append(ev)
-        return done
 
     def apply(self, ev: FaultEvent) -> None:
         """Apply one event now; a failure is recorded (and logged), not raised."""
@@ -249,7 +319,7 @@ class FaultInjector:
                 if ev.restart_after_s is not None:
                     assert self.t0 is not None
                     back = FaultEvent(at_s=at - self.t0 + ev.restart_after_s, action="server_restart", site=ev.site)
-                    self._pending = sorted([*self._pending, back], key=lambda e: e.at_s)
+                    self._pending = sorted([*self._pending, back], key=_order)
             elif ev.action == "server_restart":
                 assert ev.site is not None
                 detail = f"back in {self.compute.restart_server(ev.site):.2f} s"
@@ -263,9 +333,9 @@ class FaultInjector:
                 self.background_step(ev.load)
         except Exception as e:  # noqa: BLE001 -- a fault that could not be injected is a result, not a crash
             ok, detail = False, f"{type(e).__name__}: {e}"
-            LOG.warning("event %s %s at %.1f s failed: %s", ev.action, ev.target, ev.at_s, detail)
+            LOG.warning("event %s %s %s failed: %s", ev.action, ev.target, ev.when, detail)
         else:
-            LOG.info("event %s %s applied at %.1f s%s", ev.action, ev.target, at - (self.t0 or at),
+            LOG.info("event %s %s (%s) applied at %.1f s%s", ev.action, ev.target, ev.when, at - (self.t0 or at),
                      f" ({detail})" if detail else "")
         self.record(at_s=at, action=ev.action, target=ev.target, ok=ok, detail=detail,
                     took_s=self.clock() - at)

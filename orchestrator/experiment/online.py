@@ -167,7 +167,8 @@ def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: 
                              partial(tm.db.record_fault, tm.run_id, scheduler),
                              background_step=tm.background_step,
                              task_link=lambda tid: next((busiest_link(lv.schedule, tm.model) for lv in live
-                                                         if lv.task.id == tid), None))
+                                                         if lv.task.id == tid), None),
+                             progress=lambda tid: next((lv.rounds_recorded for lv in live if lv.task.id == tid), None))
     injector.start()
     watcher = LinkWatcher(tm.emu.client) if tm.cfg.events else None
     policy = tm.labels.get(scheduler, (scheduler, ""))[1]
@@ -205,8 +206,9 @@ def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: 
         tm.settle_counters()
         if pending or live:
             time.sleep(0.1)  # poll interval; every task has its own budget (TaskExecution.check)
-    if injector.pending:
-        LOG.warning("%s: the trace ended before %d event(s) were due; they were not applied", scheduler,
-                    injector.pending)
+    left = injector.finish()
+    if left:
+        LOG.warning("%s: the trace ended before %d event(s) were due; not applied (recorded as failed): %s",
+                    scheduler, len(left), "; ".join(f"{e.action} {e.target} {e.when}".replace("  ", " ") for e in left))
     sampler.maybe(live, tm.compute.poll(), force=True)  # the trace's end: its last CPU and memory figures
     LOG.info("%s: %d tasks ended in %.1f s", scheduler, ended, tm.clock.now() - start)

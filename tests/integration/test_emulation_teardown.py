@@ -118,3 +118,34 @@ def test_netai_clean_removes_a_crashed_run_and_nothing_else() -> None:
     finally:
         subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "foreignbr0"], check=False)
         subprocess.run(["ip", "link", "del", "foreign-v0"], check=False, capture_output=True)
+
+
+def test_a_new_run_clears_a_crashed_run_s_interfaces_but_not_another_program_s(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # Mininet names switch interfaces the same way in every run (s1-eth2, ...): a run killed
+    # before its teardown (as a CI job cut off) must not stop the next run from building its links.
+    plan = EmulationPlan.from_model(load("triangle"))
+    proc, up = start_child("triangle")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=EXIT_TIMEOUT_S)
+    assert leftovers(up["run_id"], plan)["interfaces"], "the crashed run left no interfaces to clear"
+
+    with Emulation(plan) as emu:
+        assert emu.info is not None and emu.info.switches_connected == len(plan.switches)
+    assert leftovers(up["run_id"], plan) == NOTHING
+    assert emu.info.teardown_clean and not process_alive(up["controller_pid"])
+    assert "interface names are taken" in capsys.readouterr().err
+
+    # An interface of the same name that no run of the testbed holds: refused before anything starts.
+    name = switch_interfaces(plan)[0]
+    subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", "foreign-v9"], check=True)
+    try:
+        blocked = Emulation(plan)
+        with pytest.raises(RuntimeError, match=rf"before anything was started: 1 of its switch interfaces "
+                                               rf"already exist \({name}: not this testbed's"):
+            blocked.__enter__()
+        assert blocked.controller is None and blocked.net is None and blocked.state is None
+        assert leftovers(blocked.run_id, plan) == {**NOTHING, "interfaces": [name]}
+        assert Path(f"/sys/class/net/{name}").exists()  # left as it was
+    finally:
+        subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)

@@ -59,12 +59,12 @@ def events(path: Path) -> list[dict[str, Any]]:
 
 
 def test_link_cut_moves_the_task_or_fails_it(tmp_path: Path, figures: list[str]) -> None:
-    # Rounds of this small model take 30-40 ms: 400 rounds (about 15 s) keep the task running well
-    # past the cut at 4 s under both policies (120 rounds could end before it).
-    rounds = 400
+    # The cut comes after round 40 (the orchestrator reads progress about once a second: a few dozen
+    # rounds of this small model at most), well before the last, whatever the machine's speed.
+    rounds = 250
     config = faults_config(tmp_path, task={"model": "mlp", "model_args": {"hidden": 100}, "rounds": rounds,
                                            "demand_mbps": 1000},
-                           events=[{"at_s": 4, "action": "link_down", "on_task": 1}],
+                           events=[{"at_round": {"task": 1, "round": 40}, "action": "link_down", "on_task": 1}],
                            reschedule={"policies": ["on_failure", "never"]})
     run_dir, conn, _ = run(tmp_path, config)
 
@@ -106,11 +106,15 @@ def test_link_cut_moves_the_task_or_fails_it(tmp_path: Path, figures: list[str])
 
 
 def test_site_server_killed_then_controller_restarted(tmp_path: Path, figures: list[str]) -> None:
-    rounds = 600  # about 40 s: the kill, the site's return and the controller restart all fall inside
+    # Events at rounds, not times, so that they fall inside the task on any machine (a fast one ran
+    # 600 rounds before a restart timed at 16 s): the kill after round 30, the server back 3 s later
+    # (over a hundred rounds), the controller restart after round 400 of 600.
+    rounds = 600
     config = faults_config(
         tmp_path, task={"model": "mlp", "model_args": {"hidden": 100}, "rounds": rounds, "demand_mbps": 1000},
-        events=[{"at_s": 4, "action": "server_kill", "site": "San-Diego", "restart_after_s": 3},
-                {"at_s": 16, "action": "controller_restart"}],
+        events=[{"at_round": {"task": 1, "round": 30}, "action": "server_kill", "site": "San-Diego",
+                 "restart_after_s": 3},
+                {"at_round": {"task": 1, "round": 400}, "action": "controller_restart"}],
         reschedule={"policies": ["on_failure"]})
     run_dir, conn, _ = run(tmp_path, config)
 

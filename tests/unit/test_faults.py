@@ -64,10 +64,34 @@ def test_events_are_validated_and_sorted() -> None:
     ({"at_s": 1, "action": "background", "load": 2}, "load must be a number"),
     ({"at_s": 1, "action": "link_up", "on_task": 1.5}, "on_task must be a task id"),
     ("link_down", "must be a mapping"),
+    ({"at_s": 1, "at_round": {"task": 1, "round": 5}, "action": "controller_restart"}, "one of them"),
+    ({"at_round": {"task": 1}, "action": "controller_restart"}, r"at_round must be a mapping \{task: N, round: R\}"),
+    ({"at_round": {"task": 1, "round": 0}, "action": "controller_restart"}, "positive integers"),
+    ({"at_round": {"task": 1, "round": True}, "action": "controller_restart"}, "positive integers"),
+    ({"at_round": {"task": 4, "round": 5}, "action": "controller_restart"}, r"task 4 is not in the trace \(online"),
+    ({"at_round": {"task": 1, "round": 10}, "action": "controller_restart"}, "not before the task's last round"),
 ])
 def test_bad_events_are_refused_with_the_reason(event: Any, message: str) -> None:
     with pytest.raises(ConfigError, match=message):
-        parse_events([event], load(NSF))
+        parse_events([event], load(NSF), tasks=3, rounds=10)
+
+
+def test_events_at_a_round_come_after_timed_ones_and_round_trip() -> None:
+    raw = [{"at_round": {"task": 2, "round": 7}, "action": "controller_restart"},
+           {"at_s": 30, "action": "background", "load": 0.5},
+           {"at_round": {"task": 1, "round": 40}, "action": "server_kill", "site": "Boulder", "restart_after_s": 2}]
+    evs = parse_events(raw, load(NSF), tasks=2, rounds=50)
+    assert [(e.action, e.at_s, e.at_round) for e in evs] == [
+        ("background", 30.0, None), ("server_kill", None, (1, 40)), ("controller_restart", None, (2, 7))]
+    assert evs[1].when == "after round 40 of task 1" and evs[0].when == "at 30.0 s"
+    assert evs[1].to_dict() == {"action": "server_kill", "at_round": {"task": 1, "round": 40}, "site": "Boulder",
+                                "restart_after_s": 2.0}
+    cfg = parse_config({"name": "x", "topology": NSF, "mode": "online", "locals": [2], "online": {"tasks": 2},
+                        "task": {"rounds": 50}, "events": raw})
+    assert cfg.events == evs and parse_config(cfg.to_dict()) == cfg
+    with pytest.raises(ConfigError, match=r"events\[0\]\.at_round: round 7 is not before the task's last round \(5\)"):
+        parse_config({"name": "x", "topology": NSF, "mode": "online", "locals": [2], "online": {"tasks": 2},
+                      "task": {"rounds": 5}, "events": raw})
 
 
 def test_reschedule_section_and_mode() -> None:
@@ -153,6 +177,31 @@ def test_injector_applies_due_events_in_order_and_records_failures() -> None:
     assert rec.rows[4]["at_s"] == 10.0 and rec.rows[4]["detail"] == "back in 0.50 s"
     assert "no background" in rec.rows[5]["detail"] and "will not come back" in rec.rows[6]["detail"]
     assert inj.pending == 0
+
+
+def test_injector_fires_round_events_on_the_task_s_progress_and_records_what_it_never_applied() -> None:
+    now, done = [0.0], {1: 0}
+    rec = Recorder()
+    events = parse_events([{"at_round": {"task": 1, "round": 20}, "action": "server_kill", "site": "Boulder",
+                            "restart_after_s": 1},
+                           {"at_round": {"task": 1, "round": 50}, "action": "controller_restart"},
+                           {"at_round": {"task": 2, "round": 3}, "action": "link_down", "on_task": 2},
+                           {"at_s": 100, "action": "background", "load": 0.1}], load(NSF))
+    inj = FaultInjector(events, rec, rec, lambda: now[0], rec.record, progress=lambda tid: done.get(tid))
+    inj.start()
+    for t, rounds in ((1.0, 19), (2.0, 20), (2.5, 49), (3.5, 49), (4.0, 61)):
+        now[0], done[1] = t, rounds
+        inj.due()
+        if t == 2.0:
+            assert rec.calls == [("kill", "Boulder")]  # at round 20, not 19
+    # The kill's restart is timed (1 s after it); the restart waits for round 50; task 2 never ran.
+    assert rec.calls == [("kill", "Boulder"), ("restart", "Boulder"), ("controller",)]
+    assert inj.pending == 2
+    left = inj.finish()
+    assert [(e.action, e.when) for e in left] == [("background", "at 100.0 s"), ("link_down", "after round 3 of task 2")]
+    assert [(r["action"], r["ok"]) for r in rec.rows[-2:]] == [("background", False), ("link_down", False)]
+    assert rec.rows[-1]["detail"] == "not applied: the trace ended before it was due (after round 3 of task 2)"
+    assert inj.pending == 0 and inj.finish() == []
 
 
 def test_injector_reports_an_on_task_cut_without_that_task() -> None:
