@@ -31,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from orchestrator.emulation.background import wait_listening  # noqa: E402
 from orchestrator.emulation.network import Emulation  # noqa: E402
 from orchestrator.experiment.task_manager import round_bound  # noqa: E402
 from orchestrator.runtime.backends import open_compute  # noqa: E402
@@ -175,6 +176,9 @@ def isolation(tmp: Path) -> None:
         for i, (_a, b) in enumerate(pairs):
             port = str(5300 + i)
             servers.append(emu.host(b).popen(["iperf3", "-s", "-1", "-p", port, "-B", emu.host(b).IP()]))
+        # every server listening before its client starts (a refused client would leave a link idle)
+        wait_listening([(p, emu.host(b).IP(), 5300 + i, b) for i, (p, (_a, b)) in enumerate(zip(servers, pairs,
+                                                                                               strict=True))])
         for i, (a, b) in enumerate(pairs):
             clients.append(emu.host(a).popen(["iperf3", "-c", emu.host(b).IP(), "-p", str(5300 + i), "-t", "60",
                                               "-P", "4"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))

@@ -9,7 +9,9 @@ loaded directed link (routes by shortest delay, like the controller's background
 `BackgroundTraffic` runs them (a context manager): an iperf3 server bound to the destination
 host's address, and a client bound to the source's, each started in the host's *network*
 namespace only (``nsenter -n``), so the traffic generator is the machine's iperf3 whatever the
-host is (a plain Mininet host or a worker container); ``constant`` and ``demand-matrix`` flows send
+host is (a plain Mininet host or a worker container). Clients start once every server listens
+(its socket read from ``/proc/<pid>/net/tcp``, i.e. in the host's namespace): a client that came
+first would be refused and its flow never run. ``constant`` and ``demand-matrix`` flows send
 at their rate all along, ``poisson`` flows alternate exponential on and off periods (seeded). On
 exit every iperf3 it started is stopped, and each flow's offered and achieved rates (the client's
 sent throughput, TCP) are returned. Traffic only ever goes between emulated hosts.
@@ -22,6 +24,8 @@ import json
 import logging
 import random
 import signal
+import socket
+import struct
 import subprocess
 import threading
 import time
@@ -37,6 +41,46 @@ from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger(__name__)
 IPERF_BASE_PORT = 5201
+
+
+LISTEN_TIMEOUT_S = 10.0
+_TCP_LISTEN = "0A"
+
+
+def listening(pid: int, ip: str, port: int) -> bool:
+    """Whether a TCP socket listens on `ip`:`port` in the network namespace of process `pid` (read
+    from ``/proc/<pid>/net/tcp``, which shows that namespace's sockets; no process is started)."""
+    try:
+        lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    # The kernel prints the address as its 32-bit value in host byte order.
+    want = f"{struct.unpack('=I', socket.inet_aton(ip))[0]:08X}:{port:04X}"
+    return any(len(f) > 3 and f[1] == want and f[3] == _TCP_LISTEN for f in (line.split() for line in lines))
+
+
+def wait_listening(servers: Sequence[tuple[subprocess.Popen[Any], str, int, str]],
+                   timeout_s: float = LISTEN_TIMEOUT_S) -> None:
+    """Wait until every (process, ip, port, name) server listens.
+
+    Raises
+    ------
+    RuntimeError
+        A server exited first, or one did not listen within `timeout_s` (named either way).
+    """
+    deadline = time.monotonic() + timeout_s
+    waiting = list(servers)
+    while waiting:
+        for proc, ip, port, name in list(waiting):
+            if listening(proc.pid, ip, port):
+                waiting.remove((proc, ip, port, name))
+            elif proc.poll() is not None:
+                raise RuntimeError(f"iperf3 server {name} ({ip}:{port}) exited with {proc.returncode} before listening")
+        if waiting and time.monotonic() >= deadline:
+            raise RuntimeError(f"iperf3 server {waiting[0][3]} ({waiting[0][1]}:{waiting[0][2]}) did not listen "
+                               f"within {timeout_s:g} s")
+        if waiting:
+            time.sleep(0.02)
 
 
 @dataclass(frozen=True)
@@ -187,13 +231,27 @@ class BackgroundTraffic:
             err.close()
 
     def start(self) -> None:
+        """Start every server, wait until each listens, then start the flows.
+
+        Raises
+        ------
+        RuntimeError
+            A server did not come up (its servers are stopped first).
+        """
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        ready = []
         for f in self.flows:
             host = self.hosts(f.dst)
             self._servers.append(
                 self._popen(f.dst, ["iperf3", "-s", "-B", host.IP(), "-p", str(f.port)],
                             stdout=subprocess.DEVNULL, log_name=f"server-{host.name}-{f.port}.err")
             )
+            ready.append((self._servers[-1], host.IP(), f.port, f"{host.name} of {f.src} -> {f.dst}"))
+        try:
+            wait_listening(ready)
+        except BaseException:
+            self.stop()
+            raise
         for i, f in enumerate(self.flows):
             t = threading.Thread(target=self._run_flow, args=(i, f), name=f"bg-{f.src}-{f.dst}", daemon=True)
             self._threads.append(t)

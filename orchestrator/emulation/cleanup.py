@@ -5,6 +5,8 @@ A run (`orchestrator.emulation.network.Emulation`) owns:
 - a *run id*; every process it starts (Mininet host shells and whatever runs in them, the
   controller) carries ``NETAI_RUN=<run id>`` in its environment, which `/proc/PID/environ` shows;
 - its Open vSwitch bridges, tagged ``external_ids:netai-run=<run id>`` when they are created;
+- its switch interfaces (root namespace), whose alias (``ifalias``) is ``netai-run=<run id>`` from
+  just after Mininet builds the links (Mininet's names, ``s1-eth2``, are the same in every run);
 - a state file ``/run/netai/run-<run id>.json`` naming the owner process, the switch interfaces
   and the controller, written before anything is created and removed after a clean teardown.
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -179,6 +182,39 @@ def delete_underlay(run_id: str) -> bool:
     return True
 
 
+IFALIAS_MARK = "netai-run="
+_BATCH_WORD = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+SYS_NET = Path("/sys/class/net")
+
+
+def marked_interfaces() -> dict[str, str]:
+    """{interface: run id} of the root namespace's interfaces whose alias carries the project's mark."""
+    out = {}
+    for path in SYS_NET.glob("*/ifalias"):
+        try:
+            alias = path.read_text().strip()
+        except OSError:
+            continue
+        if alias.startswith(IFALIAS_MARK) and len(alias) > len(IFALIAS_MARK):
+            out[path.parent.name] = alias[len(IFALIAS_MARK):]
+    return out
+
+
+def mark_interfaces(names: Iterable[str], run_id: str) -> list[str]:
+    """Give each of `names` that exists the alias ``netai-run=<run_id>`` (one ``ip -batch``); the
+    names that could not be marked."""
+    names = existing_interfaces(names)
+    if not names:
+        return []
+    for word in (*names, run_id):  # one word each on ip's batch line (the names are Mininet's, s1-eth2)
+        if not _BATCH_WORD.fullmatch(word):
+            raise ValueError(f"not an interface name or run id: {word!r}")
+    batch = "".join(f"link set dev {n} alias {IFALIAS_MARK}{run_id}\n" for n in names)
+    subprocess.run(["ip", "-force", "-batch", "-"], input=batch, capture_output=True, text=True, check=False)
+    marks = marked_interfaces()
+    return [n for n in names if marks.get(n) != run_id]
+
+
 def delete_interfaces(names: Iterable[str]) -> None:
     for name in existing_interfaces(names):
         _run(["ip", "link", "del", name])
@@ -303,9 +339,12 @@ def _clean_ids(run_ids: set[str], report: CleanReport, *, interfaces: Iterable[s
     bridges = sorted(b for b, rid in tagged_bridges().items() if rid in run_ids)
     delete_bridges(bridges)
     report.bridges += bridges
-    # An interface of a dead run is removed only if no bridge (of anyone) still holds it.
+    # An interface of a dead run (named in its state file, or carrying its mark) is removed only if
+    # no bridge (of anyone) still holds it.
     attached = ovs_port_names()
-    leftover = [n for n in existing_interfaces(interfaces) if n not in attached]
+    marked = [n for n, rid in marked_interfaces().items() if rid in run_ids]
+    names = list(dict.fromkeys([*interfaces, *marked]))
+    leftover = [n for n in existing_interfaces(names) if n not in attached]
     delete_interfaces(leftover)
     report.interfaces += leftover
     for rid in sorted(run_ids):
@@ -332,6 +371,7 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
     orphan_ids = {rid for rid in marked_processes().values() if rid not in live}
     orphan_ids |= {rid for rid in tagged_bridges().values() if rid not in live}
     orphan_ids |= {rid for rid in underlay_runs() if rid not in live}
+    orphan_ids |= {rid for rid in marked_interfaces().values() if rid not in live}
     if orphan_ids:
         log(f"cleaning marks of runs without a state file: {sorted(orphan_ids)}")
         report.runs += sorted(orphan_ids - set(report.runs))

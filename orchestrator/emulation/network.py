@@ -58,6 +58,7 @@ from orchestrator.emulation.cleanup import (
     clean_run,
     clear_the_way,
     existing_interfaces,
+    mark_interfaces,
     marked_processes,
     proc_start_ticks,
     tagged_bridges,
@@ -478,6 +479,11 @@ class Emulation:
             "c0", controller=controller_cls, ip="127.0.0.1", port=self.controller.of_port
         )
         self.net.build()
+        # The links' root-namespace ends carry the run's mark, as its bridges and processes do: what a
+        # run killed from here on leaves is found by marks even if its state file is lost.
+        unmarked = mark_interfaces(switch_interfaces(self.plan), self.run_id)
+        if unmarked:
+            LOG.warning("could not mark %d interface(s) with the run id: %s", len(unmarked), ", ".join(unmarked[:4]))
         self.net.start()
         self.net.staticArp()
         for h in self.net.hosts:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.emulation.background import wait_listening
 from orchestrator.emulation.cleanup import run_states
 from orchestrator.emulation.controller_client import ControllerClient
 from orchestrator.experiment.results_db import ResultsDB
@@ -110,7 +111,7 @@ def test_live_dashboard_of_a_running_task_in_chromium(tmp_path: Path, figures: l
         before = drawn_width(browser, link.a, link.b)
         iperf.append(subprocess.Popen(["mnexec", "-a", str(host_pid(hb.name)), "iperf3", "-s", "-1", "-B", hb.ip,
                                        "-p", "5901"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        time.sleep(1.0)  # the server's start (iperf3 -s prints nothing we could wait on without a pipe)
+        wait_listening([(iperf[-1], hb.ip, 5901, hb.name)])
         iperf.append(subprocess.Popen(["mnexec", "-a", str(host_pid(ha.name)), "iperf3", "-c", hb.ip, "-B", ha.ip,
                                        "-p", "5901", "-t", "12"], stdout=subprocess.DEVNULL,
                                       stderr=subprocess.DEVNULL))

@@ -19,7 +19,13 @@ from typing import Any
 
 import pytest
 
-from orchestrator.emulation.cleanup import STATE_DIR, marked_processes, process_alive, tagged_bridges
+from orchestrator.emulation.cleanup import (
+    STATE_DIR,
+    marked_interfaces,
+    marked_processes,
+    process_alive,
+    tagged_bridges,
+)
 from orchestrator.emulation.network import Emulation
 from topologies.loaders import load
 from topologies.mininet_topo import switch_interfaces
@@ -126,9 +132,12 @@ def test_a_new_run_clears_a_crashed_run_s_interfaces_but_not_another_program_s(
     # before its teardown (as a CI job cut off) must not stop the next run from building its links.
     plan = EmulationPlan.from_model(load("triangle"))
     proc, up = start_child("triangle")
+    assert set(marked_interfaces().items()) >= {(n, up["run_id"]) for n in switch_interfaces(plan)}
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=EXIT_TIMEOUT_S)
     assert leftovers(up["run_id"], plan)["interfaces"], "the crashed run left no interfaces to clear"
+    # Its state file lost too (as a CI job's /run may be): only the marks say whose they are.
+    (STATE_DIR / f"run-{up['run_id']}.json").unlink()
 
     with Emulation(plan) as emu:
         assert emu.info is not None and emu.info.switches_connected == len(plan.switches)

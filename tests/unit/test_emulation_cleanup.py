@@ -77,3 +77,20 @@ def test_run_state_round_trips_and_knows_whether_its_owner_lives(
     assert states["live-run"].live and not states["dead-run"].live
     states["dead-run"].remove()
     assert [s.run_id for s in cleanup.run_states()] == ["live-run"]
+
+
+def test_interfaces_are_found_by_their_alias_mark_and_odd_names_are_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, alias in (("s1-eth2", "netai-run=run-a\n"), ("s2-eth1", "netai-run=run-b\n"),
+                        ("eth0", "uplink\n"), ("s3-eth1", "\n"), ("s4-eth1", "netai-run=\n")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "ifalias").write_text(alias)
+    (tmp_path / "lo").mkdir()  # no ifalias file
+    monkeypatch.setattr(cleanup, "SYS_NET", tmp_path)
+
+    assert cleanup.marked_interfaces() == {"s1-eth2": "run-a", "s2-eth1": "run-b"}
+    monkeypatch.setattr(cleanup, "existing_interfaces", lambda names: list(names))
+    with pytest.raises(ValueError, match="not an interface name or run id"):
+        cleanup.mark_interfaces(["s1-eth2", "x y"], "run-a")
+    with pytest.raises(ValueError, match="not an interface name or run id"):
+        cleanup.mark_interfaces(["s1-eth2"], "run-a\nlink del eth0")

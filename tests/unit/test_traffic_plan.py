@@ -64,3 +64,35 @@ def test_on_off_periods_are_seeded_with_the_configured_means() -> None:
     assert periods == on_off_periods(cfg, 3, 4000)
     assert sum(p[0] for p in periods) / 4000 == pytest.approx(2.0, rel=0.08)
     assert sum(p[1] for p in periods) / 4000 == pytest.approx(0.5, rel=0.08)
+
+
+def test_a_server_counts_as_up_only_once_it_listens_on_its_address() -> None:
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    from orchestrator.emulation.background import listening, wait_listening
+
+    with socket.socket() as srv:
+        srv.bind(("127.0.0.1", 0))
+        port = srv.getsockname()[1]
+        assert not listening(os.getpid(), "127.0.0.1", port)  # bound, not listening yet
+        srv.listen()
+        assert listening(os.getpid(), "127.0.0.1", port)
+        assert not listening(os.getpid(), "127.0.0.2", port) and not listening(os.getpid(), "127.0.0.1", port + 1)
+        with socket.create_connection(("127.0.0.1", port)) as c:  # a connected socket is not a listener
+            assert not listening(os.getpid(), "127.0.0.1", c.getsockname()[1])
+    assert not listening(os.getpid(), "127.0.0.1", port)
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    with pytest.raises(RuntimeError, match=r"iperf3 server h9 \(10\.0\.0\.9:5201\) exited with 0 before listening"):
+        wait_listening([(gone, "10.0.0.9", 5201, "h9")])
+    quiet = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(RuntimeError, match=r"did not listen within 0.2 s"):
+            wait_listening([(quiet, "10.0.0.9", 5201, "h9")], timeout_s=0.2)
+    finally:
+        quiet.kill()
+        quiet.wait()
