@@ -87,15 +87,18 @@ def main() -> int:
     left = leftovers()
     conn = sqlite3.connect(outcome.run_dir / "results.db")
     q = lambda sql: conn.execute(sql).fetchall()  # noqa: E731
-    injected = q("SELECT action, COUNT(*), SUM(ok) FROM faults GROUP BY action ORDER BY action")
+    # events the trace ended before are recorded as not applied (not ok): counted apart, not as injected
+    injected = q("SELECT action, COUNT(*) - SUM(detail LIKE 'not applied%'), SUM(ok), SUM(detail LIKE 'not applied%') "
+                 "FROM faults GROUP BY action ORDER BY action")
     states = dict(q("SELECT state, COUNT(*) FROM tasks GROUP BY state"))
     moves = q("SELECT reason, interruption_s FROM moves")
     gaps = [g for _, g in moves if g is not None]
     print(f"fault benchmark: NSFNET, {len(arrival_trace(cfg, cfg.network(), 1))} tasks, {args.faults} faults of each "
           f"kind, policy on_failure; run {outcome.status} in {wall:.0f} s")
-    for action, count, ok in injected:
-        print(f"  injected {action:<18} {count:>3}  ({count - (ok or 0)} could not be)")
-    print(f"  faults injected         {sum(c for _, c, _ in injected)}")
+    for action, count, ok, late in injected:
+        print(f"  injected {action:<18} {count:>3}  ({count - (ok or 0)} could not be"
+              f"{f'; {late} not applied: the trace had ended' if late else ''})")
+    print(f"  faults injected         {sum(c for _, c, _, _ in injected)}")
     print(f"  tasks completed         {states.get('done', 0)}")
     print(f"  tasks lost              {states.get('failed', 0)} (blocked {states.get('blocked', 0)})")
     print(f"  moves (rounds retried)  {len(moves)}: "

@@ -589,7 +589,9 @@ def _faults_section(db: ResultsDB, run_id: int) -> list[str]:
         return "-" if x is None else f"{x:.{d}f}"
 
     lines = ["", "## Faults and rescheduling", "",
-             "Every label ran the same tasks and the same events (times from its first task's arrival). "
+             "Every label ran the same tasks and the same events (each at a time from its first task's arrival, "
+             "or after a round of a task; the times listed are when each was applied, or when the trace ended "
+             "for one it ended before). "
              "A move stops the task's roles, schedules it again on the network as it is, and resumes at "
              "the round after the last one G completed (the round in flight is retried); its interruption "
              "runs from the end of that round to the start of the next.", "",
