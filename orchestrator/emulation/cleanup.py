@@ -135,12 +135,15 @@ def tagged_bridges() -> dict[str, str]:
     return out
 
 
-def ovs_port_names() -> set[str]:
-    """Every interface attached to any OVS bridge."""
+def ovs_port_names() -> set[str] | None:
+    """Every interface attached to any OVS bridge; None if Open vSwitch could not be asked."""
     res = _run(["ovs-vsctl", "--timeout=5", "--format=json", "--columns=name", "list", "Interface"])
     if res.returncode != 0:
-        return set()
-    return {str(row[0]) for row in json.loads(res.stdout).get("data", [])}
+        return None
+    try:
+        return {str(row[0]) for row in json.loads(res.stdout).get("data", [])}
+    except (ValueError, AttributeError, IndexError, TypeError):
+        return None
 
 
 def existing_interfaces(names: Iterable[str]) -> list[str]:
@@ -340,11 +343,13 @@ def _clean_ids(run_ids: set[str], report: CleanReport, *, interfaces: Iterable[s
     delete_bridges(bridges)
     report.bridges += bridges
     # An interface of a dead run (named in its state file, or carrying its mark) is removed only if
-    # no bridge (of anyone) still holds it.
+    # no bridge (of anyone) holds it and it carries no other run's mark (the names are Mininet's, the
+    # same in every run); if Open vSwitch cannot say which are attached, none is removed.
     attached = ovs_port_names()
-    marked = [n for n, rid in marked_interfaces().items() if rid in run_ids]
-    names = list(dict.fromkeys([*interfaces, *marked]))
-    leftover = [n for n in existing_interfaces(names) if n not in attached]
+    marks = marked_interfaces()
+    mine = [n for n, rid in marks.items() if rid in run_ids]
+    names = [n for n in dict.fromkeys([*interfaces, *mine]) if n not in marks or marks[n] in run_ids]
+    leftover = [] if attached is None else [n for n in existing_interfaces(names) if n not in attached]
     delete_interfaces(leftover)
     report.interfaces += leftover
     for rid in sorted(run_ids):
@@ -367,11 +372,13 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
             continue
         log(f"cleaning run {s.run_id}")
         clean_run(s, report=report)
-    # Marks without a state file: a run that crashed before writing it, or whose file was lost.
-    orphan_ids = {rid for rid in marked_processes().values() if rid not in live}
-    orphan_ids |= {rid for rid in tagged_bridges().values() if rid not in live}
-    orphan_ids |= {rid for rid in underlay_runs() if rid not in live}
-    orphan_ids |= {rid for rid in marked_interfaces().values() if rid not in live}
+    # Marks without a state file: a run that crashed before writing it, or whose file was lost. A run
+    # writes its state file before it makes anything marked, so the live runs are read again after
+    # the marks: a run that started meanwhile is live here, never an orphan.
+    orphan_ids = set(marked_processes().values()) | set(tagged_bridges().values()) | set(underlay_runs())
+    orphan_ids |= set(marked_interfaces().values())
+    live |= {s.run_id for s in run_states() if s.live}
+    orphan_ids -= live
     if orphan_ids:
         log(f"cleaning marks of runs without a state file: {sorted(orphan_ids)}")
         report.runs += sorted(orphan_ids - set(report.runs))

@@ -69,6 +69,10 @@ class FaultEvent:
             return self.site
         return "" if self.load is None else f"load {self.load:g}"
 
+    def __post_init__(self) -> None:
+        if (self.at_s is None) == (self.at_round is None):
+            raise ValueError(f"a {self.action} event needs exactly one of at_s and at_round")
+
     @property
     def when(self) -> str:
         """``at 4.0 s`` or ``after round 50 of task 1``."""

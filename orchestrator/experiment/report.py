@@ -554,7 +554,8 @@ def online_figures(db: ResultsDB, run_id: int, tasks: list[TaskResult]) -> list[
 
 
 def fault_figures(db: ResultsDB, run_id: int) -> list[dict[str, Any]]:
-    """Per label (scheduler, or scheduler/policy): events injected, tasks done and failed, moves,
+    """Per label (scheduler, or scheduler/policy): events applied (and of those failed), events the
+    trace ended before (not applied), tasks done and failed, moves,
     rounds retried (a move resumes at the round in flight), mean interruption, mean round latency,
     and the predicted saving the moves bought (old minus new round bound, summed)."""
     labels = [r["scheduler"] for r in db.query("SELECT DISTINCT scheduler FROM tasks WHERE run_id = ? ORDER BY "
@@ -564,13 +565,16 @@ def fault_figures(db: ResultsDB, run_id: int) -> list[dict[str, Any]]:
         q = (run_id, label)
         tasks = db.query("SELECT state FROM tasks WHERE run_id = ? AND scheduler = ?", q)
         moves = db.query("SELECT * FROM moves WHERE run_id = ? AND scheduler = ?", q)
-        faults = db.query("SELECT ok FROM faults WHERE run_id = ? AND scheduler = ?", q)
+        faults = db.query("SELECT ok, detail LIKE 'not applied%' AS late FROM faults WHERE run_id = ? AND scheduler = ?",
+                          q)
+        applied = [f for f in faults if not f["late"]]
         lat = db.query("SELECT latency_s FROM rounds WHERE run_id = ? AND scheduler = ?", q)
         gaps = [m["interruption_s"] for m in moves if m["interruption_s"] is not None]
         saved = [m["old_bound_s"] - m["new_bound_s"] for m in moves
                  if m["old_bound_s"] is not None and m["new_bound_s"] is not None]
         out.append({
-            "scheduler": label, "events": len(faults), "events_failed": sum(1 for f in faults if not f["ok"]),
+            "scheduler": label, "events": len(applied), "events_failed": sum(1 for f in applied if not f["ok"]),
+            "events_not_applied": len(faults) - len(applied),
             "done": sum(1 for t in tasks if t["state"] == "done"),
             "failed": sum(1 for t in tasks if t["state"] == "failed"),
             "moves": len(moves), "rounds_retried": len(moves),
@@ -595,17 +599,19 @@ def _faults_section(db: ResultsDB, run_id: int) -> list[str]:
              "A move stops the task's roles, schedules it again on the network as it is, and resumes at "
              "the round after the last one G completed (the round in flight is retried); its interruption "
              "runs from the end of that round to the start of the next.", "",
-             "| label | events (failed) | done | failed | moves | mean interruption s | mean round latency ms "
-             "| predicted saving s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| label | events applied (failed) | not applied | done | failed | moves | mean interruption s "
+             "| mean round latency ms | predicted saving s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for o in fault_figures(db, run_id):
         lat = None if o["latency_s_mean"] is None else o["latency_s_mean"] * 1e3
-        lines.append(f"| {o['scheduler']} | {o['events']} ({o['events_failed']}) | {o['done']} | {o['failed']} "
+        lines.append(f"| {o['scheduler']} | {o['events']} ({o['events_failed']}) | {o['events_not_applied']} "
+                     f"| {o['done']} | {o['failed']} "
                      f"| {o['moves']} | {f(o['interruption_s_mean'])} | {f(lat, 1)} | {f(o['saved_bound_s'])} |")
     lines += ["", "Events:", ""]
     for e in db.query("SELECT * FROM faults WHERE run_id = ? ORDER BY scheduler, at_s", (run_id,)):
+        late = not e["ok"] and str(e["detail"]).startswith("not applied")
         lines.append(f"- {e['scheduler']}: {e['at_s']:.2f} s {e['action']} {e['target']}"
-                     f"{'' if e['ok'] else ' FAILED'}{': ' + e['detail'] if e['detail'] else ''}")
+                     f"{'' if e['ok'] or late else ' FAILED'}{': ' + e['detail'] if e['detail'] else ''}")
     moves = db.query("SELECT * FROM moves WHERE run_id = ? ORDER BY scheduler, task_id, move", (run_id,))
     if moves:
         lines += ["", "Moves:", ""]

@@ -94,3 +94,53 @@ def test_interfaces_are_found_by_their_alias_mark_and_odd_names_are_refused(
         cleanup.mark_interfaces(["s1-eth2", "x y"], "run-a")
     with pytest.raises(ValueError, match="not an interface name or run id"):
         cleanup.mark_interfaces(["s1-eth2"], "run-a\nlink del eth0")
+
+
+def _fake_system(monkeypatch: pytest.MonkeyPatch, *, marks: dict[str, str], attached: set[str] | None,
+                 procs: dict[int, str] | None = None) -> list[str]:
+    deleted: list[str] = []
+    monkeypatch.setattr(cleanup, "marked_processes", lambda run_ids=None: {
+        p: r for p, r in (procs or {}).items() if run_ids is None or r in run_ids})
+    monkeypatch.setattr(cleanup, "kill_pids", lambda pids, **_: [])
+    monkeypatch.setattr(cleanup, "tagged_bridges", dict)
+    monkeypatch.setattr(cleanup, "delete_bridges", lambda names: None)
+    monkeypatch.setattr(cleanup, "ovs_port_names", lambda: attached)
+    monkeypatch.setattr(cleanup, "marked_interfaces", lambda: dict(marks))
+    monkeypatch.setattr(cleanup, "existing_interfaces", lambda names: list(names))
+    monkeypatch.setattr(cleanup, "delete_interfaces", deleted.extend)
+    monkeypatch.setattr(cleanup, "underlay_runs", list)
+    monkeypatch.setattr(cleanup, "delete_underlay", lambda rid: False)
+    monkeypatch.setattr(cleanup, "labelled_containers", dict)
+    return deleted
+
+
+def test_a_dead_run_s_names_are_not_deleted_when_another_run_marks_them_or_ovs_cannot_say(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    marks = {"s1-eth2": "other-run", "s3-eth1": "dead-run"}
+    deleted = _fake_system(monkeypatch, marks=marks, attached={"s2-eth1"})
+    report = cleanup.CleanReport()
+    cleanup._clean_ids({"dead-run"}, report, interfaces=["s1-eth1", "s1-eth2", "s2-eth1"])
+    # unmarked and unattached: the dead run's; s1-eth2 carries another run's mark; s2-eth1 is on a bridge
+    assert deleted == ["s1-eth1", "s3-eth1"] and report.interfaces == deleted
+
+    deleted = _fake_system(monkeypatch, marks=marks, attached=None)
+    cleanup._clean_ids({"dead-run"}, cleanup.CleanReport(), interfaces=["s1-eth1"])
+    assert deleted == []
+
+
+def test_clean_reads_live_runs_again_after_the_marks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A run that writes its state file while clean() runs (it then makes its marked processes) is live,
+    # not an orphan: its processes are left alone.
+    me = RunState(run_id="starting", owner_pid=os.getpid(), owner_start_ticks=proc_start_ticks(os.getpid()))
+    calls = [0]
+
+    def states() -> list[RunState]:
+        calls[0] += 1
+        return [] if calls[0] == 1 else [me]
+
+    _fake_system(monkeypatch, marks={}, attached=set(), procs={4242: "starting", 4343: "crashed"})
+    killed: list[int] = []
+    monkeypatch.setattr(cleanup, "kill_pids", lambda pids, **_: killed.extend(pids) or [])
+    monkeypatch.setattr(cleanup, "run_states", states)
+    report = cleanup.clean()
+    assert killed == [4343] and report.runs == ["crashed"]

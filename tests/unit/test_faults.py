@@ -389,3 +389,32 @@ def test_a_lost_role_is_tolerated_but_g_s_is_not_and_a_restarted_server_s_roles_
     with pytest.raises(RuntimeError, match="A: its site server is gone"):
         TaskExecution(schedule, manager=servers, options=FLOptions(rounds=2), log_dir=tmp_path,
                       tolerate_lost=True).check({})
+
+
+def test_an_event_needs_exactly_one_trigger() -> None:
+    with pytest.raises(ValueError, match="exactly one of at_s and at_round"):
+        FaultEvent(action="controller_restart")
+    with pytest.raises(ValueError, match="exactly one of at_s and at_round"):
+        FaultEvent(action="controller_restart", at_s=1.0, at_round=(1, 2))
+
+
+def test_the_report_counts_events_not_applied_apart_from_failed_ones(tmp_path: Path) -> None:
+    from orchestrator.experiment.report import _faults_section, fault_figures
+    from orchestrator.experiment.results_db import ResultsDB
+
+    db = ResultsDB(tmp_path / "results.db")
+    run_id = db.start_run("t", {}, {"mode": "online"})
+    task = Task(id=1, global_site="Boulder", local_sites=("Lincoln", "Houston"), model_bytes=1000, demand_mbps=100)
+    db.record_task(run_id, "mst/never", task)
+    for action, ok, detail in (("link_down", True, "Boulder - Lincoln"), ("background", False, "RuntimeError: no"),
+                               ("controller_restart", False, "not applied: the trace ended before it was due "
+                                                             "(after round 9 of task 1)")):
+        db.record_fault(run_id, "mst/never", at_s=1.0, action=action, target="", ok=ok, detail=detail)
+    db.conn.commit()
+
+    (row,) = fault_figures(db, run_id)
+    assert (row["events"], row["events_failed"], row["events_not_applied"]) == (2, 1, 1)
+    text = "\n".join(_faults_section(db, run_id))
+    assert "| mst/never | 2 (1) | 1 |" in text
+    assert "background  FAILED: RuntimeError: no" in text
+    assert "controller_restart : not applied" in text and "controller_restart  FAILED" not in text
