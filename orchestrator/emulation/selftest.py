@@ -30,6 +30,7 @@ from controller.flows import (
     table_miss_entries,
     task_entries,
 )
+from orchestrator.emulation.background import listening
 from orchestrator.emulation.network import Emulation
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
@@ -59,7 +60,7 @@ class TransferResult:
 def _wait_listening(host: Any, port: int, server: subprocess.Popen[str], timeout_s: float = LISTEN_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
-        if host.cmd(f"ss -ltnH 'sport = :{port}'").strip():
+        if listening(server.pid, host.IP(), port):
             return
         if server.poll() is not None:
             out = server.stdout.read() if server.stdout else ""
@@ -133,7 +134,8 @@ def poll_counter(read: Callable[[], int], at_least: int, *, timeout_s: float = C
 
 def ping_ok(src: Any, dst: Any) -> bool:
     """One ICMP echo from `src` to `dst` answered within a second."""
-    out: str = src.cmd(f"ping -c1 -W1 {dst.IP()}")
+    proc = src.popen(["ping", "-c1", "-W1", dst.IP()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=10)
     return " 0% packet loss" in out
 
 
