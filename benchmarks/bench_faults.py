@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.experiment.config import parse_config  # noqa: E402
+from orchestrator.experiment.faults import NOT_APPLIED  # noqa: E402
 from orchestrator.experiment.online import arrival_trace  # noqa: E402
 from orchestrator.experiment.runner import run_experiment  # noqa: E402
 
@@ -88,8 +89,8 @@ def main() -> int:
     conn = sqlite3.connect(outcome.run_dir / "results.db")
     q = lambda sql: conn.execute(sql).fetchall()  # noqa: E731
     # events the trace ended before are recorded as not applied (not ok): counted apart, not as injected
-    injected = q("SELECT action, COUNT(*) - SUM(detail LIKE 'not applied%'), SUM(ok), SUM(detail LIKE 'not applied%') "
-                 "FROM faults GROUP BY action ORDER BY action")
+    late = f"(detail LIKE '{NOT_APPLIED}%')"
+    injected = q(f"SELECT action, COUNT(*) - SUM({late}), SUM(ok), SUM({late}) FROM faults GROUP BY action ORDER BY action")
     states = dict(q("SELECT state, COUNT(*) FROM tasks GROUP BY state"))
     moves = q("SELECT reason, interruption_s FROM moves")
     gaps = [g for _, g in moves if g is not None]

@@ -66,7 +66,8 @@ def wait_listening(servers: Sequence[tuple[subprocess.Popen[Any], str, int, str]
     Raises
     ------
     RuntimeError
-        A server exited first, or one did not listen within `timeout_s` (named either way).
+        A server exited first (with what it printed, if its output is a pipe), or one did not
+        listen within `timeout_s` (named either way).
     """
     deadline = time.monotonic() + timeout_s
     waiting = list(servers)
@@ -75,7 +76,10 @@ def wait_listening(servers: Sequence[tuple[subprocess.Popen[Any], str, int, str]
             if listening(proc.pid, ip, port):
                 waiting.remove((proc, ip, port, name))
             elif proc.poll() is not None:
-                raise RuntimeError(f"iperf3 server {name} ({ip}:{port}) exited with {proc.returncode} before listening")
+                out = proc.stdout.read() if proc.stdout else ""
+                said = (out.decode(errors="replace") if isinstance(out, bytes) else out).strip()
+                raise RuntimeError(f"iperf3 server {name} ({ip}:{port}) exited with {proc.returncode} before listening"
+                                   f"{': ' + said if said else ''}")
         if waiting and time.monotonic() >= deadline:
             raise RuntimeError(f"iperf3 server {waiting[0][3]} ({waiting[0][1]}:{waiting[0][2]}) did not listen "
                                f"within {timeout_s:g} s")

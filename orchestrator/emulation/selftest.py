@@ -30,7 +30,7 @@ from controller.flows import (
     table_miss_entries,
     task_entries,
 )
-from orchestrator.emulation.background import listening
+from orchestrator.emulation.background import wait_listening
 from orchestrator.emulation.network import Emulation
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
@@ -57,19 +57,6 @@ class TransferResult:
     error: str = ""
 
 
-def _wait_listening(host: Any, port: int, server: subprocess.Popen[str], timeout_s: float = LISTEN_TIMEOUT_S) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        if listening(server.pid, host.IP(), port):
-            return
-        if server.poll() is not None:
-            out = server.stdout.read() if server.stdout else ""
-            raise RuntimeError(f"iperf3 server on {host.name}:{port} exited: {out.strip()}")
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for iperf3 to listen on {host.name}:{port}")
-        time.sleep(0.02)
-
-
 def iperf(
     src: Any,
     dst: Any,
@@ -86,7 +73,7 @@ def iperf(
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
-        _wait_listening(dst, port, server)
+        wait_listening([(server, dst.IP(), port, dst.name)], timeout_s=LISTEN_TIMEOUT_S)
         amount = ["-n", str(nbytes)] if nbytes is not None else ["-t", f"{seconds or 3:g}"]
         client = src.popen(
             ["iperf3", "-c", dst.IP(), "-p", str(port), "-J", "--connect-timeout", str(int(connect_timeout_s * 1000)),

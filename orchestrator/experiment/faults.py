@@ -42,6 +42,8 @@ _KEYS = {
 _OPTIONAL = {"server_kill": {"restart_after_s"}}
 
 Link = tuple[str, str]
+#: How the `faults` row of an event the trace ended before begins (`FaultInjector.finish`).
+NOT_APPLIED = "not applied"
 
 
 @dataclass(frozen=True)
@@ -267,17 +269,12 @@ class FaultInjector:
     def pending(self) -> int:
         return len(self._pending)
 
-    @property
-    def not_applied(self) -> list[FaultEvent]:
-        """The events not applied (yet)."""
-        return list(self._pending)
-
     def finish(self) -> list[FaultEvent]:
         """The trace has ended: record every event not applied (not ok, with why); those events."""
         left, self._pending = self._pending, []
         for ev in left:
             self.record(at_s=self.clock(), action=ev.action, target=ev.target, ok=False,
-                        detail=f"not applied: the trace ended before it was due ({ev.when})", took_s=None)
+                        detail=f"{NOT_APPLIED}: the trace ended before it was due ({ev.when})", took_s=None)
         return left
 
     def _is_due(self, ev: FaultEvent, elapsed: float) -> bool:

@@ -209,6 +209,6 @@ def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: 
     left = injector.finish()
     if left:
         LOG.warning("%s: the trace ended before %d event(s) were due; not applied (recorded as failed): %s",
-                    scheduler, len(left), "; ".join(f"{e.action} {e.target} {e.when}".replace("  ", " ") for e in left))
+                    scheduler, len(left), "; ".join(" ".join(filter(None, (e.action, e.target, e.when))) for e in left))
     sampler.maybe(live, tm.compute.poll(), force=True)  # the trace's end: its last CPU and memory figures
     LOG.info("%s: %d tasks ended in %.1f s", scheduler, ended, tm.clock.now() - start)

@@ -28,13 +28,14 @@ import html
 import json
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from orchestrator.experiment.faults import NOT_APPLIED
 from orchestrator.experiment.figures import Figure, draw_all
 from orchestrator.experiment.results_db import ResultsDB
 
@@ -553,6 +554,11 @@ def online_figures(db: ResultsDB, run_id: int, tasks: list[TaskResult]) -> list[
     return out
 
 
+def _not_applied(fault: Mapping[str, Any]) -> bool:
+    """A `faults` row of an event the trace ended before (recorded, never applied)."""
+    return not fault["ok"] and str(fault["detail"]).startswith(NOT_APPLIED)
+
+
 def fault_figures(db: ResultsDB, run_id: int) -> list[dict[str, Any]]:
     """Per label (scheduler, or scheduler/policy): events applied (and of those failed), events the
     trace ended before (not applied), tasks done and failed, moves,
@@ -565,9 +571,8 @@ def fault_figures(db: ResultsDB, run_id: int) -> list[dict[str, Any]]:
         q = (run_id, label)
         tasks = db.query("SELECT state FROM tasks WHERE run_id = ? AND scheduler = ?", q)
         moves = db.query("SELECT * FROM moves WHERE run_id = ? AND scheduler = ?", q)
-        faults = db.query("SELECT ok, detail LIKE 'not applied%' AS late FROM faults WHERE run_id = ? AND scheduler = ?",
-                          q)
-        applied = [f for f in faults if not f["late"]]
+        faults = db.query("SELECT ok, detail FROM faults WHERE run_id = ? AND scheduler = ?", q)
+        applied = [f for f in faults if not _not_applied(f)]
         lat = db.query("SELECT latency_s FROM rounds WHERE run_id = ? AND scheduler = ?", q)
         gaps = [m["interruption_s"] for m in moves if m["interruption_s"] is not None]
         saved = [m["old_bound_s"] - m["new_bound_s"] for m in moves
@@ -609,9 +614,8 @@ def _faults_section(db: ResultsDB, run_id: int) -> list[str]:
                      f"| {o['moves']} | {f(o['interruption_s_mean'])} | {f(lat, 1)} | {f(o['saved_bound_s'])} |")
     lines += ["", "Events:", ""]
     for e in db.query("SELECT * FROM faults WHERE run_id = ? ORDER BY scheduler, at_s", (run_id,)):
-        late = not e["ok"] and str(e["detail"]).startswith("not applied")
         lines.append(f"- {e['scheduler']}: {e['at_s']:.2f} s {e['action']} {e['target']}"
-                     f"{'' if e['ok'] or late else ' FAILED'}{': ' + e['detail'] if e['detail'] else ''}")
+                     f"{'' if e['ok'] or _not_applied(e) else ' FAILED'}{': ' + e['detail'] if e['detail'] else ''}")
     moves = db.query("SELECT * FROM moves WHERE run_id = ? ORDER BY scheduler, task_id, move", (run_id,))
     if moves:
         lines += ["", "Moves:", ""]

@@ -23,10 +23,8 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
@@ -41,6 +39,7 @@ from controller.shaping import (
     classid,
     interface,
 )
+from orchestrator.emulation.background import wait_listening
 from orchestrator.emulation.network import Emulation, dump_flows
 from orchestrator.emulation.selftest import GOODPUT_CEILING
 from topologies.model import NetworkModel
@@ -143,13 +142,6 @@ class Flow:
     streams: int = 1
 
 
-def _listening(host: Any, port: int) -> bool:
-    proc = host.popen(["ss", "-ltnH", f"sport = :{port}"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                      text=True)
-    out, _ = proc.communicate(timeout=5)
-    return bool(out.strip())
-
-
 def run_together(emu: Emulation, flows: Sequence[Flow], seconds: int = SECONDS) -> dict[str, float]:
     """Run the iperf3 flows at the same time; goodput (Mbit/s, at the receiver, after `OMIT_S`) of each."""
     servers = []
@@ -159,11 +151,8 @@ def run_together(emu: Emulation, flows: Sequence[Flow], seconds: int = SECONDS) 
             dst = emu.host(f.dst)
             servers.append(dst.popen(["iperf3", "-s", "-1", "-p", str(f.port), "-B", dst.IP()],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-        for f in flows:
-            deadline = time.monotonic() + LISTEN_TIMEOUT_S
-            while not _listening(emu.host(f.dst), f.port):
-                assert time.monotonic() < deadline, f"iperf3 server of {f.name} did not listen"
-                time.sleep(0.05)
+        wait_listening([(server, emu.host(f.dst).IP(), f.port, f.name) for server, f in zip(servers, flows, strict=True)],
+                       timeout_s=LISTEN_TIMEOUT_S)
         for f in flows:
             src, dst = emu.host(f.src), emu.host(f.dst)
             clients.append((f, src.popen(
