@@ -15,12 +15,13 @@ printed is the median over rounds as a ratio to iperf3 in the same direction (ta
 raw veth, >= 0.9 over the testbed's own link).
 
 Placement on two cores: iperf3 has one busy thread per side, which the scheduler keeps on separate
-cores; an agent has two per side (the connection's reader or sender thread and the round loop),
-and when the scheduler puts both sides' busy threads on one core for a round, that round runs at
-half the rate, whatever the code does (measured here: per-round rates of 7 to 24 Gbit/s against
-iperf3's steady 24). So the raw veth is measured twice: as the scheduler places things, and with
-each side on a core of its own (``taskset`` for the agents' site servers, ``iperf3 -A`` for iperf3:
-the same placement for both), which measures the agent's own transfer path.
+cores; an agent has up to two per side (the connection's reader or sender thread, and the round
+loop while it queues or copies chunks), and when the scheduler puts both sides' busy threads on one
+core, that stretch runs at half the rate (per-round rates vary about twofold, against iperf3's
+steady rate over seconds; a 42 MB model takes about 15 ms at 20 Gbit/s). So the raw veth is
+measured twice: as the scheduler places things, and with each side on a core of its own
+(``taskset`` for the agents' site servers, ``iperf3 -A`` for iperf3: the same placement for both),
+which measures the agent's own transfer path apart from placement.
 
 Run as root: ``sudo .venv/bin/python benchmarks/bench_transfer.py [--quick] [--json]``.
 """

@@ -28,7 +28,8 @@ from __future__ import annotations
 import json
 import math
 import struct
-from collections.abc import Mapping
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -304,7 +305,52 @@ def chunk_view(state: Mapping[str, torch.Tensor], spec: ChunkSpec) -> TensorSet:
 
 def encode_chunk(header: Header, tensors: Mapping[str, torch.Tensor] | None) -> list[Buffer]:
     """The buffers of one chunk frame (the tensors' memory is viewed, not copied)."""
-    return encode_frame(header, safetensors_pieces(tensors) if tensors else b"")
+    return list(LazyFrame(header, tensors))
+
+
+#: Characters of an XXH3-128 hex digest.
+DIGEST_CHARS: Final = 32
+
+
+class LazyFrame(Sequence[Buffer]):
+    """One chunk frame whose digest is computed when its buffers are first read, once for every
+    connection it goes to.
+
+    The round engine queues a model's chunks at once; their bytes are hashed by the sender thread
+    that writes them, right before the write. So the payload is read from memory once, by the
+    thread that sends it, and written to the socket from the cache, instead of hashed by the
+    engine's thread while the sender writes earlier chunks (a third busy thread on two cores, and
+    a second pass over the model from memory). The tensors must not change until it is sent, as
+    for an eagerly encoded frame.
+    """
+
+    def __init__(self, header: Header, tensors: Mapping[str, torch.Tensor] | None) -> None:
+        self._header = header
+        self._payload: list[Buffer] = safetensors_pieces(tensors) if tensors else [b""]
+        self._buffers: list[Buffer] | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def nbytes(self) -> int:
+        """The frame's size in bytes (known without hashing: the digest has a fixed length)."""
+        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self._payload)
+        h = replace(self._header, nbytes=size, digest="0" * DIGEST_CHARS if size else "")
+        return FIXED_LEN + len(h.to_json()) + size
+
+    def _encoded(self) -> list[Buffer]:
+        with self._lock:
+            if self._buffers is None:
+                self._buffers = encode_frame(self._header, self._payload)
+            return self._buffers
+
+    def __len__(self) -> int:
+        return len(self._encoded())
+
+    def __getitem__(self, i: Any) -> Any:  # Sequence's int and slice overloads
+        return self._encoded()[i]
+
+    def __iter__(self) -> Iterator[Buffer]:
+        return iter(self._encoded())
 
 
 def reheader(header: Header, *, sender: str) -> bytes:

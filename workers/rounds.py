@@ -67,9 +67,9 @@ from workers.framing import (
     ChunkSpec,
     FrameError,
     Header,
+    LazyFrame,
     TensorSet,
     chunk_view,
-    encode_chunk,
     encode_frame,
     parse_chunk,
     reheader,
@@ -121,7 +121,7 @@ class Learning(Protocol):
 
     def evaluate(self) -> tuple[float, float]: ...
 
-    def state(self) -> TensorSet: ...
+    def state(self, into: TensorSet | None = None) -> TensorSet: ...
 
     def load(self, tensors: TensorSet) -> None: ...
 
@@ -131,8 +131,9 @@ class Learning(Protocol):
 
 
 class _Sent:
-    """A tensor set being broadcast, and how many children still have to get all of it (sender
-    threads count down as each child's last chunk leaves; a dropped send never does)."""
+    """A tensor set being sent, and how many sends of all of it are still to finish (sender
+    threads count down as each copy's last chunk leaves; a dropped send never does, so the set is
+    then never reused)."""
 
     def __init__(self, tensors: TensorSet, children: int) -> None:
         self.tensors = tensors
@@ -295,6 +296,8 @@ class _Round:
     #: Frame bytes (fixed and JSON headers included) of this round's UPDATE sent / GLOBAL received.
     sent_bytes: int = 0
     received_bytes: int = 0
+    #: The copy of the trained model this round's update is made of (when this node trained).
+    own_copy: _Sent | None = None
     #: Selection: the statistics of the locals heard from this round (own and the children's).
     stats: dict[str, LocalStats] = field(default_factory=dict)
 
@@ -339,6 +342,9 @@ class RoundEngine:
         #: G: the last broadcast's tensors; once every child has all of them, the next round
         #: aggregates into them (a fresh buffer costs page faults: ~9x a copy into a warm one).
         self._last_sent: _Sent | None = None
+        #: The copy of the trained model the last update was made of; once nothing reads it any
+        #: more, the next round copies the model into it (`Learning.state`), not into fresh memory.
+        self._own_sent: _Sent | None = None
         #: Selection (`workers.selection`): None when off (no metadata sent, every local trains).
         self.measures = cfg.selection_measures
         self.policy = make_policy(cfg.selection) if cfg.is_global and cfg.selection is not None else None
@@ -624,7 +630,10 @@ class RoundEngine:
         loss_before = self.learner.train_loss() if "loss" in measures else None
         start = self.learner.state() if "update_norm" in measures else None
         n = self.learner.train()
-        own = self.learner.state()
+        spare = self._own_sent
+        own = self.learner.state(spare.tensors if spare is not None and spare.free() else None)
+        # free once its update has left whole (G: once the round's aggregate is made)
+        st.own_copy = self._own_sent = _Sent(own, 1)
         if self.measures is not None:
             st.stats[self.cfg.site] = LocalStats(
                 num_examples=n, path_cost=float(self.cfg.path_cost), round=st.number,
@@ -688,9 +697,10 @@ class RoundEngine:
         header = Header("UPDATE", self.cfg.task, st.number, self.cfg.site, num_examples=n,
                         chunk=k, chunks=len(self.layout), meta=meta)
         payload = mean if self.codec is None or mean is None else self.codec.compress(k, mean)
-        frame = encode_chunk(header, payload)
-        st.sent_bytes += sum(len(b) if isinstance(b, bytes) else b.nbytes for b in frame)
-        on_sent = self._once("update_sent", st.number, None, num_examples=n, nbytes=st.sent_bytes) if last else (
+        frame = LazyFrame(header, payload)  # hashed by the sender thread, right before it writes
+        st.sent_bytes += frame.nbytes
+        on_sent = _both(self._once("update_sent", st.number, None, num_examples=n, nbytes=st.sent_bytes),
+                        st.own_copy.one_done if st.own_copy is not None else None) if last else (
             self._once("update_first_sent", st.number, None) if k == 0 else None)
         self.upload_out.send(frame, round=st.number, on_sent=on_sent)
         if last:
@@ -755,8 +765,8 @@ class RoundEngine:
             self.log.emit("skipped", round=r, detail="not selected")
         for k, spec in enumerate(self.layout):
             meta = {"select": chosen} if chosen is not None and k == 0 else None
-            frame = encode_chunk(Header("GLOBAL", self.cfg.task, r, self.cfg.site, chunk=k, chunks=len(self.layout),
-                                        meta=meta), chunk_view(state, spec))
+            frame = LazyFrame(Header("GLOBAL", self.cfg.task, r, self.cfg.site, chunk=k, chunks=len(self.layout),
+                                     meta=meta), chunk_view(state, spec))
             last = k == len(self.layout) - 1
             for child in sorted(self.broadcast_out):
                 first = self._once("forward_first", r, child) if k == 0 else None
@@ -770,6 +780,8 @@ class RoundEngine:
         del self.rounds[st.number]
         if not self.cfg.is_global:
             return
+        if st.own_copy is not None:
+            st.own_copy.one_done()
         if st.stats:
             self._learn_stats(st.stats, reporter="", ready=False)
         t_agg = self.log.emit("aggregated", round=st.number, num_examples=st.max_examples,

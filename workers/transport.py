@@ -72,10 +72,13 @@ def sendmsg_all(sock: socket.socket, buffers: Sequence[Buffer]) -> int:
 
 
 def _recv_into(sock: socket.socket, view: memoryview, what: str) -> None:
+    """Fill `view` from the connection. MSG_WAITALL lets the kernel return once the whole view is
+    in (one system call, and one hand-back of the interpreter lock, per chunk rather than per
+    segment); it may still return less (a signal, a timeout), which the loop takes up."""
     got = 0
     n = view.nbytes
     while got < n:
-        k = sock.recv_into(view[got:], n - got)
+        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
         if k == 0:
             raise FrameError("truncated", f"connection closed after {got} of {n} bytes of {what}")
         got += k

@@ -21,6 +21,7 @@ from workers.framing import (
     VERSION,
     FrameError,
     Header,
+    LazyFrame,
     chunk_layout,
     chunk_view,
     encode_chunk,
@@ -225,6 +226,36 @@ def test_encode_frame_fills_length_and_digest() -> None:
     magic, _v, _f, _r, hlen, plen = struct.unpack(">4sBBHIQ", head[:20])
     h = json.loads(head[20 : 20 + hlen])
     assert (magic, plen, h["nbytes"], h["digest"]) == (MAGIC, 3, 3, xxhash.xxh3_128_hexdigest(b"abc"))
+
+
+def test_a_lazy_frame_is_the_eager_frame_hashed_once_when_first_read() -> None:
+    layout = chunk_layout(TEMPLATE, 1024)
+    state = {k: v.clone() for k, v in TEMPLATE.items()}
+    header = Header("UPDATE", 4, 2, "L1", num_examples=9, chunk=1, chunks=len(layout))
+    frame = LazyFrame(header, chunk_view(state, layout[1]))
+    size = frame.nbytes  # known before anything is hashed
+    chunk = chunk_view(state, layout[1])
+    for t in chunk.values():  # written after the frame was queued, before it is sent
+        t.add_(1)
+
+    first, again = list(frame), list(frame)
+
+    assert all(a is b for a, b in zip(first, again, strict=True))  # hashed once, for every connection
+    assert _join(first) == _join(encode_chunk(header, chunk))
+    assert len(_join(first)) == size
+    got = _roundtrip(_join(first))
+    assert got is not None  # the digest is of the bytes that go out
+    parsed = parse_chunk(got[1], layout[1], got[0])
+    assert all(torch.equal(parsed[k], chunk[k]) for k in chunk)
+
+
+def test_a_lazy_frame_without_tensors_has_no_digest() -> None:
+    frame = LazyFrame(Header("UPDATE", 4, 2, "L1", chunk=0, chunks=3), None)
+
+    got = _roundtrip(_join(list(frame)))
+
+    assert got is not None and got[1] == bytearray() and got[0].digest == ""
+    assert frame.nbytes == len(_join(list(frame)))
 
 
 def test_zero_copy_encoding_is_valid_safetensors() -> None:
