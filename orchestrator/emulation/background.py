@@ -10,7 +10,7 @@ loaded directed link (routes by shortest delay, like the controller's background
 host's address, and a client bound to the source's, each started in the host's *network*
 namespace only (``nsenter -n``), so the traffic generator is the machine's iperf3 whatever the
 host is (a plain Mininet host or a worker container). Clients start once every server listens
-(its socket read from ``/proc/<pid>/net/tcp``, i.e. in the host's namespace): a client that came
+(its own socket, read from ``/proc/<pid>/net/tcp`` in the host's namespace and ``/proc/<pid>/fd``): a client that came
 first would be refused and its flow never run. ``constant`` and ``demand-matrix`` flows send
 at their rate all along, ``poisson`` flows alternate exponential on and off periods (seeded). On
 exit every iperf3 it started is stopped, and each flow's offered and achieved rates (the client's
@@ -22,6 +22,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import os
 import random
 import signal
 import socket
@@ -48,15 +49,60 @@ _TCP_LISTEN = "0A"
 
 
 def listening(pid: int, ip: str, port: int) -> bool:
-    """Whether a TCP socket listens on `ip`:`port` in the network namespace of process `pid` (read
-    from ``/proc/<pid>/net/tcp``, which shows that namespace's sockets; no process is started)."""
+    """Whether process `pid` (or one it started) has a TCP socket listening on `ip`:`port`.
+
+    Read from ``/proc/<pid>/net/tcp``, which shows the sockets of `pid`'s network namespace, and
+    ``/proc/<pid>/fd``, which shows which of them are its own: another process listening there
+    (say a leftover server of an earlier run) does not count. No process is started.
+    """
     try:
         lines = Path(f"/proc/{pid}/net/tcp").read_text().splitlines()[1:]
     except OSError:
         return False
-    # The kernel prints the address as its 32-bit value in host byte order.
+    # The kernel prints the address as its 32-bit value in host byte order; field 9 is the inode.
     want = f"{struct.unpack('=I', socket.inet_aton(ip))[0]:08X}:{port:04X}"
-    return any(len(f) > 3 and f[1] == want and f[3] == _TCP_LISTEN for f in (line.split() for line in lines))
+    inodes = {f[9] for f in (line.split() for line in lines) if len(f) > 9 and f[1] == want and f[3] == _TCP_LISTEN}
+    if not inodes:
+        return False
+    if not inodes.isdisjoint(_socket_inodes(pid)):
+        return True
+    return any(not inodes.isdisjoint(_socket_inodes(p)) for p in _with_descendants(pid)[1:])
+
+
+def _socket_inodes(pid: int) -> set[str]:
+    """The inodes of the sockets process `pid` holds open (empty if it is gone)."""
+    found: set[str] = set()
+    try:
+        fds = list(os.scandir(f"/proc/{pid}/fd"))
+    except OSError:
+        return found
+    for fd in fds:
+        try:
+            link = os.readlink(fd.path)
+        except OSError:
+            continue  # closed meanwhile
+        if link.startswith("socket:[") and link.endswith("]"):
+            found.add(link[8:-1])
+    return found
+
+
+def _with_descendants(pid: int) -> list[int]:
+    """`pid` first, then the processes it started, and theirs (a wrapper may fork its server)."""
+    parent_of: dict[int, int] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        # ``pid (comm) state ppid ...``: comm may hold spaces and parentheses; it ends at the last ')'
+        parent_of[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+    family, i = [pid], 0
+    while i < len(family):
+        family += [child for child, parent in parent_of.items() if parent == family[i]]
+        i += 1
+    return family
 
 
 def wait_listening(servers: Sequence[tuple[subprocess.Popen[Any], str, int, str]],

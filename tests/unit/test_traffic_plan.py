@@ -68,6 +68,7 @@ def test_on_off_periods_are_seeded_with_the_configured_means() -> None:
 
 def test_a_server_counts_as_up_only_once_it_listens_on_its_address() -> None:
     import os
+    import signal
     import socket
     import subprocess
     import sys
@@ -84,6 +85,29 @@ def test_a_server_counts_as_up_only_once_it_listens_on_its_address() -> None:
         with socket.create_connection(("127.0.0.1", port)) as c:  # a connected socket is not a listener
             assert not listening(os.getpid(), "127.0.0.1", c.getsockname()[1])
     assert not listening(os.getpid(), "127.0.0.1", port)
+
+    with socket.socket() as srv:  # listening in this namespace, but not a socket of that process
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert listening(os.getpid(), "127.0.0.1", srv.getsockname()[1])
+            assert not listening(other.pid, "127.0.0.1", srv.getsockname()[1])
+        finally:
+            other.kill()
+            other.wait()
+    # a socket of a process the given one started counts (a wrapper that forks its server)
+    wrapper = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; subprocess.run([sys.executable, '-c', "
+                                "'import socket, sys, time; s = socket.socket(); s.bind((\"127.0.0.1\", 0)); s.listen(); "
+                                "print(s.getsockname()[1], flush=True); time.sleep(30)'])"], stdout=subprocess.PIPE, text=True,
+                               start_new_session=True)
+    try:
+        assert wrapper.stdout is not None
+        child_port = int(wrapper.stdout.readline())
+        assert listening(wrapper.pid, "127.0.0.1", child_port)
+    finally:
+        os.killpg(wrapper.pid, signal.SIGKILL)  # the wrapper and its server
+        wrapper.wait()
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
