@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from orchestrator.cli.dashboard import add_dashboard_args
 from orchestrator.experiment.config import load_config
+from orchestrator.experiment.faults import mixed_triggers
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     from orchestrator.experiment.runner import print_summary, run_experiment, trimmed
 
     cfg = load_config(args.config)  # every config error is raised here, before anything starts
+    for warning in mixed_triggers(cfg.events):
+        print(f"netai: warning: {warning}", file=sys.stderr)
     if args.locals or args.tasks or args.rounds:
         cfg = trimmed(
             cfg,

@@ -205,6 +205,26 @@ def parse_events(raw: Any, model: NetworkModel, *, tasks: int | None = None,
     return tuple(sorted(out, key=_order))
 
 
+def mixed_triggers(events: Sequence[FaultEvent]) -> list[str]:
+    """Warnings, one per target (a link, a task's link, a site, the controller, the background
+    load) whose events mix the two kinds of trigger: timed events and round events are not ordered
+    with each other (a ``link_up`` at 20 s can come before the ``link_down`` after round 50), so a
+    pair meant in order should use one kind. Empty when nothing mixes."""
+    groups: dict[str, list[FaultEvent]] = {}
+    for ev in events:
+        key = {"background": "the background load", "controller_restart": "the controller"}.get(ev.action, ev.target)
+        groups.setdefault(key, []).append(ev)
+    out = []
+    for key, evs in groups.items():
+        timed = next((e for e in evs if e.at_round is None), None)
+        at_round = next((e for e in evs if e.at_round is not None), None)
+        if timed is not None and at_round is not None:
+            out.append(f"the events on {key} mix triggers ({timed.action} {timed.when}, {at_round.action} "
+                       f"{at_round.when}): timed and round events are not ordered with each other; give a pair "
+                       "meant in order the same kind of trigger")
+    return out
+
+
 def parse_reschedule(raw: Any) -> RescheduleConfig:
     """The ``reschedule:`` section. Raises ConfigError naming the bad key."""
     if raw is None:

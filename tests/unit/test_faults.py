@@ -23,6 +23,8 @@ from orchestrator.experiment.faults import (
     LinkWatcher,
     busiest_link,
     crosses,
+    link_name,
+    mixed_triggers,
     parse_events,
     parse_reschedule,
 )
@@ -92,6 +94,27 @@ def test_events_at_a_round_come_after_timed_ones_and_round_trip() -> None:
     with pytest.raises(ConfigError, match=r"events\[0\]\.at_round: round 7 is not before the task's last round \(5\)"):
         parse_config({"name": "x", "topology": NSF, "mode": "online", "locals": [2], "online": {"tasks": 2},
                       "task": {"rounds": 5}, "events": raw})
+
+
+def test_a_target_whose_events_mix_timed_and_round_triggers_is_warned_of() -> None:
+    model = load(NSF)
+    a, b = next(iter(model.links))
+    mixed = parse_events([{"at_round": {"task": 1, "round": 40}, "action": "link_down", "link": [a, b]},
+                          {"at_s": 20, "action": "link_up", "link": [a, b]},
+                          {"at_s": 5, "action": "background", "load": 0.5},
+                          {"at_round": {"task": 1, "round": 10}, "action": "background", "load": 0.0},
+                          {"at_s": 1, "action": "server_kill", "site": "Boulder"},
+                          {"at_s": 9, "action": "server_restart", "site": "Boulder"},
+                          {"at_round": {"task": 1, "round": 3}, "action": "controller_restart"}],
+                         model, tasks=1, rounds=50)
+
+    warnings = mixed_triggers(mixed)
+
+    assert len(warnings) == 2
+    assert any(w.startswith(f"the events on {link_name((a, b))} mix triggers (link_up at 20.0 s, link_down "
+                            "after round 40 of task 1)") for w in warnings)
+    assert any(w.startswith("the events on the background load mix triggers") for w in warnings)
+    assert mixed_triggers(mixed[:1]) == [] and mixed_triggers(()) == []
 
 
 def test_reschedule_section_and_mode() -> None:
