@@ -195,11 +195,14 @@ def encode_frame(header: Header, payload: Buffer | list[Buffer]) -> list[Buffer]
     """
     parts = payload if isinstance(payload, list) else [payload]
     digest = xxhash.xxh3_128()
-    size = 0
     for p in parts:
         digest.update(p)
-        size += len(p) if isinstance(p, bytes) else p.nbytes
+    size = _size(parts)
     return [_header_bytes(replace(header, nbytes=size, digest=digest.hexdigest() if size else "")), *parts]
+
+
+def _size(parts: list[Buffer]) -> int:
+    return sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts)
 
 
 def _header_bytes(header: Header) -> bytes:
@@ -309,7 +312,7 @@ def encode_chunk(header: Header, tensors: Mapping[str, torch.Tensor] | None) -> 
 
 
 #: Characters of an XXH3-128 hex digest.
-DIGEST_CHARS: Final = 32
+DIGEST_CHARS: Final = 2 * xxhash.xxh3_128().digest_size
 
 
 class LazyFrame(Sequence[Buffer]):
@@ -333,7 +336,7 @@ class LazyFrame(Sequence[Buffer]):
     @property
     def nbytes(self) -> int:
         """The frame's size in bytes (known without hashing: the digest has a fixed length)."""
-        size = sum(len(p) if isinstance(p, bytes) else p.nbytes for p in self._payload)
+        size = _size(self._payload)
         h = replace(self._header, nbytes=size, digest="0" * DIGEST_CHARS if size else "")
         return FIXED_LEN + len(h.to_json()) + size
 

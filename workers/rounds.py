@@ -699,9 +699,11 @@ class RoundEngine:
         payload = mean if self.codec is None or mean is None else self.codec.compress(k, mean)
         frame = LazyFrame(header, payload)  # hashed by the sender thread, right before it writes
         st.sent_bytes += frame.nbytes
-        on_sent = _both(self._once("update_sent", st.number, None, num_examples=n, nbytes=st.sent_bytes),
-                        st.own_copy.one_done if st.own_copy is not None else None) if last else (
-            self._once("update_first_sent", st.number, None) if k == 0 else None)
+        if last:  # the update has left whole: its copy of the trained model may be written again
+            on_sent = _both(self._once("update_sent", st.number, None, num_examples=n, nbytes=st.sent_bytes),
+                            st.own_copy.one_done if st.own_copy is not None else None)
+        else:
+            on_sent = self._once("update_first_sent", st.number, None) if k == 0 else None
         self.upload_out.send(frame, round=st.number, on_sent=on_sent)
         if last:
             self.log.emit("aggregated", round=st.number, num_examples=n, stragglers=sorted(st.excluded),
