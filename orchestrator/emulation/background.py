@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.emulation.cleanup import stat_fields
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.base import dijkstra, walk_back
 from topologies.model import NetworkModel
@@ -90,14 +91,9 @@ def _with_descendants(pid: int) -> list[int]:
     """`pid` first, then the processes it started, and theirs (a wrapper may fork its server)."""
     parent_of: dict[int, int] = {}
     for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue  # gone meanwhile
-        # ``pid (comm) state ppid ...``: comm may hold spaces and parentheses; it ends at the last ')'
-        parent_of[int(entry.name)] = int(stat[stat.rindex(")") + 2 :].split()[1])
+        fields = stat_fields(int(entry.name)) if entry.name.isdigit() else None
+        if fields is not None:  # else not a process, or gone meanwhile
+            parent_of[int(entry.name)] = int(fields[1])
     family, i = [pid], 0
     while i < len(family):
         family += [child for child, parent in parent_of.items() if parent == family[i]]

@@ -36,29 +36,29 @@ KILL_TIMEOUT_S = 2.0
 
 
 # -- processes ------------------------------------------------------------------------------------
-def proc_start_ticks(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name, from field 3 (state; then ppid, ...);
+    None if `pid` is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name (field 2) may contain spaces; fields after the closing parenthesis don't.
-    rest = stat.rsplit(")", 1)[1].split()
-    return int(rest[19])
+    return stat.rsplit(")", 1)[1].split()
+
+
+def proc_start_ticks(pid: int) -> int | None:
+    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[19])
 
 
 def process_alive(pid: int, start_ticks: int | None = None) -> bool:
     """True if `pid` runs (and, when given, started at `start_ticks`: not a reused pid)."""
-    ticks = proc_start_ticks(pid)
-    if ticks is None:
+    fields = stat_fields(pid)
+    if fields is None or fields[0] == "Z":
         return False
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    if state == "Z":
-        return False
-    return start_ticks is None or ticks == start_ticks
+    return start_ticks is None or int(fields[19]) == start_ticks
 
 
 def process_run_id(pid: int) -> str | None:
