@@ -182,13 +182,29 @@ def make(*, input_shape, num_classes, width=16):
 """
 
 
+#: Rounds per task of the online test: enough that tasks overlap for longer than the sampling
+#: period (3 rounds of its model take about 0.1 s, and a 0.5 s sampler could fall between overlaps).
+ONLINE_ROUNDS = 30
+
+
+def _overlapping(spans: list[tuple[float, float]]) -> bool:
+    """Whether any two (start, end) spans overlap."""
+    spans = sorted(spans)
+    latest_end = spans[0][1]
+    for start, end in spans[1:]:
+        if start < latest_end:
+            return True
+        latest_end = max(latest_end, end)
+    return False
+
+
 def test_online_mode_with_a_user_model(tmp_path: Path) -> None:
     model = _write(tmp_path, "my models/tiny.py", USER_MODEL)
     config = _write(tmp_path, "online.yaml", yaml.safe_dump({
         "name": "online-test", "topology": "sndlib/nobel-us", "mode": "online", "schedulers": ["spff", "mst"],
         "locals": [2, 4], "online": {"tasks": 6, "arrival": "poisson", "mean_interarrival_s": 0.3, "seed": 3,
                                      "sample_s": 0.5},
-        "task": {"model": f"{model}:make", "model_args": {"width": 24}, "rounds": 3},
+        "task": {"model": f"{model}:make", "model_args": {"width": 24}, "rounds": ONLINE_ROUNDS},
         "background": {"enabled": True, "pairs": 4}}))
     status, stdout, run_dir, db = run_config(config, tmp_path / "runs", timeout=1200)
 
@@ -213,9 +229,12 @@ def test_online_mode_with_a_user_model(tmp_path: Path) -> None:
     for t in done:
         rounds = db.query("SELECT latency_s FROM rounds WHERE scheduler = ? AND task_id = ?",
                           (t["scheduler"], t["task_id"]))
-        assert len(rounds) == 3
+        assert len(rounds) == ONLINE_ROUNDS
         assert sum(r["latency_s"] for r in rounds) <= t["finished_s"] - t["first_broadcast_s"] + 1e-6
-    samples = db.query("SELECT * FROM samples")
+    for sched in ("spff", "mst"):  # side by side in the tasks' own records...
+        spans = [(t["first_broadcast_s"], t["finished_s"]) for t in done if t["scheduler"] == sched]
+        assert _overlapping(spans), (sched, spans)
+    samples = db.query("SELECT * FROM samples")  # ...and as the sampler saw them
     assert samples and max(s["running"] for s in samples) >= 2, "tasks ran side by side"
     assert db.query("SELECT COUNT(DISTINCT site) AS n FROM site_samples")[0]["n"] == 14
     report = (run_dir / "report.md").read_text()
