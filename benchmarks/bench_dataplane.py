@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.emulation.background import wait_listening  # noqa: E402
 from orchestrator.emulation.network import Emulation  # noqa: E402
-from orchestrator.experiment.task_manager import round_bound  # noqa: E402
+from orchestrator.lifecycle.recorder import round_bound  # noqa: E402
 from orchestrator.runtime.backends import open_compute  # noqa: E402
 from orchestrator.runtime.compute import ComputeManager, check_model  # noqa: E402
 from orchestrator.runtime.task_runner import FLOptions, TaskResult, run_task  # noqa: E402

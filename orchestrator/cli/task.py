@@ -169,6 +169,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 result = run_task(schedule, manager=manager, options=options, log_dir=manager.task_dir("agents"))
         else:
             result = _run_emulated(task, schedule, model, backend_kind, options, log_dir,
+                                   train_allowance_s=args.train_allowance,
                                    dashboard_port=args.dashboard_port if args.dashboard else None)
     except (RuntimeError, TimeoutError) as e:  # a role or a server failed: say why in one line, status 1
         print(f"netai: task {task.id} failed: {e}", file=sys.stderr)
@@ -182,16 +183,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any, log_dir: Path, *,
-                  dashboard_port: int | None = None) -> Any:
-    """Bring the emulation up, run the task, tear down. The run is recorded in
-    ``<log dir>/emulation/results.db`` (link load, the task's states, rounds and per-node times), so
+                  train_allowance_s: float, dashboard_port: int | None = None) -> Any:
+    """Bring the emulation up, run the task through the lifecycle core, tear down. The run is recorded
+    in ``<log dir>/emulation/results.db`` (link load, the task's states, rounds and per-node times), so
     `netai dashboard` replays it; with `dashboard_port`, the live dashboard serves it meanwhile."""
     from orchestrator.cli.net import LiveRecord
     from orchestrator.emulation.network import Emulation
-    from orchestrator.experiment.attach import LiveRecorder
+    from orchestrator.emulation.network_port import ControllerNetwork
+    from orchestrator.lifecycle.core import Lifecycle
+    from orchestrator.lifecycle.recorder import DbRecorder
     from orchestrator.runtime.backends import emulation_options, open_compute
-    from orchestrator.runtime.task_runner import TaskExecution
-    from orchestrator.scheduling.cost import emulated_rate, round_figures
+    from orchestrator.runtime.compute_port import ServerCompute
+    from orchestrator.scheduling import NetworkState
     from topologies.plan import EmulationPlan
 
     if kind == "docker":
@@ -208,34 +211,16 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
             run_id = emu.run_id
             if live.dashboard is not None:
                 print(f"netai: live dashboard at {live.dashboard.url}", flush=True)
-            rec = LiveRecorder(live.db, live.run_id, live.clock.t0)
-            sched = schedule.scheduler
-            rec.arrive(sched, task)
-            figures = round_figures(model, schedule, task.model_bytes, rate=emulated_rate(plan),
-                                    propagation=bool(getattr(emu.info, "delay_emulated", False)))
-            rec.db.record_schedule(rec.run_id, schedule, figures.lower_bound.lower_s)
+            delay = bool(getattr(emu.info, "delay_emulated", False))
+            network = ControllerNetwork(emu.client, plan, delay_emulated=delay, install_ids=iter((task.id,)),
+                                        measure_background=False)
             with open_compute(kind, emu, log_root=log_dir / "workers") as manager:
-                emu.install_task(schedule)
-                rec.state(sched, task.id, "scheduled", admitted_s=rec.now())
-                execution = TaskExecution(schedule, manager=manager, options=options, log_dir=manager.task_dir("agents"))
-                outcome, reason = "failed", "interrupted"
-                try:
-                    execution.start()
-                    rec.state(sched, task.id, "running")
-                    while not execution.check(manager.poll(schedule.overlay_nodes)):
-                        time.sleep(0.05)  # poll interval of the roles' states, bounded by the task's budget
-                    events = execution.events()
-                    result = execution.result(events)
-                    rec.rounds(schedule, figures, list(result.rounds), events)
-                    outcome, reason = "done", ""
-                    return result
-                except (RuntimeError, TimeoutError) as e:
-                    reason = str(e).splitlines()[0]
-                    raise
-                finally:
-                    execution.stop()
-                    rec.state(sched, task.id, outcome, reason, finished_s=rec.now())
-                    emu.client.remove_task(schedule.task_id)
+                compute = ServerCompute(manager, model=model, rate=network.rate, propagation=delay,
+                                        train_allowance_s=train_allowance_s, options=lambda _t: options)
+                core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(live.db, live.run_id),
+                                 clock=live.clock, model=model, schedulers=lambda _name: None,
+                                 whole_updates=options.compression == "none")
+                return core.run_one(schedule.scheduler, task, NetworkState(model), schedule=schedule).result
     finally:
         if kind == "docker" and run_id:
             # Mininet removes each container with its host; this catches any a failed teardown left.

@@ -18,38 +18,26 @@ bounds, what each node did per round, set-up figures and carried bytes (`LiveRec
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.emulation.controller_client import ControllerClient
+from orchestrator.emulation.network_port import ControllerNetwork
 from orchestrator.emulation.running import RunningNetwork
-from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.results_db import ResultsDB
-from orchestrator.experiment.task_manager import record_rounds
+from orchestrator.lifecycle.core import Lifecycle, RunClock
+from orchestrator.lifecycle.recorder import DbRecorder, NullRecorder
 from orchestrator.runtime.backends import NamespaceBackend
-from orchestrator.runtime.compute import ComputeManager
-from orchestrator.runtime.task_runner import (
-    FLOptions,
-    RoundResult,
-    TaskExecution,
-    TaskResult,
-    rounds_so_far,
-)
-from orchestrator.runtime.timing import TaskTiming, task_timing
-from orchestrator.scheduling import NetworkState, Schedule, resolve_scheduler
-from orchestrator.scheduling.cost import RoundFigures, emulated_rate, round_figures
+from orchestrator.runtime.compute_port import TaskServers
+from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskResult
+from orchestrator.scheduling import Schedule, resolve_scheduler
 from orchestrator.scheduling.tasks import Task, generate_tasks
 
 #: How often the roles' events are read for rounds G has completed (s).
 PROGRESS_PERIOD_S = 0.5
-#: Open vSwitch refreshes flow counters about once a second: two reads this far apart that agree are final.
-COUNTER_SETTLE_S = 1.2
-COUNTER_READS = 5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,47 +101,8 @@ class LiveRecorder:
     def task_ids(self) -> set[int]:
         return {int(r["task_id"]) for r in self.db.query("SELECT task_id FROM tasks WHERE run_id = ?", (self.run_id,))}
 
-    def arrive(self, scheduler: str, task: Task) -> None:
-        at = self.now()
-        self.db.record_task(self.run_id, scheduler, task, state="pending")
-        self.db.set_task_times(self.run_id, scheduler, task.id, arrival_s=at)
-        self.db.set_task_state(self.run_id, scheduler, task.id, "pending", at_s=at)
-
-    def state(self, scheduler: str, task_id: int, state: str, reason: str = "", **times: float | None) -> float:
-        at = self.now()
-        if times:
-            self.db.set_task_times(self.run_id, scheduler, task_id, **times)
-        self.db.set_task_state(self.run_id, scheduler, task_id, state, reason, at_s=at)
-        return at
-
-    def rounds(self, schedule: Schedule, figures: RoundFigures, rounds: list[RoundResult],
-               events: dict[str, list[dict[str, Any]]]) -> None:
-        record_rounds(self.db, self.run_id, schedule.scheduler, schedule, figures, rounds, events, self.of)
-
     def close(self) -> None:
         self.db.close()
-
-
-def settled_bytes(client: ControllerClient, task_id: int) -> int | None:
-    """The task's carried bytes once two counter reads `COUNTER_SETTLE_S` apart agree (None if unreadable)."""
-    last = None
-    for _ in range(COUNTER_READS):
-        try:
-            got = int(client.task_bytes(task_id))
-        except Exception:  # noqa: BLE001 -- its flows are gone or the controller is busy: no figure
-            return last
-        if got == last:
-            return got
-        last = got
-        time.sleep(COUNTER_SETTLE_S)  # OVS refreshes counters about once a second; bounded by COUNTER_READS
-    return last
-
-
-def _bytes_now(client: ControllerClient, task_id: int) -> int | None:
-    try:
-        return int(client.task_bytes(task_id))
-    except Exception:  # noqa: BLE001 -- its flows are gone or the controller is unreachable: no figure
-        return None
 
 
 def run_attached(
@@ -163,7 +112,7 @@ def run_attached(
     say: Callable[[str], None] = lambda _m: None,
     on_round: Callable[[RoundResult], None] = lambda _r: None,
 ) -> AttachOutcome:
-    """Run one task on the running network `net` (see the module docstring).
+    """Run one task on the running network `net` through the lifecycle core (see the module docstring).
 
     Raises
     ------
@@ -177,9 +126,7 @@ def run_attached(
     label = scheduler.name
     model = net.model(req.topology)
     hosts = {h.site: h for h in net.plan.hosts}
-    pids = {site: net.host_pid(site) for site in hosts}  # a host that is gone: before anything is recorded
-    delay = bool(getattr(net.state, "delay_emulated", False))
-    rate = emulated_rate(net.plan)
+    pids = {site: (net.host_pid(site), h.ip, h.name) for site, h in hosts.items()}  # a host that is gone: now
     recorder = LiveRecorder.open(net)
     try:
         with net.install_lock():
@@ -191,117 +138,51 @@ def run_attached(
             (task,) = generate_tasks(model, count=1, locals_per_task=req.locals, seed=req.seed, first_id=task_id,
                                      model_name=req.options.model, rounds=req.options.rounds,
                                      model_bytes=req.model_bytes)
-            state: NetworkState = net.network_state(model)
-            if recorder:
-                recorder.arrive(label, task)
-                recorder.db.record_network_state(recorder.run_id, label, task.id, state)
-            schedule = scheduler.schedule(state, task)
-            if schedule.blocked:
-                if recorder:
-                    recorder.state(label, task.id, "blocked", schedule.reason)
-                raise ConfigError(f"{label} cannot place task {task.id} on {net.name}: {schedule.reason}")
-            figures = round_figures(model, schedule, task.model_bytes, rate=rate, propagation=delay,
-                                    whole_updates=req.options.compression == "none")
-            if recorder:
-                recorder.db.record_schedule(recorder.run_id, schedule, figures.lower_bound.lower_s)
-                admitted = recorder.state(label, task.id, "scheduled")
-                recorder.db.set_task_times(recorder.run_id, label, task.id, admitted_s=admitted)
-            try:
-                summary = net.client.install_task(task_paths(schedule, bw_scale=net.plan.bw_scale))
-            except Exception as e:
-                if recorder:
-                    recorder.state(label, task.id, "failed", f"install: {e}".splitlines()[0],
-                                   finished_s=recorder.now())
-                raise
-        log_dir = req.log_root / f"{time.strftime('%Y%m%d-%H%M%S')}-attach-task{task.id}"
-        say(f"task {task.id}: G={task.global_site}, locals={', '.join(task.local_sites)}; {label}: "
-            f"{len(schedule.relay_sites)} relays, {len(schedule.edges)} paths installed on {net.name} "
-            f"(reservation {'enforced' if summary.get('reservation', {}).get('enforced') else 'NOT enforced'}); "
-            f"logs {log_dir}")
-        completed = False
-        try:
-            timing = task_timing(model, schedule, task.model_bytes, rate=rate, propagation=delay,
-                                 train_allowance_s=req.train_allowance_s)
-            result = _run_roles(net, schedule, figures, timing, req.options,
-                                {n: (pids[n], hosts[n].ip, hosts[n].name) for n in schedule.overlay_nodes},
-                                log_dir, recorder, say, on_round)
-            completed = True
-        finally:
-            # Carried bytes are final once the counters settle (a second or two); after a failure or
-            # Ctrl-C the paths go at once, with the bytes counted so far.
-            carried = None
-            if recorder:
-                carried = settled_bytes(net.client, task.id) if completed else _bytes_now(net.client, task.id)
-            with contextlib.suppress(Exception):  # already gone (the network stopped): nothing to remove
-                net.client.remove_task(task.id)
-            if recorder and carried is not None:
-                recorder.db.set_carried_bytes(recorder.run_id, label, task.id, carried)
-        return AttachOutcome(task=task, schedule=schedule, result=result, reservation=summary.get("reservation", {}),
-                             log_dir=log_dir, recorded_in=recorder.path if recorder else "")
+            log_dir = req.log_root / f"{time.strftime('%Y%m%d-%H%M%S')}-attach-task{task.id}"
+            core, network = _attached_core(net, model, req, pids, log_dir, recorder, say, on_round,
+                                           install_id=task.id, scheduler=scheduler)
+            core.arrive(label, task)
+            live = core.admit(label, task, net.network_state(model))
+        if not live.ended:
+            sched = live.schedule
+            enforced = network.last_install.get("reservation", {}).get("enforced")
+            say(f"task {task.id}: G={task.global_site}, locals={', '.join(task.local_sites)}; {label}: "
+                f"{len(sched.relay_sites)} relays, {len(sched.edges)} paths installed on {net.name} "
+                f"(reservation {'enforced' if enforced else 'NOT enforced'}); logs {log_dir}")
+        core.follow(live, poll_s=0.05)
+        return AttachOutcome(task=task, schedule=live.schedule, result=live.result,
+                             reservation=network.last_install.get("reservation", {}), log_dir=log_dir,
+                             recorded_in=recorder.path if recorder else "")
     finally:
         if recorder:
             recorder.close()
 
 
-def _run_roles(net: RunningNetwork, schedule: Schedule, figures: RoundFigures, timing: TaskTiming,
-               options: FLOptions, hosts: dict[str, tuple[int, str, str]], log_dir: Path,
-               recorder: LiveRecorder | None, say: Callable[[str], None],
-               on_round: Callable[[RoundResult], None]) -> TaskResult:
-    """Site servers in the task's hosts, its roles on them, rounds reported as G completes them."""
+def _report(rounds: list[RoundResult], on_round: Callable[[RoundResult], None]) -> None:
+    for r in rounds:
+        on_round(r)
+
+
+def _attached_core(net: RunningNetwork, model: Any, req: AttachRequest, hosts: dict[str, tuple[int, str, str]],
+                   log_dir: Path, recorder: LiveRecorder | None, say: Callable[[str], None],
+                   on_round: Callable[[RoundResult], None], *, install_id: int,
+                   scheduler: Any) -> tuple[Lifecycle, ControllerNetwork]:
+    """The lifecycle core of one attached task: the running network's controller, site servers in the
+    task's hosts only, and the network's results database (if it records one)."""
     assert net.state is not None  # host_pid needed it
-    scheduler, task_id = schedule.scheduler, schedule.task_id
-    reported = 0
-    try:
-        backend = NamespaceBackend(hosts, log_root=log_dir, run_id=net.state.run_id)
-        with ComputeManager(backend, schedule.overlay_nodes) as manager:
-            say(f"{len(manager.servers)} site servers up in the task's hosts; running {options.rounds} rounds")
-            execution = TaskExecution(schedule, manager=manager, options=options,
-                                      log_dir=manager.task_dir("agents"), timing=timing)
-            try:
-                execution.start()
-                if recorder:
-                    recorder.state(scheduler, task_id, "running")
-                next_read = time.monotonic() + PROGRESS_PERIOD_S
-                while not execution.check(manager.poll(schedule.overlay_nodes)):
-                    if time.monotonic() >= next_read:
-                        next_read = time.monotonic() + PROGRESS_PERIOD_S
-                        reported = _report_rounds(execution, schedule, figures, reported, recorder, on_round)
-                    time.sleep(0.05)  # poll interval of the roles' states, bounded by the task's budget
-            finally:
-                execution.stop()
-            events = execution.events()
-            result = execution.result(events)
-    except BaseException as e:
-        if recorder:
-            reason = f"{type(e).__name__}: {e}".splitlines()[0]
-            recorder.state(scheduler, task_id, "failed", reason, finished_s=recorder.now())
-        raise
-    for r in result.rounds[reported:]:
-        on_round(r)
-    if recorder:
-        first = recorder.of(result.first_broadcast_t) if result.first_broadcast_t else None
-        admitted = recorder.db.query("SELECT admitted_s FROM tasks WHERE run_id = ? AND scheduler = ? AND task_id = ?",
-                                     (recorder.run_id, scheduler, task_id))
-        admitted_s = admitted[0]["admitted_s"] if admitted else None
-        recorder.rounds(schedule, figures, list(result.rounds), events)
-        recorder.db.set_task_setup(recorder.run_id, scheduler, task_id, agents_ready_s=result.agents_ready_s,
-                                   connect_s=result.connect_s, chunk_bytes=result.chunk_bytes,
-                                   connections_lost=result.connections_lost)
-        finished = recorder.of(result.finished_t) if result.finished_t else recorder.now()
-        recorder.state(scheduler, task_id, "done", first_broadcast_s=first, finished_s=finished,
-                       start_overhead_s=None if first is None or admitted_s is None else first - admitted_s)
-    return result
-
-
-def _report_rounds(execution: TaskExecution, schedule: Schedule, figures: RoundFigures, reported: int,
-                   recorder: LiveRecorder | None, on_round: Callable[[RoundResult], None]) -> int:
-    """Report (and record) the rounds G completed since `reported`; returns how many are reported now."""
-    events = execution.events()
-    rounds = rounds_so_far(schedule, events)  # none yet, or a torn events line: next time
-    if len(rounds) <= reported:
-        return reported
-    for r in rounds[reported:]:
-        on_round(r)
-    if recorder:
-        recorder.rounds(schedule, figures, rounds, events)
-    return len(rounds)
+    run_mark = net.state.run_id
+    delay = bool(getattr(net.state, "delay_emulated", False))
+    network = ControllerNetwork(net.client, net.plan, delay_emulated=delay, install_ids=iter((install_id,)),
+                                measure_background=False)
+    compute = TaskServers(hosts, lambda chosen, root: NamespaceBackend(chosen, log_root=root, run_id=run_mark),
+                          log_dir, model=model, rate=network.rate, propagation=delay,
+                          train_allowance_s=req.train_allowance_s, options=lambda _t: req.options)
+    rounds_of = req.options.rounds
+    compute.on_up = lambda n: say(f"{n} site servers up in the task's hosts; running {rounds_of} rounds")
+    clock = RunClock(recorder.clock_zero) if recorder else RunClock()
+    rec = DbRecorder(recorder.db, recorder.run_id) if recorder else NullRecorder()
+    core = Lifecycle(network=network, compute=compute, recorder=rec, clock=clock, model=model,
+                     schedulers=lambda _name: scheduler, whole_updates=req.options.compression == "none",
+                     progress_period_s=PROGRESS_PERIOD_S,
+                     on_rounds=lambda _live, rounds: _report(rounds, on_round))
+    return core, network

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import ConfigError
+from orchestrator.lifecycle.policy import Link, link_name
 from topologies.model import NetworkModel
 
 LOG = logging.getLogger("netai.faults")
@@ -41,7 +42,6 @@ _KEYS = {
 }
 _OPTIONAL = {"server_kill": {"restart_after_s"}}
 
-Link = tuple[str, str]
 #: How the `faults` row of an event the trace ended before begins (`FaultInjector.finish`).
 NOT_APPLIED = "not applied"
 
@@ -395,11 +395,6 @@ class LinkWatcher:
         return went_down, came_up
 
 
-def link_name(link: Link) -> str:
-    """``A - B`` (site names may contain hyphens)."""
-    return f"{link[0]} - {link[1]}"
-
-
 def busiest_link(schedule: Any, model: NetworkModel) -> Link | None:
     """The link (sorted site pair) that most of `schedule`'s paths cross, among those whose loss
     leaves `model` connected (ties by name); None if there is none."""
@@ -414,7 +409,3 @@ def busiest_link(schedule: Any, model: NetworkModel) -> Link | None:
     return min(usable, key=lambda link: (-count[link], link), default=None)
 
 
-def crosses(schedule: Any, links: set[Link]) -> list[Link]:
-    """The links of `links` (sorted site pairs) that any path of `schedule` uses, in either direction."""
-    used = {tuple(sorted(hop)) for e in schedule.edges for hop in e.links()}
-    return sorted(link for link in links if link in used)

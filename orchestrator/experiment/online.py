@@ -27,12 +27,16 @@ import random
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.lifecycle import policy
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.model import NetworkModel
+
+if TYPE_CHECKING:
+    from orchestrator.experiment.run_context import ExperimentRun
 
 LOG = logging.getLogger("netai.online")
 
@@ -66,8 +70,8 @@ def memory_used_bytes() -> int | None:
 class _Sampler:
     """Reserved and carried bandwidth, memory and the sites' load, every `period_s`."""
 
-    def __init__(self, tm: Any, scheduler: str, period_s: float) -> None:
-        self.tm = tm
+    def __init__(self, run: ExperimentRun, scheduler: str, period_s: float) -> None:
+        self.run = run
         self.scheduler = scheduler
         self.period_s = period_s
         self.next_t = 0.0
@@ -76,7 +80,7 @@ class _Sampler:
 
     def carried_mbps(self, live_ids: set[int], now: float) -> float | None:
         try:
-            flows = self.tm.emu.client.flows()
+            flows = self.run.emu.client.flows()
         except Exception:  # noqa: BLE001 -- the controller did not answer this time: no figure
             return None
         by_task: dict[int, int] = {}
@@ -86,118 +90,119 @@ class _Sampler:
         rate = None
         if self._last_t is not None and now > self._last_t:
             delta = sum(max(0, b - self._last_bytes.get(t, 0)) for t, b in by_task.items())
-            rate = delta * 8 / 1e6 / (now - self._last_t) / self.tm.plan.bw_scale
+            rate = delta * 8 / 1e6 / (now - self._last_t) / self.run.plan.bw_scale
         self._last_bytes, self._last_t = by_task, now
         return rate
 
     def maybe(self, live: list[Any], statuses: dict[str, dict[str, Any]], *, force: bool = False) -> None:
-        now = self.tm.clock.now()
+        now = self.run.core.clock.now()
         if now < self.next_t and not force:
             return
         self.next_t = now + self.period_s
         sites = {s: (float(st.get("cpu_s", 0.0)), int(st.get("pss_bytes", 0)), len(st.get("roles", {})))
                  for s, st in statuses.items()}
-        self.tm.db.record_sample(
-            self.tm.run_id, self.scheduler, now, running=len(live),
+        self.run.db.record_sample(
+            self.run.run_id, self.scheduler, now, running=len(live),
             reserved_mbps=sum(lv.schedule.reserved_mbps_total for lv in live),
             carried_mbps=self.carried_mbps({lv.install_id for lv in live}, now),
             memory_used_bytes=memory_used_bytes(), sites=sites)
 
 
-def run_online(tm: Any, model: NetworkModel, model_bytes: int, *, progress: bool = True) -> None:
-    """Run the arrival trace under every scheduler of ``tm.cfg`` in turn (see the module docstring)."""
-    cfg = tm.cfg
-    trace = arrival_trace(cfg, model, model_bytes)
+def run_online(run: ExperimentRun, model_bytes: int) -> None:
+    """Run the arrival trace under every scheduler of ``run.cfg`` in turn (see the module docstring)."""
+    cfg = run.cfg
+    trace = arrival_trace(cfg, run.model, model_bytes)
     LOG.info("online: %d tasks over %.1f s (%s), schedulers %s", len(trace), trace[-1][0] if trace else 0.0,
              cfg.online.arrival, ", ".join(cfg.schedulers))
     policies = cfg.reschedule.policies
     for name in cfg.schedulers:
-        for policy in policies:
-            label = name if len(policies) == 1 else f"{name}/{policy}"
-            tm.labels[label] = (name, policy)
+        for resched in policies:
+            label = name if len(policies) == 1 else f"{name}/{resched}"
+            run.core.labels[label] = (name, resched)
             try:
-                _run_trace(tm, label, trace, NetworkState(model))
+                _run_trace(run, label, trace, NetworkState(run.model))
             finally:
-                restore_network(tm)
-            tm.settle_counters(wait=True)  # this trace's flows gone before the next one's
+                restore_network(run)
+            run.core.settle_counters(wait=True)  # this trace's flows gone before the next one's
 
 
-def restore_network(tm: Any) -> None:
+def restore_network(run: ExperimentRun) -> None:
     """Bring back every link the emulation has cut and every site server that was killed (between
     traces, so each starts from the same network); failures are logged."""
     from orchestrator.experiment.faults import LinkWatcher
 
-    cut = {tuple(sorted(e.link)) for e in tm.cfg.events if e.link is not None} | set(tm.down)
+    cut = {tuple(sorted(e.link)) for e in run.cfg.events if e.link is not None} | set(run.core.down)
     for a, b in sorted(cut):
         try:
-            tm.emu.set_link(a, b, True)
+            run.emu.set_link(a, b, True)
         except Exception as e:  # noqa: BLE001 -- the next trace reports what is still cut
             LOG.warning("restoring link %s-%s: %s", a, b, e)
-    for site in sorted(tm.compute.lost):
+    for site in sorted(run.compute.lost):
         try:
-            tm.compute.restart_server(site)
+            run.compute.restart_server(site)
         except Exception as e:  # noqa: BLE001
             LOG.warning("restarting the site server of %s: %s", site, e)
-    if any(e.action == "background" for e in tm.cfg.events) and tm.background_step is not None:
+    if any(e.action == "background" for e in run.cfg.events) and run.background_step is not None:
         try:
-            tm.background_step(tm.cfg.background.load if tm.cfg.background.enabled else 0.0)
+            run.background_step(run.cfg.background.load if run.cfg.background.enabled else 0.0)
         except Exception as e:  # noqa: BLE001
             LOG.warning("restoring the background load: %s", e)
-    if tm.down:
-        watcher = LinkWatcher(tm.emu.client)
+    if run.core.down:
+        watcher = LinkWatcher(run.emu.client)
         for _ in range(50):  # until the controller has seen the ports come back; bounded (~5 s)
             watcher.poll()
             if not watcher.down:
                 break
             time.sleep(0.1)
-        tm.down = set(watcher.down)
+        run.core.down = set(watcher.down)
 
 
-def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: NetworkState) -> None:
+def _run_trace(run: ExperimentRun, scheduler: str, trace: list[tuple[float, Task]], state: NetworkState) -> None:
     from functools import partial
 
     from orchestrator.experiment.faults import FaultInjector, LinkWatcher, busiest_link
 
+    tm = run.core
     pending = deque(trace)
     live: list[Any] = []
-    sampler = _Sampler(tm, scheduler, tm.cfg.online.sample_s)
+    sampler = _Sampler(run, scheduler, run.cfg.online.sample_s)
     start = tm.clock.now()
     ended = 0
-    injector = FaultInjector(tm.cfg.events, tm.emu, tm.compute, tm.clock.now,
-                             partial(tm.db.record_fault, tm.run_id, scheduler),
-                             background_step=tm.background_step,
-                             task_link=lambda tid: next((busiest_link(lv.schedule, tm.model) for lv in live
+    injector = FaultInjector(run.cfg.events, run.emu, run.compute.manager, tm.clock.now,
+                             partial(run.db.record_fault, run.run_id, scheduler),
+                             background_step=run.background_step,
+                             task_link=lambda tid: next((busiest_link(lv.schedule, run.model) for lv in live
                                                          if lv.task.id == tid), None),
                              progress=lambda tid: next((lv.rounds_recorded for lv in live if lv.task.id == tid), None))
     injector.start()
-    watcher = LinkWatcher(tm.emu.client) if tm.cfg.events else None
-    policy = tm.labels.get(scheduler, (scheduler, ""))[1]
-    next_look = start + tm.cfg.reschedule.period_s
+    watcher = LinkWatcher(run.emu.client) if run.cfg.events else None
+    resched = tm.labels.get(scheduler, (scheduler, ""))[1]
+    next_look = start + run.cfg.reschedule.period_s
     while pending or live:
         injector.due()
         if watcher is not None:
             went_down, came_up = watcher.poll()
             if went_down or came_up:
                 n = len(live)
-                tm.links_changed(went_down, came_up, live)
+                policy.links_changed(tm, went_down, came_up, live)
                 ended += n - len(live)
-        if policy == "periodic" and tm.clock.now() >= next_look:
-            next_look = tm.clock.now() + tm.cfg.reschedule.period_s
+        if resched == "periodic" and tm.clock.now() >= next_look:
+            next_look = tm.clock.now() + run.cfg.reschedule.period_s
             n = len(live)
-            tm.periodic(live, tm.cfg.reschedule.threshold)
+            policy.periodic(tm, live, run.cfg.reschedule.threshold)
             ended += n - len(live)
         now = tm.clock.now() - start
         while pending and pending[0][0] <= now:
             t_arrival, task = pending.popleft()
             tm.arrive(scheduler, task, at_s=start + t_arrival)  # the trace's time, however late the loop is
             admitted = tm.admit(scheduler, task, state)
-            if admitted is None:
+            if admitted.ended:
                 ended += 1
             else:
                 live.append(admitted)
             LOG.info("%s: task %d arrived at %.1f s (%d locals): %s; %d running", scheduler, task.id, now,
-                     len(task.local_sites), "admitted" if admitted else "not admitted", len(live))
-        statuses = tm.compute.poll()
+                     len(task.local_sites), "not admitted" if admitted.ended else "admitted", len(live))
+        statuses = run.compute.poll()
         for lv in list(live):
             if tm.check(lv, statuses):
                 live.remove(lv)
@@ -210,5 +215,5 @@ def _run_trace(tm: Any, scheduler: str, trace: list[tuple[float, Task]], state: 
     if left:
         LOG.warning("%s: the trace ended before %d event(s) were due; not applied (recorded as failed): %s",
                     scheduler, len(left), "; ".join(" ".join(filter(None, (e.action, e.target, e.when))) for e in left))
-    sampler.maybe(live, tm.compute.poll(), force=True)  # the trace's end: its last CPU and memory figures
+    sampler.maybe(live, run.compute.poll(), force=True)  # the trace's end: its last CPU and memory figures
     LOG.info("%s: %d tasks ended in %.1f s", scheduler, ended, tm.clock.now() - start)

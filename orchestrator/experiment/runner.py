@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import os
 import platform
@@ -33,7 +32,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,7 +43,7 @@ from orchestrator.experiment.link_recorder import LinkRecorder
 from orchestrator.experiment.online import run_online
 from orchestrator.experiment.report import claims, summarize, write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
-from orchestrator.experiment.task_manager import RunClock, TaskManager
+from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
 from orchestrator.runtime.compute import check_model
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.tasks import Task, generate_tasks
@@ -151,6 +149,12 @@ class Progress:
             self._p.update(self.task_bar, completed=done_rounds)
             self._p.reset(self.round_bar, total=n_locals, completed=locals_done, description=f"round {rnd}: locals trained")
 
+    def follow(self, live: Any, events: Any) -> None:
+        """Move the task and round bars from a running task's events (the core's ``on_events``)."""
+        if self._p:
+            done, trained = round_progress(events, live.schedule)
+            self.round_progress(done, trained, len(live.schedule.local_sites), min(done + 1, live.task.rounds))
+
     def advance_run(self) -> None:
         if self._p:
             self._p.advance(self.run_bar)
@@ -160,7 +164,7 @@ class Progress:
             self._p.stop()
 
 
-def round_progress(events: dict[str, list[dict[str, Any]]], schedule: Schedule) -> tuple[int, int]:
+def round_progress(events: Any, schedule: Schedule) -> tuple[int, int]:
     """(rounds G has completed, locals that finished training in the round under way), from the
     agents' timing events by site."""
     done = max((int(ev.get("round", 0)) for ev in events.get(schedule.global_site, [])
@@ -171,45 +175,6 @@ def round_progress(events: dict[str, list[dict[str, Any]]], schedule: Schedule) 
         if any(ev.get("event") == "train_end" and ev.get("round") == current for ev in events.get(site, []))
     )
     return done, trained
-
-
-def _read_events(log_dir: Path) -> dict[str, list[dict[str, Any]]]:
-    """The events of a task's roles by site (the site each event names; file names are safe stems)."""
-    events: dict[str, list[dict[str, Any]]] = {}
-    for path in log_dir.glob("*.events.jsonl"):
-        try:
-            lines = path.read_text().splitlines()
-        except OSError:
-            continue
-        for line in lines:
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue  # a line being written
-            if isinstance(ev, dict) and isinstance(ev.get("site"), str):
-                events.setdefault(ev["site"], []).append(ev)
-    return events
-
-
-@contextlib.contextmanager
-def watch_rounds(log_dir: Path, schedule: Schedule, rounds: int, progress: Progress) -> Iterator[None]:
-    """Follow the agents' event files in a thread and move the task and round bars."""
-    import threading
-
-    stop = threading.Event()
-
-    def follow() -> None:
-        while not stop.wait(0.5):
-            done, trained = round_progress(_read_events(log_dir), schedule)
-            progress.round_progress(done, trained, len(schedule.local_sites), min(done + 1, rounds))
-
-    t = threading.Thread(target=follow, daemon=True)
-    if progress.enabled:
-        t.start()
-    try:
-        yield
-    finally:
-        stop.set()
 
 
 # -- the run --------------------------------------------------------------------------------------
@@ -295,7 +260,7 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
     run_id = db.start_run(cfg.name, cfg.to_dict())
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
     status, note = "failed", ""
-    tm: TaskManager | None = None
+    tm = None
     if dash is not None:
         dash.start()
         print(f"netai: live dashboard at {dash.url}", flush=True)
@@ -333,18 +298,18 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
                 traffic = BackgroundTraffic(emu.host, new, step_cfg, seed=cfg.seed,
                                             log_dir=run_dir / "background" / f"step-{next(steps)}")
                 traffic.start()
-            clock = RunClock()
+            run = lifecycle_for(cfg, emu, compute, db=db, run_id=run_id, plan=plan, model=model, run_dir=run_dir)
+            run.background_step = background_step
+            clock = run.core.clock
             if dash is not None:
                 dash.controller = emu.client
             recorder = LinkRecorder(emu.client, plan, run_dir / "results.db", run_id, clock=clock.now).start()
-            tm = TaskManager(db=db, run_id=run_id, emu=emu, plan=plan, model=model, compute=compute, cfg=cfg,
-                             run_dir=run_dir, clock=clock, release_on_end=cfg.mode == "online")
-            tm.background_step = background_step
+            tm = run.core
             try:
                 if cfg.mode == "online":
-                    run_online(tm, model, model_bytes, progress=progress)
+                    run_online(run, model_bytes)
                 else:
-                    _run_sequential(tm, model, model_bytes, progress=progress)
+                    _run_sequential(run, model_bytes, progress=progress)
             finally:
                 with contextlib.suppress(Exception):
                     tm.settle_counters(wait=True)
@@ -377,29 +342,30 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report)
 
 
-def _run_sequential(tm: Any, model: NetworkModel, model_bytes: int, *, progress: bool) -> None:
+def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> None:
     """Every point's tasks, one at a time, every scheduler on the same task before the next (so
     background load and machine noise hit the schedulers alike)."""
-    cfg = tm.cfg
-    tasks = task_sets(cfg, model, model_bytes)
+    cfg, core = run.cfg, run.core
+    tasks = task_sets(cfg, run.model, model_bytes)
     bar = Progress(sum(len(ts) for ts in tasks.values()) * len(cfg.schedulers), enabled=progress)
-    states = {(s, n): NetworkState(model) for s in cfg.schedulers for n in cfg.locals}
+    core.on_events = bar.follow
+    states = {(s, n): NetworkState(run.model) for s in cfg.schedulers for n in cfg.locals}
     try:
         for n in cfg.locals:
             for task in tasks[n]:
                 for name in cfg.schedulers:
-                    tm.arrive(name, task)
-                    live = tm.admit(name, task, states[(name, n)])
-                    if live is not None:
+                    core.arrive(name, task)
+                    live = core.admit(name, task, states[(name, n)])
+                    if not live.ended:
                         bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
                         nodes = live.schedule.overlay_nodes
-                        with watch_rounds(live.execution.log_dir, live.schedule, task.rounds, bar):
-                            while not tm.check(live, tm.compute.poll(nodes)):
-                                tm.settle_counters()
-                                time.sleep(0.05)  # poll interval of the roles' states; tasks have budgets
-                    tm.settle_counters()
+                        while not core.check(live, run.compute.poll(nodes)):
+                            core.settle_counters()
+                            time.sleep(0.05)  # poll interval of the roles' states; tasks have budgets
+                    core.settle_counters()
                     bar.advance_run()
     finally:
+        core.on_events = None
         bar.close()
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import itertools
 import logging
-import math
 import platform
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,12 @@ from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
 from orchestrator.experiment.report import write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.runner import RunOutcome, task_sets
-from orchestrator.experiment.task_manager import round_bound
-from orchestrator.runtime.task_runner import node_rounds, summarize
+from orchestrator.lifecycle.core import Lifecycle, LiveTask
+from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.scheduling import NetworkState
-from orchestrator.scheduling.cost import RoundFigures, capacity_rate, emulated_rate, round_figures
-from orchestrator.scheduling.schedule import Schedule
-from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate
+from orchestrator.scheduling.cost import capacity_rate, emulated_rate
+from orchestrator.simulation.ports import SimBatch, SimCompute, SimNetwork
+from orchestrator.simulation.spec import SimParams
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger("netai.simulation")
@@ -78,12 +77,20 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         "background": "not simulated"})
     status, note = "failed", ""
     try:
+        batch = SimBatch(model, params, rate)
+        network = SimNetwork(batch, propagation=params.propagation)
+        core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir),
+                         recorder=SimRecorder(db, run_id), clock=batch, model=model, schedulers=cfg.scheduler,
+                         whole_updates=cfg.task.compression == "none")
         t0 = time.monotonic()
-        runs, figures = _schedule_all(cfg, db, run_id, model, model_bytes, rate, params)
+        admitted = _admit_all(cfg, core, model, model_bytes)
         db.update_environment(run_id, scheduling_wall_s=round(time.monotonic() - t0, 3))
         t0 = time.monotonic()
-        result: dict[str, Any] = simulate(build_spec(model, runs, params, rate)) if runs else {"runs": [], "sim_end_s": 0.0}
-        done = _record(db, run_id, runs, figures, result)
+        result = batch.run()
+        for live in admitted:
+            core.check(live, {})
+        core.settle_counters(wait=True)
+        done = core.outcomes["done"]
         db.update_environment(run_id, clock_end_s=round(float(result["sim_end_s"]), 6),
                               simulation_wall_s=round(time.monotonic() - t0, 3),
                               simulation_peak_rss_mb=round(result.get("peak_rss_bytes", 0) / 2**20, 1),
@@ -105,67 +112,33 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report)
 
 
-def _schedule_all(cfg: ExperimentConfig, db: ResultsDB, run_id: int, model: Any, model_bytes: int, rate: Any,
-                  params: SimParams) -> tuple[list[TaskRun], dict[str, tuple[str, Schedule, RoundFigures]]]:
-    """Every point's tasks under every scheduler, in the emulation's order, on its network state."""
+def _admit_all(cfg: ExperimentConfig, core: Lifecycle, model: Any, model_bytes: int) -> list[LiveTask]:
+    """Every point's tasks under every scheduler, in the emulation's order, on its network state
+    (the sequential mode's: every scheduler sees the point's earlier tasks' reservations)."""
     tasks = task_sets(cfg, model, model_bytes)
     states = {(s, n): NetworkState(model) for s in cfg.schedulers for n in cfg.locals}
-    runs: list[TaskRun] = []
-    figures: dict[str, tuple[str, Schedule, RoundFigures]] = {}
+    admitted = []
     for n in cfg.locals:
         for task in tasks[n]:
             for name in cfg.schedulers:
-                db.record_task(run_id, name, task, state="pending")
-                state = states[(name, n)]
-                db.record_network_state(run_id, name, task.id, state)
-                schedule = cfg.scheduler(name).schedule(state, task)
-                if schedule.blocked:
-                    db.set_task_state(run_id, name, task.id, "blocked", schedule.reason)
-                    continue
-                state.admit(schedule)
-                fig = round_figures(model, schedule, task.model_bytes, rate=rate, propagation=params.propagation)
-                db.record_schedule(run_id, schedule, fig.lower_bound.lower_s, scheduler=name)
-                db.set_task_state(run_id, name, task.id, "running")
-                key = f"{name}/{task.id}"
-                runs.append(TaskRun(key, schedule, task.model_bytes, task.rounds))
-                figures[key] = (name, schedule, fig)
-    return runs, figures
+                core.arrive(name, task)
+                live = core.admit(name, task, states[(name, n)])
+                if not live.ended:
+                    admitted.append(live)
+    return admitted
 
 
-def _record(db: ResultsDB, run_id: int, runs: list[TaskRun], figures: dict[str, tuple[str, Schedule, RoundFigures]],
-            result: dict[str, Any]) -> int:
-    """Record every simulated run's rounds, nodes, times and carried bytes; the number done."""
-    by_key = {r["key"]: r for r in result["runs"]}
-    done = 0
-    for run in runs:
-        name, schedule, fig = figures[run.key]
-        tid = schedule.task_id
-        r = by_key.get(run.key)
-        if r is None:
-            db.set_task_state(run_id, name, tid, "failed", "the simulation did not finish the task")
-            continue
-        events = r["events"]
-        for ev in events.get(schedule.global_site, []):
-            if ev["event"] == "round_complete":  # no training is run: no accuracy or loss
-                ev.update(accuracy=math.nan, loss=math.nan, num_examples=0)
-        for rr in summarize(schedule, events, rounds=run.rounds):
-            # the bound and the reference with the round's own fastest training, as an emulated run's
-            lb = round_bound(fig, schedule, rr)
-            db.record_round(
-                run_id, name, tid, rr.round, latency_s=rr.latency_s, broadcast_s=rr.broadcast_s,
-                train_s=rr.train_s, upload_s=rr.upload_s, accuracy=None, lower_bound_s=lb.lower_s,
-                broadcast_all_s=rr.broadcast_all_s, upload_tail_s=rr.upload_tail_s,
-                broadcast_bound_s=lb.broadcast_s, upload_bound_s=lb.upload_s,
-                reference_s=replace(fig.reference, train_s=rr.train_min_s).lower_s)
-        db.record_node_rounds(run_id, name, tid, node_rounds(schedule, events))
-        start, end = float(r["start_s"]), float(r["end_s"])
-        db.set_task_times(run_id, name, tid, arrival_s=start, admitted_s=start, first_broadcast_s=start,
-                          finished_s=end, start_overhead_s=0.0)
-        db.set_carried_bytes(run_id, name, tid, sum(int(n) for _, _, n in r["link_bytes"]))
-        sf = fig.store_and_forward
-        db.set_task_setup(run_id, name, tid, chunk_bytes=int(r["chunk_bytes"]), simulated=True,
-                          store_and_forward_s=sf.broadcast_s + sf.upload_s)
-        db.set_task_state(run_id, name, tid, "done", at_s=end)
-        done += 1
-    return done
+class SimRecorder(DbRecorder):
+    """The results database as the simulation fills it: a simulated task arrives, is admitted and
+    starts when its run starts (no set-up is modelled, so its start overhead is 0 by definition),
+    and its set-up figures are only those the model has."""
 
+    def times(self, label: str, task_id: int, **times: float | None) -> None:
+        first = times.get("first_broadcast_s")
+        if first is not None:
+            times.update(arrival_s=first, admitted_s=first, start_overhead_s=0.0)
+        super().times(label, task_id, **times)
+
+    def setup(self, label: str, task_id: int, **figures: float | int | bool) -> None:
+        keep = ("chunk_bytes", "store_and_forward_s", "broadcast_bytes", "upload_bytes")
+        super().setup(label, task_id, simulated=True, **{k: v for k, v in figures.items() if k in keep})

@@ -22,12 +22,11 @@ from orchestrator.experiment.faults import (
     FaultInjector,
     LinkWatcher,
     busiest_link,
-    crosses,
-    link_name,
     mixed_triggers,
     parse_events,
     parse_reschedule,
 )
+from orchestrator.lifecycle.policy import crosses, link_name
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.tasks import Task
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule

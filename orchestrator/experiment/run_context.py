@@ -1,0 +1,63 @@
+"""An emulated experiment's run as the drivers see it: the lifecycle core on the emulation's ports,
+and the objects the faults and the online sampler act on (the emulation, the site servers).
+
+`lifecycle_for` is the one place where an experiment config becomes the core's ports and settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.emulation.network_port import ControllerNetwork
+from orchestrator.experiment.config import ExperimentConfig, TaskConfig
+from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.lifecycle.core import Lifecycle, RunClock
+from orchestrator.lifecycle.recorder import DbRecorder
+from orchestrator.runtime.compute_port import ServerCompute
+from orchestrator.runtime.task_runner import FLOptions
+from topologies.model import NetworkModel
+from topologies.plan import EmulationPlan
+
+
+def fl_options(task: TaskConfig, *, rounds: int, seed: int) -> FLOptions:
+    """How a task of an experiment learns: its config's `task` section (model, data, training knobs)."""
+    return FLOptions(model=task.model, model_args=dict(task.model_args), rounds=rounds, partitioning=task.partition,
+                     alpha=task.alpha, seed=seed, lr=task.lr, local_epochs=task.local_epochs,
+                     batch_size=task.batch_size, strategy=task.strategy, mu=task.mu, compression=task.compression,
+                     k=task.k, dataset=task.dataset, dataset_args=dict(task.dataset_args),
+                     selection=task.selection)
+
+
+@dataclass
+class ExperimentRun:
+    """The core of one emulated run and what its drivers act on besides it."""
+
+    core: Lifecycle
+    cfg: ExperimentConfig
+    emu: Any
+    compute: ServerCompute
+    db: ResultsDB
+    run_id: int
+    plan: EmulationPlan
+    model: NetworkModel
+    #: Sets the background load to a fraction (a fault event's load step), or None.
+    background_step: Callable[[float], None] | None = None
+
+
+def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsDB, run_id: int,
+                  plan: EmulationPlan, model: NetworkModel, run_dir: Path) -> ExperimentRun:
+    """The lifecycle core of `cfg`'s run on the emulation `emu` and the site servers `manager`."""
+    delay = bool(getattr(emu.info, "delay_emulated", False))
+    network = ControllerNetwork(emu.client, plan, delay_emulated=delay)
+    faults = bool(getattr(cfg, "faults", False))
+    compute = ServerCompute(manager, model=model, rate=network.rate, propagation=delay,
+                            train_allowance_s=cfg.task.train_allowance_s,
+                            options=lambda task: fl_options(cfg.task, rounds=task.rounds, seed=cfg.seed + task.id),
+                            checkpoint=faults, links_dir=run_dir / "tasks")
+    core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(db, run_id), clock=RunClock(), model=model,
+                     schedulers=cfg.scheduler, release_on_end=cfg.mode == "online",
+                     whole_updates=cfg.task.compression == "none", faults=faults)
+    return ExperimentRun(core=core, cfg=cfg, emu=emu, compute=compute, db=db, run_id=run_id, plan=plan, model=model)
