@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+from orchestrator import interrupts
 from orchestrator.errors import ConfigError
 from topologies.errors import TopologyError
 
@@ -59,15 +61,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    previous = interrupts.install()
+    status = 130
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
     except USAGE_ERRORS as e:
         print(f"netai: error: {e}", file=sys.stderr)
-        return 2
+        status = 2
     except KeyboardInterrupt:
+        status = 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    if interrupts.INTERRUPTED.is_set():
+        status = 130  # even where the KeyboardInterrupt itself was swallowed (see orchestrator.interrupts)
+    if status == 130:
         print("netai: interrupted", file=sys.stderr)
-        return 130
-
+    return status
 
 if __name__ == "__main__":
     sys.exit(main())

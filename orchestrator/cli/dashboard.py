@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from orchestrator import interrupts
 from orchestrator.errors import ConfigError
 
 
@@ -52,6 +53,7 @@ def cmd_dashboard(args: argparse.Namespace) -> int:
             while True:
                 signal.pause()
         except KeyboardInterrupt:
+            interrupts.INTERRUPTED.clear()  # Ctrl-C is how a replay ends: a normal exit
             return 0
 
 

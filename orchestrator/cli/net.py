@@ -25,6 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestrator import interrupts
 from orchestrator.cli.dashboard import add_dashboard_args
 from orchestrator.errors import ConfigError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
@@ -239,6 +240,7 @@ def _refresh(args: argparse.Namespace, render: Callable[[], str]) -> int:
             sys.stdout.flush()
             time.sleep(args.interval)  # refresh period of a live display, not a readiness wait
     except KeyboardInterrupt:
+        interrupts.INTERRUPTED.clear()  # Ctrl-C is how a live display ends: a normal exit
         return 0
 
 

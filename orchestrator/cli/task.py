@@ -216,7 +216,8 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
                                         measure_background=False)
             with open_compute(kind, emu, log_root=log_dir / "workers") as manager:
                 compute = ServerCompute(manager, model=model, rate=network.rate, propagation=delay,
-                                        train_allowance_s=train_allowance_s, options=lambda _t: options)
+                                        train_allowance_s=train_allowance_s, options=lambda _t: options,
+                                        dir_name="agents")
                 core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(live.db, live.run_id),
                                  clock=live.clock, model=model, schedulers=lambda _name: None,
                                  whole_updates=options.compression == "none")

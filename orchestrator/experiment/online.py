@@ -29,6 +29,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator import interrupts
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.lifecycle import policy
 from orchestrator.scheduling import NetworkState
@@ -210,6 +211,7 @@ def _run_trace(run: ExperimentRun, scheduler: str, trace: list[tuple[float, Task
         sampler.maybe(live, statuses)
         tm.settle_counters()
         if pending or live:
+            interrupts.check()
             time.sleep(0.1)  # poll interval; every task has its own budget (TaskExecution.check)
     left = injector.finish()
     if left:

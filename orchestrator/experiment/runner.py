@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator import interrupts
 from orchestrator.dashboard.server import Dashboard
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig
@@ -360,6 +361,7 @@ def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> 
                         bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
                         nodes = live.schedule.overlay_nodes
                         while not core.check(live, run.compute.poll(nodes)):
+                            interrupts.check()
                             core.settle_counters()
                             time.sleep(0.05)  # poll interval of the roles' states; tasks have budgets
                     core.settle_counters()

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator import interrupts
 from orchestrator.errors import ConfigError
 from orchestrator.lifecycle import states as st
 from orchestrator.lifecycle.ports import Clock, ComputePort, Events, Execution, Link, NetworkPort, Recorder
@@ -266,6 +267,7 @@ class Lifecycle:
             raise ConfigError(f"{live.label} cannot place task {live.task.id}: {live.reason}")
         try:
             while not live.ended and not self.check(live, self.compute.poll(live.schedule.overlay_nodes)):
+                interrupts.check()
                 time.sleep(poll_s)  # poll interval of the roles' states, bounded by the task's budget
         except BaseException as e:
             self.abort(live, f"{type(e).__name__}: {e}".splitlines()[0])

@@ -102,12 +102,15 @@ class ServerCompute:
         G checkpoints after every round and lost roles other than G are tolerated (faults, moves).
     links_dir
         Where each task's log directory is also linked from, by its name (the run folder's ``tasks/``).
+    dir_name
+        The one task's log directory name, whatever the core calls it (``netai task run``: ``agents``).
     """
 
     def __init__(self, manager: Any, *, model: NetworkModel, rate: RateFn, propagation: bool,
                  train_allowance_s: float, options: Callable[[Task], FLOptions], checkpoint: bool = False,
-                 links_dir: Path | None = None) -> None:
+                 links_dir: Path | None = None, dir_name: str | None = None) -> None:
         self.links_dir = links_dir
+        self.dir_name = dir_name
         self.manager = manager
         self.model = model
         self.rate = rate
@@ -121,7 +124,7 @@ class ServerCompute:
         return self.manager.lost
 
     def task_dir(self, name: str) -> Path:
-        path: Path = self.manager.task_dir(name)
+        path: Path = self.manager.task_dir(self.dir_name or name)
         if self.links_dir is not None:
             link = self.links_dir / name
             link.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,53 @@
+"""What tells whether a round measured the emulated network or the host: per-hop figures of the
+broadcast tree, computed the same way for every engine from the records the core already keeps.
+
+A *hop* is one broadcast edge in one round: ``hop_s`` is the child's receive time (it holds the
+whole global model) minus its parent's. Its *floor* is what the emulated network alone allows:
+the child cannot finish before the parent's last chunk has crossed the edge (one chunk at the
+edge's share of its slowest link, plus its propagation where delay is emulated), nor before the
+whole model has crossed the edge since the round started (G starts with the whole model; a relay
+forwards as it receives). ``overhead_s = hop_s - floor_s`` is what the instrument added (software,
+CPU waits). docs/architecture.md, "Fidelity", says how the verdict reads these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from orchestrator.scheduling import Schedule
+from orchestrator.scheduling.cost import RateFn, link_copies, overlay_edge_s
+from topologies.model import NetworkModel
+
+
+def hop_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mapping[str, Any]], *,
+             chunk_bytes: int, model_bytes: int, rate: RateFn, propagation: bool) -> list[dict[str, Any]]:
+    """One row per broadcast edge and round that both ends logged: round, parent, child, hop_s,
+    chunk_s (one chunk over the edge), floor_s and overhead_s (seconds).
+
+    Parameters
+    ----------
+    node_rows
+        The ``node_rounds`` rows of the task (`received_s` per site and round, on any one clock).
+    chunk_bytes
+        The chunk size the task's transfers used (0: whole models, store and forward).
+    """
+    received = {(r["site"], r["round"]): r.get("received_s") for r in node_rows}
+    g = schedule.global_site
+    copies = link_copies(schedule, "broadcast")
+    out = []
+    for e in schedule.edges_of("broadcast"):
+        chunk = chunk_bytes if 0 < chunk_bytes < model_bytes else model_bytes
+        chunk_s = overlay_edge_s(model, e, copies, chunk, rate=rate, propagation=propagation)
+        whole_s = overlay_edge_s(model, e, copies, model_bytes, rate=rate, propagation=propagation)
+        for (site, rnd), child_t in received.items():
+            if site != e.dst or child_t is None:
+                continue
+            parent_t, start_t = received.get((e.src, rnd)), received.get((g, rnd))
+            if parent_t is None or start_t is None:
+                continue
+            floor = max(chunk_s, start_t + whole_s - parent_t)
+            hop = child_t - parent_t
+            out.append({"round": rnd, "parent": e.src, "child": e.dst, "hop_s": hop, "chunk_s": chunk_s,
+                        "floor_s": floor, "overhead_s": hop - floor})
+    return sorted(out, key=lambda r: (r["round"], r["child"]))
