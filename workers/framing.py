@@ -242,7 +242,8 @@ def split_tensors(tensors: Mapping[str, torch.Tensor], max_chunk_bytes: int | No
     return chunks
 
 
-def _verify(header: Header, payload: bytes | bytearray) -> None:
+def verify_payload(header: Header, payload: bytes | bytearray) -> None:
+    """Check a frame's payload against the digest its header carries (FrameError ``bad_checksum``)."""
     if payload and xxhash.xxh3_128_hexdigest(payload) != header.digest:
         raise FrameError("bad_checksum", "payload digest does not match the header", header)
 

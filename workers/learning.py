@@ -82,12 +82,12 @@ class Learner:
     def __init__(self, cfg: AgentConfig) -> None:
         self.cfg = cfg
         torch.set_num_threads(max(1, cfg.threads))
-        self.data: Dataset = _dataset(cfg.dataset, cfg.data_seed, json.dumps(dict(cfg.dataset_args), sort_keys=True))
+        self.data: Dataset = _dataset(cfg.dataset, cfg.seed, json.dumps(dict(cfg.dataset_args), sort_keys=True))
         self.model: nn.Module = build_model(
             cfg.model,
             input_shape=self.data.input_shape,
             num_classes=self.data.num_classes,
-            seed=cfg.model_seed,
+            seed=cfg.seed,
             model_args=dict(cfg.model_args),
         )
         #: Names, shapes and dtypes every received tensor set is checked against.
@@ -101,7 +101,7 @@ class Learner:
                 cfg.num_parts,
                 scheme="dirichlet" if cfg.partitioning == "dirichlet" else "iid",
                 alpha=cfg.alpha,
-                seed=cfg.data_seed,
+                seed=cfg.seed,
             )
             self.train_idx = torch.from_numpy(parts[cfg.part_index])
         self._warm_up()
@@ -123,7 +123,7 @@ class Learner:
         opt = torch.optim.SGD(self.model.parameters(), lr=self.cfg.lr, momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
         self.strategy.begin(self.model)
-        gen = torch.Generator().manual_seed(self.cfg.data_seed + 7919 * (self.cfg.part_index or 0))
+        gen = torch.Generator().manual_seed(self.cfg.seed + 7919 * (self.cfg.part_index or 0))
         for _ in range(self.cfg.local_epochs):
             order = torch.randperm(len(x), generator=gen)
             for i in range(0, len(x), self.cfg.batch_size):

@@ -59,7 +59,7 @@ import torch
 
 from workers.aggregate import ChunkSum
 from workers.compression import make_codec
-from workers.config import DEFAULT_TOPK, AgentConfig
+from workers.config import AgentConfig
 from workers.events import EventLog
 from workers.framing import (
     FIXED_LEN,
@@ -83,6 +83,7 @@ from workers.selection import (
     parse_stats,
     update_norm,
 )
+from workers.spec import DEFAULT_TOPK
 
 SELF = ""  # the node's own contribution among a chunk's contributors
 

@@ -36,8 +36,8 @@ from workers.framing import (
     Buffer,
     FrameError,
     Header,
-    _verify,
     encode_frame,
+    verify_payload,
 )
 
 #: First and largest pause between connect attempts (doubling in between).
@@ -121,7 +121,7 @@ def read_frame(sock: socket.socket, *, max_payload_bytes: int) -> tuple[Header, 
     except FrameError as e:
         e.header = header
         raise
-    _verify(header, payload)
+    verify_payload(header, payload)
     return header, payload
 
 

@@ -35,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.dashboard import add_dashboard_args
+from orchestrator.cli.learning import add_learning_args, learning_options
 from orchestrator.errors import ConfigError
+from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 
 DEFAULT_LOG_ROOT = Path(os.environ.get("NETAI_TASK_LOG_DIR", "/var/tmp/netai-tasks"))
 
@@ -51,8 +53,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--scheduler", default="mst",
                      help="scheduler name, module:Class or path/file.py:Class (default mst; docs/schedulers.md)")
     run.add_argument("--locals", type=int, required=True, help="number of local models")
-    run.add_argument("--rounds", type=int, default=3)
-    run.add_argument("--model", default="mlp", help="registered model, module:callable or file.py:callable")
+    add_learning_args(run)
     run.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument of the model factory (JSON value), repeatable")
     run.add_argument("--select", default="all", metavar="POLICY",
@@ -61,13 +62,6 @@ def register(subparsers: Any) -> None:
     run.add_argument("--select-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="an option of the selection policy (k, fraction, seed, metric); repeatable")
     run.add_argument("--backend", default="auto", choices=("auto", "docker", "process", "loopback"))
-    run.add_argument("--partition", default="iid", choices=("iid", "dirichlet"))
-    run.add_argument("--alpha", type=float, default=0.5, help="Dirichlet concentration (non-IID)")
-    run.add_argument("--local-epochs", type=int, default=2)
-    run.add_argument("--lr", type=float, default=0.1)
-    run.add_argument("--seed", type=int, default=0, help="seed of the task draw, the data split and the model")
-    run.add_argument("--child-timeout", type=float, default=60.0, metavar="S",
-                     help="per-child wait of a node, seconds (scaled by its subtree height)")
     run.add_argument("--log-dir", type=Path, default=None, help=f"default {DEFAULT_LOG_ROOT}/<time>-task<id>")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--attach", action="store_true",
@@ -75,7 +69,7 @@ def register(subparsers: Any) -> None:
     run.add_argument("--url", help="with --attach: controller REST URL of the running network (default: the only one)")
     run.add_argument("--task-id", type=int, default=None,
                      help="with --attach: the task's id (default: one above every installed or recorded task's)")
-    run.add_argument("--train-allowance", type=float, default=30.0, metavar="S",
+    run.add_argument("--train-allowance", type=float, default=TRAIN_ALLOWANCE_S, metavar="S",
                      help="with --attach: what a round may spend training on top of its transfer timeouts, s")
     add_dashboard_args(run)
     run.set_defaults(func=cmd_run)
@@ -120,21 +114,20 @@ def resolve_backend(name: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.runtime.compute import check_model
-    from orchestrator.runtime.task_runner import FLOptions, TaskResult, run_task
+    from orchestrator.runtime.task_runner import TaskResult, run_task
     from orchestrator.scheduling import NetworkState, get_scheduler
     from orchestrator.scheduling.tasks import generate_tasks
     from topologies.loaders import load
     from workers.models import normalize_spec
 
-    if args.rounds < 1:
-        raise ConfigError(f"--rounds must be at least 1, got {args.rounds}")
     args.model = normalize_spec(args.model)
     model_args = _key_values(args.model_arg)
     args.selection = _selection(args)
+    options = learning_options(args, model_args=model_args, selection=args.selection)  # bad: one line, exit 2
     if args.attach:
         if args.dashboard:
             raise ConfigError("--dashboard goes with the network: `netai net up --dashboard` shows attached tasks")
-        return _cmd_attach(args, model_args)
+        return _cmd_attach(args, options)
     if args.topology is None:
         raise ConfigError("--topology is required (or --attach, to run on the network `netai net up` runs)")
     if args.url or args.task_id is not None:
@@ -149,10 +142,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     backend_kind = resolve_backend(args.backend)
     if args.dashboard and backend_kind == "loopback":
         raise ConfigError("--dashboard shows an emulated network: use the docker or process backend (root)")
-    options = FLOptions(model=args.model, model_args=model_args, rounds=args.rounds,
-                        partitioning=args.partition, alpha=args.alpha, seed=args.seed,
-                        local_epochs=args.local_epochs, lr=args.lr, child_timeout_s=args.child_timeout,
-                        selection=args.selection)
     log_dir: Path = args.log_dir or DEFAULT_LOG_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-task{task.id}"
     if not args.json:
         print(f"task {task.id}: G={task.global_site}, locals={', '.join(task.local_sites)}; {schedule.scheduler}: "
@@ -267,12 +256,11 @@ def _sigterm_exits() -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _cmd_attach(args: argparse.Namespace, model_args: dict[str, Any]) -> int:
+def _cmd_attach(args: argparse.Namespace, options: Any) -> int:
     """``--attach``: the task on the running network (see the module docstring)."""
     from orchestrator.emulation.running import find_running
     from orchestrator.experiment.attach import AttachRequest, run_attached
     from orchestrator.runtime.compute import check_model
-    from orchestrator.runtime.task_runner import FLOptions
     from orchestrator.scheduling import get_scheduler
 
     if args.backend not in ("auto", "process"):
@@ -285,11 +273,8 @@ def _cmd_attach(args: argparse.Namespace, model_args: dict[str, Any]) -> int:
     get_scheduler(args.scheduler)  # an unknown scheduler or a broken plugin: one line, exit 2
     if os.geteuid() != 0:
         raise ConfigError("--attach enters the running network's hosts (network namespaces): run it with sudo")
-    model_bytes = check_model(args.model, model_args)  # a broken model: one line, exit 2, before anything starts
+    model_bytes = check_model(options.model, options.model_args)  # a broken model: one line, exit 2, before anything starts
     net = find_running(args.url)
-    options = FLOptions(model=args.model, model_args=model_args, rounds=args.rounds, partitioning=args.partition,
-                        alpha=args.alpha, seed=args.seed, local_epochs=args.local_epochs, lr=args.lr,
-                        child_timeout_s=args.child_timeout, selection=args.selection)
     req = AttachRequest(scheduler=args.scheduler, locals=args.locals, seed=args.seed, options=options,
                         model_bytes=model_bytes, log_root=args.log_dir or DEFAULT_LOG_ROOT, task_id=args.task_id,
                         topology=args.topology, train_allowance_s=args.train_allowance)

@@ -33,6 +33,7 @@ from orchestrator.lifecycle.recorder import DbRecorder, NullRecorder
 from orchestrator.runtime.backends import NamespaceBackend
 from orchestrator.runtime.compute_port import TaskServers
 from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskResult
+from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 from orchestrator.scheduling import Schedule, resolve_scheduler
 from orchestrator.scheduling.tasks import Task, generate_tasks
 
@@ -53,7 +54,7 @@ class AttachRequest:
     log_root: Path
     task_id: int | None = None
     topology: str | None = None
-    train_allowance_s: float = 30.0
+    train_allowance_s: float = TRAIN_ALLOWANCE_S
 
 
 @dataclass(frozen=True)

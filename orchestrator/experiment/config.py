@@ -20,6 +20,7 @@ from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
 from orchestrator.runtime.remote import RemoteServer, parse_servers
+from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
 from orchestrator.scheduling.tasks import DEFAULT_DEMAND_MBPS, max_locals
 from orchestrator.simulation.spec import SimParams
@@ -27,11 +28,10 @@ from topologies.errors import TopologyError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
 from topologies.model import NetworkModel
 from topologies.plan import MAX_EMULATED_MBPS
-from workers.config import COMPRESSIONS, STRATEGIES, check_learning
+from workers.spec import LearningSpec, SpecError
 
 BACKENDS = ("auto", "docker", "process")
 PATTERNS = ("constant", "poisson", "demand-matrix")
-PARTITIONS = ("iid", "dirichlet")
 MODES = ("sequential", "online")
 ARRIVALS = ("poisson", "all")
 #: ``emulation``: Mininet, real workers; ``simulation``: the flow-level model on SimGrid
@@ -39,33 +39,37 @@ ARRIVALS = ("poisson", "all")
 ENGINES = ("emulation", "simulation")
 
 
-@dataclass(frozen=True)
-class TaskConfig:
-    model: str = "mlp"
-    rounds: int = 3
+@dataclass(frozen=True, kw_only=True)
+class TaskConfig(LearningSpec):
+    """The ``task`` section: the learning spec (`workers.spec.LearningSpec`: every setting, its
+    default and its check declared there) and what only an experiment's tasks have.
+
+    The section's keys are `TASK_KEYS` (``partition`` is the spec's `partitioning`) and
+    ``demand_mbps``, ``train_allowance_s``. The other settings are not keys: the run derives them
+    (each task's seed from the config's ``seed`` and its id; chunk size and timeouts from its
+    schedule, `orchestrator.runtime.timing.task_timing`).
+    """
+
     demand_mbps: float = DEFAULT_DEMAND_MBPS
-    partition: str = "iid"
-    alpha: float = 0.5
-    #: Keyword arguments of the model's factory (e.g. {hidden: 800}); JSON-safe values only.
-    model_args: Mapping[str, Any] = field(default_factory=dict)
     #: What a round may spend training, on top of the transfer timeouts derived from the schedule.
-    train_allowance_s: float = 30.0
-    #: Local training: learning rate, epochs per round, batch size.
-    lr: float = 0.1
-    local_epochs: int = 2
-    batch_size: int = 32
-    #: ``fedavg`` or ``fedprox`` (proximal coefficient `mu`); see `workers.strategies`.
-    strategy: str = "fedavg"
-    mu: float = 0.0
-    #: Update compression (`workers.compression`); `k`: the fraction ``topk`` keeps.
-    compression: str = "none"
-    k: float | None = None
-    #: A built-in dataset (``digits``, ``synthetic``) or ``module:factory`` / ``file.py:factory``.
-    dataset: str = "digits"
-    dataset_args: Mapping[str, Any] = field(default_factory=dict)
-    #: Local-model selection per round (``{policy: random, k: 4, seed: 1}``; docs/selection.md);
-    #: None: every local trains in every round.
-    selection: Mapping[str, Any] | None = None
+    train_allowance_s: float = TRAIN_ALLOWANCE_S
+
+    def section(self) -> dict[str, Any]:
+        """The section as a config file holds it (its keys only; selection left out when off)."""
+        learning = self.settings()
+        out: dict[str, Any] = {key: learning[name] for key, name in TASK_KEYS.items()}
+        if out["selection"] is None:
+            del out["selection"]
+        return out | {"demand_mbps": self.demand_mbps, "train_allowance_s": self.train_allowance_s}
+
+
+#: The learning settings an experiment's ``task`` section sets: its key -> the spec's setting.
+TASK_KEYS: dict[str, str] = {
+    "model": "model", "model_args": "model_args", "rounds": "rounds", "partition": "partitioning", "alpha": "alpha",
+    "lr": "lr", "local_epochs": "local_epochs", "batch_size": "batch_size", "strategy": "strategy", "mu": "mu",
+    "compression": "compression", "k": "k", "dataset": "dataset", "dataset_args": "dataset_args",
+    "selection": "selection",
+}
 
 
 @dataclass(frozen=True)
@@ -149,17 +153,12 @@ class ExperimentConfig:
         from dataclasses import asdict
 
         d = asdict(self)
+        d["task"] = self.task.section()
         specs = {s.label: s for s in self.scheduler_specs}  # a label without one: a registered name
         d["schedulers"] = [specs[x].to_entry() if x in specs else x for x in self.schedulers]
         del d["scheduler_specs"]
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
-        d["task"]["model_args"] = dict(self.task.model_args)
-        d["task"]["dataset_args"] = dict(self.task.dataset_args)
-        if self.task.selection is None:
-            del d["task"]["selection"]
-        else:
-            d["task"]["selection"] = dict(self.task.selection)
         if self.mode != "online":
             del d["online"]  # these sections are only allowed with mode: online
             del d["events"], d["reschedule"]
@@ -236,38 +235,6 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
-def _model_args(key: str, v: Any) -> dict[str, Any]:
-    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
-        raise ConfigError(f"{key} must be a mapping of argument names to values, got {v!r}")
-    for k, x in v.items():
-        if not isinstance(x, str | int | float | bool) or (isinstance(x, float) and x != x):
-            raise ConfigError(f"{key}.{k} must be a number, string or boolean, got {x!r}")
-    return dict(v)
-
-
-def _optional(check: Check) -> Check:
-    """`check`, or null (the default)."""
-    def optional(key: str, v: Any) -> Any:
-        return None if v is None else check(key, v)
-
-    return optional
-
-
-def _selection(key: str, v: Any) -> dict[str, Any] | None:
-    """A selection policy config, built once here so that a bad one fails before anything starts."""
-    from workers.selection import SelectionError, make_policy
-
-    if v is None:
-        return None
-    if not isinstance(v, Mapping) or not all(isinstance(k, str) for k in v):
-        raise ConfigError(f"{key} must be a mapping like {{policy: random, k: 4, seed: 1}}, got {v!r}")
-    try:
-        make_policy(v)
-    except SelectionError as e:
-        raise ConfigError(f"{key}: {e}") from None
-    return dict(v)
-
-
 def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -290,26 +257,39 @@ def _emulation(raw: Any, base_dir: Path | None) -> EmulationConfig:
     return replace(cfg, cluster=spec, backend="process" if spec is not None else cfg.backend)
 
 
-TASK_SCHEMA: dict[str, Check] = {
-    "model": _str, "rounds": _int(1, 1000), "demand_mbps": _num(0, lo_open=True),
-    "partition": _choice(PARTITIONS), "alpha": _num(0, lo_open=True), "model_args": _model_args,
-    "train_allowance_s": _num(0, lo_open=True),
-    "lr": _num(0, lo_open=True), "local_epochs": _int(1, 1000), "batch_size": _int(1, 1_000_000),
-    "strategy": _choice(STRATEGIES), "mu": _num(0), "compression": _choice(COMPRESSIONS), "k": _optional(_num(0, 1, lo_open=True)),
-    "dataset": _str, "dataset_args": _model_args, "selection": _selection,
-}
+def _selection(key: str, v: Any) -> None:
+    """Build the selection policy once, so that a bad one fails before anything starts."""
+    from workers.selection import SelectionError, make_policy
+
+    try:
+        make_policy(v)
+    except SelectionError as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def _as_given(key: str, v: Any) -> Any:
+    return v  # a learning setting: `LearningSpec.check` checks it, with the others
+
+
+#: The task section's own keys (the learning settings' are `TASK_KEYS`).
+TASK_SCHEMA: dict[str, Check] = {"demand_mbps": _num(0, lo_open=True), "train_allowance_s": _num(0, lo_open=True)}
 
 
 def _task(raw: Any) -> TaskConfig:
-    """The task section, each key checked, then the knobs together (`workers.config.check_learning`)."""
-    task = TaskConfig(**_section("task", raw, TASK_SCHEMA))
+    """The task section: its own keys checked here, the learning settings by the spec's one check
+    (`LearningSpec.check`), an error naming the key as written (``task.partition``); then the
+    selection policy is built."""
+    section = _section("task", raw, {**dict.fromkeys(TASK_KEYS, _as_given), **TASK_SCHEMA})
+    task = TaskConfig(**{TASK_KEYS.get(k, k): v for k, v in section.items()})
     try:
-        check_learning(strategy=task.strategy, mu=task.mu, compression=task.compression, k=task.k, lr=task.lr,
-                       local_epochs=task.local_epochs, batch_size=task.batch_size, dataset=task.dataset,
-                       dataset_args=task.dataset_args)
-    except ValueError as e:
-        raise ConfigError(f"task: {e}") from None
+        task.check()
+    except SpecError as e:
+        key = next((k for k, name in TASK_KEYS.items() if name == e.setting), e.setting)
+        raise ConfigError(e.named(f"task.{key}")) from None
+    _selection("task.selection", task.selection)
     return task
+
+
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),
     "connectivity": _choice(CONNECTIVITY_MODES),

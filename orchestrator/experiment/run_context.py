@@ -23,12 +23,9 @@ from topologies.plan import EmulationPlan
 
 
 def fl_options(task: TaskConfig, *, rounds: int, seed: int) -> FLOptions:
-    """How a task of an experiment learns: its config's `task` section (model, data, training knobs)."""
-    return FLOptions(model=task.model, model_args=dict(task.model_args), rounds=rounds, partitioning=task.partition,
-                     alpha=task.alpha, seed=seed, lr=task.lr, local_epochs=task.local_epochs,
-                     batch_size=task.batch_size, strategy=task.strategy, mu=task.mu, compression=task.compression,
-                     k=task.k, dataset=task.dataset, dataset_args=dict(task.dataset_args),
-                     selection=task.selection)
+    """How a task of an experiment learns: the learning spec of its config's `task` section, with the
+    task's own rounds and seed."""
+    return FLOptions.of(task, rounds=rounds, seed=seed)
 
 
 @dataclass

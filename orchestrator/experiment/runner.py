@@ -32,7 +32,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,24 +45,15 @@ from orchestrator.experiment.online import run_online
 from orchestrator.experiment.report import claims, summarize, write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
+from orchestrator.experiment.runs import RunOutcome, task_sets
 from orchestrator.runtime.compute import check_model
 from orchestrator.scheduling import NetworkState, Schedule
-from orchestrator.scheduling.tasks import Task, generate_tasks
-from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger("netai.experiment")
 # The online mode and the task manager are imported above, not in run_experiment: their loggers must
 # exist before Mininet is imported (loggers made after it get Mininet's logger class, whose records
 # do not reach the run's log file).
-
-
-@dataclass(frozen=True)
-class RunOutcome:
-    run_id: int
-    run_dir: Path
-    status: str
-    report: Path | None
 
 
 # -- checks before anything starts -------------------------------------------------------------------
@@ -179,18 +170,6 @@ def round_progress(events: Any, schedule: Schedule) -> tuple[int, int]:
 
 
 # -- the run --------------------------------------------------------------------------------------
-def task_sets(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> dict[int, list[Task]]:
-    """The seeded tasks of every point (number of locals); ids are unique in the run."""
-    return {
-        n: generate_tasks(
-            model, count=cfg.tasks_per_point, locals_per_task=n, seed=cfg.seed * 1000 + n, first_id=100 * n + 1,
-            model_name=cfg.task.model, rounds=cfg.task.rounds, demand_mbps=cfg.task.demand_mbps,
-            model_bytes=model_bytes,
-        )
-        for n in cfg.locals
-    }
-
-
 def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True,
                    dashboard_port: int | None = None) -> RunOutcome:
     """Run `cfg` for real (see the module docstring); returns where the results are.

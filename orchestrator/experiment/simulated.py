@@ -1,6 +1,6 @@
 """`engine: simulation`: an experiment config run on the flow-level model (`orchestrator.simulation`).
 
-The same task sets (`runner.task_sets`), the same schedulers, in the same order and on the same
+The same task sets (`runs.task_sets`), the same schedulers, in the same order and on the same
 network states as the sequential mode of the emulation (every scheduler sees the reservations of
 the point's earlier tasks; no background load), then every admitted task's rounds simulated on
 SimGrid (child engine processes, `orchestrator.simulation.spec.simulate`), recorded in the same results database, CSVs,
@@ -21,7 +21,7 @@ from typing import Any
 from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
 from orchestrator.experiment.report import write_csvs, write_report
 from orchestrator.experiment.results_db import ResultsDB
-from orchestrator.experiment.runner import RunOutcome, task_sets
+from orchestrator.experiment.runs import RunOutcome, task_sets
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.scheduling import NetworkState

@@ -30,21 +30,23 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from orchestrator.emulation.cleanup import ENV_RUN
 from orchestrator.errors import ConfigError
+from orchestrator.runtime.containers import (
+    CONTAINER_CTL_DIR,
+    CONTAINER_LOG_DIR,
+    DEFAULT_IMAGE,
+    docker_client,
+    image_exists,
+)
+from orchestrator.runtime.containers import RUN_LABEL as RUN_LABEL  # re-exported: the callers' names stay
+from orchestrator.runtime.containers import SITE_LABEL as SITE_LABEL
+from orchestrator.runtime.containers import remove_containers as remove_containers
 
-DEFAULT_IMAGE = os.environ.get("NETAI_WORKER_IMAGE", "netai-worker:latest")
-RUN_LABEL = "org.netai.run"
-SITE_LABEL = "org.netai.site"
-#: Where the per-run log directory is mounted inside worker containers.
-CONTAINER_LOG_DIR = "/netai/run"
-#: Where the site servers' control socket directory is mounted inside worker containers.
-CONTAINER_CTL_DIR = "/netai/ctl"
 BACKENDS = ("loopback", "process", "docker")
 
 
@@ -253,42 +255,7 @@ class _NamespaceHost:
         return self.ip
 
 
-# -- Docker ------------------------------------------------------------------------------------------
-def docker_client() -> Any:
-    """A Docker SDK client for the local daemon (unix socket), or raise ConfigError."""
-    try:
-        import docker
-    except ImportError as e:
-        raise ConfigError("the docker backend needs the Docker SDK (pip install 'docker>=7.1')") from e
-    try:
-        client = docker.from_env(timeout=120)
-        client.ping()
-    except Exception as e:
-        raise ConfigError(f"no Docker daemon answers: {e}") from e
-    return client
-
-
-_CLIENT: Any = None
-
-
-def _shared_client() -> Any:
-    """One Docker client for all worker hosts of this process."""
-    global _CLIENT
-    if _CLIENT is None:
-        _CLIENT = docker_client()
-    return _CLIENT
-
-
-def image_exists(client: Any, image: str = DEFAULT_IMAGE) -> bool:
-    import docker.errors
-
-    try:
-        client.images.get(image)
-    except docker.errors.ImageNotFound:
-        return False
-    return True
-
-
+# -- Docker (the client, image and labels: `orchestrator.runtime.containers`) ---------------------------
 def pick_backend(name: str, *, image: str = DEFAULT_IMAGE) -> str:
     """Resolve ``auto`` to ``docker`` (daemon and image present) or ``process``; check others."""
     if name not in (*BACKENDS, "auto"):
@@ -330,33 +297,6 @@ def ensure_worker_image(*, quiet: bool = False) -> None:
     if res.returncode != 0:
         tail = " | ".join((res.stderr or res.stdout).strip().splitlines()[-3:])
         raise ConfigError(f"building the worker image failed: {tail}")
-
-
-def remove_containers(client: Any, *, run_id: str | None = None) -> int:
-    """Remove (force) the worker containers of one run, or of every run when `run_id` is None."""
-    label = RUN_LABEL if run_id is None else f"{RUN_LABEL}={run_id}"
-    n = 0
-    for c in client.containers.list(all=True, filters={"label": label}):
-        try:
-            c.remove(force=True)
-            n += 1
-        except Exception:  # noqa: BLE001 -- already gone: nothing left to remove
-            pass
-    return n
-
-
-def _wait_running(container: Any, timeout_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        container.reload()
-        state = container.attrs.get("State", {})
-        if state.get("Running") and state.get("Pid"):
-            return int(state["Pid"])
-        if state.get("Status") in ("exited", "dead"):
-            raise RuntimeError(f"container {container.name} exited at start: {state}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"container {container.name} not running after {timeout_s:.0f} s: {state}")
-        time.sleep(0.05)  # poll interval, bounded by the deadline
 
 
 class ExecHandle:

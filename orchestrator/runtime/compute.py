@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from orchestrator.errors import ConfigError
 from workers.config import AgentConfig, file_stem
 from workers.control import ProtocolError, module_digest, recv_message, send_message, shipped_spec
+from workers.spec import DEFAULTS
 
 LOG = logging.getLogger("netai.compute")
 
@@ -38,7 +39,7 @@ LOG = logging.getLogger("netai.compute")
 REQUEST_TIMEOUT_S = 30.0
 
 
-def check_model(spec: str, model_args: Mapping[str, Any], dataset: str = "digits",
+def check_model(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULTS.dataset,
                 dataset_args: Mapping[str, Any] | None = None) -> int:
     """Load the dataset and build the model spec once on this machine, before anything starts, as
     every server will; the size of the model's weights (an uncompressed GLOBAL or UPDATE payload).

@@ -14,14 +14,14 @@ from typing import Any
 
 from mininet.node import Host
 
-from orchestrator.runtime.backends import (
+from orchestrator.runtime.containers import (
     CONTAINER_CTL_DIR,
     CONTAINER_LOG_DIR,
     DEFAULT_IMAGE,
     RUN_LABEL,
     SITE_LABEL,
-    _shared_client,
-    _wait_running,
+    shared_client,
+    wait_running,
 )
 
 
@@ -61,7 +61,7 @@ class DockerWorkerHost(Host):
         if getattr(self, "shell", None):
             return
         if self.dclient is None:
-            self.dclient = _shared_client()
+            self.dclient = shared_client()
         kwargs: dict[str, Any] = {
             "name": f"netai-{self.run_id}-{self.name}",
             "command": ["sleep", "infinity"],
@@ -86,7 +86,7 @@ class DockerWorkerHost(Host):
         if volumes:
             kwargs["volumes"] = volumes
         self.container = self.dclient.containers.run(self.image, **kwargs)
-        cpid = _wait_running(self.container, 60.0)
+        cpid = wait_running(self.container, 60.0)
         # Mininet's hook for how a node's shell is spawned is startShell's `mnopts` (mnexec's
         # options). ``-a PID`` joins the container's network and mount namespaces. Mininet
         # appends "n" (a new namespace) for nodes in a namespace; this node's namespace is the

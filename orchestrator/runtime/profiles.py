@@ -31,6 +31,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.joint import TrainingProfile
+from workers.spec import DEFAULTS
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,7 @@ class MeasuredProfile:
 
 
 def profile_key(
-    model: str, *, dataset: str = "digits", batch_size: int = 32,
+    model: str, *, dataset: str = DEFAULTS.dataset, batch_size: int = DEFAULTS.batch_size,
     model_args: Mapping[str, Any] | None = None, dataset_args: Mapping[str, Any] | None = None,
     torch_version: str = "",
 ) -> str:
@@ -96,7 +97,8 @@ def profile_key(
 
 
 def measure(
-    model: str = "mlp", *, dataset: str = "digits", batch_size: int = 32, epochs: int = 1,
+    model: str = DEFAULTS.model, *, dataset: str = DEFAULTS.dataset, batch_size: int = DEFAULTS.batch_size,
+    epochs: int = 1,
     model_args: Mapping[str, Any] | None = None, dataset_args: Mapping[str, Any] | None = None,
 ) -> MeasuredProfile:
     """Train `model` on the whole training split of `dataset` for `epochs` epochs and aggregate
@@ -175,7 +177,7 @@ def _write_cache(path: Path, profiles: Mapping[str, Any]) -> None:
 
 
 def load_profile(
-    model: str = "mlp", *, dataset: str = "digits", batch_size: int = 32,
+    model: str = DEFAULTS.model, *, dataset: str = DEFAULTS.dataset, batch_size: int = DEFAULTS.batch_size,
     model_args: Mapping[str, Any] | None = None, dataset_args: Mapping[str, Any] | None = None,
     cache: Path | None = None, refresh: bool = False,
 ) -> MeasuredProfile:
@@ -199,7 +201,8 @@ def load_profile(
     return measured
 
 
-def training_profile(measured: MeasuredProfile, *, local_epochs: int = 2) -> TrainingProfile:
+def training_profile(measured: MeasuredProfile, *,
+                     local_epochs: int = DEFAULTS.local_epochs) -> TrainingProfile:
     """The scheduler's `TrainingProfile` of a task training `local_epochs` epochs per round."""
     if local_epochs <= 0:
         raise ConfigError(f"local_epochs must be positive, got {local_epochs}")

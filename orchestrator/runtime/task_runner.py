@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,40 +29,13 @@ from networkx.utils import UnionFind
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.timing import TaskTiming, subtree_heights
 from orchestrator.scheduling.schedule import Schedule, task_ports
-from workers.config import DEFAULT_CHUNK_BYTES, AgentConfig, Peer, checkpoint_of, normalize_spec
+from workers.config import AgentConfig, Peer, checkpoint_of, normalize_spec
 from workers.selection import MAX_SITES
+from workers.spec import DEFAULT_CHUNK_BYTES, LearningSpec, SpecError
 
-
-@dataclass(frozen=True, kw_only=True)
-class FLOptions:
-    """How the task learns (all agents share these)."""
-
-    model: str = "mlp"
-    model_args: Mapping[str, Any] = field(default_factory=dict)
-    rounds: int = 3
-    dataset: str = "digits"
-    dataset_args: Mapping[str, Any] = field(default_factory=dict)
-    partitioning: str = "iid"
-    alpha: float = 0.5
-    seed: int = 0
-    local_epochs: int = 2
-    batch_size: int = 32
-    lr: float = 0.1
-    #: ``fedavg`` or ``fedprox`` (with `mu`); update compression and top-k's `k` (`workers.compression`).
-    strategy: str = "fedavg"
-    mu: float = 0.0
-    compression: str = "none"
-    k: float | None = None
-    #: Per-child wait of a node whose subtree has height 1; deeper nodes wait proportionally longer,
-    #: so a parent never gives up on a child that is itself still waiting for a straggler.
-    child_timeout_s: float = 60.0
-    connect_timeout_s: float = 60.0
-    global_timeout_s: float = 600.0
-    #: Messages travel in chunks of this size so the receiver checks chunk i while i+1 arrives.
-    max_chunk_bytes: int | None = DEFAULT_CHUNK_BYTES
-    threads: int = 1
-    #: Local-model selection (``{"policy": SPEC, **options}``, `workers.selection`); None: all train.
-    selection: Mapping[str, Any] | None = None
+#: How a task learns: the learning spec itself (`workers.spec`), under the name the runtime's callers
+#: use. Its settings, defaults and checks are declared there once; `agent_configs` checks it.
+FLOptions = LearningSpec
 
 
 def path_costs(schedule: Schedule) -> dict[str, float]:
@@ -120,6 +93,19 @@ def _check_trees(schedule: Schedule, addresses: Mapping[str, str]) -> None:
                 cur, hops = parent[cur], hops + 1
 
 
+def fixed_timing(options: LearningSpec, upload_children: Mapping[str, list[str]], global_site: str) -> TaskTiming:
+    """A task's timing from `options`' fixed values (no schedule-derived timing): each node's child
+    timeout is `options.child_timeout_s` times the height of its upload subtree."""
+    heights = subtree_heights(upload_children, global_site)
+    return TaskTiming(
+        chunk_bytes=options.max_chunk_bytes or DEFAULT_CHUNK_BYTES,
+        child_timeout_s={n: options.child_timeout_s * max(1, heights.get(n, 0)) for n in upload_children},
+        connect_timeout_s=options.connect_timeout_s,
+        global_timeout_s=options.global_timeout_s,
+        store_and_forward_s=0.0,
+    )
+
+
 def agent_configs(
     schedule: Schedule,
     *,
@@ -140,21 +126,17 @@ def agent_configs(
     Raises
     ------
     ConfigError
-        A blocked schedule, a node without an address, a tree that does not reach every local
-        model from G.
+        A bad learning setting (`LearningSpec.check`), a blocked schedule, a node without an
+        address, a tree that does not reach every local model from G.
     """
+    try:
+        options.check()
+    except SpecError as e:
+        raise ConfigError(f"task {schedule.task_id}: {e}") from None
     _check_trees(schedule, addresses)
     nodes = schedule.overlay_nodes
     up_children = {n: sorted(schedule.upload_children(n)) for n in nodes}
-    if timing is None:
-        heights = subtree_heights(up_children, schedule.global_site)
-        timing = TaskTiming(
-            chunk_bytes=options.max_chunk_bytes or DEFAULT_CHUNK_BYTES,
-            child_timeout_s={n: options.child_timeout_s * max(1, heights.get(n, 0)) for n in nodes},
-            connect_timeout_s=options.connect_timeout_s,
-            global_timeout_s=options.global_timeout_s,
-            store_and_forward_s=0.0,
-        )
+    timing = timing or fixed_timing(options, up_children, schedule.global_site)
     bc_port, up_port = task_ports(schedule.task_id)
     part_of = {site: i for i, site in enumerate(schedule.local_sites)}
     selection, measures = selection_settings(options.selection)
@@ -166,23 +148,22 @@ def agent_configs(
     def peer(site: str | None) -> Peer | None:
         return None if site is None else Peer(site=site, host=addresses[site])
 
+    shared = options.settings() | {
+        "model": normalize_spec(options.model), "dataset": normalize_spec(options.dataset),
+        "connect_timeout_s": timing.connect_timeout_s, "global_timeout_s": timing.global_timeout_s,
+        "max_chunk_bytes": timing.chunk_bytes,
+    }
     return {
         n: AgentConfig(
+            **shared | {"child_timeout_s": timing.child_timeout_s[n],
+                        "selection": selection if n == schedule.global_site else None},
             task=schedule.task_id, site=n, host=addresses[n], broadcast_port=bc_port, upload_port=up_port,
-            rounds=options.rounds, is_global=n == schedule.global_site,
-            expects_global=n in schedule.broadcast_parent,
+            is_global=n == schedule.global_site, expects_global=n in schedule.broadcast_parent,
             broadcast_parent=peer(schedule.broadcast_parent.get(n)),
             broadcast_children=tuple(Peer(site=c, host=addresses[c]) for c in sorted(schedule.broadcast_children(n))),
             upload_parent=peer(schedule.upload_parent.get(n)),
             upload_children=tuple(Peer(site=c, host=addresses[c]) for c in up_children[n]),
-            model=normalize_spec(options.model), model_args=dict(options.model_args), model_seed=options.seed,
-            dataset=normalize_spec(options.dataset), dataset_args=dict(options.dataset_args), partitioning=options.partitioning,
-            alpha=options.alpha, data_seed=options.seed, num_parts=len(schedule.local_sites),
-            part_index=part_of.get(n), local_epochs=options.local_epochs, batch_size=options.batch_size,
-            lr=options.lr, strategy=options.strategy, mu=options.mu, compression=options.compression, k=options.k,
-            child_timeout_s=timing.child_timeout_s[n], connect_timeout_s=timing.connect_timeout_s,
-            global_timeout_s=timing.global_timeout_s, max_chunk_bytes=timing.chunk_bytes, threads=options.threads,
-            selection=selection if n == schedule.global_site else None, selection_measures=measures,
+            num_parts=len(schedule.local_sites), part_index=part_of.get(n), selection_measures=measures,
             path_cost=costs.get(n, 0.0), broadcast_lanes=broadcast_lanes(schedule, n),
         )
         for n in nodes

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from orchestrator.scheduling.cost import RateFn, store_and_forward_s
 from orchestrator.scheduling.schedule import PROCEDURES, Schedule
 from topologies.model import NetworkModel
+from workers.spec import DEFAULTS
 
 #: Per-chunk cost at one stage, seconds (a frame header, digest, parse and queue hand-off of the
 #: agent, measured with benchmarks/bench_transfer.py on a 2-core machine: a few hundred us).
@@ -35,6 +36,9 @@ MAX_CHUNK_BYTES = 8 * 1024 * 1024
 TIMEOUT_MARGIN = 3.0
 #: Floor under every timeout: process scheduling on a busy machine, not the network.
 TIMEOUT_FLOOR_S = 5.0
+#: What a round may spend training on top of its transfer timeouts, seconds, unless a task's config
+#: (`task.train_allowance_s`) or ``netai task run --attach --train-allowance`` says otherwise.
+TRAIN_ALLOWANCE_S = 30.0
 
 
 def optimal_chunk_bytes(model_bytes: int, stages: int, rate_mbps: float, *, alpha_s: float = ALPHA_S) -> int:
@@ -95,7 +99,7 @@ def task_timing(
     *,
     rate: RateFn,
     train_allowance_s: float,
-    connect_timeout_s: float = 30.0,
+    connect_timeout_s: float = DEFAULTS.connect_timeout_s,
     propagation: bool = False,
     margin: float = TIMEOUT_MARGIN,
     chunk_bytes: int | None = None,

@@ -1,8 +1,9 @@
 """Schedulers: interchangeable algorithms that place a task's trees on the network.
 
-`SCHEDULERS` maps a name to a scheduler class; `get_scheduler(spec, **options)` builds one from a
-registered name, ``module:Class`` or ``path/file.py:Class`` (`orchestrator.scheduling.plugins`;
-the contract a scheduler keeps is in docs/schedulers.md). Every scheduler is a pure function of the
+`SCHEDULERS` maps a name to a scheduler class (`orchestrator.scheduling.registry`);
+`get_scheduler(spec, **options)` builds one from a registered name, ``module:Class`` or
+``path/file.py:Class`` (`orchestrator.scheduling.plugins`; the contract a scheduler keeps is in
+docs/schedulers.md). Every scheduler is a pure function of the
 network state and the task: no I/O.
 
 - ``spff``: the paper's fixed baseline (shortest path + first-fit wavelength, unicast per local);
@@ -22,18 +23,10 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.scheduling.base import Scheduler
-from orchestrator.scheduling.ilp import Optimum
-from orchestrator.scheduling.joint import Joint
-from orchestrator.scheduling.mst import MST
 from orchestrator.scheduling.plugins import SchedulerSpec, resolve_scheduler, resolve_schedulers
+from orchestrator.scheduling.registry import EXTRA_SCHEDULERS, SCHEDULERS
 from orchestrator.scheduling.schedule import PROCEDURES, OverlayEdge, Procedure, Schedule, task_ports
-from orchestrator.scheduling.spff import SPFF
 from orchestrator.scheduling.state import NetworkState
-from orchestrator.scheduling.trees import SPT, Steiner
-
-SCHEDULERS: dict[str, type[Scheduler]] = {"spff": SPFF, "mst": MST, "steiner": Steiner, "spt": SPT, "joint": Joint}
-#: Schedulers known by name but left out of the defaults (slow: an ILP per task).
-EXTRA_SCHEDULERS: dict[str, type[Scheduler]] = {"optimum": Optimum}
 
 
 def get_scheduler(spec: str, **options: Any) -> Scheduler:

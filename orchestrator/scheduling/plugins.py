@@ -36,6 +36,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.base import Scheduler
+from orchestrator.scheduling.registry import EXTRA_SCHEDULERS, SCHEDULERS
 
 #: A label: what results, figures, reports and task folders call a scheduler.
 LABEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}$")
@@ -74,9 +75,6 @@ class SchedulerSpec:
 
 
 def registered() -> dict[str, type[Scheduler]]:
-    # the package imports the users of this module, not it
-    from orchestrator.scheduling import EXTRA_SCHEDULERS, SCHEDULERS
-
     return {**SCHEDULERS, **EXTRA_SCHEDULERS}
 
 

@@ -16,7 +16,7 @@ import itertools
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import torch
@@ -27,7 +27,8 @@ from orchestrator.runtime.backends import LoopbackBackend
 from orchestrator.runtime.compute import ComputeManager, check_model
 from orchestrator.runtime.task_runner import FLOptions, run_task
 from orchestrator.scheduling.schedule import Schedule
-from workers import compression, config, data, strategies
+from workers import compression, data, strategies
+from workers import spec as learning_spec
 from workers.aggregate import ChunkSum
 from workers.compression import Codec
 from workers.config import AgentConfig
@@ -49,9 +50,10 @@ def _frame_bytes(header: Header, tensors: dict[str, torch.Tensor] | None) -> byt
 
 
 def test_the_lists_of_knobs_agree() -> None:
-    assert config.STRATEGIES == strategies.STRATEGIES
-    assert config.COMPRESSIONS == compression.COMPRESSIONS
-    assert config.BUILTIN_DATASETS == data.DATASETS
+    assert learning_spec.STRATEGIES == strategies.STRATEGIES
+    assert learning_spec.COMPRESSIONS == compression.COMPRESSIONS
+    assert learning_spec.BUILTIN_DATASETS == data.DATASETS
+    assert learning_spec.PARTITIONINGS == get_args(data.Partitioning)
 
 
 @pytest.mark.parametrize("mode", ["fp16", "int8", "int8-chunk", "topk"])
@@ -193,11 +195,11 @@ def _agent(**kw: Any) -> dict[str, Any]:
     ({"strategy": "fedprox", "mu": -1}, "mu must be a number >= 0"),
     ({"compression": "zip"}, "compression must be one of"),
     ({"k": 0.1}, "k .* needs compression topk"),
-    ({"compression": "topk", "k": 1.5}, r"k must be a number in \(0, 1\]"),
-    ({"lr": 0}, "lr must be a positive number"),
-    ({"lr": "0.1"}, "lr must be a positive number"),
-    ({"local_epochs": 0}, "local_epochs must be an integer >= 1"),
-    ({"batch_size": 2.5}, "batch_size must be an integer >= 1"),
+    ({"compression": "topk", "k": 1.5}, "k must be a number > 0 and <= 1"),
+    ({"lr": 0}, "lr must be a number > 0"),
+    ({"lr": "0.1"}, "lr must be a number > 0"),
+    ({"local_epochs": 0}, "local_epochs must be an integer in 1..1000"),
+    ({"batch_size": 2.5}, "batch_size must be an integer in 1..1000000"),
     ({"dataset": "mnist"}, "unknown dataset 'mnist'"),
 ])
 def test_agent_config_rejects_bad_knobs(kw: dict[str, Any], match: str) -> None:
