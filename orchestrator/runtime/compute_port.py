@@ -36,9 +36,9 @@ class EventTail:
     def read(self) -> list[dict[str, Any]]:
         try:
             with self.path.open("rb") as f:
-                inode = os.fstat(f.fileno()).st_ino
-                if inode != self._inode:  # a new file (the role was started again): from the top
-                    self._inode, self._offset, self.events = inode, 0, []
+                st = os.fstat(f.fileno())
+                if st.st_ino != self._inode or st.st_size < self._offset:  # a new file: from the top
+                    self._inode, self._offset, self.events = st.st_ino, 0, []
                 f.seek(self._offset)
                 chunk = f.read()
         except FileNotFoundError:

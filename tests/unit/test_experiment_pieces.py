@@ -198,7 +198,8 @@ def test_netai_experiment_rejects_a_bad_config_before_starting(
 def test_round_progress_counts_completed_rounds_and_locals_trained(tmp_path: Path) -> None:
     import json as _json
 
-    from orchestrator.experiment.runner import _read_events, round_progress
+    from orchestrator.experiment.runner import round_progress
+    from orchestrator.runtime.compute_port import EventTail
 
     s = get_scheduler("mst").schedule(NetworkState(load("triangle")), Task(1, "A", ("B", "C")))
     lines = {  # written as the agents write them: compact JSON, one event per line
@@ -210,6 +211,26 @@ def test_round_progress_counts_completed_rounds_and_locals_trained(tmp_path: Pat
         text = "\n".join(_json.dumps(e | {"site": site}, separators=(",", ":")) for e in evs)
         (tmp_path / f"n{i}.events.jsonl").write_text(text + '\n{"event":"train_st')  # a line being written
 
-    done, trained = round_progress(_read_events(tmp_path), s)
+    events = {site: EventTail(tmp_path / f"n{i}.events.jsonl").read() for i, site in enumerate(lines)}
+    done, trained = round_progress(events, s)
 
     assert (done, trained) == (1, 1)  # round 1 complete; in round 2 only B has trained
+
+
+def test_an_event_tail_reads_each_line_once_and_waits_for_a_torn_one(tmp_path: Path) -> None:
+    from orchestrator.runtime.compute_port import EventTail
+
+    path = tmp_path / "G.events.jsonl"
+    tail = EventTail(path)
+    assert tail.read() == []  # no file yet
+    path.write_text('{"event":"ready","t":1.0}\n{"event":"round_st')
+    assert [e["event"] for e in tail.read()] == ["ready"]
+    first = tail.read()[0]
+    with path.open("a") as f:
+        f.write('art","round":1,"t":2.0}\n')
+    got = tail.read()
+    assert [e["event"] for e in got] == ["ready", "round_start"]
+    assert got[0] is first  # parsed once, kept: the file is not read again from its start
+    path.unlink()
+    path.write_text('{"event":"ready","t":9.0}\n')  # the role started again: a new file
+    assert [e["t"] for e in tail.read()] == [9.0]
