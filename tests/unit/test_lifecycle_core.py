@@ -463,6 +463,50 @@ def test_periodic_moves_only_when_the_predicted_saving_beats_the_threshold(rig: 
     assert live.status == st.RUNNING and len(rig.compute.launches) == 3
 
 
+def over_own_share(rig: Rig, link: tuple[str, str], demand_mbps: float) -> dict[tuple[str, str], float]:
+    """A measured background that leaves less than `demand_mbps` on `link` (both ways) once the task
+    holding it is left out: what port statistics give a saturated link with some noise."""
+    cap = rig.model.link(*link).capacity_mbps
+    return {link: cap - demand_mbps / 2, link[::-1]: cap - demand_mbps / 2}
+
+
+def test_periodic_look_keeps_the_task_when_the_background_grew_on_its_links(rig: Rig) -> None:
+    # Prepare: a periodic task on r1 - r2, whose background then grows past what it leaves
+    label = "spff/periodic"
+    rig.core.labels[label] = ("spff", "periodic")
+    state = NetworkState(rig.model)
+    live = rig.start(label, rig.task(1, ["r2"]), state)
+    rig.network.background_now = over_own_share(rig, ("r1", "r2"), live.task.demand_mbps)
+    running = [live]
+    # Execute
+    policy.periodic(rig.core, running, 0.0)
+    # Assert: no new schedule fits, so the task stays where it is, its reservation held
+    assert running == [live] and live.status == st.RUNNING
+    assert state.schedules == {1: live.schedule}
+    assert state.ai_mbps("r1", "r2") == live.task.demand_mbps
+    assert state.background_mbps == rig.network.background_now
+    assert rig.recorder.moves == {}
+
+
+def test_rejoin_keeps_the_reservation_when_the_background_grew_on_its_links(tmp_path: Path) -> None:
+    # Prepare: r2's role is lost at the first check, its server back at the second; meanwhile a
+    # second arrival measures a background that leaves the first task less than its demand
+    rig = make_rig(tmp_path, faults=True)
+    rig.compute.scripts[1] = [ExecScript(lose={1: ("r2", "killed")}, back={2: "r2"})]
+    state = NetworkState(rig.model)
+    live = rig.start(LABEL, rig.task(1, ["r2"], rounds=4), state)
+    assert not rig.core.check(live, rig.compute.poll())
+    rig.network.background_now = over_own_share(rig, ("r1", "r2"), live.task.demand_mbps)
+    other = rig.start(LABEL, rig.task(2, ["r4"], global_site="r3"), state)
+    # Execute
+    rig.run(live)
+    # Assert
+    assert other.status == st.RUNNING
+    assert live.status == st.DONE
+    assert rig.recorder.moves[(LABEL, 1, 1)]["reason"] == "rejoin r2"
+    assert [r.first_round for r in rig.compute.launches if r.task.id == 1] == [1, 3]
+
+
 # -- online and sequential reservations ----------------------------------------------------------------------
 @pytest.mark.parametrize(("release_on_end", "third"), [(True, st.RUNNING), (False, st.BLOCKED)])
 def test_reservations_released_online_kept_sequentially(tmp_path: Path, release_on_end: bool, third: str) -> None:
