@@ -145,7 +145,7 @@ class FakeNetwork:
 class ExecScript:
     """What one execution (one install of a task) does, check by check (checks count from 1).
 
-    Every check plays one round, unless the check fails, times out, or is in `idle`.
+    Every check plays one round, unless the check fails or times out, or G has completed every round.
     """
 
     #: Check -> the error message of a role that failed (RuntimeError) / the budget (TimeoutError).
@@ -157,8 +157,6 @@ class ExecScript:
     back: dict[int, str] = field(default_factory=dict)
     #: Round -> a local G leaves out of it (``child_timeout``; it does not train that round).
     straggle: dict[int, str] = field(default_factory=dict)
-    #: Checks that play no round.
-    idle: frozenset[int] = frozenset()
     #: The check at which every role reports done although G has not completed every round.
     finish_early_at: int | None = None
     #: Checks after G's last round before every role reports done (the roles wind down).
@@ -186,6 +184,7 @@ class FakeExecution:
         self.next_round = first_round
         self.lingered = 0
         self._events: dict[str, list[dict[str, Any]]] = {n: [] for n in schedule.overlay_nodes}
+        #: The status replies each check was given (`ComputePort.poll`'s).
         self.statuses_seen: list[Mapping[str, Any]] = []
 
     # -- the roles' timeline (role clock) ----------------------------------------------------------
@@ -252,7 +251,7 @@ class FakeExecution:
         t = self.clock.now()
         if self.next_round > self.task.rounds:
             self.lingered += 1
-        elif c not in script.idle:
+        else:
             self.play_round()
         self.clock.advance(CHECK_S)
         if (self.next_round > self.task.rounds and self.lingered >= script.linger) or c == script.finish_early_at:

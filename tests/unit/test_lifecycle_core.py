@@ -388,6 +388,7 @@ def test_link_cut_under_policy_on_failure_moves_the_task(rig: Rig) -> None:
     assert move["old_bound_s"] == pytest.approx(old_bound)
     assert move["new_bound_s"] > move["old_bound_s"]  # three hops of propagation instead of one
     assert rig.compute.launches[1].first_round == 2
+    assert set(rig.schedulers.asked) == {"spff"}  # the label's scheduler
     assert live.status == st.DONE
     assert rig.recorder.states_of(label, 1) == [st.SCHEDULED, st.RUNNING, st.DONE]
     assert sorted(rig.recorder.rounds_of(label, 1)) == [1, 2, 3]
@@ -573,6 +574,7 @@ def test_run_one_returns_the_done_task(rig: Rig) -> None:
     assert rig.network.removed == [live.install_id]
     assert rig.recorder.carried == [(LABEL, 1, 4096)]
     assert rig.compute.polls[0] == live.schedule.overlay_nodes
+    assert rig.compute.launches[0].statuses_seen[0] == {s: {"roles": {}} for s in live.schedule.overlay_nodes}
 
 
 def test_run_one_raises_config_error_when_blocked(rig: Rig) -> None:
