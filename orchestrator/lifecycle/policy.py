@@ -16,6 +16,7 @@ These are functions of the core (`orchestrator.lifecycle.core.Lifecycle`), not o
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import time
@@ -90,11 +91,11 @@ def periodic(core: Lifecycle, live: list[LiveTask], threshold: float) -> None:
         background = core.network.background(lv.state)
         if background is not None:
             lv.state.set_background(background)
-        old = lv.state.release(lv.task.id)
-        try:
-            new = core.schedule(lv.label, lv.task, lv.state)
-        finally:
-            lv.state.admit(old)
+        # On a copy: the task's own reservation, released and admitted again, need not fit a
+        # background measured since (a saturated link's port counters read a little over capacity).
+        view = copy.deepcopy(lv.state, {id(lv.state.model): lv.state.model})
+        view.release(lv.task.id)
+        new = core.schedule(lv.label, lv.task, view)
         if new.blocked:
             continue
         was = lv.figures.lower_bound.lower_s
@@ -140,7 +141,8 @@ def move(core: Lifecycle, live: LiveTask, reason: str, *, same: bool = False, ne
         core.end(live, st.FAILED, f"moved more than {MAX_MOVES} times; last: {reason}")
         return False
     old = live.schedule
-    live.state.release(task.id)
+    if not same:  # the same schedule keeps its reservation (it need not fit the background again)
+        live.state.release(task.id)
     core.counters.pending[(label, task.id, live.install_id)] = (time.monotonic(), None)  # old flows
     if new is None:
         new = old if same else core.schedule(label, task, live.state)
@@ -154,7 +156,8 @@ def move(core: Lifecycle, live: LiveTask, reason: str, *, same: bool = False, ne
         live.execution = None
         core.end(live, st.FAILED, f"{reason}; no new schedule: {new.reason}")
         return False
-    live.state.admit(new)
+    if not same:
+        live.state.admit(new)
     figures = core.figures(new, task.model_bytes)
     core.recorder.schedule(label, new, figures.lower_bound.lower_s)
     core.recorder.move(label, task.id, live.moves, new_schedule_json=json.dumps(new.to_dict()),
