@@ -29,8 +29,9 @@ from orchestrator.emulation.controller_client import ControllerClient
 from orchestrator.emulation.running import RunningNetwork
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.task_manager import record_rounds
+from orchestrator.results import queries
+from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.backends import NamespaceBackend
 from orchestrator.runtime.compute import ComputeManager
 from orchestrator.runtime.task_runner import (
@@ -97,11 +98,11 @@ class LiveRecorder:
         run_id = int(getattr(state, "db_run_id", 0) or 0)
         db = ResultsDB(db_path)
         if not run_id:
-            rows = db.query("SELECT id FROM runs ORDER BY id DESC LIMIT 1")
-            if not rows:
+            last = queries.last_run_id(db.conn)
+            if last is None:
                 db.close()
                 return None
-            run_id = int(rows[0]["id"])
+            run_id = last
         return cls(db, run_id, float(getattr(state, "clock_zero", 0.0) or 0.0) or time.monotonic())
 
     def of(self, monotonic_t: float) -> float:
@@ -111,7 +112,7 @@ class LiveRecorder:
         return self.of(time.monotonic())
 
     def task_ids(self) -> set[int]:
-        return {int(r["task_id"]) for r in self.db.query("SELECT task_id FROM tasks WHERE run_id = ?", (self.run_id,))}
+        return queries.task_ids(self.db.conn, self.run_id)
 
     def arrive(self, scheduler: str, task: Task) -> None:
         at = self.now()
@@ -280,9 +281,7 @@ def _run_roles(net: RunningNetwork, schedule: Schedule, figures: RoundFigures, t
         on_round(r)
     if recorder:
         first = recorder.of(result.first_broadcast_t) if result.first_broadcast_t else None
-        admitted = recorder.db.query("SELECT admitted_s FROM tasks WHERE run_id = ? AND scheduler = ? AND task_id = ?",
-                                     (recorder.run_id, scheduler, task_id))
-        admitted_s = admitted[0]["admitted_s"] if admitted else None
+        admitted_s = queries.admitted_s(recorder.db.conn, recorder.run_id, scheduler, task_id)
         recorder.rounds(schedule, figures, list(result.rounds), events)
         recorder.db.set_task_setup(recorder.run_id, scheduler, task_id, agents_ready_s=result.agents_ready_s,
                                    connect_s=result.connect_s, chunk_bytes=result.chunk_bytes,

@@ -44,7 +44,7 @@ from typing import Any
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig, TaskConfig
 from orchestrator.experiment.faults import Link, crosses, link_name
-from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskExecution, node_rounds, rounds_so_far
 from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling import NetworkState, Schedule

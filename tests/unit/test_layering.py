@@ -1,6 +1,6 @@
 """The layers import one way (docs/architecture.md): topologies at the bottom, then scheduling,
-then the controller and the workers, then the orchestrator's emulation, runtime, experiment and
-CLI. Checked on the source (ast), so a violating import fails here before anything runs it."""
+then the controller and the workers, then the orchestrator's results, emulation, runtime, experiment
+and CLI. Checked on the source (ast), so a violating import fails here before anything runs it."""
 
 from __future__ import annotations
 
@@ -27,7 +27,11 @@ FORBIDDEN = {
     # The flow-level simulation models the network and the rounds: no emulation, workers or runner.
     "orchestrator.simulation": ("orchestrator.emulation", "orchestrator.experiment", "orchestrator.cli",
                                 "controller", "workers"),
-    # The dashboard reads a run's database and serves it: it needs no emulation, worker or runner code.
+    # The results (schema, queries, report, figures) read a run's database: no code that makes a run.
+    "orchestrator.results": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.experiment",
+                             "orchestrator.cli", "orchestrator.dashboard", "controller", "workers"),
+    # The dashboard reads a run's database through orchestrator.results.queries and serves it: it needs
+    # no emulation, worker or runner code.
     "orchestrator.dashboard": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.experiment",
                                "orchestrator.cli", "controller", "workers"),
 }
