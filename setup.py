@@ -18,6 +18,8 @@ setup(
         "topohub>=1.5",
         "PyYAML>=6.0",
         "numpy>=1.24",
+        # report.html: the run's report.md converted by Python-Markdown (orchestrator/results/report_html.py)
+        "markdown>=3.5",
     ],
     extras_require={
         # The emulation and the controller: os-ken is Ryu's maintained fork (see PLATFORM.md).
@@ -28,6 +30,7 @@ setup(
         "experiment": ["matplotlib>=3.7", "rich>=13", "docker>=7.1", "prometheus_client>=0.20", "highspy>=1.7",
                        "paramiko>=3.4"],
         "test": ["pytest>=7", "hypothesis>=6", "ruff>=0.4", "mypy>=1.8", "types-PyYAML", "types-requests",
+                 "types-Markdown",
                  # drives Debian's chromium (chromium-driver) in the dashboard's browser tests
                  "selenium>=4.20"],
     },

@@ -22,8 +22,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.experiment.report import plot_selection, selection_section  # noqa: E402
-from orchestrator.experiment.results_db import ResultsDB  # noqa: E402
+from orchestrator.results.db import ResultsDB  # noqa: E402
+from orchestrator.results.report import selection_section  # noqa: E402
+from orchestrator.results.summary_figures import plot_selection  # noqa: E402
 from orchestrator.runtime.backends import LoopbackBackend  # noqa: E402
 from orchestrator.runtime.compute import ComputeManager  # noqa: E402
 from orchestrator.runtime.task_runner import FLOptions, path_costs, run_task  # noqa: E402

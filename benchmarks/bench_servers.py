@@ -26,8 +26,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.experiment.report import max_overlap, online_figures, task_results, useful_time  # noqa: E402
-from orchestrator.experiment.results_db import ResultsDB  # noqa: E402
+from orchestrator.results.db import ResultsDB  # noqa: E402
+from orchestrator.results.stats import max_overlap, online_figures, useful_time  # noqa: E402
+from orchestrator.results.summary import task_summaries  # noqa: E402
 
 CONFIGS = {"quick": "experiments/quick.yaml", "online": "experiments/online.yaml", "paper": "experiments/paper.yaml"}
 
@@ -47,7 +48,7 @@ def run(config: str, out: Path) -> tuple[Path, float]:
 def figures(run_dir: Path, wall_s: float | None = None) -> None:
     with ResultsDB(run_dir / "results.db") as db:
         run = db.run(1)
-        tasks = task_results(db, 1)
+        tasks = task_summaries(db, 1)
         env = run["environment"]
         clock_end = env.get("clock_end_s")
         print(f"\n{run_dir.name}: status {run['status']}, mode {env.get('mode')}, backend {env.get('backend')}, "

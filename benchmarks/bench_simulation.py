@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.experiment.config import parse_config
-from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.simulated import run_simulated
+from orchestrator.results.db import ResultsDB
 
 SCHEDULERS = ["spff", "mst", "steiner", "spt"]
 #: The default MLP (two hidden layers of 800 on digits' 64 inputs, float32).

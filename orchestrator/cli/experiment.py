@@ -12,7 +12,8 @@ from orchestrator.experiment.faults import mixed_triggers
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from orchestrator.experiment.runner import print_summary, run_experiment, trimmed
+    from orchestrator.experiment.runner import run_experiment, trimmed
+    from orchestrator.results.report import print_summary
 
     cfg = load_config(args.config)  # every config error is raised here, before anything starts
     for warning in mixed_triggers(cfg.events):
@@ -29,7 +30,14 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         cfg = parse_config(cfg.to_dict(), where=str(args.config))  # re-validate the trimmed copy
     outcome = run_experiment(cfg, out_root=Path(args.out), progress=not args.no_progress,
                              dashboard_port=args.dashboard_port if args.dashboard else None)
-    print_summary(outcome)
+    summary = outcome.summary
+    if summary is None:  # writing the results failed (logged): summarise what the database holds
+        from orchestrator.results.db import ResultsDB
+        from orchestrator.results.summary import run_summary
+
+        with ResultsDB(outcome.run_dir / "results.db") as db:
+            summary = run_summary(db, outcome.run_id)
+    print_summary(summary, outcome.run_dir)
     if outcome.report:
         print(f"report: {outcome.report}")
     return 0 if outcome.status == "completed" else 1

@@ -102,8 +102,8 @@ class LiveRecord:
 
     def __enter__(self) -> LiveRecord:
         from orchestrator.experiment.link_recorder import LinkRecorder
-        from orchestrator.experiment.results_db import ResultsDB
         from orchestrator.lifecycle.core import RunClock
+        from orchestrator.results.db import ResultsDB
 
         self.db = ResultsDB(self.db_path)
         model = self.model

@@ -10,7 +10,8 @@ A *frame* is the state of the run at one time `t` on the run's clock:
 - ``ended``: the last tasks that ended by `t` (done, failed or blocked) with their reasons, and
   ``counts`` of tasks per state at `t`.
 
-The database is opened read-only; nothing here writes. Used by `orchestrator.dashboard.server`.
+The database is opened read-only and read through `orchestrator.results.queries` (the queries the
+report and the figures use); nothing here writes. Used by `orchestrator.dashboard.server`.
 """
 
 from __future__ import annotations
@@ -18,29 +19,15 @@ from __future__ import annotations
 import itertools
 import json
 import math
-import sqlite3
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
+from orchestrator.results import queries
+
 #: How many ended tasks a frame lists (the newest).
 ENDED_SHOWN = 25
-
-
-def connect_read_only(path: Path) -> sqlite3.Connection:
-    """A read-only connection to `path`; a finished run whose WAL files cannot be made (a
-    read-only folder, another user) is opened as immutable."""
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such results database")
-    uri = f"{path.resolve().as_uri()}?mode=ro"
-    try:
-        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
-        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
-    except sqlite3.OperationalError:
-        conn = sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False)
-    conn.row_factory = sqlite3.Row
-    return conn
 
 
 def layout(sites: list[dict[str, Any]], links: list[tuple[str, str]]) -> tuple[dict[str, tuple[float, float]], str]:
@@ -71,37 +58,32 @@ class RunView:
 
     def __init__(self, db_path: Path, run_id: int | None = None) -> None:
         self.db_path = Path(db_path)
-        self.conn = connect_read_only(self.db_path)
+        self.conn = queries.connect_read_only(self.db_path)
         if run_id is None:
-            row = self.conn.execute("SELECT max(id) AS id FROM runs").fetchone()
-            if row is None or row["id"] is None:
+            run_id = queries.last_run_id(self.conn)
+            if run_id is None:
                 raise ValueError(f"{db_path}: no run recorded")
-            run_id = int(row["id"])
         self.run_id = run_id
-        self._tables = {r["name"] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        if "t_s" not in {r["name"] for r in self.conn.execute("PRAGMA table_info(link_stats)")}:
+        self._tables = queries.table_names(self.conn)
+        if "t_s" not in queries.columns(self.conn, "link_stats"):
             self._tables.discard("link_stats")  # schema 1's table, never written: no link load to show
         self._schedules: dict[tuple[str, int], dict[str, Any]] = {}
 
     def close(self) -> None:
         self.conn.close()
 
-    def _rows(self, sql: str, params: tuple[Any, ...] = ()) -> list[sqlite3.Row]:
-        return self.conn.execute(sql, params).fetchall()
-
     def _has(self, *tables: str) -> bool:
         return all(t in self._tables for t in tables)
 
     # -- the run and its topology -----------------------------------------------------------------
     def meta(self) -> dict[str, Any]:
-        run = self._rows("SELECT * FROM runs WHERE id = ?", (self.run_id,))
-        if not run:
+        r = queries.run_record(self.conn, self.run_id)
+        if r is None:
             raise ValueError(f"{self.db_path}: no run {self.run_id}")
-        r = dict(run[0])
-        env = json.loads(r.get("environment_json") or "{}")
-        topo = self._rows("SELECT * FROM topology WHERE run_id = ?", (self.run_id,))
-        model: dict[str, Any] = json.loads(topo[0]["model_json"]) if topo else {"name": "?", "sites": [], "links": []}
-        plan = json.loads(topo[0]["plan_json"]) if topo else {}
+        env = r["environment"]
+        topo = queries.topology(self.conn, self.run_id)
+        model: dict[str, Any] = json.loads(topo["model_json"]) if topo else {"name": "?", "sites": [], "links": []}
+        plan = json.loads(topo["plan_json"]) if topo else {}
         emulated = {(ln["a"], ln["b"]): ln.get("emulated_mbps") for ln in plan.get("links", [])}
         links = [(ln["a"], ln["b"]) for ln in model["links"]]
         pos, how = layout(model["sites"], links)
@@ -124,17 +106,14 @@ class RunView:
     def time_range(self) -> tuple[float, float]:
         """The first and last times anything was recorded (0, 0 before anything was)."""
         ts: list[float] = []
-        for table in ("link_stats", "task_events"):
+        for table in queries.TIMED_TABLES:
             if self._has(table):
-                row = self._rows(f"SELECT min(t_s) AS lo, max(t_s) AS hi FROM {table} WHERE run_id = ?",
-                                 (self.run_id,))[0]
-                ts += [x for x in (row["lo"], row["hi"]) if x is not None]
+                ts += [x for x in queries.time_span(self.conn, table, self.run_id) if x is not None]
         return (min(ts), max(ts)) if ts else (0.0, 0.0)
 
     def task_ids(self) -> set[int]:
         """Every task id the run records (whatever its scheduler and state)."""
-        return {int(r["task_id"]) for r in self._rows("SELECT DISTINCT task_id FROM tasks WHERE run_id = ?",
-                                                       (self.run_id,))}
+        return queries.task_ids(self.conn, self.run_id)
 
     # -- frames -----------------------------------------------------------------------------------
     def frame(self, t: float | None = None) -> dict[str, Any]:
@@ -146,10 +125,7 @@ class RunView:
     def _links(self, t: float) -> list[dict[str, Any]]:
         if not self._has("link_stats"):
             return []
-        rows = self._rows(
-            "SELECT a, b, rate_mbps, ai_mbps, background_mbps, capacity_mbps, up, t_s FROM link_stats "
-            "WHERE run_id = ? AND t_s = (SELECT max(t_s) FROM link_stats WHERE run_id = ? AND t_s <= ?)",
-            (self.run_id, self.run_id, t))
+        rows = queries.link_loads_at(self.conn, self.run_id, t)
         return [{"a": r["a"], "b": r["b"], "rate_mbps": r["rate_mbps"], "ai_mbps": r["ai_mbps"],
                  "background_mbps": r["background_mbps"], "capacity_mbps": r["capacity_mbps"], "up": bool(r["up"]),
                  "sampled_s": r["t_s"]} for r in rows]
@@ -157,11 +133,10 @@ class RunView:
     def _schedule(self, scheduler: str, task_id: int) -> dict[str, Any] | None:
         key = (scheduler, task_id)
         if key not in self._schedules:
-            rows = self._rows("SELECT schedule_json, reserved_mbps FROM schedules WHERE run_id = ? AND scheduler = ? "
-                              "AND task_id = ?", (self.run_id, scheduler, task_id))
-            if not rows:
+            row = queries.schedule(self.conn, self.run_id, scheduler, task_id)
+            if row is None:
                 return None  # not scheduled yet: asked again next time
-            s = json.loads(rows[0]["schedule_json"])
+            s = json.loads(row["schedule_json"])
             hops: dict[str, list[list[str]]] = {"broadcast": [], "upload": []}
             for p in s.get("paths", []):
                 nodes = p.get("nodes", [])
@@ -172,16 +147,13 @@ class RunView:
                 "aggregation_sites": s.get("aggregation_sites", []),
                 "broadcast_tree": s.get("broadcast_tree", []), "upload_tree": s.get("upload_tree", []),
                 "hops": {k: sorted({tuple(h) for h in v}) for k, v in hops.items()},
-                "reserved_mbps": rows[0]["reserved_mbps"]}
+                "reserved_mbps": row["reserved_mbps"]}
         return self._schedules[key]
 
     def _tasks(self, t: float) -> dict[str, Any]:
         if not self._has("task_events"):
             return {"tasks": [], "ended": [], "counts": {}}
-        last = self._rows(
-            "SELECT e.scheduler, e.task_id, e.state, e.reason, e.t_s FROM task_events e JOIN ("
-            " SELECT scheduler, task_id, max(rowid) AS rid FROM task_events WHERE run_id = ? AND t_s <= ?"
-            " GROUP BY scheduler, task_id) m ON e.rowid = m.rid", (self.run_id, t))
+        last = queries.last_task_events(self.conn, self.run_id, t)
         counts: dict[str, int] = {}
         active, ended = [], []
         for r in last:
@@ -190,9 +162,7 @@ class RunView:
                 active.append(r)
             elif r["state"] in ("done", "failed", "blocked"):
                 ended.append(r)
-        info = {(r["scheduler"], r["task_id"]): r for r in self._rows(
-            "SELECT scheduler, task_id, n_locals, global_site, rounds, demand_mbps FROM tasks WHERE run_id = ?",
-            (self.run_id,))}
+        info = {(r["scheduler"], r["task_id"]): r for r in queries.task_infos(self.conn, self.run_id)}
         tasks = []
         for r in sorted(active, key=lambda x: (x["t_s"], x["scheduler"], x["task_id"])):
             key = (r["scheduler"], r["task_id"])
@@ -215,12 +185,9 @@ class RunView:
         """Rounds of a task done by `t` (G's aggregation times) and the last one's figures."""
         if not self._has("node_rounds"):
             return {"rounds_done": 0, "last_round": None}
-        done = self._rows("SELECT round, sent_s FROM node_rounds WHERE run_id = ? AND scheduler = ? AND task_id = ?"
-                          " AND role = 'global' AND sent_s IS NOT NULL AND sent_s <= ? ORDER BY round",
-                          (self.run_id, scheduler, task_id, t))
+        done = queries.global_rounds_done(self.conn, self.run_id, scheduler, task_id, t)
         if not done:
             return {"rounds_done": 0, "last_round": None}
         rnd = done[-1]["round"]
-        row = self._rows("SELECT latency_s, broadcast_s, train_s, upload_s, accuracy FROM rounds WHERE run_id = ? "
-                         "AND scheduler = ? AND task_id = ? AND round = ?", (self.run_id, scheduler, task_id, rnd))
-        return {"rounds_done": len(done), "last_round": {"round": rnd, **dict(row[0])} if row else {"round": rnd}}
+        row = queries.round_figures(self.conn, self.run_id, scheduler, task_id, rnd)
+        return {"rounds_done": len(done), "last_round": {"round": rnd, **row} if row else {"round": rnd}}

@@ -37,6 +37,7 @@ from orchestrator.emulation.controller_client import (
     ControllerUnreachable,
 )
 from orchestrator.errors import ConfigError
+from orchestrator.results import queries
 from orchestrator.scheduling import NetworkState
 from topologies.errors import TopologyError
 from topologies.loaders import load
@@ -141,13 +142,11 @@ class RunningNetwork:
         """Task ids the network's results database already holds (none without one)."""
         if self.state is None or not self.state.db_path or not Path(self.state.db_path).is_file():
             return set()
-        uri = f"{Path(self.state.db_path).resolve().as_uri()}?mode=ro"
         try:
-            with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
-                rows = db.execute("SELECT task_id FROM tasks WHERE run_id = ?", (self.state.db_run_id,)).fetchall()
-        except sqlite3.Error:
+            with contextlib.closing(queries.connect_read_only(Path(self.state.db_path))) as db:
+                return queries.task_ids(db, self.state.db_run_id)
+        except (sqlite3.Error, FileNotFoundError):
             return set()
-        return {int(r[0]) for r in rows}
 
     def free_task_id(self, taken: Iterable[int] = ()) -> int:
         """A task id above every installed one, every recorded one and every id in `taken`."""

@@ -27,9 +27,10 @@ from typing import Any
 from orchestrator.emulation.network_port import ControllerNetwork
 from orchestrator.emulation.running import RunningNetwork
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.lifecycle.core import Lifecycle, RunClock
 from orchestrator.lifecycle.recorder import DbRecorder, NullRecorder
+from orchestrator.results import queries
+from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.backends import NamespaceBackend
 from orchestrator.runtime.compute_port import TaskServers
 from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskResult
@@ -86,11 +87,11 @@ class LiveRecorder:
         run_id = int(getattr(state, "db_run_id", 0) or 0)
         db = ResultsDB(db_path)
         if not run_id:
-            rows = db.query("SELECT id FROM runs ORDER BY id DESC LIMIT 1")
-            if not rows:
+            last = queries.last_run_id(db.conn)
+            if last is None:
                 db.close()
                 return None
-            run_id = int(rows[0]["id"])
+            run_id = last
         return cls(db, run_id, float(getattr(state, "clock_zero", 0.0) or 0.0) or time.monotonic())
 
     def of(self, monotonic_t: float) -> float:
@@ -100,7 +101,7 @@ class LiveRecorder:
         return self.of(time.monotonic())
 
     def task_ids(self) -> set[int]:
-        return {int(r["task_id"]) for r in self.db.query("SELECT task_id FROM tasks WHERE run_id = ?", (self.run_id,))}
+        return queries.task_ids(self.db.conn, self.run_id)
 
     def close(self) -> None:
         self.db.close()

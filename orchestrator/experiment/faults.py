@@ -30,6 +30,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.lifecycle.policy import Link, link_name
+from orchestrator.results.schema import NOT_APPLIED
 from topologies.model import NetworkModel
 
 LOG = logging.getLogger("netai.faults")
@@ -42,8 +43,6 @@ _KEYS = {
 }
 _OPTIONAL = {"server_kill": {"restart_after_s"}}
 
-#: How the `faults` row of an event the trace ended before begins (`FaultInjector.finish`).
-NOT_APPLIED = "not applied"
 
 
 @dataclass(frozen=True)

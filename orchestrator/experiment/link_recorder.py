@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.emulation.link_load import LinkLoadSampler
-from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.results.db import ResultsDB
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger(__name__)

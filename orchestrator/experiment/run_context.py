@@ -13,9 +13,9 @@ from typing import Any
 
 from orchestrator.emulation.network_port import ControllerNetwork
 from orchestrator.experiment.config import ExperimentConfig, TaskConfig
-from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.lifecycle.core import Lifecycle, RunClock
 from orchestrator.lifecycle.recorder import DbRecorder
+from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.compute_port import ServerCompute
 from orchestrator.runtime.task_runner import FLOptions
 from topologies.model import NetworkModel

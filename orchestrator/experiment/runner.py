@@ -18,7 +18,7 @@ Ctrl-C or SIGTERM: the emulation and the workers are torn down, the run is marke
 and the results written so far are kept.
 
 Over 400 lines: preflight, task sets, progress and the run loop share the run's objects; the results
-side (CSV, figures, report) already lives in `orchestrator.experiment.report`.
+side (CSV, figures, report) already lives in `orchestrator.results`.
 """
 
 from __future__ import annotations
@@ -42,10 +42,11 @@ from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.link_recorder import LinkRecorder
 from orchestrator.experiment.online import run_online
-from orchestrator.experiment.report import claims, summarize, write_csvs, write_report
-from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
 from orchestrator.experiment.runs import RunOutcome, task_sets
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.report import write_results
+from orchestrator.results.summary import RunSummary
 from orchestrator.runtime.compute import check_model
 from orchestrator.scheduling import NetworkState, Schedule
 from topologies.plan import EmulationPlan
@@ -315,11 +316,11 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
         if dash is not None:
             dash.close()
         db.finish_run(run_id, status, note)
-        report = _write_results(db, run_id, run_dir)
+        report, summary = _write_results(db, run_id, run_dir)
         db.close()
         logging.getLogger().removeHandler(log_handler)
         log_handler.close()
-    return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report)
+    return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
 
 
 def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> None:
@@ -350,42 +351,12 @@ def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> 
         bar.close()
 
 
-def _write_results(db: ResultsDB, run_id: int, run_dir: Path) -> Path | None:
+def _write_results(db: ResultsDB, run_id: int, run_dir: Path) -> tuple[Path | None, RunSummary | None]:
     try:
-        write_csvs(db, run_id, run_dir)
-        return write_report(db, run_id, run_dir)  # draws every figure, writes report.md and report.html
+        return write_results(db, run_id, run_dir)  # CSVs, every figure, report.md and report.html
     except Exception:
         LOG.exception("writing the results failed")
-        return None
-
-
-def print_summary(outcome: RunOutcome) -> None:
-    """The summary table and the paper's two claims, on the terminal."""
-    from orchestrator.experiment.report import task_results
-
-    with ResultsDB(outcome.run_dir / "results.db") as db:
-        points = summarize(db, outcome.run_id)
-        tasks = task_results(db, outcome.run_id)
-    counts = {s: sum(t.state == s for t in tasks) for s in ("done", "failed", "blocked")}
-    failed = f"; {counts['failed']} of {len(tasks)} tasks FAILED" if counts["failed"] else ""
-    print(f"\nrun {outcome.run_id} {outcome.status}: {counts['done']} of {len(tasks)} tasks done, "
-          f"{counts['blocked']} blocked{failed}; results in {outcome.run_dir}")
-    print(f"{'scheduler':<10}{'locals':>7}{'ran':>6}{'blocked':>8}{'latency ms':>12}{'± std':>9}"
-          f"{'reserved Gb/s':>15}{'carried MB':>12}{'/bound':>8}{'accuracy':>10}")
-
-    def f(x: float | None, scale: float = 1.0, d: int = 2) -> str:
-        return "-" if x is None else f"{x * scale:.{d}f}"
-
-    for p in points:
-        print(f"{p.scheduler:<10}{p.n_locals:>7}{p.tasks_ran:>6}{p.blocked:>8}{f(p.latency_s_mean, 1e3, 1):>12}"
-              f"{f(p.latency_s_std, 1e3, 1):>9}{f(p.reserved_mbps_mean, 1e-3):>15}{f(p.carried_mb_mean, 1, 1):>12}"
-              f"{f(p.ratio_to_bound_mean):>8}{f(p.accuracy_mean, 1, 3):>10}")
-    if points:
-        ns = sorted({p.n_locals for p in points})
-        c = claims(points, n_locals=8 if 8 in ns else ns[-1])
-        for key in ("bandwidth", "latency"):
-            if c[f"{key}_ratio"] is not None:
-                print(f"{key} mst/spff at {c['n_locals']} locals: {c[f'{key}_ratio']:.3f}")
+        return None, None
 
 
 def trimmed(cfg: ExperimentConfig, *, locals_: tuple[int, ...], tasks_per_point: int, rounds: int) -> ExperimentConfig:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.results.summary import RunSummary
 from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.model import NetworkModel
 
@@ -19,6 +20,8 @@ class RunOutcome:
     run_dir: Path
     status: str
     report: Path | None
+    #: The run's summary, computed once for the report and the terminal (None: writing the results failed).
+    summary: RunSummary | None = None
 
 
 def task_sets(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> dict[int, list[Task]]:

@@ -19,11 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
-from orchestrator.experiment.report import write_csvs, write_report
-from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.experiment.runs import RunOutcome, task_sets
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.lifecycle.recorder import DbRecorder
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.report import write_results
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate, emulated_rate
 from orchestrator.simulation.ports import SimBatch, SimCompute, SimNetwork
@@ -102,14 +102,13 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         raise
     finally:
         db.finish_run(run_id, status, note)
-        report = None
+        report, summary = None, None
         try:
-            write_csvs(db, run_id, run_dir)
-            report = write_report(db, run_id, run_dir)
+            report, summary = write_results(db, run_id, run_dir)
         except Exception:
             LOG.exception("writing the results failed")
         db.close()
-    return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report)
+    return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
 
 
 def _admit_all(cfg: ExperimentConfig, core: Lifecycle, model: Any, model_bytes: int) -> list[LiveTask]:

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from orchestrator.experiment.results_db import ResultsDB
 from orchestrator.lifecycle.ports import Events
+from orchestrator.results.db import ResultsDB
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import RoundBound, RoundFigures
 from orchestrator.scheduling.tasks import Task

@@ -17,7 +17,7 @@ import yaml
 from orchestrator.emulation.background import wait_listening
 from orchestrator.emulation.cleanup import run_states
 from orchestrator.emulation.controller_client import ControllerClient
-from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.results.db import ResultsDB
 from tests.integration.test_experiment import leftovers, netai, run_dir_of
 from tests.unit.test_dashboard import chromium_driver, drawn_width
 from topologies.loaders import load

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.experiment.report import plot, summarize
-from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.summary import run_summary
+from orchestrator.results.summary_figures import plot
 from tests.unit.test_experiment_pieces import assert_plotted_means_match_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,7 +111,7 @@ def test_trimmed_quick_experiment_end_to_end(tmp_path: Path, figures: list[str])
     header = (run_dir / "tasks.csv").read_text().splitlines()[0].split(",")
     assert "start_overhead_s" in header
     # the plotted means come from the rows
-    drawn = plot(summarize(db, 1), tmp_path / "replot")
+    drawn = plot(run_summary(db, 1).points, tmp_path / "replot")
     assert assert_plotted_means_match_rows(db, 1, drawn) == 2 * 3
     # the paper's two claims are in the report, as measured
     report = (run_dir / "report.md").read_text()

@@ -26,7 +26,9 @@ from typing import Any
 
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.runtime.task_runner import RoundResult, TaskResult, node_rounds, rounds_so_far, summarize
-from orchestrator.scheduling import MST, SPFF, NetworkState, Schedule, Scheduler
+from orchestrator.scheduling import NetworkState, Schedule, Scheduler
+from orchestrator.scheduling.mst import MST
+from orchestrator.scheduling.spff import SPFF
 from orchestrator.scheduling.tasks import Task
 from topologies.generators import ring
 from topologies.model import NetworkModel

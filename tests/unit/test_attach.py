@@ -19,7 +19,7 @@ from orchestrator.emulation.running import RunningNetwork
 from orchestrator.errors import ConfigError
 from orchestrator.experiment import attach
 from orchestrator.experiment.attach import AttachRequest, run_attached
-from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.backends import LoopbackBackend
 from orchestrator.runtime.compute import check_model
 from orchestrator.runtime.task_runner import FLOptions

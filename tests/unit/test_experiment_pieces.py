@@ -10,8 +10,11 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import load_config, parse_config
-from orchestrator.experiment.report import claims, plot, summarize, write_csvs, write_report
-from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.results.csvs import write_csvs
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.report import write_report
+from orchestrator.results.summary import claims, run_summary
+from orchestrator.results.summary_figures import plot
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.loaders import load
@@ -127,7 +130,7 @@ def test_every_plotted_mean_is_recomputed_from_the_rows(tmp_path: Path) -> None:
     db = ResultsDB(tmp_path / "results.db")
     run_id = fill(db)
 
-    drawn = plot(summarize(db, run_id), tmp_path)
+    drawn = plot(run_summary(db, run_id).points, tmp_path)
 
     assert assert_plotted_means_match_rows(db, run_id, drawn) == 2 * 2 * 2
     for f in ("latency_vs_locals", "bandwidth_vs_locals"):
@@ -141,7 +144,7 @@ def test_report_csvs_and_claims(tmp_path: Path) -> None:
 
     report = write_report(db, run_id, tmp_path).read_text()
     csvs = write_csvs(db, run_id, tmp_path)
-    c = claims(summarize(db, run_id), n_locals=8)
+    c = claims(run_summary(db, run_id).points, n_locals=8)
 
     assert "delay_emulated: False" in report
     assert "## The paper's two claims, at 8 local models" in report

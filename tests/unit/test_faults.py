@@ -421,8 +421,9 @@ def test_an_event_needs_exactly_one_trigger() -> None:
 
 
 def test_the_report_counts_events_not_applied_apart_from_failed_ones(tmp_path: Path) -> None:
-    from orchestrator.experiment.report import _faults_section, fault_figures
-    from orchestrator.experiment.results_db import ResultsDB
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.report import faults_section
+    from orchestrator.results.stats import fault_figures
 
     db = ResultsDB(tmp_path / "results.db")
     run_id = db.start_run("t", {}, {"mode": "online"})
@@ -436,7 +437,7 @@ def test_the_report_counts_events_not_applied_apart_from_failed_ones(tmp_path: P
 
     (row,) = fault_figures(db, run_id)
     assert (row["events"], row["events_failed"], row["events_not_applied"]) == (2, 1, 1)
-    text = "\n".join(_faults_section(db, run_id))
+    text = "\n".join(faults_section(db, run_id))
     assert "| mst/never | 2 (1) | 1 |" in text
     assert "background  FAILED: RuntimeError: no" in text
     assert "controller_restart : not applied" in text and "controller_restart  FAILED" not in text

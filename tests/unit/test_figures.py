@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 
-from orchestrator.experiment import figures as figures_module
-from orchestrator.experiment.figures import blocking_over_time, busiest_links, down_intervals
-from orchestrator.experiment.report import draw_figures, markdown_to_html, write_report
-from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.results import figures as figures_module
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.figures import blocking_over_time, busiest_links, down_intervals
+from orchestrator.results.report import write_report
+from orchestrator.results.report_html import markdown_to_html
+from orchestrator.results.summary_figures import draw_figures
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load
@@ -278,7 +280,7 @@ def test_report_html_embeds_every_figure_and_references_nothing_outside(tmp_path
 def test_large_svg_is_embedded_as_its_png(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "f.svg").write_text("<?xml version='1.0'?><svg xmlns='http://www.w3.org/2000/svg'/>")
     (tmp_path / "f.png").write_bytes(b"\x89PNG fake")
-    monkeypatch.setattr("orchestrator.experiment.report.SVG_EMBED_MAX_BYTES", 10)
+    monkeypatch.setattr("orchestrator.results.report_html.SVG_EMBED_MAX_BYTES", 10)
 
     page = markdown_to_html("# R\n\n![f](f.svg)\n\n![g](https://example.org/g.png)\n\n[x](//evil/x)",
                             base_dir=tmp_path)

@@ -1,6 +1,6 @@
 """The layers import one way (docs/architecture.md): topologies at the bottom, then scheduling,
-then the controller and the workers, then the orchestrator's emulation, runtime, experiment and
-CLI. No two modules of the project import each other, directly or around a longer cycle, and none
+then the controller and the workers, then the orchestrator's results, emulation, runtime, experiment
+and CLI. No two modules of the project import each other, directly or around a longer cycle, and none
 imports another module's private (``_underscore``) names. Checked on the source (ast, imports
 inside functions included), so a violating import fails here before anything runs it."""
 
@@ -32,7 +32,16 @@ FORBIDDEN = {
     # The flow-level simulation models the network and the rounds: no emulation, workers or runner.
     "orchestrator.simulation": ("orchestrator.emulation", "orchestrator.experiment", "orchestrator.cli",
                                 "controller", "workers"),
-    # The dashboard reads a run's database and serves it: it needs no emulation, worker or runner code.
+    # The results (schema, queries, report, figures) read a run's database: no code that makes a run.
+    "orchestrator.results": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.experiment",
+                             "orchestrator.cli", "orchestrator.dashboard", "controller", "workers"),
+    # The lifecycle core states its ports and holds the policy: no engine behind a port (emulation,
+    # site servers, simulation), no driver. It records through orchestrator.results.
+    "orchestrator.lifecycle": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.simulation",
+                               "orchestrator.experiment", "orchestrator.cli", "orchestrator.dashboard",
+                               "controller", "workers"),
+    # The dashboard reads a run's database through orchestrator.results.queries and serves it: it needs
+    # no emulation, worker or runner code.
     "orchestrator.dashboard": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.experiment",
                                "orchestrator.cli", "controller", "workers"),
 }

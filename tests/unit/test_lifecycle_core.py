@@ -20,8 +20,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.lifecycle import policy
 from orchestrator.lifecycle import states as st
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
-from orchestrator.scheduling import SPFF, NetworkState
+from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import RoundFigures, capacity_rate, round_figures
+from orchestrator.scheduling.spff import SPFF
 from tests.unit.lifecycle_fakes import (
     AGGREGATED_AFTER_S,
     CHECK_S,

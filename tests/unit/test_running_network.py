@@ -176,7 +176,7 @@ def test_entering_a_namespace_names_only_the_hosts_network_namespace() -> None:
 def test_task_ids_recorded_in_the_networks_results_database_are_not_reused(
     plan: EmulationPlan, tmp_path: Path
 ) -> None:
-    from orchestrator.experiment.results_db import ResultsDB
+    from orchestrator.results.db import ResultsDB
 
     net = running(plan, tmp_path)
     with ResultsDB(tmp_path / "results.db") as db:

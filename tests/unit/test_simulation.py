@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import parse_config
-from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.timing import pipelined_time_s
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.cost import capacity_rate, pipelined_bound_s

@@ -1,11 +1,12 @@
 """The chunk-size model and derived timeouts (orchestrator.runtime.timing), and the paired
-comparison with its bootstrap interval (orchestrator.experiment.report)."""
+comparison with its bootstrap interval (orchestrator.results.stats)."""
 
 from __future__ import annotations
 
 import pytest
 
-from orchestrator.experiment.report import TaskResult, bootstrap_ci, paired_ratio
+from orchestrator.results.stats import bootstrap_ci, paired_ratio
+from orchestrator.results.summary import TaskSummary
 from orchestrator.runtime.timing import (
     MAX_CHUNK_BYTES,
     MIN_CHUNK_BYTES,
@@ -55,8 +56,8 @@ def test_timeouts_grow_with_the_subtree_and_the_store_and_forward_round() -> Non
     assert small.global_timeout_s > max(small.child_timeout_s.values())
 
 
-def _task(sched: str, task_id: int, latency: float) -> TaskResult:
-    return TaskResult(scheduler=sched, task_id=task_id, n_locals=8, state="done", reserved_mbps=1.0,
+def _task(sched: str, task_id: int, latency: float) -> TaskSummary:
+    return TaskSummary(scheduler=sched, task_id=task_id, n_locals=8, state="done", reserved_mbps=1.0,
                       carried_bytes=1, rounds=3, mean_latency_s=latency, mean_ratio_to_bound=None,
                       final_accuracy=None)
 

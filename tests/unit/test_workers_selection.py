@@ -343,8 +343,10 @@ def test_contribution_measures_travel_up_and_steer_the_choice() -> None:
 
 # -- results and report ------------------------------------------------------------------------------------
 def test_the_report_compares_policies_by_accuracy_latency_and_update_bytes(tmp_path: Path) -> None:
-    from orchestrator.experiment.report import draw_figures, selection_curves, write_report
-    from orchestrator.experiment.results_db import ResultsDB
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.report import write_report
+    from orchestrator.results.stats import selection_curves
+    from orchestrator.results.summary_figures import draw_figures
 
     db = ResultsDB(tmp_path / "results.db")
     runs = {}

@@ -1,4 +1,4 @@
-"""The run folder's figures beyond the two summary plots, drawn from a run's database rows alone.
+"""The run folder's figures beyond the summary plots, drawn from a run's database rows alone.
 
 Each figure function takes a `ResultsDB`, a run id and the run folder, writes ``<name>.png`` and
 ``<name>.svg`` there (matplotlib, Agg backend) and returns a `Figure`: the files written, a caption
@@ -15,8 +15,10 @@ online figure) is not drawn: its `Figure` says why in one line, and nothing is r
 - `online_load`: blocking ratio, tasks running and reserved bandwidth over time, online mode only
   (`task_events`, `samples`).
 
-This module reads the database and writes image files; it does not write the report (report.py
-does, and lists these figures in it) and never changes the database.
+This module reads the database (through `orchestrator.results.queries`) and writes image files; it
+does not write the report (`orchestrator.results.report` does, and lists these figures in it) and never
+changes the database. The summary plots and `draw_figures` (every figure of a run folder) are in
+`orchestrator.results.summary_figures`.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.experiment.results_db import ResultsDB
+from orchestrator.results import queries
+from orchestrator.results.db import ResultsDB
 
 LOG = logging.getLogger("netai.figures")
 
@@ -54,7 +57,8 @@ class Figure:
         return bool(self.files)
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot on the Agg backend (files only: a run writes its figures without a display)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -68,7 +72,7 @@ def _save(fig: Any, out_dir: Path, name: str) -> tuple[Path, ...]:
     paths = (out_dir / f"{name}.png", out_dir / f"{name}.svg")
     fig.savefig(paths[0], dpi=120)
     fig.savefig(paths[1])
-    _pyplot().close(fig)
+    pyplot().close(fig)
     return paths
 
 
@@ -77,20 +81,12 @@ def scheduler_colours(schedulers: list[str]) -> dict[str, str]:
     return {s: f"C{i % 10}" for i, s in enumerate(sorted(schedulers))}
 
 
-def _schedulers(db: ResultsDB, run_id: int) -> list[str]:
-    return [r["scheduler"] for r in db.query(
-        "SELECT DISTINCT scheduler FROM tasks WHERE run_id = ? ORDER BY scheduler", (run_id,))]
-
-
 # -- 1. the round timeline of one task --------------------------------------------------------------
 def timeline_task(db: ResultsDB, run_id: int) -> dict[str, Any] | None:
     """The task the timeline shows: among tasks with `node_rounds` rows, a done one first, of the
     flexible scheduler (`FLEXIBLE`) first, with the most locals, the earliest to arrive. None if
     no task has node rows."""
-    rows = db.query(
-        "SELECT t.scheduler, t.task_id, t.n_locals, t.state, t.arrival_s FROM tasks t WHERE t.run_id = ? "
-        "AND EXISTS (SELECT 1 FROM node_rounds n WHERE n.run_id = t.run_id AND n.scheduler = t.scheduler "
-        "AND n.task_id = t.task_id)", (run_id,))
+    rows = queries.timeline_candidates(db.conn, run_id)
     if not rows:
         return None
     return min(rows, key=lambda t: (t["state"] != "done", t["scheduler"] != FLEXIBLE, -t["n_locals"],
@@ -139,14 +135,13 @@ def round_timeline(db: ResultsDB, run_id: int, out_dir: Path) -> Figure:
     task = timeline_task(db, run_id)
     if task is None:
         return Figure(name, "Round timeline of one task", skipped="no per-node round times (node_rounds is empty)")
-    nodes = db.query("SELECT * FROM node_rounds WHERE run_id = ? AND scheduler = ? AND task_id = ? "
-                     "ORDER BY round, site", (run_id, task["scheduler"], task["task_id"]))
+    nodes = queries.node_rounds(db.conn, run_id, task["scheduler"], task["task_id"])
     sites, bars = timeline_bars(nodes)
     if not any(bars.values()):
         return Figure(name, "Round timeline of one task",
                       skipped=f"{task['scheduler']} task {task['task_id']}: no round with its global node's start")
     t0 = min(a for phase in bars.values() for _, a, _ in phase)
-    plt = _pyplot()
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     height_in = 1.6 + 0.38 * len(sites)
@@ -217,14 +212,13 @@ def link_utilisation(db: ResultsDB, run_id: int, out_dir: Path, *, top: int = 6)
     drawn: ``links`` ([(a, b, mean utilisation)], busiest first), ``samples`` (rows per link)."""
     name = "link_utilisation"
     caption = f"Utilisation of the {top} busiest directed links over time"
-    rows = db.query("SELECT t_s, a, b, rate_mbps, ai_mbps, background_mbps, capacity_mbps, up FROM link_stats "
-                    "WHERE run_id = ? ORDER BY t_s", (run_id,))
+    rows = queries.link_stats(db.conn, run_id)
     if not rows:
         return Figure(name, caption, skipped="no link samples (link_stats is empty)")
     links = busiest_links(rows, top)
     if not links:
         return Figure(name, caption, skipped="no link sample has a capacity (capacity_mbps is 0 throughout)")
-    plt = _pyplot()
+    plt = pyplot()
     cols = 2 if len(links) > 1 else 1
     nrows = (len(links) + cols - 1) // cols
     fig, axes = plt.subplots(nrows, cols, figsize=(5 * cols, 2.3 * nrows + 0.6), squeeze=False, sharex=True,
@@ -273,15 +267,14 @@ def latency_cdf(db: ResultsDB, run_id: int, out_dir: Path) -> Figure:
 
     drawn: {scheduler: sorted latencies in seconds}."""
     name = "latency_cdf"
-    rows = db.query("SELECT scheduler, latency_s FROM rounds WHERE run_id = ? ORDER BY scheduler, latency_s",
-                    (run_id,))
+    rows = queries.round_latencies(db.conn, run_id)
     if not rows:
         return Figure(name, "Round latency CDF per scheduler", skipped="no rounds recorded")
     by: dict[str, list[float]] = {}
     for r in rows:
         by.setdefault(r["scheduler"], []).append(r["latency_s"])
     colours = scheduler_colours(list(by))
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for sched, lat in by.items():
         n = len(lat)
@@ -305,12 +298,7 @@ def bandwidth_latency_points(db: ResultsDB, run_id: int) -> dict[str, list[tuple
     """Per scheduler, one (task_id, n_locals, reserved_mbps, mean round latency s) per task that was
     scheduled and completed a round; the mean is over its rounds without a straggler (all of its
     rounds if every one had one)."""
-    rows = db.query(
-        "SELECT s.scheduler, s.task_id, t.n_locals, s.reserved_mbps, "
-        "AVG(CASE WHEN r.stragglers = 0 THEN r.latency_s END) AS clean_s, AVG(r.latency_s) AS all_s "
-        "FROM schedules s JOIN tasks t USING (run_id, scheduler, task_id) "
-        "JOIN rounds r USING (run_id, scheduler, task_id) WHERE s.run_id = ? AND t.state != 'blocked' "
-        "GROUP BY s.scheduler, s.task_id ORDER BY s.scheduler, s.task_id", (run_id,))
+    rows = queries.task_latencies(db.conn, run_id)
     out: dict[str, list[tuple[int, int, float, float]]] = {}
     for r in rows:
         lat = r["clean_s"] if r["clean_s"] is not None else r["all_s"]
@@ -329,7 +317,7 @@ def bandwidth_latency(db: ResultsDB, run_id: int, out_dir: Path) -> Figure:
         return Figure(name, "Reserved bandwidth against round latency",
                       skipped="no scheduled task completed a round")
     colours = scheduler_colours(list(points))
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.2))
     for sched, pts in points.items():
         xs = [p[2] / 1e3 for p in pts]
@@ -377,16 +365,14 @@ def online_load(db: ResultsDB, run_id: int, out_dir: Path) -> Figure:
     caption = "Blocking ratio and load over time (online mode)"
     if db.run(run_id)["environment"].get("mode") != "online":
         return Figure(name, caption, skipped="not an online run (tasks did not arrive over time)")
-    events = db.query("SELECT scheduler, task_id, t_s, state FROM task_events WHERE run_id = ? "
-                      "ORDER BY scheduler, t_s", (run_id,))
-    samples = db.query("SELECT scheduler, t_s, running, reserved_mbps FROM samples WHERE run_id = ? "
-                       "ORDER BY scheduler, t_s", (run_id,))
+    events = queries.task_events(db.conn, run_id)
+    samples = queries.samples(db.conn, run_id)
     if not events and not samples:
         return Figure(name, caption, skipped="no task events and no samples recorded")
     scheds = sorted({r["scheduler"] for r in events} | {r["scheduler"] for r in samples})
     colours = scheduler_colours(scheds)
     drawn: dict[str, dict[str, list[tuple[float, float]]]] = {}
-    plt = _pyplot()
+    plt = pyplot()
     fig, axes = plt.subplots(3, 1, figsize=(7, 7), sharex=True)
     for sched in scheds:
         ev = [e for e in events if e["scheduler"] == sched]
@@ -435,6 +421,6 @@ def draw_all(db: ResultsDB, run_id: int, out_dir: Path) -> list[Figure]:
             out.append(draw(db, run_id, out_dir))
         except Exception as e:
             LOG.exception("drawing %s failed", draw.__name__)
-            _pyplot().close("all")
+            pyplot().close("all")
             out.append(Figure(draw.__name__, draw.__name__, skipped=f"drawing failed: {type(e).__name__}: {e}"))
     return out

@@ -1,0 +1,276 @@
+"""Every read of a results database: the only module of the project with an SQL SELECT.
+
+The report, the figures, the CSV writers, the dashboard, attach and the running network read what a
+run recorded through these functions, so that a change of the schema (`orchestrator.results.schema`)
+meets every reader here. Each function takes an open connection whose rows are `sqlite3.Row`
+(`ResultsDB.conn`, or `connect_read_only` for a reader that must not write) and returns plain dicts
+or values; none writes.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+#: Tables with a ``t_s`` column on the run's clock whose span `time_span` reads.
+TIMED_TABLES = ("link_stats", "task_events")
+
+
+def _rows(conn: sqlite3.Connection, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
+    return [dict(r) for r in conn.execute(sql, params).fetchall()]
+
+
+def connect_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection to `path` (rows as `sqlite3.Row`); a finished run whose WAL files
+    cannot be made (a read-only folder, another user) is opened as immutable.
+
+    Raises
+    ------
+    FileNotFoundError
+        `path` is not a file.
+    """
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such results database")
+    uri = f"{path.resolve().as_uri()}?mode=ro"
+    try:
+        conn = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        conn.execute("SELECT count(*) FROM sqlite_master").fetchone()
+    except sqlite3.OperationalError:
+        conn = sqlite3.connect(uri + "&immutable=1", uri=True, check_same_thread=False)
+    conn.row_factory = sqlite3.Row
+    return conn
+
+
+# -- the database and its runs ---------------------------------------------------------------------
+def table_names(conn: sqlite3.Connection) -> set[str]:
+    """The tables the database holds (an older database may lack some)."""
+    return {r["name"] for r in _rows(conn, "SELECT name FROM sqlite_master WHERE type='table'")}
+
+
+def columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """The column names of `table` (empty when it does not exist)."""
+    return {r[1] for r in conn.execute(f"PRAGMA table_info({table})")}  # a table name cannot be bound
+
+
+def last_run_id(conn: sqlite3.Connection) -> int | None:
+    """The id of the database's latest run; None when it holds none."""
+    row = conn.execute("SELECT max(id) AS id FROM runs").fetchone()
+    return None if row is None or row["id"] is None else int(row["id"])
+
+
+def run_record(conn: sqlite3.Connection, run_id: int) -> dict[str, Any] | None:
+    """The run's row with ``config`` and ``environment`` decoded from their JSON; None if absent."""
+    rows = _rows(conn, "SELECT * FROM runs WHERE id = ?", (run_id,))
+    if not rows:
+        return None
+    d = rows[0]
+    d["config"] = json.loads(d.pop("config_json") or "{}")
+    d["environment"] = json.loads(d.pop("environment_json") or "{}")
+    return d
+
+
+def topology(conn: sqlite3.Connection, run_id: int) -> dict[str, Any] | None:
+    """The run's topology row (model_json, plan_json); None if none was recorded."""
+    rows = _rows(conn, "SELECT * FROM topology WHERE run_id = ?", (run_id,))
+    return rows[0] if rows else None
+
+
+def time_span(conn: sqlite3.Connection, table: str, run_id: int) -> tuple[float | None, float | None]:
+    """The first and last ``t_s`` of the run's rows in `table` (one of `TIMED_TABLES`)."""
+    if table not in TIMED_TABLES:
+        raise ValueError(f"no run clock in table {table!r}; one of {', '.join(TIMED_TABLES)}")
+    row = conn.execute(f"SELECT min(t_s) AS lo, max(t_s) AS hi FROM {table} WHERE run_id = ?", (run_id,)).fetchone()
+    return row["lo"], row["hi"]
+
+
+# -- tasks -----------------------------------------------------------------------------------------
+def task_ids(conn: sqlite3.Connection, run_id: int) -> set[int]:
+    """Every task id the run records (whatever its scheduler and state)."""
+    return {int(r["task_id"]) for r in _rows(conn, "SELECT DISTINCT task_id FROM tasks WHERE run_id = ?", (run_id,))}
+
+
+def schedulers(conn: sqlite3.Connection, run_id: int) -> list[str]:
+    """The run's scheduler labels (as its tasks record them), sorted."""
+    return [r["scheduler"] for r in _rows(
+        conn, "SELECT DISTINCT scheduler FROM tasks WHERE run_id = ? ORDER BY scheduler", (run_id,))]
+
+
+def tasks_with_schedules(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every task of the run with its times, setup figures and reserved bandwidth (None when it
+    was never scheduled), by scheduler, number of locals and task id."""
+    return _rows(
+        conn,
+        "SELECT t.scheduler, t.task_id, t.n_locals, t.state, t.reason, t.carried_bytes, t.model_bytes, t.setup_json, "
+        "t.arrival_s, t.admitted_s, t.first_broadcast_s, t.finished_s, t.start_overhead_s, s.reserved_mbps "
+        "FROM tasks t LEFT JOIN schedules s USING (run_id, scheduler, task_id) WHERE t.run_id = ? "
+        "ORDER BY t.scheduler, t.n_locals, t.task_id", (run_id,))
+
+
+def task_infos(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Per task: scheduler, task_id, n_locals, global_site, rounds, demand_mbps."""
+    return _rows(conn, "SELECT scheduler, task_id, n_locals, global_site, rounds, demand_mbps FROM tasks "
+                 "WHERE run_id = ?", (run_id,))
+
+
+def task_states(conn: sqlite3.Connection, run_id: int, scheduler: str) -> list[str]:
+    """The state of each of the scheduler's tasks."""
+    return [r["state"] for r in _rows(conn, "SELECT state FROM tasks WHERE run_id = ? AND scheduler = ?",
+                                      (run_id, scheduler))]
+
+
+def failed_tasks(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """scheduler, task_id and reason of every failed task."""
+    return _rows(conn, "SELECT scheduler, task_id, reason FROM tasks WHERE run_id = ? AND state = 'failed'",
+                 (run_id,))
+
+
+def admitted_s(conn: sqlite3.Connection, run_id: int, scheduler: str, task_id: int) -> float | None:
+    """When the task was admitted, on the run's clock (None: not recorded)."""
+    rows = _rows(conn, "SELECT admitted_s FROM tasks WHERE run_id = ? AND scheduler = ? AND task_id = ?",
+                 (run_id, scheduler, task_id))
+    return rows[0]["admitted_s"] if rows else None
+
+
+def task_events(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every state change (scheduler, task_id, t_s, state), by scheduler and time."""
+    return _rows(conn, "SELECT scheduler, task_id, t_s, state FROM task_events WHERE run_id = ? "
+                 "ORDER BY scheduler, t_s", (run_id,))
+
+
+def last_task_events(conn: sqlite3.Connection, run_id: int, t: float) -> list[dict[str, Any]]:
+    """Per task, its last state change at or before `t` (scheduler, task_id, state, reason, t_s)."""
+    return _rows(
+        conn,
+        "SELECT e.scheduler, e.task_id, e.state, e.reason, e.t_s FROM task_events e JOIN ("
+        " SELECT scheduler, task_id, max(rowid) AS rid FROM task_events WHERE run_id = ? AND t_s <= ?"
+        " GROUP BY scheduler, task_id) m ON e.rowid = m.rid", (run_id, t))
+
+
+def schedule(conn: sqlite3.Connection, run_id: int, scheduler: str, task_id: int) -> dict[str, Any] | None:
+    """The task's schedule (schedule_json, reserved_mbps); None before it is scheduled."""
+    rows = _rows(conn, "SELECT schedule_json, reserved_mbps FROM schedules WHERE run_id = ? AND scheduler = ? "
+                 "AND task_id = ?", (run_id, scheduler, task_id))
+    return rows[0] if rows else None
+
+
+# -- rounds ----------------------------------------------------------------------------------------
+def rounds(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every round of the run, by scheduler, task and round."""
+    return _rows(conn, "SELECT * FROM rounds WHERE run_id = ? ORDER BY scheduler, task_id, round", (run_id,))
+
+
+def round_latencies(conn: sqlite3.Connection, run_id: int, scheduler: str | None = None) -> list[dict[str, Any]]:
+    """(scheduler, latency_s) of every round, by scheduler and latency; of one scheduler if given."""
+    if scheduler is None:
+        return _rows(conn, "SELECT scheduler, latency_s FROM rounds WHERE run_id = ? ORDER BY scheduler, latency_s",
+                     (run_id,))
+    return _rows(conn, "SELECT scheduler, latency_s FROM rounds WHERE run_id = ? AND scheduler = ?",
+                 (run_id, scheduler))
+
+
+def round_figures(conn: sqlite3.Connection, run_id: int, scheduler: str, task_id: int,
+                  round_: int) -> dict[str, Any] | None:
+    """latency_s, broadcast_s, train_s, upload_s and accuracy of one round; None if not recorded."""
+    rows = _rows(conn, "SELECT latency_s, broadcast_s, train_s, upload_s, accuracy FROM rounds WHERE run_id = ? "
+                 "AND scheduler = ? AND task_id = ? AND round = ?", (run_id, scheduler, task_id, round_))
+    return rows[0] if rows else None
+
+
+def task_latencies(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Per scheduled task that completed a round and was not blocked: scheduler, task_id, n_locals,
+    reserved_mbps, and its mean round latency without stragglers (clean_s) and over all (all_s)."""
+    return _rows(
+        conn,
+        "SELECT s.scheduler, s.task_id, t.n_locals, s.reserved_mbps, "
+        "AVG(CASE WHEN r.stragglers = 0 THEN r.latency_s END) AS clean_s, AVG(r.latency_s) AS all_s "
+        "FROM schedules s JOIN tasks t USING (run_id, scheduler, task_id) "
+        "JOIN rounds r USING (run_id, scheduler, task_id) WHERE s.run_id = ? AND t.state != 'blocked' "
+        "GROUP BY s.scheduler, s.task_id ORDER BY s.scheduler, s.task_id", (run_id,))
+
+
+def round_selections(conn: sqlite3.Connection) -> list[dict[str, Any]]:
+    """Every recorded round with its selection, of every run in the database: run_id, scheduler,
+    task_id, round, policy, selected (list, decoded), upload_bytes, latency_s, accuracy."""
+    rows = _rows(
+        conn,
+        "SELECT s.run_id, s.scheduler, s.task_id, s.round, s.policy, s.selected_json, s.upload_bytes, "
+        "r.latency_s, r.accuracy FROM round_selection s JOIN rounds r USING (run_id, scheduler, task_id, round) "
+        "ORDER BY s.run_id, s.scheduler, s.task_id, s.round")
+    for r in rows:
+        r["selected"] = json.loads(r.pop("selected_json"))
+    return rows
+
+
+# -- per node --------------------------------------------------------------------------------------
+def timeline_candidates(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Tasks with `node_rounds` rows: scheduler, task_id, n_locals, state, arrival_s."""
+    return _rows(
+        conn,
+        "SELECT t.scheduler, t.task_id, t.n_locals, t.state, t.arrival_s FROM tasks t WHERE t.run_id = ? "
+        "AND EXISTS (SELECT 1 FROM node_rounds n WHERE n.run_id = t.run_id AND n.scheduler = t.scheduler "
+        "AND n.task_id = t.task_id)", (run_id,))
+
+
+def node_rounds(conn: sqlite3.Connection, run_id: int, scheduler: str, task_id: int) -> list[dict[str, Any]]:
+    """Every `node_rounds` row of a task, by round and site."""
+    return _rows(conn, "SELECT * FROM node_rounds WHERE run_id = ? AND scheduler = ? AND task_id = ? "
+                 "ORDER BY round, site", (run_id, scheduler, task_id))
+
+
+def global_rounds_done(conn: sqlite3.Connection, run_id: int, scheduler: str, task_id: int,
+                       t: float) -> list[dict[str, Any]]:
+    """(round, sent_s) of each round G aggregated by `t`, in round order."""
+    return _rows(conn, "SELECT round, sent_s FROM node_rounds WHERE run_id = ? AND scheduler = ? AND task_id = ?"
+                 " AND role = 'global' AND sent_s IS NOT NULL AND sent_s <= ? ORDER BY round",
+                 (run_id, scheduler, task_id, t))
+
+
+# -- links and samples -----------------------------------------------------------------------------
+def link_stats(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every link load sample (t_s, a, b, rate_mbps, ai_mbps, background_mbps, capacity_mbps, up) in time order."""
+    return _rows(conn, "SELECT t_s, a, b, rate_mbps, ai_mbps, background_mbps, capacity_mbps, up FROM link_stats "
+                 "WHERE run_id = ? ORDER BY t_s", (run_id,))
+
+
+def link_loads_at(conn: sqlite3.Connection, run_id: int, t: float) -> list[dict[str, Any]]:
+    """Every directed link's last load sample at or before `t`."""
+    return _rows(
+        conn,
+        "SELECT a, b, rate_mbps, ai_mbps, background_mbps, capacity_mbps, up, t_s FROM link_stats "
+        "WHERE run_id = ? AND t_s = (SELECT max(t_s) FROM link_stats WHERE run_id = ? AND t_s <= ?)",
+        (run_id, run_id, t))
+
+
+def samples(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every sample of the online mode, by scheduler and time."""
+    return _rows(conn, "SELECT * FROM samples WHERE run_id = ? ORDER BY scheduler, t_s", (run_id,))
+
+
+def site_cpu_s(conn: sqlite3.Connection, run_id: int, scheduler: str) -> dict[str, float]:
+    """CPU seconds each site's server used over the scheduler's samples (last minus first), by site."""
+    rows = _rows(conn, "SELECT site, MAX(cpu_s) - MIN(cpu_s) AS cpu FROM site_samples WHERE run_id = ? "
+                 "AND scheduler = ? GROUP BY site ORDER BY site", (run_id, scheduler))
+    return {r["site"]: r["cpu"] for r in rows}
+
+
+# -- faults and moves ------------------------------------------------------------------------------
+def has_faults_or_moves(conn: sqlite3.Connection, run_id: int) -> bool:
+    """Whether the run recorded an injected event or a move."""
+    return bool(_rows(conn, "SELECT 1 FROM faults WHERE run_id = ? UNION SELECT 1 FROM moves WHERE run_id = ?",
+                      (run_id, run_id)))
+
+
+def faults(conn: sqlite3.Connection, run_id: int, scheduler: str | None = None) -> list[dict[str, Any]]:
+    """The run's injected events by scheduler and time; of one scheduler (unordered) if given."""
+    if scheduler is None:
+        return _rows(conn, "SELECT * FROM faults WHERE run_id = ? ORDER BY scheduler, at_s", (run_id,))
+    return _rows(conn, "SELECT * FROM faults WHERE run_id = ? AND scheduler = ?", (run_id, scheduler))
+
+
+def moves(conn: sqlite3.Connection, run_id: int, scheduler: str | None = None) -> list[dict[str, Any]]:
+    """The run's moves by scheduler, task and move; of one scheduler (unordered) if given."""
+    if scheduler is None:
+        return _rows(conn, "SELECT * FROM moves WHERE run_id = ? ORDER BY scheduler, task_id, move", (run_id,))
+    return _rows(conn, "SELECT * FROM moves WHERE run_id = ? AND scheduler = ?", (run_id, scheduler))

@@ -1,0 +1,208 @@
+"""The results database's schema: its tables (SQLite DDL) and the values some of their columns take.
+
+Shared by the writer (`orchestrator.results.db`), which creates the tables, and the readers
+(`orchestrator.results.queries`), which name them. Nothing here opens a database.
+"""
+
+from __future__ import annotations
+
+SCHEMA_VERSION = 2
+RUN_STATUSES = ("running", "completed", "interrupted", "failed")
+ENGINES = ("emulation", "simulation")
+TASK_STATES = ("pending", "scheduled", "running", "done", "blocked", "failed")
+#: How a `faults` row's detail starts for an event the trace ended before (recorded, never applied).
+NOT_APPLIED = "not applied"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    name TEXT NOT NULL,
+    config_json TEXT NOT NULL,
+    environment_json TEXT NOT NULL DEFAULT '{}',
+    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'interrupted', 'failed')),
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    note TEXT NOT NULL DEFAULT '',
+    -- emulation (Mininet, real workers) or simulation (the flow-level model, orchestrator/simulation)
+    engine TEXT NOT NULL DEFAULT 'emulation'
+);
+CREATE TABLE IF NOT EXISTS topology (
+    run_id INTEGER PRIMARY KEY REFERENCES runs(id),
+    name TEXT NOT NULL,
+    model_json TEXT NOT NULL,
+    plan_json TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS tasks (
+    run_id INTEGER NOT NULL REFERENCES runs(id),
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    n_locals INTEGER NOT NULL,
+    global_site TEXT NOT NULL,
+    local_sites_json TEXT NOT NULL,
+    model TEXT NOT NULL,
+    rounds INTEGER NOT NULL,
+    demand_mbps REAL NOT NULL,
+    model_bytes INTEGER NOT NULL,
+    state TEXT NOT NULL CHECK (state IN ('pending', 'scheduled', 'running', 'done', 'blocked', 'failed')),
+    reason TEXT NOT NULL DEFAULT '',
+    carried_bytes INTEGER,
+    setup_json TEXT NOT NULL DEFAULT '{}',
+    -- seconds since the run's clock started (the emulation and the site servers up)
+    arrival_s REAL,
+    admitted_s REAL,
+    first_broadcast_s REAL,
+    finished_s REAL,
+    -- admission (placed on the live state) to G's first broadcast byte: flows, roles, connections
+    start_overhead_s REAL,
+    PRIMARY KEY (run_id, scheduler, task_id)
+);
+CREATE TABLE IF NOT EXISTS schedules (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    schedule_json TEXT NOT NULL,
+    reserved_mbps REAL NOT NULL,
+    lower_bound_s REAL,
+    PRIMARY KEY (run_id, scheduler, task_id)
+);
+CREATE TABLE IF NOT EXISTS rounds (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    latency_s REAL NOT NULL,
+    broadcast_s REAL NOT NULL,
+    train_s REAL NOT NULL,
+    upload_s REAL NOT NULL,
+    accuracy REAL,
+    lower_bound_s REAL,
+    stragglers INTEGER NOT NULL DEFAULT 0,
+    broadcast_all_s REAL,
+    upload_tail_s REAL,
+    broadcast_bound_s REAL,
+    upload_bound_s REAL,
+    reference_s REAL,
+    PRIMARY KEY (run_id, scheduler, task_id, round)
+);
+CREATE TABLE IF NOT EXISTS network_state (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    a TEXT NOT NULL,
+    b TEXT NOT NULL,
+    capacity_mbps REAL NOT NULL,
+    reserved_mbps REAL NOT NULL,
+    background_mbps REAL NOT NULL,
+    residual_mbps REAL NOT NULL
+);
+-- Load of each directed emulated link a -> b, sampled about once a second while the network runs
+-- (t_s on the run's clock). rate_mbps is what the port sent (all classes); ai_mbps what task
+-- entries forwarded out of it, background_mbps what background entries did; capacity_mbps is the
+-- link's emulated (shaped) rate. Rates are in emulated Mbit/s.
+CREATE TABLE IF NOT EXISTS link_stats (
+    run_id INTEGER NOT NULL,
+    t_s REAL NOT NULL,
+    a TEXT NOT NULL,
+    b TEXT NOT NULL,
+    tx_bytes INTEGER NOT NULL,
+    rate_mbps REAL NOT NULL,
+    ai_mbps REAL NOT NULL DEFAULT 0,
+    background_mbps REAL NOT NULL DEFAULT 0,
+    capacity_mbps REAL NOT NULL DEFAULT 0,
+    up INTEGER NOT NULL DEFAULT 1
+);
+CREATE INDEX IF NOT EXISTS link_stats_t ON link_stats(run_id, t_s);
+-- Every state change of a task, on the run's clock (the tasks table keeps only the last one).
+CREATE TABLE IF NOT EXISTS task_events (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    t_s REAL NOT NULL,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT ''
+);
+-- What each node of a task did in each round, on the run's clock: when the global model reached
+-- it (received_s; G: the round's start), when it trained (train_start_s, train_end_s; G: none),
+-- when its (aggregated) update left it (sent_s; G: when the new global model was aggregated).
+-- role: global, local, relay (a site that only forwards or aggregates).
+CREATE TABLE IF NOT EXISTS node_rounds (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    site TEXT NOT NULL,
+    role TEXT NOT NULL,
+    received_s REAL,
+    train_start_s REAL,
+    train_end_s REAL,
+    sent_s REAL,
+    PRIMARY KEY (run_id, scheduler, task_id, round, site)
+);
+CREATE TABLE IF NOT EXISTS samples (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    t_s REAL NOT NULL,
+    running INTEGER NOT NULL,
+    reserved_mbps REAL NOT NULL,
+    carried_mbps REAL,
+    memory_used_bytes INTEGER
+);
+CREATE TABLE IF NOT EXISTS site_samples (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    t_s REAL NOT NULL,
+    site TEXT NOT NULL,
+    cpu_s REAL NOT NULL,
+    pss_bytes INTEGER NOT NULL,
+    roles INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS background (
+    run_id INTEGER NOT NULL,
+    src TEXT NOT NULL,
+    dst TEXT NOT NULL,
+    offered_mbps REAL NOT NULL,
+    achieved_mbps REAL
+);
+CREATE TABLE IF NOT EXISTS faults (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    at_s REAL NOT NULL,
+    action TEXT NOT NULL,
+    target TEXT NOT NULL,
+    ok INTEGER NOT NULL,
+    detail TEXT NOT NULL DEFAULT '',
+    took_s REAL
+);
+CREATE TABLE IF NOT EXISTS moves (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    move INTEGER NOT NULL,
+    at_s REAL NOT NULL,
+    reason TEXT NOT NULL,
+    old_schedule_json TEXT NOT NULL,
+    new_schedule_json TEXT,
+    resumed_round INTEGER NOT NULL,
+    last_round_end_s REAL,
+    next_round_start_s REAL,
+    interruption_s REAL,
+    old_bound_s REAL,
+    new_bound_s REAL,
+    old_reserved_mbps REAL,
+    new_reserved_mbps REAL,
+    PRIMARY KEY (run_id, scheduler, task_id, move)
+);
+-- Local-model selection (docs/selection.md): per round of a task, the policy, the locals G chose
+-- (JSON list; [] when the task selects none, i.e. all trained) and the bytes of every UPDATE frame.
+CREATE TABLE IF NOT EXISTS round_selection (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    policy TEXT NOT NULL,
+    selected_json TEXT NOT NULL,
+    upload_bytes INTEGER NOT NULL,
+    PRIMARY KEY (run_id, scheduler, task_id, round)
+);
+"""
