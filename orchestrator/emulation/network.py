@@ -48,7 +48,8 @@ from types import FrameType, TracebackType
 from typing import Any
 
 from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
-from controller.shaping import BACKGROUND_CLASS, ENV_LINK_DELAY, background_queue, base_layout, classid
+from controller.htb import BACKGROUND_CLASS, background_queue, base_layout, classid
+from controller.shaping import ENV_LINK_DELAY
 from orchestrator.emulation import cluster as clustering
 from orchestrator.emulation import ovs_socket
 from orchestrator.emulation.cleanup import (
@@ -177,7 +178,7 @@ def _mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
     class ShapedIntf(TCIntf):
         """TCIntf whose htb tree leaves room for the controller's per-task classes.
 
-        `controller.shaping.base_layout`: root qdisc 5:0 (default 5:2), the link class 5:1 at `bw`,
+        `controller.htb.base_layout`: root qdisc 5:0 (default 5:2), the link class 5:1 at `bw`,
         the background leaf 5:2 (small guarantee, borrows up to `bw`), the best-effort leaf 5:3, the
         ACK leaf 5:4 and their filters; a netem delay goes under 5:2 (the controller puts the same delay under each
         task class; best-effort traffic goes without it). Every class has an explicit
@@ -198,7 +199,7 @@ def _mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
         def delayCmds(parent: str, delay: Any = None, jitter: Any = None, loss: Any = None,
                       max_queue_size: Any = None) -> tuple[list[str], str]:
             """Mininet's netem under the background leaf; without one, the background's short
-            pfifo (`controller.shaping.background_queue`)."""
+            pfifo (`controller.htb.background_queue`)."""
             cmds, out = TCIntf.delayCmds(parent, delay=delay, jitter=jitter, loss=loss, max_queue_size=max_queue_size)
             if not cmds and parent.split() == ["parent", classid(BACKGROUND_CLASS)]:
                 cmds = [" ".join(["%s", *background_queue("%s")])]
