@@ -36,7 +36,13 @@ from orchestrator.scheduling.cost import (
     round_lower_bound,
     store_and_forward_s,
 )
-from orchestrator.scheduling.pipelined import CopyWindow, RateFn, capacity_rate, copy_windows, pipelined_bound_s
+from orchestrator.scheduling.pipelined import (
+    CopyWindow,
+    RateFn,
+    capacity_rate,
+    copy_windows,
+    pipelined_bound_s,
+)
 from orchestrator.scheduling.schedule import DirectedLink
 from orchestrator.scheduling.tasks import Task
 from tests.unit.plugin_schedulers import ALL_SCHEDULERS, make_scheduler
