@@ -27,9 +27,10 @@ Mininet runs are machine-global (interface names): callers serialise runs (the p
 commands that start Mininet in ``flock /tmp/netai-mininet.lock``). This module must not run
 ``mn -c`` nor touch anything without the run's marks.
 
-Over 400 lines: bring-up, signals and teardown of one run share its state (processes, bridges,
-state file); cleanup of crashed runs lives in `orchestrator.emulation.cleanup`, the Mininet classes
-in `orchestrator.emulation.mininet_nodes` (`cluster_nodes` in cluster mode).
+Over 400 lines: bring-up and teardown of one run share its state (processes, bridges, state
+file); cleanup of crashed runs lives in `orchestrator.emulation.cleanup`, the Mininet classes in
+`orchestrator.emulation.mininet_nodes` (`cluster_nodes` in cluster mode), the kernel probe in
+`orchestrator.emulation.kernel`, signal handling in `orchestrator.emulation.signals`.
 """
 
 from __future__ import annotations
