@@ -42,7 +42,8 @@ from controller.compat import (
     ofproto_v1_3,
     set_ev_cls,
 )
-from controller.core import ControllerCore, ControllerError, FlowStat, PortStat, Unavailable
+from controller.core import ControllerCore
+from controller.errors import ControllerError, Unavailable
 from controller.flows import (
     BEST_EFFORT,
     CONNECTIVITY_MODES,
@@ -52,8 +53,10 @@ from controller.flows import (
     make_match,
 )
 from controller.rest import RestApi
-from controller.shaping import ENV_LINK_DELAY, SubprocessTc, TcShaper
+from controller.shaping import ENV_LINK_DELAY, TcShaper
+from controller.southbound import FlowStat, PortStat
 from controller.state_store import ENV_STATE_DB, StateStore
+from controller.tc import SubprocessTc
 from topologies.plan import EmulationPlan
 
 ENV_PLAN_FILE = "NETAI_PLAN_FILE"

@@ -16,11 +16,12 @@ Without a shaper, or while it cannot shape (no ``tc``, no interfaces yet), tasks
 installed and their summaries, like ``/health``, say that the reservation is not enforced and why.
 
 It must not import the OpenFlow framework, block on anything but its sender and its shaper, or open
-sockets. Errors carry an HTTP-like `status` so the REST layer can map them without knowing the cases.
+sockets. Errors (`controller.errors`) carry an HTTP-like `status` so the REST layer can map them
+without knowing the cases. The sender's contract is `controller.southbound.FlowSender`; port states
+and counters are kept by `controller.ports.PortBook`.
 
-Over 400 lines: every decision of the controller (switches, tasks, background, reservations,
-counters) works on one locked state; the pure builders live in `controller.flows` and
-`controller.shaping`.
+Over 400 lines: every decision of the controller (switches, tasks, background, reservations)
+works on one locked state; the pure builders live in `controller.flows` and `controller.shaping`.
 """
 
 from __future__ import annotations
@@ -30,8 +31,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from controller.errors import Conflict, ControllerError, NotFound, ShapingFailed, Unavailable, Unprocessable
 from controller.flows import (
     BACKGROUND_COOKIE,
     BEST_EFFORT,
@@ -48,83 +50,17 @@ from controller.flows import (
     task_entries,
 )
 from controller.paths import TaskPaths
-from controller.shaping import Reservation, Shaper, ShapingBuildError, ShapingError, ShapingStatus
+from controller.ports import PORT_EVENT_HISTORY, PortBook, site_name, switch_name
+from controller.shaping import Reservation, Shaper, ShapingBuildError, ShapingStatus
+from controller.southbound import FlowSender, PortStat
 from controller.state_store import StateStore
-from topologies.plan import HOST_PORT, EmulationPlan
+from controller.tc import ShapingError
+from topologies.plan import EmulationPlan
 
-#: How many port-status events the controller keeps for the API.
-PORT_EVENT_HISTORY = 1000
 #: Why reservations are not enforced when the core has no shaper.
 NO_SHAPER = "the controller runs without a shaper: reserved rates are bookkeeping only"
 #: A task's reservation while its entries are being sent.
 PENDING = Reservation(False, "being installed")
-
-
-class ControllerError(Exception):
-    """A request the controller refuses; `status` is the HTTP status the REST layer answers with."""
-
-    status = 500
-
-
-class BadRequest(ControllerError):
-    status = 400
-
-
-class NotFound(ControllerError):
-    status = 404
-
-
-class Conflict(ControllerError):
-    status = 409
-
-
-class Unprocessable(ControllerError):
-    status = 422
-
-
-class Unavailable(ControllerError):
-    status = 503
-
-
-class ShapingFailed(ControllerError):
-    """tc refused a task's classes; the task was rolled back."""
-
-    status = 500
-
-
-@dataclass(frozen=True)
-class FlowStat:
-    """A flow entry as the switch reports it, with its counters."""
-
-    entry: FlowEntry
-    packets: int
-    bytes: int
-    duration_s: float
-
-
-@dataclass(frozen=True)
-class PortStat:
-    port_no: int
-    rx_bytes: int
-    tx_bytes: int
-    rx_packets: int
-    tx_packets: int
-
-
-class FlowSender(Protocol):
-    """What the core needs from the OpenFlow side. Every call may raise `Unavailable`.
-
-    `install` and `remove_cookie` return only once the switch has processed the messages (a
-    barrier), and raise `ControllerError` if the switch rejected one of them.
-    """
-
-    def install(self, dpid: int, entries: Sequence[FlowEntry]) -> None: ...
-
-    def remove_cookie(self, dpid: int, cookie: int) -> None: ...
-
-    def flow_stats(self, dpid: int, cookie: int | None) -> list[FlowStat]: ...
-
-    def port_stats(self, dpid: int) -> list[PortStat]: ...
 
 
 @dataclass
@@ -133,20 +69,6 @@ class InstalledTask:
     entries: list[FlowEntry]
     installed_at: float
     reservation: Reservation = PENDING
-
-
-@dataclass
-class _PortSample:
-    t_s: float
-    tx_bytes: int
-    rx_bytes: int
-
-
-@dataclass
-class _PortCounters:
-    last: _PortSample | None = None
-    rate_tx_mbps: float = 0.0
-    rate_rx_mbps: float = 0.0
 
 
 class ControllerCore:
@@ -194,10 +116,8 @@ class ControllerCore:
         self.tasks: dict[int, InstalledTask] = {}
         self.background_pairs: list[tuple[str, str]] = []
         self.background: list[FlowEntry] = []
-        self.port_up: dict[tuple[int, int], bool] = {}
-        self.port_events: deque[dict[str, Any]] = deque(maxlen=PORT_EVENT_HISTORY)
+        self.ports = PortBook(plan)
         self.errors: deque[dict[str, Any]] = deque(maxlen=PORT_EVENT_HISTORY)
-        self._ports: dict[tuple[int, int], _PortCounters] = {}
         self._dpids = {sw.dpid for sw in plan.switches}
         #: Where accepted changes are written, so that a restarted controller comes back with them.
         self.store = store
@@ -277,19 +197,7 @@ class ControllerCore:
     def record_port_status(self, dpid: int, port_no: int, reason: str, link_down: bool) -> None:
         """Keep a port-status change (added/deleted/modified, link up/down) for the API."""
         with self._lock:
-            up = reason != "delete" and not link_down
-            self.port_up[(dpid, port_no)] = up
-            self.port_events.append(
-                {
-                    "t_s": round(self.clock() - self.started_at, 3),
-                    "dpid": dpid,
-                    "switch": self._switch_name(dpid),
-                    "port": port_no,
-                    "reason": reason,
-                    "up": up,
-                    "link": self._link_of(dpid, port_no),
-                }
-            )
+            self.ports.record_status(round(self.clock() - self.started_at, 3), dpid, port_no, reason, link_down)
 
     def record_error(self, dpid: int, message: str) -> None:
         with self._lock:
@@ -299,20 +207,13 @@ class ControllerCore:
         """Update port counters and current rates (from the previous sample of each port)."""
         now = self.clock() if t_s is None else t_s
         with self._lock:
-            for st in stats:
-                c = self._ports.setdefault((dpid, st.port_no), _PortCounters())
-                sample = _PortSample(t_s=now, tx_bytes=st.tx_bytes, rx_bytes=st.rx_bytes)
-                if c.last is not None and now > c.last.t_s:
-                    dt = now - c.last.t_s
-                    c.rate_tx_mbps = max(0, st.tx_bytes - c.last.tx_bytes) * 8 / dt / 1e6
-                    c.rate_rx_mbps = max(0, st.rx_bytes - c.last.rx_bytes) * 8 / dt / 1e6
-                c.last = sample
+            self.ports.record_stats(dpid, stats, now)
 
     # -- tasks -------------------------------------------------------------------------------------
     def _require_connected(self, dpids: Iterable[int]) -> None:
         missing = sorted(set(dpids) - set(self.connected))
         if missing:
-            names = ", ".join(f"{self._switch_name(d)} (dpid {d})" for d in missing)
+            names = ", ".join(f"{switch_name(self.plan, d)} (dpid {d})" for d in missing)
             raise Unavailable(f"switch(es) not connected: {names}")
 
     def install_task(self, task: TaskPaths) -> dict[str, Any]:
@@ -412,7 +313,7 @@ class ControllerCore:
             if clash:
                 dpid, _prio, match = sorted(clash)[0]
                 raise Conflict(
-                    f"task {task_id} would overwrite task {other_id}'s entry on {self._switch_name(dpid)} "
+                    f"task {task_id} would overwrite task {other_id}'s entry on {switch_name(self.plan, dpid)} "
                     f"for {dict(match)}; remove task {other_id} first"
                 )
 
@@ -462,7 +363,7 @@ class ControllerCore:
             "paths": len(t.paths),
             "reserved_mbps": round(sum(p.reserved_mbps * len(p.links()) for p in t.paths), 6),
             "entries": len(entries),
-            "switches": sorted({self._switch_name(e.dpid) for e in entries}),
+            "switches": sorted({switch_name(self.plan, e.dpid) for e in entries}),
             "reservation": reservation.to_dict(),
         }
 
@@ -509,8 +410,8 @@ class ControllerCore:
             for st in self.sender.flow_stats(dpid, task_id):
                 d = st.entry.to_dict()
                 d.update(
-                    switch=self._switch_name(dpid),
-                    site=self._site_name(dpid),
+                    switch=switch_name(self.plan, dpid),
+                    site=site_name(self.plan, dpid),
                     task=st.entry.cookie if 0 < st.entry.cookie < BACKGROUND_COOKIE else None,
                     kind=entry_kind(st.entry.cookie),
                     packets=st.packets,
@@ -523,37 +424,15 @@ class ControllerCore:
     def link_stats(self) -> list[dict[str, Any]]:
         """Per directed link: bytes sent so far, current rate and utilisation of the shaped rate."""
         with self._lock:
-            rows = []
-            for ln in self.plan.links:
-                for src, dst, port in ((ln.a, ln.b, ln.port_a), (ln.b, ln.a, ln.port_b)):
-                    dpid = self.plan.switch(src).dpid
-                    c = self._ports.get((dpid, port))
-                    rate = c.rate_tx_mbps if c else 0.0
-                    rows.append(
-                        {
-                            "link": [src, dst],
-                            "switch": self._switch_name(dpid),
-                            "port": port,
-                            "tx_bytes": c.last.tx_bytes if c and c.last else 0,
-                            "rate_mbps": round(rate, 3),
-                            "emulated_mbps": ln.emulated_mbps,
-                            "utilisation": round(rate / ln.emulated_mbps, 4) if ln.emulated_mbps else 0.0,
-                            "up": self.port_up.get((dpid, port), True),
-                        }
-                    )
-            return rows
+            return self.ports.link_stats()
 
     def topology(self) -> dict[str, Any]:
         with self._lock:
             return {
                 "plan": self.plan.to_dict(),
                 "connected": sorted(self.connected),
-                "ports_down": [
-                    {"switch": self._switch_name(d), "port": p, "link": self._link_of(d, p)}
-                    for (d, p), up in sorted(self.port_up.items())
-                    if not up
-                ],
-                "port_events": list(self.port_events),
+                "ports_down": self.ports.ports_down(),
+                "port_events": list(self.ports.events),
             }
 
     def health(self) -> dict[str, Any]:
@@ -567,39 +446,13 @@ class ControllerCore:
                 "topology": self.plan.topology,
                 "switches_expected": len(expected),
                 "switches_connected": len([d for d in expected if d in self.connected]),
-                "missing": [self._switch_name(d) for d in missing],
+                "missing": [switch_name(self.plan, d) for d in missing],
                 "tasks": sorted(self.tasks),
                 "background_pairs": len(self.background_pairs),
                 "connectivity": self.connectivity,
-                "port_events": len(self.port_events),
+                "port_events": len(self.ports.events),
                 "errors": list(self.errors)[-10:],
                 "uptime_s": round(self.clock() - self.started_at, 3),
                 "restored_tasks": list(self.restored),
                 "reservations": reservations,
             }
-
-    # -- names -------------------------------------------------------------------------------------
-    def _switch_name(self, dpid: int) -> str:
-        for sw in self.plan.switches:
-            if sw.dpid == dpid:
-                return sw.name
-        return f"dpid{dpid}"
-
-    def _site_name(self, dpid: int) -> str | None:
-        for sw in self.plan.switches:
-            if sw.dpid == dpid:
-                return sw.site
-        return None
-
-    def _link_of(self, dpid: int, port: int) -> list[str] | None:
-        site = self._site_name(dpid)
-        if site is None:
-            return None
-        if port == HOST_PORT:
-            return [site, "host"]
-        for ln in self.plan.links:
-            if ln.a == site and ln.port_a == port:
-                return [ln.a, ln.b]
-            if ln.b == site and ln.port_b == port:
-                return [ln.b, ln.a]
-        return None

@@ -32,7 +32,8 @@ from typing import Any
 
 from webob import Request, Response
 
-from controller.core import BadRequest, Conflict, ControllerCore, ControllerError, NotFound
+from controller.core import ControllerCore
+from controller.errors import BadRequest, Conflict, ControllerError, NotFound
 from controller.paths import TaskPaths
 
 LOG = logging.getLogger(__name__)

@@ -1,39 +1,15 @@
 """Reserved rates enforced on the links: one htb class per task, fed by u32 filters on its TCP ports.
 
-Every shaped switch-to-switch egress interface (the directed link a->b leaves a's switch on
-``<switch of a>-eth<plan.port_towards(a, b)>``) carries this htb tree::
-
-    5:0   root qdisc htb, default 5:2 (what no filter claims is background)
-    └─ 5:1   the link: rate = ceil = the plan's emulated rate
-       ├─ 5:2    background: rate = BACKGROUND_SHARE of the link, ceil = the link, prio 1
-       ├─ 5:3    best-effort connectivity: rate = MIN_RATE_MBPS, ceil = the link, prio 2
-       ├─ 5:4    small TCP segments (pure ACKs): rate = ACK_SHARE of the link, ceil = the link, prio 0
-       └─ 5:N    one class per task (N = 0x10, 0x11, ...; a task has the same N on every link):
-                 rate = the task's guaranteed rate on the link, ceil = the link, prio 0
-
-The emulation builds 5:0, 5:1, 5:2, 5:3, 5:4 and their two filters when it brings the links up
-(`base_layout`, used by Mininet's interface class); the controller adds a task's classes and
-filters after the task's flow entries and removes them with the entries (`TcShaper`).
-
-Best-effort connectivity (`controller.flows.best_effort_entries`) marks its packets with the Lower
-Effort DSCP; one u32 filter per link (preference `BEST_EFFORT_FILTER_PRIO`, below any task's) sends
-them to 5:3, the lowest class: it is guaranteed next to nothing and borrows only after the tasks and
-the background, so a ``ping`` or a hand-run ``iperf3`` never takes a task's reserved rate.
-
-Pure ACKs (and any TCP segment under 128 bytes: `small_segment_match`) go to 5:4, whatever flow
-they belong to (filter preference `ACK_FILTER_PRIO`, after best effort's, before any task's). Without
-it, the ACKs of a task's flow down a path shared the task's FIFO on the reverse links with the task's
-own data coming up them (spff's copies of the model from G, while the first locals already upload),
-waited behind up to a full queue of it, and held the flow to a fraction of the link
-(`benchmarks/bench_dataplane.py`, bound). 5:4 is guaranteed `ACK_SHARE` of the link (the ACKs of
-about 20 times that much data) and borrows at the tasks' prio.
+Every shaped switch-to-switch egress interface carries the htb tree of `controller.htb` (root 5:0,
+the link 5:1, background 5:2, best-effort connectivity 5:3, pure ACKs 5:4); a task gets one class
+5:N under 5:1 on every link its segments cross (N = 0x10, 0x11, ...; the same N on every link),
+added after the task's flow entries and removed with them (`TcShaper`).
 
 A reservation is a guarantee, not a cap: a task's class is guaranteed the sum of the
 `PathSpec.reserved_mbps` of the task's paths that cross the link, and borrows up to the link's rate
 while the link has room, before the background does (better htb prio). The guarantees on a link
-never add up to more than the link's rate: the background keeps `BACKGROUND_SHARE`, the ACKs
-`ACK_SHARE`, and a task
-gets at most what earlier tasks left (first come, first served; `LinkClass.capped` says when it got
+never add up to more than the link's rate: the background keeps `controller.htb.BACKGROUND_SHARE`,
+the ACKs `controller.htb.ACK_SHARE`, and a task gets at most what earlier tasks left (first come, first served; `LinkClass.capped` says when it got
 less than it asked). A class needs a positive rate, so a task granted nothing (or only carrying
 ACKs on a link) gets `MIN_RATE_MBPS`, still at the tasks' prio.
 
@@ -43,27 +19,33 @@ hosts: the data direction ``dport = tcp_dst`` on the links of the path, the ACK 
 ``sport = tcp_dst`` on the reverse links.
 
 Pure builders turn `TaskPaths` + `EmulationPlan` into ``tc`` argument lists (`task_classes`,
-`install_commands`, `remove_commands`, `batch_text`); a `TcRunner` executes them
-(`SubprocessTc`: ``tc -batch -`` with the lines on stdin, never a shell). This module imports
-nothing from the orchestrator or the workers.
-
-Over 400 lines: the htb layout, class-id allocation and the u32 filters are one mechanism whose
-pure builders and runner are tested together.
+`install_commands`, `remove_commands`); a `controller.tc.TcRunner` executes them. This module
+imports nothing from the orchestrator or the workers.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from controller.flows import LOWER_EFFORT_DSCP
+from controller.htb import (
+    FIRST_TASK_CLASS,
+    LAST_TASK_CLASS,
+    LINK_CLASS,
+    MIN_RATE_MBPS,
+    ROOT_MAJOR,
+    TASK_PRIO,
+    Link,
+    TcCommand,
+    classid,
+    htb_args,
+    shaped_links,
+    task_budget_mbps,
+)
 from controller.paths import TaskPaths
+from controller.tc import ShapingError, TcRunner
 from topologies.errors import TopologyError
 from topologies.plan import EmulationPlan
 
@@ -71,145 +53,11 @@ from topologies.plan import EmulationPlan
 #: then get the same delay (netem under each task class, as under the background class).
 ENV_LINK_DELAY = "NETAI_LINK_DELAY"
 
-ROOT_MAJOR = 5
-LINK_CLASS = 1
-BACKGROUND_CLASS = 2
-BEST_EFFORT_CLASS = 3
-ACK_CLASS = 4
-FIRST_TASK_CLASS = 0x10
-LAST_TASK_CLASS = 0xFFFF
-#: htb priorities (lower is better): spare capacity goes to task classes before the background.
-TASK_PRIO = 0
-BACKGROUND_PRIO = 1
-BEST_EFFORT_PRIO = 2
-#: The preference of the best-effort filter (task filters use their class minor, from 0x10).
-BEST_EFFORT_FILTER_PRIO = 1
-#: The preference of the small-segment filter (after best effort's: best-effort ACKs stay there).
-ACK_FILTER_PRIO = 2
-#: The ACK class's guaranteed share of every link.
-ACK_SHARE = 0.02
-#: The background's guaranteed share of every link (the tasks' guarantees share the rest).
-BACKGROUND_SHARE = 0.01
-#: The background leaf's queue, packets (a pfifo under 5:2 where no netem delay takes that place).
-#: htb's default leaf queue is txqueuelen (1000) packets; in Open vSwitch's userspace datapath every
-#: packet waiting in any class of any port also holds the send budget of the datapath's one packet
-#: socket (`orchestrator.emulation.ovs_socket`), so a saturating background with 1000 packets queued
-#: left the tasks' packets no room: they were dropped before htb could classify them. 8 packets were
-#: chosen under the kernel's default budget (212992 bytes); with the 4 MiB that `make setup` gives,
-#: 8 packets dropped the datapath's batches of up to 32 frames and a background TCP flow over three
-#: 100 Mbit/s links reached 0.66-0.75 of the line rate (`netai net test`). 64 packets (about 8 ms
-#: at 100 Mbit/s) give 0.95, with the tasks still isolated (`benchmarks/bench_dataplane.py`: 1.05).
-BACKGROUND_QUEUE_PACKETS = 64
-BACKGROUND_QDISC_MAJOR = 6
-#: The rate of a task class with nothing guaranteed (htb needs a positive rate): 1 kbit/s.
-MIN_RATE_MBPS = 0.001
-#: One MTU frame: at tens of Mbit/s htb's default quantum (rate / r2q) draws a warning.
-QUANTUM = 1514
-BURST = "15k"
 _EPS = 1e-9
-
-Link = tuple[str, str]
-TcCommand = list[str]
-
-
-class ShapingError(RuntimeError):
-    """``tc`` refused or failed to run a batch (the message carries its output)."""
 
 
 class ShapingBuildError(ValueError):
     """A task whose paths cannot be turned into classes (an unknown site or link, a site without host)."""
-
-
-# -- small builders ---------------------------------------------------------------------------------
-def classid(minor: int) -> str:
-    """``5:<minor in hex>``, as tc writes class ids."""
-    return f"{ROOT_MAJOR}:{minor:x}"
-
-
-def rate_arg(mbps: float) -> str:
-    """A tc rate in bit/s (exact, no unit rounding)."""
-    return f"{round(mbps * 1e6)}bit"
-
-
-def interface(plan: EmulationPlan, a: str, b: str) -> str:
-    """The egress interface of the directed link a->b: on a's switch, the port towards b."""
-    return f"{plan.switch(a).name}-eth{plan.port_towards(a, b)}"
-
-
-def background_rate_mbps(link_mbps: float) -> float:
-    return link_mbps * BACKGROUND_SHARE
-
-
-def ack_rate_mbps(link_mbps: float) -> float:
-    return link_mbps * ACK_SHARE
-
-
-def task_budget_mbps(link_mbps: float) -> float:
-    """What the tasks' guarantees on a link may add up to."""
-    return link_mbps - background_rate_mbps(link_mbps) - ack_rate_mbps(link_mbps)
-
-
-def _htb(rate_mbps: float, ceil_mbps: float, prio: int | None = None) -> list[str]:
-    args = ["htb", "rate", rate_arg(rate_mbps), "ceil", rate_arg(ceil_mbps), "burst", BURST, "cburst", BURST,
-            "quantum", str(QUANTUM)]
-    return args + (["prio", str(prio)] if prio is not None else [])
-
-
-def best_effort_filter_match() -> list[str]:
-    """u32 match of the packets best-effort entries marked: DSCP = Lower Effort (ECN bits ignored)."""
-    return ["match", "ip", "dsfield", f"{LOWER_EFFORT_DSCP << 2:#04x}", "0xfc"]
-
-
-def small_segment_match() -> list[str]:
-    """u32 match of TCP segments whose IP datagram is under 128 bytes: pure ACKs (52 bytes with
-    timestamps, up to 84 with SACK blocks), and nothing that carries a real share of the data."""
-    return ["match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2"]
-
-
-def base_layout(dev: str, link_mbps: float) -> list[TcCommand]:
-    """The root qdisc, the link, background, best-effort and ACK classes and the best-effort and
-    small-segment filters of one interface (see the module docstring)."""
-    return [
-        ["qdisc", "add", "dev", dev, "root", "handle", f"{ROOT_MAJOR}:0", "htb", "default", f"{BACKGROUND_CLASS:x}"],
-        ["class", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "classid", classid(LINK_CLASS),
-         *_htb(link_mbps, link_mbps)],
-        ["class", "add", "dev", dev, "parent", classid(LINK_CLASS), "classid", classid(BACKGROUND_CLASS),
-         *_htb(background_rate_mbps(link_mbps), link_mbps, BACKGROUND_PRIO)],
-        ["class", "add", "dev", dev, "parent", classid(LINK_CLASS), "classid", classid(BEST_EFFORT_CLASS),
-         *_htb(MIN_RATE_MBPS, link_mbps, BEST_EFFORT_PRIO)],
-        ["filter", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "protocol", "ip", "prio",
-         str(BEST_EFFORT_FILTER_PRIO), "u32", *best_effort_filter_match(), "flowid", classid(BEST_EFFORT_CLASS)],
-        ["class", "add", "dev", dev, "parent", classid(LINK_CLASS), "classid", classid(ACK_CLASS),
-         *_htb(ack_rate_mbps(link_mbps), link_mbps, TASK_PRIO)],
-        ["filter", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "protocol", "ip", "prio",
-         str(ACK_FILTER_PRIO), "u32", *small_segment_match(), "flowid", classid(ACK_CLASS)],
-    ]
-
-
-def background_queue(dev: str) -> TcCommand:
-    """The background leaf's short queue (`BACKGROUND_QUEUE_PACKETS`), for links without netem."""
-    return ["qdisc", "add", "dev", dev, "parent", classid(BACKGROUND_CLASS), "handle", f"{BACKGROUND_QDISC_MAJOR}:",
-            "pfifo", "limit", str(BACKGROUND_QUEUE_PACKETS)]
-
-
-@dataclass(frozen=True)
-class ShapedLink:
-    """One directed switch-to-switch link and its egress interface."""
-
-    src: str
-    dst: str
-    dev: str
-    link_mbps: float
-    delay_ms: float
-
-
-def shaped_links(plan: EmulationPlan) -> list[ShapedLink]:
-    """Both directions of every link of the plan, in the plan's order."""
-    out = []
-    for ln in plan.links:
-        for a, b in ((ln.a, ln.b), (ln.b, ln.a)):
-            out.append(ShapedLink(a, b, interface(plan, a, b), ln.emulated_mbps, ln.delay_ms))
-    return out
 
 
 @dataclass(frozen=True)
@@ -354,7 +202,7 @@ def install_commands(tc: TaskClasses, *, delay: bool = False) -> list[TcCommand]
     for lc in tc.links:
         d = lc.demand
         cmds.append(["class", "add", "dev", d.dev, "parent", classid(LINK_CLASS), "classid", tc.classid,
-                     *_htb(lc.htb_rate_mbps, d.link_mbps, TASK_PRIO)])
+                     *htb_args(lc.htb_rate_mbps, d.link_mbps, TASK_PRIO)])
         if delay and d.delay_ms > 0:
             cmds.append(["qdisc", "add", "dev", d.dev, "parent", tc.classid, "netem", "delay", f"{d.delay_ms:.3f}ms"])
         for f in d.filters:
@@ -372,89 +220,6 @@ def remove_commands(tc: TaskClasses) -> list[TcCommand]:
     for lc in tc.links:
         cmds.append(["class", "del", "dev", lc.demand.dev, "classid", tc.classid])
     return cmds
-
-
-def batch_text(commands: Sequence[Sequence[str]]) -> str:
-    """The input of ``tc -batch -``: one command a line. Raises ValueError on an argument tc would split."""
-    lines = []
-    for cmd in commands:
-        for arg in cmd:
-            if not arg or any(c.isspace() or c in "\"'\\#" for c in arg):
-                raise ValueError(f"unsafe tc argument {arg!r} in {list(cmd)}")
-        lines.append(" ".join(cmd))
-    return "".join(line + "\n" for line in lines)
-
-
-# -- running tc -------------------------------------------------------------------------------------
-class TcRunner(Protocol):
-    """Executes tc batches; `check` says why the given interfaces cannot be shaped (None: they can)."""
-
-    def check(self, devices: Sequence[str]) -> str | None: ...
-
-    def run(self, commands: Sequence[Sequence[str]], *, force: bool = False) -> None:
-        """Run the batch; stop at the first error unless `force`. Raises ShapingError if any command failed."""
-        ...
-
-
-class SubprocessTc:
-    """`TcRunner` running the ``tc`` binary (root, in the namespace of the switch interfaces)."""
-
-    def __init__(self, tc: str | None = None, *, timeout_s: float = 20.0) -> None:
-        self.tc = tc
-        self.timeout_s = timeout_s
-
-    def _binary(self) -> str | None:
-        return self.tc or shutil.which("tc") or next(
-            (p for p in ("/usr/sbin/tc", "/sbin/tc") if os.access(p, os.X_OK)), None
-        )
-
-    def check(self, devices: Sequence[str]) -> str | None:
-        tc = self._binary()
-        if tc is None:
-            return "tc (iproute2) is not installed"
-        if os.geteuid() != 0:
-            return "the controller does not run as root (tc needs CAP_NET_ADMIN)"
-        try:
-            res = subprocess.run([tc, "-j", "qdisc", "show"], capture_output=True, text=True,
-                                 timeout=self.timeout_s, check=False)
-            qdiscs = json.loads(res.stdout or "[]") if res.returncode == 0 else None
-        except (OSError, subprocess.SubprocessError, ValueError) as e:
-            return f"tc qdisc show failed: {e}"
-        if not isinstance(qdiscs, list):
-            return f"tc qdisc show failed: {res.stderr.strip()[:200]}"
-        return layout_problem(devices, qdiscs)
-
-    def run(self, commands: Sequence[Sequence[str]], *, force: bool = False) -> None:
-        if not commands:
-            return
-        tc = self._binary()
-        if tc is None:
-            raise ShapingError("tc (iproute2) is not installed")
-        text = batch_text(commands)
-        try:
-            res = subprocess.run([tc, *(["-force"] if force else []), "-batch", "-"], input=text,
-                                 capture_output=True, text=True, timeout=self.timeout_s, check=False)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise ShapingError(f"tc -batch failed: {e}") from e
-        if res.returncode != 0:
-            raise ShapingError(f"tc -batch exited {res.returncode}: {(res.stderr or res.stdout).strip()[:500]}")
-
-
-def layout_problem(devices: Sequence[str], qdiscs: Iterable[Mapping[str, Any]]) -> str | None:
-    """Why `devices` lack the base layout, from ``tc -j qdisc show`` (None if every one has it)."""
-    roots = {q.get("dev"): q for q in qdiscs if q.get("root")}
-    expected_default = f"{BACKGROUND_CLASS:#x}"
-    bad = []
-    for dev in devices:
-        q = roots.get(dev)
-        if (q is None or q.get("kind") != "htb" or q.get("handle") != f"{ROOT_MAJOR}:"
-                or (q.get("options") or {}).get("default") != expected_default):
-            bad.append(dev)
-    if not bad:
-        return None
-    shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
-    return (f"{len(bad)} of {len(devices)} switch-to-switch interfaces lack the htb layout "
-            f"(root {ROOT_MAJOR}: default {BACKGROUND_CLASS:x}): {shown}")
 
 
 # -- the controller's shaper ------------------------------------------------------------------------

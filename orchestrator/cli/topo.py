@@ -243,8 +243,6 @@ def compare(
     chain latency (``front_ratio_mean``: 1 = on the front, above = a tree as fast and cheaper
     exists), its mean chain latency, and how many of the tasks' solves proved optimality.
     """
-    from orchestrator.scheduling.ilp import chain_latency_ms, front_bandwidth_at, pareto_front
-
     specs = [s if isinstance(s, SchedulerSpec) else resolve_scheduler(s) for s in schedulers]
     rows = []
     for n in locals_range:
@@ -253,49 +251,57 @@ def compare(
             model_bytes=model_bytes,
         )
         for spec in specs:
-            scheduler = spec.build()
-            state = NetworkState(model)
-            reserved, bounds, blocked = [], [], 0
-            opt_ratio: list[float] = []
-            front_ratio: list[float] = []
-            latency: list[float] = []
-            proven = 0
-            for task in task_set:
-                s = scheduler.schedule(state, task)
-                if s.blocked:
-                    blocked += 1
-                    continue
-                if optimum:
-                    front = pareto_front(state, task, time_limit_s=time_limit_s)
-                    lat = chain_latency_ms(model, s)
-                    latency.append(lat)
-                    if front:
-                        opt_ratio.append(s.reserved_mbps_total / min(p.reserved_mbps for p in front))
-                        proven += all(p.proven_optimal for p in front)
-                        at = front_bandwidth_at(front, lat)
-                        if at is not None:
-                            front_ratio.append(s.reserved_mbps_total / at)
-                state.admit(s)
-                reserved.append(s.reserved_mbps_total)
-                bounds.append(round_lower_bound(model, s, model_bytes).lower_s)
-            rows.append({
-                "scheduler": spec.label,
-                "locals": n,
-                "tasks": tasks,
-                "blocked": blocked,
-                "reserved_mbps_mean": statistics.fmean(reserved) if reserved else None,
-                "reserved_mbps_stdev": statistics.pstdev(reserved) if reserved else None,
-                "lower_bound_ms_mean": statistics.fmean(bounds) * 1e3 if bounds else None,
-                "lower_bound_ms_stdev": statistics.pstdev(bounds) * 1e3 if bounds else None,
-            })
-            if optimum:
-                rows[-1].update({
-                    "optimum_ratio_mean": statistics.fmean(opt_ratio) if opt_ratio else None,
-                    "front_ratio_mean": statistics.fmean(front_ratio) if front_ratio else None,
-                    "chain_latency_ms_mean": statistics.fmean(latency) if latency else None,
-                    "optimum_proven": proven,
-                })
+            row: dict[str, Any] = {"scheduler": spec.label, "locals": n, "tasks": tasks}
+            row |= _compare_one(model, spec, task_set, model_bytes, optimum=optimum, time_limit_s=time_limit_s)
+            rows.append(row)
     return rows
+
+
+def _compare_one(model: NetworkModel, spec: SchedulerSpec, task_set: list[Task], model_bytes: int, *,
+                 optimum: bool, time_limit_s: float) -> dict[str, Any]:
+    """One scheduler over one task set on a fresh network state: the figures of a `compare` row."""
+    from orchestrator.scheduling.ilp import chain_latency_ms, front_bandwidth_at, pareto_front
+
+    scheduler = spec.build()
+    state = NetworkState(model)
+    reserved, bounds, blocked = [], [], 0
+    opt_ratio: list[float] = []
+    front_ratio: list[float] = []
+    latency: list[float] = []
+    proven = 0
+    for task in task_set:
+        s = scheduler.schedule(state, task)
+        if s.blocked:
+            blocked += 1
+            continue
+        if optimum:
+            front = pareto_front(state, task, time_limit_s=time_limit_s)
+            lat = chain_latency_ms(model, s)
+            latency.append(lat)
+            if front:
+                opt_ratio.append(s.reserved_mbps_total / min(p.reserved_mbps for p in front))
+                proven += all(p.proven_optimal for p in front)
+                at = front_bandwidth_at(front, lat)
+                if at is not None:
+                    front_ratio.append(s.reserved_mbps_total / at)
+        state.admit(s)
+        reserved.append(s.reserved_mbps_total)
+        bounds.append(round_lower_bound(model, s, model_bytes).lower_s)
+    row: dict[str, Any] = {
+        "blocked": blocked,
+        "reserved_mbps_mean": statistics.fmean(reserved) if reserved else None,
+        "reserved_mbps_stdev": statistics.pstdev(reserved) if reserved else None,
+        "lower_bound_ms_mean": statistics.fmean(bounds) * 1e3 if bounds else None,
+        "lower_bound_ms_stdev": statistics.pstdev(bounds) * 1e3 if bounds else None,
+    }
+    if optimum:
+        row.update({
+            "optimum_ratio_mean": statistics.fmean(opt_ratio) if opt_ratio else None,
+            "front_ratio_mean": statistics.fmean(front_ratio) if front_ratio else None,
+            "chain_latency_ms_mean": statistics.fmean(latency) if latency else None,
+            "optimum_proven": proven,
+        })
+    return row
 
 
 def cmd_compare(args: argparse.Namespace) -> int:

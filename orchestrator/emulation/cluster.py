@@ -4,7 +4,8 @@
 in an experiment config (or ``Emulation(plan, cluster=...)``) spreads the emulated sites over
 several servers, with Mininet's own cluster classes (`mininet.examples.cluster`, shipped with
 Debian's mininet): a site's switch and host on a remote server are a `RemoteOVSSwitch` and a
-`RemoteHost`, whose shells and commands run over SSH on that server.
+`RemoteHost`, whose shells and commands run over SSH on that server. This module holds the config,
+the placement and the SSH commands; the Mininet classes are in `orchestrator.emulation.cluster_nodes`.
 
 - **Placement** (`place_sites`): each site (its switch and host together) goes to one server. The
   sites are split by recursive Kernighan-Lin bisection (networkx) weighted by the links' emulated
@@ -35,7 +36,6 @@ underlay between machines, and the site servers' control sockets a channel over 
 from __future__ import annotations
 
 import ipaddress
-import itertools
 import math
 import os
 import re
@@ -43,14 +43,11 @@ import shlex
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import groupby
-from operator import attrgetter
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 
-from orchestrator.emulation.cleanup import underlay_netns
 from orchestrator.errors import ConfigError, config_entry, readable_file
 from topologies.plan import EmulationPlan
 
@@ -230,6 +227,33 @@ def _bfs_order(g: nx.Graph, sites: list[str]) -> list[str]:
     return seen
 
 
+def checked_placement(plan: EmulationPlan, cluster: ClusterSpec | None, given: Mapping[str, str] | None,
+                      host_cls: Any) -> dict[str, str]:
+    """{site: server name} of a run in cluster mode (`given`, checked, or `place_sites`'), {} otherwise.
+
+    Raises
+    ------
+    ConfigError
+        A placement without cluster servers, containers in cluster mode, or a placement that does
+        not name every site exactly, or names a server the cluster does not have.
+    """
+    if cluster is None:
+        if given:
+            raise ConfigError("a placement needs cluster servers")
+        return {}
+    if host_cls is not None:
+        raise ConfigError("cluster mode runs plain Mininet hosts (the process backend), not containers")
+    names = [s.name for s in cluster.servers]
+    placement = dict(given) if given else place_sites(plan, names)
+    sites = {sw.site for sw in plan.switches}
+    if set(placement) != sites:
+        missing = sorted(sites - set(placement)) or sorted(set(placement) - sites)
+        raise ConfigError(f"the placement must name every site exactly; check {missing[0]!r}")
+    bad = sorted(s for s, srv in placement.items() if srv not in names)
+    if bad:
+        raise ConfigError(f"site {bad[0]!r} is placed on {placement[bad[0]]!r}, which is not a cluster server")
+    return placement
+
 def placement_report(plan: EmulationPlan, placement: Mapping[str, str], servers: Sequence[str]) -> PlacementReport:
     by_server: dict[str, list[str]] = {s: [] for s in servers}
     for sw in plan.switches:
@@ -302,158 +326,3 @@ def remote_command(cmd: Sequence[str], *, run_id: str, env: Mapping[str, str] | 
             extra[k] = v
     pre += [f"{k}={v}" for k, v in sorted(extra.items())]
     return shlex.join([*(["sudo", "-n", "-E"] if sudo else []), *pre, *[str(c) for c in cmd]])
-
-
-# -- Mininet classes ---------------------------------------------------------------------------------
-def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str], plan: EmulationPlan,
-                    control_dir: Path, switch_cls: Any, link_cls: Any) -> tuple[Any, Any, Any]:
-    """(host, switch, link) constructors for Mininet that put each node on its site's server.
-
-    `switch_cls` is the run's switch class (its bridges tagged), `link_cls` the shaped link class;
-    both are extended, not replaced.
-    """
-    from mininet.examples.cluster import RemoteHost, RemoteOVSSwitch
-    from mininet.link import Link
-    from mininet.node import Node, OVSSwitch
-
-    servers = {s.name: s for s in spec.servers}
-    node_server = {sw.name: placement[sw.site] for sw in plan.switches}
-    node_server |= {h.name: placement[h.site] for h in plan.hosts}
-    shaped = link_cls.func if hasattr(link_cls, "func") else link_cls
-    link_kw = dict(getattr(link_cls, "keywords", {}) or {})
-
-    class SshNode:
-        """RemoteMixin's SSH, with the server's own options, quoted commands and the run's mark."""
-
-        isRemote: bool
-        server: str
-        name: str
-        pid: int
-
-        def _popen(self, cmd: Any, sudo: bool = True, tt: bool = True, **params: Any) -> Any:
-            if isinstance(cmd, str):
-                cmd = cmd.split()
-            if not self.isRemote:
-                return Node._popen(self, cmd, **params)  # a local node: plain Mininet
-            srv = servers[node_server[self.name]]
-            env, cwd = params.pop("env", None), params.pop("cwd", None)
-            line = remote_command(cmd, run_id=run_id, env=env, cwd=cwd, sudo=sudo and srv.user != "root")
-            params.setdefault("stdin", subprocess.DEVNULL)  # never the orchestrator's terminal
-            # Its own process group: a Ctrl-C meant for the orchestrator does not cut the SSH session
-            # that teardown still needs (RemoteMixin does the same).
-            params.update(preexec_fn=os.setpgrp)
-            return Node._popen(self, [*ssh_argv(srv, control_dir), *(["-tt"] if tt else []), ssh_target(srv), line],
-                               **params)
-
-        def popen(self, *args: Any, **kwargs: Any) -> Any:
-            """Mininet's popen, with a terminal on the far side (``ssh -tt``): when the local ssh ends
-            (`ProcessHandle.stop` or `kill`), the far process gets the hangup and ends too, where
-            without a terminal it would run on. The namespace is entered with ``mnexec -a`` only: with
-            ``-d`` mnexec forks and its first process exits at once when it leads its process group,
-            as it does over SSH (its own session), so the caller would lose the process it started."""
-            kwargs.setdefault("mncmd", ["mnexec", "-a", str(self.pid)])
-            if self.isRemote:
-                kwargs["tt"] = True
-            return Node.popen(self, *args, **kwargs)
-
-    def _where(name: str) -> dict[str, Any]:
-        srv = servers[node_server[name]]
-        if srv.local:
-            return {"server": LOCAL}
-        return {"server": srv.name, "serverIP": srv.host, "user": srv.user}
-
-    class ClusterHost(SshNode, RemoteHost):
-        pass
-
-    class ClusterSwitch(SshNode, RemoteOVSSwitch, switch_cls):
-        """RemoteOVSSwitch (per-server batch start-up and shutdown) with the run's bridge tag."""
-
-        @classmethod
-        def batchStartup(cls, switches: Any, **_kwargs: Any) -> Any:
-            """Per server, Mininet's batch of ``ovs-vsctl`` commands run as one argument list
-            (split, no shell) rather than typed into the first switch's shell as `RemoteOVSSwitch` does: a
-            terminal in line mode cuts a line at 4095 bytes, which a server of a dozen switches exceeds."""
-            key = attrgetter("server")
-            for _server, group in groupby(sorted(switches, key=key), key):
-                members = tuple(group)
-                OVSSwitch.batchStartup(members, run=_runner(members[0]))
-            return switches
-
-        @classmethod
-        def batchShutdown(cls, switches: Any, **_kwargs: Any) -> Any:
-            key = attrgetter("server")
-            for _server, group in groupby(sorted(switches, key=key), key):
-                members = tuple(group)
-                OVSSwitch.batchShutdown(members, run=_runner(members[0]))
-            return switches
-
-    def host(name: str, *args: Any, **params: Any) -> Any:
-        return ClusterHost(name, *args, **_where(name), **params)
-
-    def switch(name: str, *args: Any, **params: Any) -> Any:
-        return ClusterSwitch(name, *args, **_where(name), **params)
-
-    # VXLAN ids and UDP ports of the run's tunnels (in the run's own namespace: any free range works)
-    vnis, ports = itertools.count(1), itertools.count(47001)
-
-    class ClusterLink(shaped):  # type: ignore[misc,valid-type]
-        """A veth pair within a server, a VXLAN tunnel between two servers (see the module docstring)."""
-
-        def __init__(self, node1: Any, node2: Any, **kw: Any) -> None:
-            super().__init__(node1, node2, **(link_kw | kw))
-
-        def makeIntfPair(self, intfname1: str, intfname2: str, addr1: Any = None, addr2: Any = None,
-                         node1: Any = None, node2: Any = None, deleteIntfs: bool = True) -> Any:
-            s1, s2 = getattr(node1, "server", LOCAL), getattr(node2, "server", LOCAL)
-            if s1 == s2:
-                return Link.makeIntfPair(intfname1, intfname2, addr1, addr2, node1, node2, deleteIntfs=deleteIntfs)
-            if node1.inNamespace or node2.inNamespace:
-                raise RuntimeError(f"{node1}-{node2}: only links between switches may cross servers")
-            vni, p1, p2 = next(vnis), next(ports), next(ports)
-            _vxlan(node1, intfname1, vni, p1, p2, addr1, run_id)
-            _vxlan(node2, intfname2, vni, p2, p1, addr2, run_id)
-            return None
-
-    return host, switch, ClusterLink
-
-
-def _runner(node: Any) -> Any:
-    """A ``run`` for Mininet's batch functions: its command line (Mininet's own ``ovs-vsctl`` and
-    ``kill`` commands, of names and numbers) split into an argument list and run on `node`'s server,
-    in its root namespace, with no terminal and no shell."""
-
-    def run(cmd: str, **_kwargs: Any) -> str:
-        out: str = node.rcmd(shlex.split(cmd), tt=False)
-        return out
-
-    return run
-
-
-def _vxlan(node: Any, name: str, vni: int, port: int, peer_port: int, mac: str | None, run_id: str) -> None:
-    """One end of a tunnel, made by `node`'s server in the run's underlay namespace, then moved to the
-    root namespace: ``name`` sends to the peer's port on loopback and listens on `port`."""
-    ns = underlay_netns(run_id)
-    steps: list[list[str]] = [
-        ["ip", "-n", ns, "link", "add", name, "type", "vxlan", "id", str(vni), "local", "127.0.0.1",
-         "dstport", str(port), "nolearning"],
-        ["ip", "-n", ns, "link", "set", name, "netns", "1"],
-        ["bridge", "fdb", "append", "00:00:00:00:00:00", "dev", name, "dst", "127.0.0.1", "port", str(peer_port)],
-        ["ip", "link", "set", name, "mtu", "1500"],
-    ]
-    if mac:
-        steps.append(["ip", "link", "set", name, "address", str(mac)])
-    steps.append(["ip", "link", "set", name, "up"])
-    for argv in steps:
-        out = node.rcmd(argv).strip()
-        if out:
-            raise RuntimeError(f"tunnel end {name} on {node.server}: {shlex.join(argv)}: {out}")
-
-
-def create_underlay(run_id: str) -> str:
-    """Create the run's underlay namespace (loopback up); returns its name."""
-    ns = underlay_netns(run_id)
-    for argv in (["ip", "netns", "add", ns], ["ip", "-n", ns, "link", "set", "lo", "up"]):
-        res = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if res.returncode != 0:
-            raise RuntimeError(f"{shlex.join(argv)}: {res.stderr.strip()}")
-    return ns

@@ -7,13 +7,14 @@
         emu.host("Boulder").cmd("...")     # a Mininet host
     # everything removed, on normal exit, exception, Ctrl-C or SIGTERM
 
-What it decides from the kernel (`probe_kernel`): the OVS datapath (the kernel module when the
-kernel has it, else the userspace datapath with tx/rx checksum offload off on every veth, which
-TCP needs there) and whether link delay can be emulated (netem). Without netem it warns once and
-records ``delay_emulated = False``. Links between switches are shaped with htb to the plan's
-emulated rate, in the layout the controller hangs each task's class under (`controller.shaping`:
-root 5:0, the link 5:1, the background 5:2, best-effort connectivity 5:3, pure ACKs 5:4); host
-links are not shaped.
+What it decides from the kernel (`orchestrator.emulation.kernel.probe_kernel`): the OVS datapath
+(the kernel module when the kernel has it, else the userspace datapath with tx/rx checksum offload
+off on every veth, which TCP needs there) and whether link delay can be emulated (netem). Without
+netem it warns once and records ``delay_emulated = False``. Links between switches are shaped with
+htb to the plan's emulated rate, in the layout the controller hangs each task's class under
+(`controller.htb`: root 5:0, the link 5:1, the background 5:2, best-effort connectivity 5:3, pure
+ACKs 5:4; Mininet's classes for it are in `orchestrator.emulation.mininet_nodes`); host links are
+not shaped.
 The controller runs in the chosen connectivity mode (`connectivity`: best-effort routes between
 every pair of hosts, or strict), and the run's state records it with every host's pid.
 
@@ -26,8 +27,10 @@ Mininet runs are machine-global (interface names): callers serialise runs (the p
 commands that start Mininet in ``flock /tmp/netai-mininet.lock``). This module must not run
 ``mn -c`` nor touch anything without the run's marks.
 
-Over 400 lines: bring-up, signals and teardown of one run share its state (processes, bridges,
-state file); cleanup of crashed runs lives in `orchestrator.emulation.cleanup`.
+Over 400 lines: bring-up and teardown of one run share its state (processes, bridges, state
+file); cleanup of crashed runs lives in `orchestrator.emulation.cleanup`, the Mininet classes in
+`orchestrator.emulation.mininet_nodes` (`cluster_nodes` in cluster mode), the kernel probe in
+`orchestrator.emulation.kernel`, signal handling in `orchestrator.emulation.signals`.
 """
 
 from __future__ import annotations
@@ -35,24 +38,21 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any
 
 from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
-from controller.shaping import BACKGROUND_CLASS, ENV_LINK_DELAY, background_queue, base_layout, classid
+from controller.shaping import ENV_LINK_DELAY
 from orchestrator.emulation import cluster as clustering
 from orchestrator.emulation import ovs_socket
 from orchestrator.emulation.cleanup import (
-    BRIDGE_TAG,
     ENV_RUN,
     RunState,
     clean_run,
@@ -65,58 +65,26 @@ from orchestrator.emulation.cleanup import (
     underlay_exists,
     underlay_netns,
 )
+from orchestrator.emulation.cluster_nodes import cluster_classes, create_underlay
 from orchestrator.emulation.controller_client import ControllerClient
 from orchestrator.emulation.controller_process import ControllerProcess
+from orchestrator.emulation.kernel import probe_kernel, warn_no_delay
 from orchestrator.emulation.links import set_link
+from orchestrator.emulation.mininet_nodes import mininet_classes, tune_host
+from orchestrator.emulation.signals import ignore_signals, restore_signals, terminate_on_signals
 from orchestrator.emulation.task_paths import task_paths
-from orchestrator.errors import ConfigError
 from orchestrator.scheduling.schedule import Schedule
 from topologies.errors import TopologyError
 from topologies.mininet_topo import HostParams, PlanTopo, switch_interfaces
-from topologies.plan import IP_PREFIX_LEN, EmulationPlan
+from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger(__name__)
 LOG_ROOT = Path(os.environ.get("NETAI_LOG_DIR", "/var/log/netai"))
 DEFAULT_CONNECT_TIMEOUT_S = 30.0
-#: TCP's minimum retransmission timeout on the hosts' routes (see `Emulation._set_rto_min`).
-RTO_MIN_MS = 10
-
-_delay_warning_given = False
 
 
 class EmulationError(RuntimeError):
     """The emulation could not be brought up (the message says which step and why)."""
-
-
-class Terminated(SystemExit):
-    """Raised in the main thread on SIGTERM/SIGHUP so that context managers tear down."""
-
-
-@dataclass(frozen=True)
-class KernelFeatures:
-    """What the running kernel offers the emulation."""
-
-    ovs_kernel_datapath: bool
-    netem: bool
-
-
-def _netem_available() -> bool:
-    """Try a netem qdisc on a veth inside a throwaway network namespace."""
-    probe = "ip link add netai-p0 type veth peer name netai-p1 && tc qdisc add dev netai-p0 root netem delay 1ms"
-    try:
-        res = subprocess.run(["unshare", "--net", "sh", "-c", probe], capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return res.returncode == 0
-
-
-def probe_kernel() -> KernelFeatures:
-    """Probe for the OVS kernel datapath (module loaded or loadable) and for netem."""
-    ovs_kernel = Path("/sys/module/openvswitch").exists()
-    if not ovs_kernel:
-        subprocess.run(["modprobe", "-q", "openvswitch"], capture_output=True, check=False)
-        ovs_kernel = Path("/sys/module/openvswitch").exists()
-    return KernelFeatures(ovs_kernel_datapath=ovs_kernel, netem=_netem_available())
 
 
 @dataclass
@@ -148,64 +116,6 @@ class EmulationInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-def _mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
-    """(switch class, controller class, link class) for Mininet, imported only when needed."""
-    from functools import partial
-
-    from mininet.link import TCIntf, TCLink
-    from mininet.node import OVSSwitch, RemoteController
-
-    class NetaiSwitch(OVSSwitch):
-        """OVSSwitch whose bridge carries the run's tag from the moment it is created."""
-
-        def bridgeOpts(self) -> str:
-            opts: str = super().bridgeOpts()
-            return opts + f" external-ids:{BRIDGE_TAG}={run_id}"
-
-    class NetaiController(RemoteController):
-        """The remote controller, already known to listen (we polled its /health).
-
-        Mininet's own check pipes the OpenFlow port into telnet, whose binary HELLO bytes it
-        then fails to decode.
-        """
-
-        def checkListening(self) -> None:
-            return None
-
-    class ShapedIntf(TCIntf):
-        """TCIntf whose htb tree leaves room for the controller's per-task classes.
-
-        `controller.shaping.base_layout`: root qdisc 5:0 (default 5:2), the link class 5:1 at `bw`,
-        the background leaf 5:2 (small guarantee, borrows up to `bw`), the best-effort leaf 5:3, the
-        ACK leaf 5:4 and their filters; a netem delay goes under 5:2 (the controller puts the same delay under each
-        task class; best-effort traffic goes without it). Every class has an explicit
-        quantum (one MTU frame): at tens of Mbit/s htb's default (rate / r2q) draws a warning,
-        which Mininet reports as an error.
-        """
-
-        def bwCmds(self, bw: float | None = None, **kwargs: Any) -> tuple[list[str], str]:
-            if bw is None or kwargs.get("use_hfsc") or kwargs.get("use_tbf"):
-                cmds: list[str]
-                cmds, parent = super().bwCmds(bw=bw, **kwargs)
-                return cmds, parent
-            # Mininet fills in the tc binary and the interface: "%s <args>" % (tc, intf).
-            cmds = [" ".join(["%s", *args]) for args in base_layout("%s", float(bw))]
-            return cmds, f" parent {classid(BACKGROUND_CLASS)} "
-
-        @staticmethod
-        def delayCmds(parent: str, delay: Any = None, jitter: Any = None, loss: Any = None,
-                      max_queue_size: Any = None) -> tuple[list[str], str]:
-            """Mininet's netem under the background leaf; without one, the background's short
-            pfifo (`controller.shaping.background_queue`)."""
-            cmds, out = TCIntf.delayCmds(parent, delay=delay, jitter=jitter, loss=loss, max_queue_size=max_queue_size)
-            if not cmds and parent.split() == ["parent", classid(BACKGROUND_CLASS)]:
-                cmds = [" ".join(["%s", *background_queue("%s")])]
-            return cmds, out
-
-    link = partial(TCLink, cls1=ShapedIntf, cls2=ShapedIntf)
-    return NetaiSwitch, NetaiController, link
 
 
 class Emulation:
@@ -272,7 +182,7 @@ class Emulation:
         self.host_params = host_params
         self.connectivity = connectivity
         self.cluster = cluster
-        self.placement = self._placement(plan, cluster, placement, host_cls)
+        self.placement = clustering.checked_placement(plan, cluster, placement, host_cls)
         self._ssh_dir: Path | None = None
         self.net: Any = None
         self.controller: ControllerProcess | None = None
@@ -281,27 +191,6 @@ class Emulation:
         self._old_env: str | None = None
         self._old_handlers: dict[int, Any] = {}
         self._stopped = False
-
-    @staticmethod
-    def _placement(plan: EmulationPlan, cluster: clustering.ClusterSpec | None, given: dict[str, str] | None,
-                   host_cls: Any) -> dict[str, str]:
-        """{site: server name} in cluster mode (checked), {} otherwise."""
-        if cluster is None:
-            if given:
-                raise ConfigError("a placement needs cluster servers")
-            return {}
-        if host_cls is not None:
-            raise ConfigError("cluster mode runs plain Mininet hosts (the process backend), not containers")
-        names = [s.name for s in cluster.servers]
-        placement = dict(given) if given else clustering.place_sites(plan, names)
-        sites = {sw.site for sw in plan.switches}
-        if set(placement) != sites:
-            missing = sorted(sites - set(placement)) or sorted(set(placement) - sites)
-            raise ConfigError(f"the placement must name every site exactly; check {missing[0]!r}")
-        bad = sorted(s for s, srv in placement.items() if srv not in names)
-        if bad:
-            raise ConfigError(f"site {bad[0]!r} is placed on {placement[bad[0]]!r}, which is not a cluster server")
-        return placement
 
     # -- access ------------------------------------------------------------------------------------
     @property
@@ -351,69 +240,21 @@ class Emulation:
         """
         t0 = time.monotonic()
         self._clear_the_way()
-        features = probe_kernel()
-        use_kernel = self._datapath_choice == "kernel" or (
-            self._datapath_choice == "auto" and features.ovs_kernel_datapath
-        )
-        delay_emulated = self._delay_choice == "auto" and features.netem
-        self._warn_delay(delay_emulated)
-        budget = None
-        if not use_kernel:
-            budget, source = ovs_socket.expected_send_buffer()
-            warning = ovs_socket.shortfall_warning(budget, source)
-            if warning:
-                print(warning, file=sys.stderr)
-            try:  # before the ports exist: their sockets take the default when they are made
-                raised = ovs_socket.raise_receive_default()
-            except (OSError, ValueError, IndexError) as e:
-                raised = f"net.core.rmem_default could not be raised: {e}"
-            if raised:
-                LOG.info("%s", raised)
-        self.info = EmulationInfo(
-            run_id=self.run_id,
-            topology=self.plan.topology,
-            datapath="kernel" if use_kernel else "user",
-            delay_emulated=delay_emulated,
-            switches=len(self.plan.switches),
-            hosts=len(self.plan.hosts),
-            links=len(self.plan.links),
-            log_dir=str(self.log_dir),
-            ovs_send_buffer=budget,
-        )
-        if self.cluster is not None:
-            names = [s.name for s in self.cluster.servers]
-            self.info.cluster = clustering.placement_report(self.plan, self.placement, names).to_dict()
+        use_kernel, delay_emulated = self._choose_datapath_and_delay()
+        budget = None if use_kernel else ovs_socket.prepare_userspace_datapath()
+        self.info = self._new_info(use_kernel=use_kernel, delay_emulated=delay_emulated, send_buffer=budget)
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.state = RunState(
-            run_id=self.run_id,
-            owner_pid=os.getpid(),
-            owner_start_ticks=proc_start_ticks(os.getpid()),
-            interfaces=switch_interfaces(self.plan),
-            topology=self.plan.topology,
-            log_dir=str(self.log_dir),
-        )
-        self.state.save()
+        self.state = self._new_state()
         # Every child from here on (controller, host shells, what runs in them) carries the mark.
         self._old_env = os.environ.get(ENV_RUN)
         os.environ[ENV_RUN] = self.run_id
         try:
             if self.cluster is not None:
-                # Servers checked (host keys, keys, tools) before anything is started on them.
-                self._ssh_dir = Path(tempfile.mkdtemp(prefix="netai-ssh-"))
-                clustering.check_servers(self.cluster, self._ssh_dir)
-                clustering.create_underlay(self.run_id)
-            self.controller = ControllerProcess(
-                self.plan, self.log_dir,
-                env={ENV_LINK_DELAY: "1" if delay_emulated else "0", ENV_CONNECTIVITY: self.connectivity},
-            )
-            self.controller.start()
-            self.state.controller_pid = self.controller.pid
-            self.state.rest_url = self.controller.client.base_url
-            self.state.save()
-            self.controller.wait_ready()
+                self._prepare_cluster(self.cluster)
+            self.controller = self._start_controller(delay_emulated)
             self._start_mininet(use_kernel=use_kernel, delay_emulated=delay_emulated)
             if not use_kernel:
-                self._record_receive_buffers()
+                self.info.ovs_receive_buffer = ovs_socket.smallest_receive_buffer(self.state.interfaces)
             self._record_hosts()
             health = self.controller.wait_switches(self.connect_timeout_s)
         except BaseException as e:
@@ -426,6 +267,67 @@ class Emulation:
         self.info.controller_rest = self.controller.client.base_url
         LOG.info("%s up in %.1f s (run %s)", self.plan.topology, self.info.bringup_s, self.run_id)
         return self.info
+
+    def _choose_datapath_and_delay(self) -> tuple[bool, bool]:
+        """(kernel datapath?, delay emulated?) from the choices and what the kernel offers."""
+        features = probe_kernel()
+        use_kernel = self._datapath_choice == "kernel" or (
+            self._datapath_choice == "auto" and features.ovs_kernel_datapath
+        )
+        delay_emulated = self._delay_choice == "auto" and features.netem
+        warn_no_delay(delay_emulated)
+        return use_kernel, delay_emulated
+
+    def _new_info(self, *, use_kernel: bool, delay_emulated: bool, send_buffer: int | None) -> EmulationInfo:
+        info = EmulationInfo(
+            run_id=self.run_id,
+            topology=self.plan.topology,
+            datapath="kernel" if use_kernel else "user",
+            delay_emulated=delay_emulated,
+            switches=len(self.plan.switches),
+            hosts=len(self.plan.hosts),
+            links=len(self.plan.links),
+            log_dir=str(self.log_dir),
+            ovs_send_buffer=send_buffer,
+        )
+        if self.cluster is not None:
+            names = [s.name for s in self.cluster.servers]
+            info.cluster = clustering.placement_report(self.plan, self.placement, names).to_dict()
+        return info
+
+    def _new_state(self) -> RunState:
+        """The run's state file, saved before anything starts (cleanup finds a crashed run by it)."""
+        state = RunState(
+            run_id=self.run_id,
+            owner_pid=os.getpid(),
+            owner_start_ticks=proc_start_ticks(os.getpid()),
+            interfaces=switch_interfaces(self.plan),
+            topology=self.plan.topology,
+            log_dir=str(self.log_dir),
+        )
+        state.save()
+        return state
+
+    def _prepare_cluster(self, cluster: clustering.ClusterSpec) -> None:
+        """Servers checked (host keys, keys, tools) before anything is started on them; the underlay made."""
+        self._ssh_dir = Path(tempfile.mkdtemp(prefix="netai-ssh-"))
+        clustering.check_servers(cluster, self._ssh_dir)
+        create_underlay(self.run_id)
+
+    def _start_controller(self, delay_emulated: bool) -> ControllerProcess:
+        """Start the controller, record its pid and REST address in the run's state, wait for its /health."""
+        assert self.state is not None
+        controller = ControllerProcess(
+            self.plan, self.log_dir,
+            env={ENV_LINK_DELAY: "1" if delay_emulated else "0", ENV_CONNECTIVITY: self.connectivity},
+        )
+        self.controller = controller  # stop() stops it whatever happens next
+        controller.start()
+        self.state.controller_pid = controller.pid
+        self.state.rest_url = controller.client.base_url
+        self.state.save()
+        controller.wait_ready()
+        return controller
 
     def _clear_the_way(self) -> None:
         """Before anything starts: the switch interfaces' names must be free. Those a run that ended
@@ -451,11 +353,11 @@ class Emulation:
         topo = PlanTopo(
             self.plan, delay_emulated=delay_emulated, checksum_offload=use_kernel, host_params=self.host_params
         )
-        switch_cls, controller_cls, link_cls = _mininet_classes(self.run_id)
+        switch_cls, controller_cls, link_cls = mininet_classes(self.run_id)
         extra = {"host": self.host_cls} if self.host_cls is not None else {}
         if self.cluster is not None:
             assert self._ssh_dir is not None
-            host, switch_cls, link_cls = clustering.cluster_classes(
+            host, switch_cls, link_cls = cluster_classes(
                 self.run_id, self.cluster, self.placement, self.plan, self._ssh_dir, switch_cls, link_cls)
             extra = {"host": host}
         switch = partial(
@@ -487,19 +389,7 @@ class Emulation:
         self.net.start()
         self.net.staticArp()
         for h in self.net.hosts:
-            # IPv6 neighbour discovery would only be dropped by the table-miss entry; keep counters clean.
-            h.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
-            self._set_rto_min(h)
-
-    def _record_receive_buffers(self) -> None:
-        """The smallest receive buffer of this run's switch ports' packet sockets, warned about when short."""
-        assert self.info is not None and self.state is not None
-        mine = set(self.state.interfaces)
-        buffers = {dev: rb for dev, rb in ovs_socket.port_receive_buffers().items() if dev in mine}
-        self.info.ovs_receive_buffer = min(buffers.values()) if buffers else None
-        warning = ovs_socket.receive_shortfall_warning(buffers)
-        if warning:
-            print(warning, file=sys.stderr)
+            tune_host(h)
 
     def _record_hosts(self) -> None:
         """Record the connectivity mode and every host's pid in the run's state (for attaching processes)."""
@@ -509,33 +399,13 @@ class Emulation:
         self.state.delay_emulated = bool(self.info and self.info.delay_emulated)
         self.state.save()
 
-    @staticmethod
-    def _set_rto_min(host: Any) -> None:
-        """TCP's minimum retransmission timeout on the host's route to the emulated network.
-
-        Linux's default (200 ms) is meant for WAN round trips; here they are below a millisecond, so
-        one lost tail segment of a small message cost a round 200-300 ms (measured: the round's
-        largest/median ratio up to 70 on NSFNET with background load). Data-centre fabrics lower it
-        the same way, per route.
-        """
-        intf = host.defaultIntf()
-        if intf is None:
-            return
-        prefix = f"10.0.0.0/{IP_PREFIX_LEN}"
-        cmd = ["ip", "route", "replace", prefix, "dev", str(intf), "proto", "kernel", "scope", "link",
-               "src", str(host.IP()), "rto_min", f"{RTO_MIN_MS}ms"]
-        proc = host.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        _out, err = proc.communicate(timeout=10)
-        if proc.returncode != 0:
-            raise EmulationError(f"{host.name}: setting rto_min failed: {err.decode(errors='replace').strip()}")
-
     def stop(self) -> EmulationInfo | None:
         """Tear everything down (idempotent) and check that nothing of the run is left."""
         if self._stopped:
             return self.info
         self._stopped = True
         t0 = time.monotonic()
-        ignored = self._ignore_signals()
+        ignored = ignore_signals()
         try:
             if self.net is not None:
                 try:
@@ -561,7 +431,7 @@ class Emulation:
                 self.info.leftovers = leftovers
                 self.info.teardown_clean = not any(leftovers.values())
         finally:
-            self._restore_signals(ignored)
+            restore_signals(ignored)
         return self.info
 
     def leftovers(self) -> dict[str, list[Any]]:
@@ -574,33 +444,12 @@ class Emulation:
             intfs.append(f"netns {underlay_netns(self.run_id)}")
         return {"processes": procs, "bridges": bridges, "interfaces": intfs}
 
-    # -- signals -----------------------------------------------------------------------------------
-    def _raise_terminated(self, signum: int, _frame: FrameType | None) -> None:
-        raise Terminated(128 + signum)
-
-    def _install_signals(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            self._old_handlers[sig] = signal.signal(sig, self._raise_terminated)
-
-    def _ignore_signals(self) -> dict[int, Any]:
-        """Keep a second Ctrl-C or SIGTERM from interrupting the teardown itself."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        return {sig: signal.signal(sig, signal.SIG_IGN) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-
-    @staticmethod
-    def _restore_signals(saved: dict[int, Any]) -> None:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
-
     def __enter__(self) -> Emulation:
-        self._install_signals()
+        self._old_handlers = terminate_on_signals()
         try:
             self.start()
         except BaseException:
-            self._restore_signals(self._old_handlers)
+            restore_signals(self._old_handlers)
             raise
         return self
 
@@ -610,19 +459,7 @@ class Emulation:
         try:
             self.stop()
         finally:
-            self._restore_signals(self._old_handlers)
-
-    @staticmethod
-    def _warn_delay(delay_emulated: bool) -> None:
-        global _delay_warning_given
-        if not delay_emulated and not _delay_warning_given:
-            _delay_warning_given = True
-            # Not through `logging`: Mininet installs a handler on every logger that drops newlines.
-            print(
-                "netai: warning: the kernel has no netem: link delays are NOT emulated "
-                "(results record delay_emulated=false)",
-                file=sys.stderr,
-            )
+            restore_signals(self._old_handlers)
 
 
 def dump_flows(emu: Emulation) -> str:

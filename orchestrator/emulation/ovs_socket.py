@@ -31,9 +31,13 @@ receive buffer its ports got (`port_receive_buffers`).
 
 from __future__ import annotations
 
+import logging
 import re
 import subprocess
+import sys
 from pathlib import Path
+
+LOG = logging.getLogger(__name__)
 
 #: The send budget the testbed wants for ovs-vswitchd's packet socket (bytes).
 TARGET_BYTES = 4 * 1024 * 1024
@@ -123,3 +127,30 @@ def receive_shortfall_warning(buffers: dict[str, int]) -> str | None:
             f"{', ...' if len(short) > 3 else ''}) have a receive buffer below {RECEIVE_TARGET_BYTES} bytes "
             f"(smallest {min(buffers[d] for d in short)}): bursts into those ports are dropped before any "
             f"shaped link (net.core.rmem_default could not be raised)")
+
+
+def prepare_userspace_datapath() -> int | None:
+    """Before a run adds its ports: warn when the send budget is short, and raise the receive
+    default (the ports' sockets take it when they are made). Returns the expected send budget
+    (bytes), None when unknown."""
+    budget, source = expected_send_buffer()
+    warning = shortfall_warning(budget, source)
+    if warning:
+        print(warning, file=sys.stderr)
+    try:
+        raised = raise_receive_default()
+    except (OSError, ValueError, IndexError) as e:
+        raised = f"net.core.rmem_default could not be raised: {e}"
+    if raised:
+        LOG.info("%s", raised)
+    return budget
+
+
+def smallest_receive_buffer(interfaces: list[str]) -> int | None:
+    """The smallest receive buffer (bytes) of the packet sockets of `interfaces`, warned about when
+    short; None when none of them has one (the kernel datapath, or not found)."""
+    buffers = {dev: rb for dev, rb in port_receive_buffers().items() if dev in set(interfaces)}
+    warning = receive_shortfall_warning(buffers)
+    if warning:
+        print(warning, file=sys.stderr)
+    return min(buffers.values()) if buffers else None

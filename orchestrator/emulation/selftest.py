@@ -208,23 +208,15 @@ def self_test(
     goodput ceiling `GOODPUT_CEILING` x line rate), ``delay_emulated``, ``teardown_clean``,
     ``ok``, and details of failures.
     """
-    from orchestrator.scheduling import NetworkState, get_scheduler
-    from orchestrator.scheduling.tasks import generate_tasks
-    from topologies.loaders import load
-
-    model = load(topology)
-    plan = EmulationPlan.from_model(model, max_link_mbps=max_link_mbps)
-    task = generate_tasks(model, count=1, locals_per_task=locals_per_task, seed=seed)[0]
-    schedule = get_scheduler("mst").schedule(NetworkState(model), task)
-    if schedule.blocked:
-        raise ConfigError(f"the mst scheduler blocked the test task {task.id}: {schedule.reason}")
+    plan, schedule = _test_task(topology, locals_per_task=locals_per_task, seed=seed, max_link_mbps=max_link_mbps)
     # Decide the isolation and iperf3 pairs before anything starts: a topology too small is a usage error.
     try:
         iso_a, iso_b = isolated_pair(plan, set(schedule.overlay_nodes))
     except ValueError as e:
         raise ConfigError(f"{topology}: {e}; use fewer --locals") from e
     perf_a, perf_b, perf_path = longest_shortest_pair(plan, min_hops=3)
-    result: dict[str, Any] = {"topology": topology, "task": task.id, "scheduler": "mst", "connectivity": STRICT}
+    result: dict[str, Any] = {"topology": topology, "task": schedule.task_id, "scheduler": "mst",
+                              "connectivity": STRICT}
     # Strict: the isolation check needs hosts that no route joins, the flow tables hold only the task's.
     emu = Emulation(plan, connectivity=STRICT)
     with emu:
@@ -250,12 +242,38 @@ def self_test(
     result["teardown_clean"] = bool(info.teardown_clean)
     result["teardown_s"] = info.teardown_s
     result["leftovers"] = info.leftovers
-    result["ok"] = bool(
+    result["ok"] = _all_passed(result)
+    return result
+
+
+def _test_task(topology: str, *, locals_per_task: int, seed: int, max_link_mbps: float) -> tuple[EmulationPlan, Schedule]:
+    """The plan of `topology` and one seeded task scheduled by mst on the idle network.
+
+    Raises
+    ------
+    ConfigError
+        If mst blocks the task.
+    """
+    from orchestrator.scheduling import NetworkState, get_scheduler
+    from orchestrator.scheduling.tasks import generate_tasks
+    from topologies.loaders import load
+
+    model = load(topology)
+    plan = EmulationPlan.from_model(model, max_link_mbps=max_link_mbps)
+    task = generate_tasks(model, count=1, locals_per_task=locals_per_task, seed=seed)[0]
+    schedule = get_scheduler("mst").schedule(NetworkState(model), task)
+    if schedule.blocked:
+        raise ConfigError(f"the mst scheduler blocked the test task {task.id}: {schedule.reason}")
+    return plan, schedule
+
+
+def _all_passed(result: dict[str, Any]) -> bool:
+    """Every check passed: all switches, paths, isolation, flows, bytes, iperf3 in its band, clean teardown."""
+    return bool(
         result["switches_connected"] == result["switches_expected"]
         and result["paths_ok"] and result["isolation_ok"] and result["flows_match"] and result["bytes_ok"]
         and IPERF_RATIO_BAND[0] <= result["iperf_ratio"] <= IPERF_RATIO_BAND[1] and result["teardown_clean"]
     )
-    return result
 
 
 def plan_link_mbps(plan: EmulationPlan, a: str, b: str) -> float:

@@ -48,11 +48,13 @@ from orchestrator.scheduling.base import (
 )
 from orchestrator.scheduling.cost import link_copies, overlay_edge_s
 from orchestrator.scheduling.mst import MST
+from orchestrator.scheduling.pipelined import RateFn
 from orchestrator.scheduling.schedule import Schedule
 from orchestrator.scheduling.spff import SPFF
 from orchestrator.scheduling.state import AGGREGATE_CPU, TRAIN_CPU, NetworkState, compute_demand
 from orchestrator.scheduling.tasks import Task
 from orchestrator.scheduling.trees import SPT, Steiner
+from topologies.model import NetworkModel
 
 #: CPU seconds per training example of the default model (``mlp`` on ``digits``, one thread), as
 #: `orchestrator.runtime.profiles` measured it on the development machine; pass a measured
@@ -152,7 +154,15 @@ def predict_round(
         n: profile.aggregate_cpu_s_per_mb * mb * (len(kids) + (n in train)) / share(n) for n, kids in children.items()
     }
 
-    copies = {p: link_copies(schedule, p) for p in ("broadcast", "upload")}
+    arrival = _broadcast_arrival(model, schedule, task.model_bytes, rate)
+    round_s = _upload_done(model, schedule, task.model_bytes, rate, children,
+                           start={i: arrival.get(i, 0.0) + t for i, t in train.items()}, aggregate=aggregate)
+    return RoundPrediction(round_s=round_s, train_s=train, arrival_s=arrival, aggregate_s=aggregate)
+
+
+def _broadcast_arrival(model: NetworkModel, schedule: Schedule, model_bytes: int, rate: RateFn) -> dict[str, float]:
+    """When each node of the broadcast tree holds the whole model (store and forward), from G at 0."""
+    copies = link_copies(schedule, "broadcast")
     arrival = {schedule.global_site: 0.0}
     pending = list(schedule.edges_of("broadcast"))
     while pending:
@@ -160,8 +170,16 @@ def predict_round(
         if not ready:
             raise ValueError(f"task {schedule.task_id}: broadcast edges do not form a tree from G")
         for e in ready:
-            arrival[e.dst] = arrival[e.src] + overlay_edge_s(model, e, copies["broadcast"], task.model_bytes, rate=rate)
+            arrival[e.dst] = arrival[e.src] + overlay_edge_s(model, e, copies, model_bytes, rate=rate)
             pending.remove(e)
+    return arrival
+
+
+def _upload_done(model: NetworkModel, schedule: Schedule, model_bytes: int, rate: RateFn,
+                 children: dict[str, list[str]], *, start: dict[str, float], aggregate: dict[str, float]) -> float:
+    """When G holds the round's aggregate: each node's own update is ready at `start` (a local's
+    arrival + training), its children's arrive over the upload edges, and it aggregates them."""
+    copies = link_copies(schedule, "upload")
     into = {e.src: e for e in schedule.edges_of("upload")}
     done: dict[str, float] = {}
 
@@ -170,18 +188,15 @@ def predict_round(
             return done[node]
         if depth > len(into) + 1:
             raise ValueError(f"task {schedule.task_id}: upload edges contain a cycle")
-        inputs = [arrival.get(node, 0.0) + train[node]] if node in train else []
+        inputs = [start[node]] if node in start else []
         for c in children.get(node, []):
-            inputs.append(finish(c, depth + 1) + overlay_edge_s(model, into[c], copies["upload"], task.model_bytes,
-                                                                rate=rate))
+            inputs.append(finish(c, depth + 1) + overlay_edge_s(model, into[c], copies, model_bytes, rate=rate))
         # Aggregation runs chunk by chunk as the inputs arrive: it ends no earlier than the last
         # input, nor than its whole work after the first input is there.
         done[node] = max(max(inputs, default=0.0), min(inputs, default=0.0) + aggregate.get(node, 0.0))
         return done[node]
 
-    return RoundPrediction(
-        round_s=finish(schedule.global_site), train_s=train, arrival_s=arrival, aggregate_s=aggregate
-    )
+    return finish(schedule.global_site)
 
 
 def _physical_parent(schedule: Schedule) -> dict[str, str]:

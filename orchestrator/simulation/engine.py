@@ -310,17 +310,12 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     """Build the platform of `spec` and run its task runs one after the other (in this process,
     which can hold one SimGrid engine only: call it once per process)."""
     import simgrid
-    from simgrid import Actor, Engine, LinkInRoute, NetZone
+    from simgrid import Actor, Engine, NetZone
 
     wall0 = time.monotonic()
     engine = Engine(["netai-sim", *CONFIG])
     zone = NetZone.create_star_zone("net")
-    links = {}
-    rates: dict[tuple[str, str], float] = {}
-    for ln in spec["links"]:
-        bps = float(ln["rate_mbps"]) * 1e6 / 8.0
-        links[(ln["a"], ln["b"])] = zone.create_link(f"{ln['a']}>{ln['b']}", bps).set_latency(0).seal()
-        rates[(ln["a"], ln["b"])] = bps
+    links, rates = _links(zone, spec)
     ctl = zone.create_host("ctl", 1e9)
     zone.add_route(None, ctl.netpoint, None, None, [], False)
     cpu = spec.get("cpu")
@@ -328,36 +323,8 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     # path a link of one core, so that one transmission's CPU work runs on one core at most.
     cores = zone.create_link("cpu", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
     switch = zone.create_link("switch", 1e9).set_latency(0).seal() if cpu else None
-    hosts: dict[tuple[str, ...], tuple[Any, ...]] = {}
-    delays: dict[tuple[str, ...], float] = {}
-    for i, p in enumerate(spec["paths"]):
-        path = tuple(p["path"])
-        a, b = zone.create_host(f"p{i}s", 1e9), zone.create_host(f"p{i}d", 1e9)
-        route = [LinkInRoute(links[(u, v)]) for u, v in itertools.pairwise(path)]
-        zone.add_route(a.netpoint, None, None, None, route, False)
-        zone.add_route(None, b.netpoint, None, None, [], False)
-        hosts[path] = (a, b)
-        if switch is not None:
-            w = zone.create_host(f"p{i}w", 1e9)
-            zone.add_route(w.netpoint, None, None, None, [LinkInRoute(switch)], False)
-            hosts[path] = (a, b, w)
-        delays[path] = float(p["delay_s"])
-    # The workers' CPU work of an overlay edge: through its two sites' processes (one core each)
-    # and the machine's cores.
-    workers: dict[tuple[str, str], Any] = {}
-    if cores is not None:
-        procs: dict[str, Any] = {}
-        for run_spec in spec["runs"]:
-            for e in run_spec["edges"]:
-                pair = (e["src"], e["dst"])
-                if pair in workers:
-                    continue
-                for site in pair:
-                    if site not in procs:
-                        procs[site] = zone.create_link(f"proc:{site}", 1e9).set_latency(0).seal()
-                host = workers[pair] = zone.create_host(f"w:{pair[0]}>{pair[1]}", 1e9)
-                zone.add_route(host.netpoint, None, None, None,
-                               [LinkInRoute(procs[pair[0]]), LinkInRoute(procs[pair[1]]), LinkInRoute(cores)], False)
+    hosts, delays = _path_hosts(zone, spec, links, switch)
+    workers = _worker_hosts(zone, spec, cores) if cores is not None else {}
     zone.seal()
     out: list[dict[str, Any]] = []
     clock = [0.0]
@@ -379,6 +346,61 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     return {"runs": out, "sim_end_s": Engine.clock, "wall_s": time.monotonic() - wall0,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
+
+def _links(zone: Any, spec: dict[str, Any]) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], float]]:
+    """One SimGrid link per directed link of `spec` (no latency: delays are added per path), and
+    their rates in bytes/s."""
+    links = {}
+    rates: dict[tuple[str, str], float] = {}
+    for ln in spec["links"]:
+        bps = float(ln["rate_mbps"]) * 1e6 / 8.0
+        links[(ln["a"], ln["b"])] = zone.create_link(f"{ln['a']}>{ln['b']}", bps).set_latency(0).seal()
+        rates[(ln["a"], ln["b"])] = bps
+    return links, rates
+
+
+def _path_hosts(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any], switch: Any
+                ) -> tuple[dict[tuple[str, ...], tuple[Any, ...]], dict[tuple[str, ...], float]]:
+    """Per path of `spec`: its sending and receiving hosts (and, with a CPU model, the host whose
+    work goes through the switch's core), and its propagation delay."""
+    from simgrid import LinkInRoute
+
+    hosts: dict[tuple[str, ...], tuple[Any, ...]] = {}
+    delays: dict[tuple[str, ...], float] = {}
+    for i, p in enumerate(spec["paths"]):
+        path = tuple(p["path"])
+        a, b = zone.create_host(f"p{i}s", 1e9), zone.create_host(f"p{i}d", 1e9)
+        route = [LinkInRoute(links[(u, v)]) for u, v in itertools.pairwise(path)]
+        zone.add_route(a.netpoint, None, None, None, route, False)
+        zone.add_route(None, b.netpoint, None, None, [], False)
+        hosts[path] = (a, b)
+        if switch is not None:
+            w = zone.create_host(f"p{i}w", 1e9)
+            zone.add_route(w.netpoint, None, None, None, [LinkInRoute(switch)], False)
+            hosts[path] = (a, b, w)
+        delays[path] = float(p["delay_s"])
+    return hosts, delays
+
+
+def _worker_hosts(zone: Any, spec: dict[str, Any], cores: Any) -> dict[tuple[str, str], Any]:
+    """The workers' CPU work of each overlay edge of the runs: a host whose route goes through its
+    two sites' processes (one core each) and the machine's cores."""
+    from simgrid import LinkInRoute
+
+    workers: dict[tuple[str, str], Any] = {}
+    procs: dict[str, Any] = {}
+    for run_spec in spec["runs"]:
+        for e in run_spec["edges"]:
+            pair = (e["src"], e["dst"])
+            if pair in workers:
+                continue
+            for site in pair:
+                if site not in procs:
+                    procs[site] = zone.create_link(f"proc:{site}", 1e9).set_latency(0).seal()
+            host = workers[pair] = zone.create_host(f"w:{pair[0]}>{pair[1]}", 1e9)
+            zone.add_route(host.netpoint, None, None, None,
+                           [LinkInRoute(procs[pair[0]]), LinkInRoute(procs[pair[1]]), LinkInRoute(cores)], False)
+    return workers
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:

@@ -28,8 +28,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from controller.paths import PathSpec, TaskPaths
-from controller.shaping import (
+from controller.htb import (
     ACK_CLASS,
     BACKGROUND_CLASS,
     BACKGROUND_QDISC_MAJOR,
@@ -39,6 +38,7 @@ from controller.shaping import (
     classid,
     interface,
 )
+from controller.paths import PathSpec, TaskPaths
 from orchestrator.emulation.background import wait_listening
 from orchestrator.emulation.network import Emulation, dump_flows
 from orchestrator.emulation.selftest import GOODPUT_CEILING
@@ -192,7 +192,7 @@ def test_links_have_the_base_layout_and_the_controller_enforces_reservations(lin
     assert health["reservations"]["enforced"] is True, health["reservations"]
     assert set(classes) == {classid(LINK_CLASS), classid(BACKGROUND_CLASS), classid(BEST_EFFORT_CLASS), classid(ACK_CLASS)}
     assert "rate 30Mbit ceil 30Mbit" in tc_show("class", dev)
-    # no netem here: the background leaf has its short queue (controller.shaping.BACKGROUND_QUEUE_PACKETS)
+    # no netem here: the background leaf has its short queue (controller.htb.BACKGROUND_QUEUE_PACKETS)
     background_leaf = f"qdisc pfifo {BACKGROUND_QDISC_MAJOR}: parent {classid(BACKGROUND_CLASS)} limit {BACKGROUND_QUEUE_PACKETS}p"
     assert background_leaf in tc_show("qdisc", dev)
 

@@ -1,6 +1,6 @@
 """A fake OpenFlow network for controller unit tests: flow tables that forward simulated packets.
 
-`FakeSwitches` implements `controller.core.FlowSender`: `install` behaves like OFPFC_ADD (an entry
+`FakeSwitches` implements `controller.southbound.FlowSender`: `install` behaves like OFPFC_ADD (an entry
 with the same priority and match replaces the old one), `remove_cookie` like a strict-cookie
 OFPFC_DELETE, and `send` walks a packet through the tables hop by hop (using the plan's ports),
 counting packets and bytes per entry like a switch does.
@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from controller.core import FlowStat, PortStat, Unavailable
+from controller.errors import Unavailable
 from controller.flows import FlowEntry
+from controller.southbound import FlowStat, PortStat
 from orchestrator.scheduling.schedule import OverlayEdge, Schedule
 from topologies.plan import HOST_PORT, EmulationPlan
 

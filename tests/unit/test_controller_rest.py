@@ -8,9 +8,11 @@ from typing import Any
 import pytest
 from webob import Request
 
-from controller.core import ControllerCore, ControllerError, PortStat
+from controller.core import ControllerCore
+from controller.errors import ControllerError
 from controller.flows import BACKGROUND_COOKIE, BEST_EFFORT_COOKIE, table_miss_entry
 from controller.rest import RestApi
+from controller.southbound import PortStat
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import task_ports
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule

@@ -16,26 +16,21 @@ from typing import Any
 import pytest
 from webob import Request
 
-from controller.core import NO_SHAPER, ControllerCore, ControllerError
-from controller.paths import PathSpec, TaskPaths
-from controller.rest import RestApi
-from controller.shaping import (
+from controller.core import NO_SHAPER, ControllerCore
+from controller.errors import ControllerError
+from controller.htb import (
     BACKGROUND_QUEUE_PACKETS,
     FIRST_TASK_CLASS,
     MIN_RATE_MBPS,
-    ShapingError,
-    SubprocessTc,
-    TcShaper,
     background_queue,
     base_layout,
-    batch_text,
-    install_commands,
-    layout_problem,
-    remove_commands,
     shaped_links,
     task_budget_mbps,
-    task_classes,
 )
+from controller.paths import PathSpec, TaskPaths
+from controller.rest import RestApi
+from controller.shaping import TcShaper, install_commands, remove_commands, task_classes
+from controller.tc import ShapingError, SubprocessTc, batch_text, layout_problem
 from orchestrator.emulation.task_paths import task_paths
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
 from topologies.loaders import load

@@ -29,17 +29,19 @@ from hypothesis import strategies as st
 
 from orchestrator.scheduling import NetworkState, OverlayEdge, Procedure, Schedule, get_scheduler
 from orchestrator.scheduling.cost import (
-    CopyWindow,
-    RateFn,
-    capacity_rate,
-    copy_windows,
     link_copies,
-    pipelined_bound_s,
     procedure_bound_s,
     reference_s,
     round_figures,
     round_lower_bound,
     store_and_forward_s,
+)
+from orchestrator.scheduling.pipelined import (
+    CopyWindow,
+    RateFn,
+    capacity_rate,
+    copy_windows,
+    pipelined_bound_s,
 )
 from orchestrator.scheduling.schedule import DirectedLink
 from orchestrator.scheduling.tasks import Task

@@ -1,0 +1,104 @@
+"""Running ``tc``: the batch text of a list of commands, the `TcRunner` port and its subprocess form.
+
+`SubprocessTc` runs ``tc -batch -`` with the lines on stdin, never a shell; `batch_text` refuses an
+argument that tc would split. `layout_problem` says from ``tc -j qdisc show`` whether the
+interfaces carry the base layout of `controller.htb` (the controller starts before Mininet makes them).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Protocol
+
+from controller.htb import BACKGROUND_CLASS, ROOT_MAJOR
+
+
+class ShapingError(RuntimeError):
+    """``tc`` refused or failed to run a batch (the message carries its output)."""
+
+
+
+def batch_text(commands: Sequence[Sequence[str]]) -> str:
+    """The input of ``tc -batch -``: one command a line. Raises ValueError on an argument tc would split."""
+    lines = []
+    for cmd in commands:
+        for arg in cmd:
+            if not arg or any(c.isspace() or c in "\"'\\#" for c in arg):
+                raise ValueError(f"unsafe tc argument {arg!r} in {list(cmd)}")
+        lines.append(" ".join(cmd))
+    return "".join(line + "\n" for line in lines)
+
+
+class TcRunner(Protocol):
+    """Executes tc batches; `check` says why the given interfaces cannot be shaped (None: they can)."""
+
+    def check(self, devices: Sequence[str]) -> str | None: ...
+
+    def run(self, commands: Sequence[Sequence[str]], *, force: bool = False) -> None:
+        """Run the batch; stop at the first error unless `force`. Raises ShapingError if any command failed."""
+        ...
+
+
+class SubprocessTc:
+    """`TcRunner` running the ``tc`` binary (root, in the namespace of the switch interfaces)."""
+
+    def __init__(self, tc: str | None = None, *, timeout_s: float = 20.0) -> None:
+        self.tc = tc
+        self.timeout_s = timeout_s
+
+    def _binary(self) -> str | None:
+        return self.tc or shutil.which("tc") or next(
+            (p for p in ("/usr/sbin/tc", "/sbin/tc") if os.access(p, os.X_OK)), None
+        )
+
+    def check(self, devices: Sequence[str]) -> str | None:
+        tc = self._binary()
+        if tc is None:
+            return "tc (iproute2) is not installed"
+        if os.geteuid() != 0:
+            return "the controller does not run as root (tc needs CAP_NET_ADMIN)"
+        try:
+            res = subprocess.run([tc, "-j", "qdisc", "show"], capture_output=True, text=True,
+                                 timeout=self.timeout_s, check=False)
+            qdiscs = json.loads(res.stdout or "[]") if res.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError, ValueError) as e:
+            return f"tc qdisc show failed: {e}"
+        if not isinstance(qdiscs, list):
+            return f"tc qdisc show failed: {res.stderr.strip()[:200]}"
+        return layout_problem(devices, qdiscs)
+
+    def run(self, commands: Sequence[Sequence[str]], *, force: bool = False) -> None:
+        if not commands:
+            return
+        tc = self._binary()
+        if tc is None:
+            raise ShapingError("tc (iproute2) is not installed")
+        text = batch_text(commands)
+        try:
+            res = subprocess.run([tc, *(["-force"] if force else []), "-batch", "-"], input=text,
+                                 capture_output=True, text=True, timeout=self.timeout_s, check=False)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise ShapingError(f"tc -batch failed: {e}") from e
+        if res.returncode != 0:
+            raise ShapingError(f"tc -batch exited {res.returncode}: {(res.stderr or res.stdout).strip()[:500]}")
+
+
+def layout_problem(devices: Sequence[str], qdiscs: Iterable[Mapping[str, Any]]) -> str | None:
+    """Why `devices` lack the base layout, from ``tc -j qdisc show`` (None if every one has it)."""
+    roots = {q.get("dev"): q for q in qdiscs if q.get("root")}
+    expected_default = f"{BACKGROUND_CLASS:#x}"
+    bad = []
+    for dev in devices:
+        q = roots.get(dev)
+        if (q is None or q.get("kind") != "htb" or q.get("handle") != f"{ROOT_MAJOR}:"
+                or (q.get("options") or {}).get("default") != expected_default):
+            bad.append(dev)
+    if not bad:
+        return None
+    shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
+    return (f"{len(bad)} of {len(devices)} switch-to-switch interfaces lack the htb layout "
+            f"(root {ROOT_MAJOR}: default {BACKGROUND_CLASS:x}): {shown}")

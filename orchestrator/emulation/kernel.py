@@ -1,0 +1,57 @@
+"""What the running kernel offers the emulation: the OVS kernel datapath and netem.
+
+`probe_kernel` looks (it loads the openvswitch module if it can, and tries a netem qdisc in a
+throwaway network namespace); `warn_no_delay` says once per process that link delays are not
+emulated, so results record ``delay_emulated = False`` knowingly. It starts nothing that outlives
+the probe.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_delay_warning_given = False
+
+
+@dataclass(frozen=True)
+class KernelFeatures:
+    """What the running kernel offers the emulation."""
+
+    ovs_kernel_datapath: bool
+    netem: bool
+
+
+def _netem_available() -> bool:
+    """Try a netem qdisc on a veth inside a throwaway network namespace."""
+    probe = "ip link add netai-p0 type veth peer name netai-p1 && tc qdisc add dev netai-p0 root netem delay 1ms"
+    try:
+        res = subprocess.run(["unshare", "--net", "sh", "-c", probe], capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return res.returncode == 0
+
+
+def probe_kernel() -> KernelFeatures:
+    """Probe for the OVS kernel datapath (module loaded or loadable) and for netem."""
+    ovs_kernel = Path("/sys/module/openvswitch").exists()
+    if not ovs_kernel:
+        subprocess.run(["modprobe", "-q", "openvswitch"], capture_output=True, check=False)
+        ovs_kernel = Path("/sys/module/openvswitch").exists()
+    return KernelFeatures(ovs_kernel_datapath=ovs_kernel, netem=_netem_available())
+
+
+
+def warn_no_delay(delay_emulated: bool) -> None:
+    """Say once per process that link delays are not emulated (the kernel has no netem)."""
+    global _delay_warning_given
+    if not delay_emulated and not _delay_warning_given:
+        _delay_warning_given = True
+        # Not through `logging`: Mininet installs a handler on every logger that drops newlines.
+        print(
+            "netai: warning: the kernel has no netem: link delays are NOT emulated "
+            "(results record delay_emulated=false)",
+            file=sys.stderr,
+        )
