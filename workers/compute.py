@@ -1,0 +1,43 @@
+"""Emulated compute: a local's training lasts what its emulated site would take, not what the host does.
+
+A round's training time in the emulated timeline is ``train_s_per_example x examples x epochs /
+site_speed x time_dilation``: the task's measured profile (CPU seconds of one host core per example,
+`orchestrator.runtime.profiles`), the site's compute relative to one host core, and the emulation's
+time dilation. Real training still runs, for real accuracy: when it ends early, the local holds its
+update until the modelled end (`hold`); when it overruns (the host is too small for what it
+emulates), the round keeps the real time and the local logs ``train_overrun``, so that the run can
+say the round did not measure the emulated site (docs/architecture.md, "Fidelity").
+
+With ``train_s_per_example`` 0 (``compute.timing: measured``) training takes what it takes.
+This module imports no torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def modelled_s(train_s_per_example: float, examples: int, epochs: int, *, site_speed: float,
+               time_dilation: float) -> float | None:
+    """The wall seconds one round's training lasts on the emulated site; None when not modelled."""
+    if train_s_per_example <= 0 or examples <= 0:
+        return None
+    return train_s_per_example * examples * epochs / site_speed * time_dilation
+
+
+def hold(started_t: float, modelled: float | None, *, emit: Callable[..., float], round_: int,
+         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> float:
+    """Wait until `started_t` + `modelled` (the modelled end of training), or log ``train_overrun``
+    when training already ran past it; the overrun in seconds (0 when none or not modelled)."""
+    if modelled is None:
+        return 0.0
+    now = clock()
+    end = started_t + modelled
+    if now > end:
+        emit("train_overrun", round=round_, real_s=now - started_t, modelled_s=modelled)
+        return now - end
+    while now < end:  # the engine thread would be training now: nothing else waits on it
+        sleep(end - now)
+        now = clock()
+    return 0.0
