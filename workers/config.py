@@ -61,6 +61,12 @@ class AgentConfig(LearningSpec):
     #: G only: write the global model to this safetensors file after every round (atomically), so
     #: that a moved task resumes from its last completed round. Set by the site server.
     checkpoint_path: str | None = None
+    #: Emulated compute (`workers.compute`): CPU seconds of one host core per training example and epoch,
+    #: the task's measured profile (0: training takes what it takes on this host, ``compute_timing:
+    #: measured``); the site's compute relative to one host core; the emulation's time dilation.
+    train_s_per_example: float = 0.0
+    site_speed: float = 1.0
+    time_dilation: float = 1.0
     #: Log a fingerprint of each update and aggregate (two linear functionals of the weights, so that
     #: an aggregate's can be checked against the weighted mean of its contributors'; `workers.rounds`).
     fingerprints: bool = False
@@ -125,6 +131,9 @@ class AgentConfig(LearningSpec):
             raise ValueError(f"{cfg.site}: a node other than G needs an upload parent")
         if cfg.is_global and not cfg.upload_children:
             raise ValueError(f"{cfg.site}: G needs at least one upload child")
+        if not (cfg.train_s_per_example >= 0 and cfg.site_speed > 0 and cfg.time_dilation >= 1):
+            raise ValueError("train_s_per_example must be >= 0, site_speed > 0 and time_dilation >= 1, got "
+                             f"{cfg.train_s_per_example}, {cfg.site_speed}, {cfg.time_dilation}")
         if not 1 <= cfg.first_round <= cfg.rounds:
             raise ValueError(f"first_round must be in 1..{cfg.rounds}, got {cfg.first_round}")
         if not cfg.is_global and (cfg.init_model is not None or cfg.checkpoint_path is not None):

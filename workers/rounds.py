@@ -59,6 +59,7 @@ import torch
 
 from workers.aggregate import ChunkSum
 from workers.compression import make_codec
+from workers.compute import hold, modelled_s
 from workers.config import AgentConfig
 from workers.events import EventLog
 from workers.framing import (
@@ -626,7 +627,7 @@ class RoundEngine:
 
     # -- learning and aggregation ---------------------------------------------------------------------
     def _train_and_add(self, st: _Round) -> None:
-        self.log.emit("train_start", round=st.number)
+        started = self.log.emit("train_start", round=st.number)
         measures = self.measures or ()
         loss_before = self.learner.train_loss() if "loss" in measures else None
         start = self.learner.state() if "update_norm" in measures else None
@@ -640,6 +641,9 @@ class RoundEngine:
                 num_examples=n, path_cost=float(self.cfg.path_cost), round=st.number,
                 update_norm=None if start is None else update_norm(own, start),
                 loss_before=loss_before, loss_after=self.learner.train_loss() if "loss" in measures else None)
+        cfg = self.cfg  # the emulated site's training time (`workers.compute`): hold, or log an overrun
+        hold(started, modelled_s(cfg.train_s_per_example, n, cfg.local_epochs, site_speed=cfg.site_speed,
+                                 time_dilation=cfg.time_dilation), emit=self.log.emit, round_=st.number)
         self.log.emit("train_end", round=st.number, num_examples=n,
                       **({"fingerprint": fingerprint(own)} if self.cfg.fingerprints else {}))
         if self.codec is not None:  # updates carry the change over the round's global model

@@ -30,6 +30,8 @@ COMPRESSIONS = ("none", "fp16", "int8", "int8-chunk", "topk")
 BUILTIN_DATASETS = ("digits", "synthetic")
 #: How the training set is split among a task's local models (`workers.data`).
 PARTITIONINGS = ("iid", "dirichlet")
+#: How a local's training time is taken (`workers.compute`): modelled from its site, or as measured here.
+COMPUTE_TIMINGS = ("modeled", "measured")
 #: The fraction of elements ``topk`` keeps when `k` is not given.
 DEFAULT_TOPK = 0.01
 
@@ -172,6 +174,10 @@ class LearningSpec:
                                           doc="model chunk size: relays forward and aggregators combine chunk by "
                                               "chunk (None: one chunk per message)")
     threads: int = setting(1, check=integer(1), doc="torch threads of a role's training")
+    compute_timing: str = setting("modeled", check=choice(COMPUTE_TIMINGS),
+                                  doc="a local's training time in the emulated timeline: modeled (its site's "
+                                      "compute and the task's measured profile; real training still runs, its "
+                                      "overruns recorded) or measured (what it takes on this host)")
     selection: Mapping[str, Any] | None = setting(None, check=policy_config,
                                                   doc="local-model selection ({policy: SPEC, **options}; "
                                                       "None: every local trains in every round)")

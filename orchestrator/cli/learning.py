@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from workers.spec import PARTITIONINGS, LearningSpec, SpecError, describe
+from workers.spec import COMPUTE_TIMINGS, PARTITIONINGS, LearningSpec, SpecError, describe
 
 #: Learning setting -> (flag, argparse type, choices). ``--model-arg`` and ``--select`` /
 #: ``--select-arg`` (mappings) are built by the command and passed to `learning_options`.
@@ -26,6 +26,7 @@ FLAGS: dict[str, tuple[str, type, tuple[str, ...] | None]] = {
     "lr": ("--lr", float, None),
     "seed": ("--seed", int, None),
     "child_timeout_s": ("--child-timeout", float, None),
+    "compute_timing": ("--compute-timing", str, COMPUTE_TIMINGS),
 }
 #: Flags that say more than their setting's own description.
 EXTRA_HELP = {"seed": "; also the seed of the task draw"}

@@ -68,7 +68,7 @@ TASK_KEYS: dict[str, str] = {
     "model": "model", "model_args": "model_args", "rounds": "rounds", "partition": "partitioning", "alpha": "alpha",
     "lr": "lr", "local_epochs": "local_epochs", "batch_size": "batch_size", "strategy": "strategy", "mu": "mu",
     "compression": "compression", "k": "k", "dataset": "dataset", "dataset_args": "dataset_args",
-    "selection": "selection",
+    "selection": "selection", "compute_timing": "compute_timing",
 }
 
 

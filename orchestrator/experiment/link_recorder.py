@@ -1,6 +1,8 @@
 """`LinkRecorder`: link load (`orchestrator.emulation.link_load`) sampled on a thread about once a
 second into a run's `link_stats` table, through its own database connection; `latest` is the
 last sample. The experiment runner and `netai net up` record with it; the dashboard reads it.
+With each sample it also records how busy the host's CPU was since the last (`host_samples`, from
+/proc/stat): one of the fidelity figures (docs/architecture.md, "Fidelity").
 """
 
 from __future__ import annotations
@@ -17,6 +19,24 @@ from orchestrator.results.db import ResultsDB
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger(__name__)
+
+
+def cpu_times() -> tuple[int, int] | None:
+    """(busy, total) jiffies of all CPUs since boot, from /proc/stat (None where it cannot be read)."""
+    try:
+        with open("/proc/stat", encoding="ascii") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share of CPU time busy between two `cpu_times` readings (None without both, or no time)."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 class LinkRecorder:
@@ -46,11 +66,16 @@ class LinkRecorder:
 
     def _loop(self) -> None:
         with ResultsDB(self.db_path) as db:
+            cpu = cpu_times()
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 try:
                     rows = self.sampler.sample()
                     t = self.clock()
+                    now = cpu_times()
+                    busy, cpu = busy_share(cpu, now), now
+                    if busy is not None:
+                        db.record_host_sample(self.run_id, t, busy)
                     db.record_link_stats(self.run_id, t, rows)
                     self.latest = rows
                     self.samples += 1

@@ -17,6 +17,7 @@ from orchestrator.lifecycle.core import Lifecycle, RunClock
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.compute_port import ServerCompute
+from orchestrator.runtime.profiles import train_s_per_example
 from orchestrator.runtime.task_runner import FLOptions
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
@@ -53,7 +54,8 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
     compute = ServerCompute(manager, model=model, rate=network.rate, propagation=delay,
                             train_allowance_s=cfg.task.train_allowance_s,
                             options=lambda task: fl_options(cfg.task, rounds=task.rounds, seed=cfg.seed + task.id),
-                            checkpoint=faults, links_dir=run_dir / "tasks")
+                            checkpoint=faults, links_dir=run_dir / "tasks",
+                            train_s_per_example=train_s_per_example(cfg.task))
     core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(db, run_id), clock=RunClock(), model=model,
                      schedulers=cfg.scheduler, release_on_end=cfg.mode == "online",
                      whole_updates=cfg.task.compression == "none", faults=faults)

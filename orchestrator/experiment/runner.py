@@ -48,6 +48,7 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.results.summary import RunSummary
 from orchestrator.runtime.compute import check_model
+from orchestrator.runtime.profiles import train_s_per_example
 from orchestrator.scheduling import NetworkState, Schedule
 from topologies.plan import EmulationPlan
 
@@ -107,6 +108,8 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         "backend": backend,
         "bw_scale": plan.bw_scale,
         "max_link_mbps": cfg.emulation.max_link_mbps,
+        # how the locals' training times were taken (workers.compute): the fidelity verdict reads it
+        "compute_timing": cfg.task.compute_timing,
         "connectivity": cfg.emulation.connectivity,
         "cpus": os.cpu_count(),
         "background": f"{cfg.background.pattern}, load {cfg.background.load}, {cfg.background.pairs} pairs"
@@ -190,6 +193,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
     backend_kind = preflight(cfg)
     model_bytes = check_model(cfg.task.model, cfg.task.model_args, cfg.task.dataset, cfg.task.dataset_args)  # a broken model: exit 2, nothing started
+    train_s_per_example(cfg.task)  # the modelled compute's profile, measured (once) before anything starts
     if backend_kind == "docker":
         from orchestrator.runtime.backends import ensure_worker_image
 

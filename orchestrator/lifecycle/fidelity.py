@@ -51,3 +51,11 @@ def hop_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mappin
             out.append({"round": rnd, "parent": e.src, "child": e.dst, "hop_s": hop, "chunk_s": chunk_s,
                         "floor_s": floor, "overhead_s": hop - floor})
     return sorted(out, key=lambda r: (r["round"], r["child"]))
+
+
+def overrun_rows(events: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """The ``train_overrun`` events of a task's roles (`workers.compute`): round, site, real_s, modelled_s."""
+    return sorted(({"round": int(e["round"]), "site": site, "real_s": float(e["real_s"]),
+                    "modelled_s": float(e["modelled_s"])}
+                   for site, evs in events.items() for e in evs if e.get("event") == "train_overrun"),
+                  key=lambda r: (r["round"], r["site"]))

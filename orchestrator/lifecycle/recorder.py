@@ -81,6 +81,10 @@ class DbRecorder:
     def carried_bytes(self, label: str, task_id: int, carried: int) -> None:
         self.db.add_carried_bytes(self.run_id, label, task_id, carried)
 
+    def fidelity(self, label: str, task_id: int, *, hops: list[dict[str, Any]],
+                 overruns: list[dict[str, Any]]) -> None:
+        self.db.record_fidelity(self.run_id, label, task_id, hops=hops, overruns=overruns)
+
 
 class NullRecorder:
     """`orchestrator.lifecycle.ports.Recorder` that keeps nothing (a running network without a database)."""

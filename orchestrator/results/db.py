@@ -275,6 +275,21 @@ class ResultsDB:
                 [(run_id, scheduler, task_id, int(r["round"]), r["site"], r["role"], r.get("received_s"),
                   r.get("train_start_s"), r.get("train_end_s"), r.get("sent_s")) for r in rows])
 
+    def record_fidelity(self, run_id: int, scheduler: str, task_id: int, *, hops: list[dict[str, Any]],
+                        overruns: list[dict[str, Any]]) -> None:
+        """A task's broadcast hops (`orchestrator.lifecycle.fidelity.hop_rows`) and its training overruns
+        (round, site, real_s, modelled_s)."""
+        with self._tx() as c:
+            c.executemany("INSERT OR REPLACE INTO hops VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                          [(run_id, scheduler, task_id, int(h["round"]), h["parent"], h["child"], h["hop_s"],
+                            h["chunk_s"], h["floor_s"], h["overhead_s"]) for h in hops])
+            c.executemany("INSERT OR REPLACE INTO overruns VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          [(run_id, scheduler, task_id, int(o["round"]), o["site"], float(o["real_s"]),
+                            float(o["modelled_s"])) for o in overruns])
+
+    def record_host_sample(self, run_id: int, t_s: float, cpu_busy: float) -> None:
+        self.conn.execute("INSERT INTO host_samples VALUES (?, ?, ?)", (run_id, t_s, cpu_busy))
+
     def record_background(self, run_id: int, src: str, dst: str, offered_mbps: float,
                           achieved_mbps: float | None) -> None:
         self.conn.execute("INSERT INTO background VALUES (?, ?, ?, ?, ?)",

@@ -274,3 +274,32 @@ def moves(conn: sqlite3.Connection, run_id: int, scheduler: str | None = None) -
     if scheduler is None:
         return _rows(conn, "SELECT * FROM moves WHERE run_id = ? ORDER BY scheduler, task_id, move", (run_id,))
     return _rows(conn, "SELECT * FROM moves WHERE run_id = ? AND scheduler = ?", (run_id, scheduler))
+
+
+# -- fidelity (orchestrator.results.fidelity) ----------------------------------------------------------
+def point_hops(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every broadcast hop of the run's tasks, with the task's scheduler and number of locals."""
+    return _rows(conn, "SELECT h.scheduler, t.n_locals, h.hop_s, h.chunk_s, h.floor_s, h.overhead_s FROM hops h "
+                       "JOIN tasks t ON t.run_id = h.run_id AND t.scheduler = h.scheduler AND t.task_id = h.task_id "
+                       "WHERE h.run_id = ?", (run_id,))
+
+
+def point_overruns(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every training overrun of the run's tasks, with the task's scheduler and number of locals."""
+    return _rows(conn, "SELECT o.scheduler, t.n_locals, o.real_s, o.modelled_s FROM overruns o "
+                       "JOIN tasks t ON t.run_id = o.run_id AND t.scheduler = o.scheduler AND t.task_id = o.task_id "
+                       "WHERE o.run_id = ?", (run_id,))
+
+
+def point_trainings(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Per point, how many node-rounds trained (a local's training in a round that it logged)."""
+    return _rows(conn, "SELECT n.scheduler, t.n_locals, COUNT(*) AS trained FROM node_rounds n "
+                       "JOIN tasks t ON t.run_id = n.run_id AND t.scheduler = n.scheduler AND t.task_id = n.task_id "
+                       "WHERE n.run_id = ? AND n.train_end_s IS NOT NULL GROUP BY n.scheduler, t.n_locals",
+                 (run_id,))
+
+
+def host_busy(conn: sqlite3.Connection, run_id: int) -> list[float]:
+    """The host's CPU busy share, sample by sample, over the run."""
+    return [float(r["cpu_busy"]) for r in _rows(conn, "SELECT cpu_busy FROM host_samples WHERE run_id = ? "
+                                                      "ORDER BY t_s", (run_id,))]

@@ -67,6 +67,12 @@ def summary_lines(summary: RunSummary, run_dir: Path) -> list[str]:
     for key in ("bandwidth", "latency"):
         if c is not None and c[f"{key}_ratio"] is not None:
             lines.append(f"{key} mst/spff at {c['n_locals']} locals: {c[f'{key}_ratio']:.3f}")
+    for v in summary.verdicts:
+        lines.append(f"fidelity {v.scheduler} at {v.n_locals} locals: {v.word}"
+                     + (f" ({'; '.join(v.reasons)})" if v.reasons else ""))
+    if summary.unfaithful:
+        lines.append(f"netai: warning: {len(summary.unfaithful)} of {len(summary.verdicts)} points did not measure "
+                     "the emulated network and sites faithfully (see the report's Fidelity section)")
     return lines
 
 
@@ -89,7 +95,7 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
     if figures is None:
         figures = draw_figures(db, run_id, out_dir, summary=summary)
     env = summary.environment
-    lines = _head(summary) + summary_table(summary) + _claims_section(summary)
+    lines = _head(summary) + summary_table(summary) + fidelity_section(summary) + _claims_section(summary)
     lines += _paired_section(summary.tasks, summary.locals_seen)
     lines += _time_section(summary.tasks, env.get("clock_end_s"))
     if env.get("mode") == "online":
@@ -106,8 +112,12 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
 
 def _head(summary: RunSummary) -> list[str]:
     """Title, status, the first failures, the simulation model (simulated runs) and the environment."""
-    lines = [f"# Run {summary.run_id}: {summary.name}", "", f"Status: **{summary.status}**"
-             + (f" ({summary.note})" if summary.note else ""), ""]
+    lines = [f"# Run {summary.run_id}: {summary.name}", ""]
+    if summary.unfaithful:
+        lines += [f"**Not faithful:** {len(summary.unfaithful)} of {len(summary.verdicts)} points measured the host, "
+                  "not only the emulated network and sites; their figures and claims say so below "
+                  "(see \"Fidelity\").", ""]
+    lines += [f"Status: **{summary.status}**" + (f" ({summary.note})" if summary.note else ""), ""]
     failed = [t for t in summary.tasks if t.state == "failed"]
     if failed:
         lines += [f"**{len(failed)} of {len(summary.tasks)} tasks failed.** First reasons:", ""]
@@ -137,11 +147,34 @@ def summary_table(summary: RunSummary) -> list[str]:
     return lines
 
 
+def fidelity_section(summary: RunSummary) -> list[str]:
+    """Per point: the broadcast hops against one chunk's time on the link, the training overruns, and
+    the verdict (`orchestrator.results.fidelity`); the host's CPU saturation under it."""
+    if not summary.verdicts:
+        return []
+    lines = ["", "## Fidelity", "",
+             "| scheduler | locals | hops | median hop ms | one chunk ms | instrument ms/hop | overruns / trained "
+             "| verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for v in summary.verdicts:
+        lines.append(f"| {v.scheduler} | {v.n_locals} | {v.hops} | {fmt(v.hop_median_s, 1e3)} "
+                     f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {v.overruns} / {v.trained} "
+                     f"| {v.word} |")
+    lines += [""] + [f"- {v.scheduler} at {v.n_locals} locals: {r}" for v in summary.verdicts for r in v.reasons]
+    if summary.host_saturated is not None:
+        lines.append(f"- host CPU saturated (both cores over 95 % busy) in {summary.host_saturated:.0%} of its samples")
+    return lines
+
+
 def _claims_section(summary: RunSummary) -> list[str]:
     c = summary.claims()
     if c is None:
         return []
     lines = ["", f"## The paper's two claims, at {c['n_locals']} local models", ""]
+    bad = [v for v in summary.unfaithful if v.n_locals == c["n_locals"] and v.scheduler in ("mst", "spff")]
+    if bad:
+        lines += [f"**Not faithful:** {', '.join(v.scheduler for v in bad)} at {c['n_locals']} locals measured the "
+                  "host as well as the emulated network and sites (see \"Fidelity\"): these ratios are the "
+                  "instrument's too.", ""]
     for key, text in (("bandwidth", "reserved bandwidth"), ("latency", "mean round latency")):
         ratio = c[f"{key}_ratio"]
         if ratio is None:

@@ -205,4 +205,36 @@ CREATE TABLE IF NOT EXISTS round_selection (
     upload_bytes INTEGER NOT NULL,
     PRIMARY KEY (run_id, scheduler, task_id, round)
 );
+-- Fidelity (docs/architecture.md, "Fidelity"): per round of a task, each broadcast hop's time, the
+-- emulated network's floor for it and the rest (the instrument's overhead), seconds.
+CREATE TABLE IF NOT EXISTS hops (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    parent TEXT NOT NULL,
+    child TEXT NOT NULL,
+    hop_s REAL NOT NULL,
+    chunk_s REAL NOT NULL,
+    floor_s REAL NOT NULL,
+    overhead_s REAL NOT NULL,
+    PRIMARY KEY (run_id, scheduler, task_id, round, child)
+);
+-- Node-rounds whose real training ran past the emulated site's modelled time (workers.compute).
+CREATE TABLE IF NOT EXISTS overruns (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    site TEXT NOT NULL,
+    real_s REAL NOT NULL,
+    modelled_s REAL NOT NULL,
+    PRIMARY KEY (run_id, scheduler, task_id, round, site)
+);
+-- The host's CPU while the run lasts (the share of both cores busy, from /proc/stat), on the run's clock.
+CREATE TABLE IF NOT EXISTS host_samples (
+    run_id INTEGER NOT NULL,
+    t_s REAL NOT NULL,
+    cpu_busy REAL NOT NULL
+);
 """

@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrator.results import queries
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.fidelity import Verdict, run_verdicts, saturated_share
 
 
 @dataclass(frozen=True)
@@ -92,6 +93,15 @@ class RunSummary:
     environment: Mapping[str, Any]
     tasks: tuple[TaskSummary, ...]
     points: tuple[PointSummary, ...]
+    #: Per point, whether its rounds measured the emulated network and sites (`orchestrator.results.fidelity`).
+    verdicts: tuple[Verdict, ...] = ()
+    #: The share of the host's CPU samples with its cores saturated (None: not sampled).
+    host_saturated: float | None = None
+
+    @property
+    def unfaithful(self) -> list[Verdict]:
+        """The points whose figures the instrument dominates."""
+        return [v for v in self.verdicts if not v.faithful]
 
     @property
     def counts(self) -> dict[str, int]:
@@ -195,10 +205,15 @@ def run_summary(db: ResultsDB, run_id: int) -> RunSummary:
     """
     run = db.run(run_id)
     tasks = task_summaries(db, run_id)
+    points = tuple(point_summaries(tasks))
+    engine, env = run.get("engine") or "emulation", run["environment"]
+    modelled = engine == "simulation" or env.get("compute_timing") == "modeled"
+    verdicts = run_verdicts(db, run_id, [(p.scheduler, p.n_locals) for p in points if p.tasks_ran],
+                            compute_modelled=modelled)
     return RunSummary(
         run_id=run_id, name=run["name"], status=run["status"], note=run.get("note") or "",
-        engine=run.get("engine") or "emulation", environment=run["environment"],
-        tasks=tuple(tasks), points=tuple(point_summaries(tasks)))
+        engine=engine, environment=env, tasks=tuple(tasks), points=points, verdicts=verdicts,
+        host_saturated=saturated_share(queries.host_busy(db.conn, run_id)))
 
 
 def claims(points: Sequence[PointSummary], *, n_locals: int = 8, flexible: str = "mst",

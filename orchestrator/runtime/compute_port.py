@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,12 @@ class ServerCompute:
         How a task learns: `FLOptions` for a task (its rounds and seed are the task's).
     checkpoint
         G checkpoints after every round and lost roles other than G are tolerated (faults, moves).
+    train_s_per_example
+        The tasks' modelled training cost (`orchestrator.runtime.profiles.train_s_per_example`; 0:
+        training takes what it takes on this host). A local's site runs it at the site's ``cpu``
+        (cores, at most the role's training threads) times one host core's speed.
+    time_dilation
+        The emulation's time dilation: modelled durations last this many times as long.
     links_dir
         Where each task's log directory is also linked from, by its name (the run folder's ``tasks/``).
     dir_name
@@ -108,7 +115,10 @@ class ServerCompute:
 
     def __init__(self, manager: Any, *, model: NetworkModel, rate: RateFn, propagation: bool,
                  train_allowance_s: float, options: Callable[[Task], FLOptions], checkpoint: bool = False,
-                 links_dir: Path | None = None, dir_name: str | None = None) -> None:
+                 links_dir: Path | None = None, dir_name: str | None = None, train_s_per_example: float = 0.0,
+                 time_dilation: float = 1.0) -> None:
+        self.train_s_per_example = train_s_per_example
+        self.time_dilation = time_dilation
         self.links_dir = links_dir
         self.dir_name = dir_name
         self.manager = manager
@@ -142,9 +152,16 @@ class ServerCompute:
                init_model: Path | None) -> RolesRun:
         timing = task_timing(self.model, schedule, task.model_bytes, rate=self.rate, propagation=self.propagation,
                              train_allowance_s=self.train_allowance_s)
-        return RolesRun(wire, manager=self.manager, options=self.options(task), log_dir=log_dir, timing=timing,
-                        first_round=first_round, init_model=init_model, checkpoint=self.checkpoint,
-                        tolerate_lost=self.checkpoint)
+        options = self.options(task)
+        run = RolesRun(wire, manager=self.manager, options=options, log_dir=log_dir, timing=timing,
+                       first_round=first_round, init_model=init_model, checkpoint=self.checkpoint,
+                       tolerate_lost=self.checkpoint)
+        if self.train_s_per_example > 0:
+            for n in wire.local_sites:
+                speed = min(float(options.threads), self.model.site(n).cpu)
+                run.configs[n] = replace(run.configs[n], train_s_per_example=self.train_s_per_example,
+                                         site_speed=speed, time_dilation=self.time_dilation)
+        return run
 
 
 class TaskServers(ServerCompute):

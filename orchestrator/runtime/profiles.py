@@ -2,9 +2,9 @@
 
 `measure` trains the model for real with the workers' own code (`workers.learning.Learner`, one
 torch thread, the task's dataset and batch size) and aggregates updates with the round engine's
-accumulator (`workers.aggregate.WeightedAccumulator`), timing both in CPU seconds of the measuring
-thread (`time.thread_time`): the figure is the work, not the wait, so other processes on the
-machine do not inflate it. `load_profile` measures once per model and caches the result in a JSON
+accumulator (`workers.aggregate.WeightedAccumulator`), timing both in CPU seconds (training in the
+process's, since the workers train on a thread of their own; aggregation in the measuring
+thread's): the figure is the work, not the wait, so other processes on the machine do not inflate it. `load_profile` measures once per model and caches the result in a JSON
 file (`DEFAULT_CACHE`, or the path given); `training_profile` turns it into the
 `orchestrator.scheduling.joint.TrainingProfile` the ``joint`` scheduler predicts rounds with.
 
@@ -128,9 +128,11 @@ def measure(
     except Exception as e:  # noqa: BLE001 -- a user's model factory may raise anything: one line
         raise ConfigError(f"model {model!r} on {dataset!r} cannot be profiled: {type(e).__name__}: {e}") from None
     try:
-        start = time.thread_time()
+        # The workers train on a thread of their own (`workers.learning`): the process's CPU time counts
+        # it, the calling thread's would not (nothing else of this process runs meanwhile).
+        start = time.process_time()
         examples = learner.train()
-        train_cpu = time.thread_time() - start
+        train_cpu = time.process_time() - start
         update = learner.state()
         acc = WeightedAccumulator()
         start = time.thread_time()
@@ -211,3 +213,15 @@ def training_profile(measured: MeasuredProfile, *,
         examples_per_round=measured.train_examples * local_epochs,
         aggregate_cpu_s_per_mb=measured.aggregate_cpu_s_per_mb,
     )
+
+
+def train_s_per_example(options: Any, cache: Path | None = None) -> float:
+    """What a task's locals model their training with (`workers.compute`): the CPU seconds per
+    example of its model's profile when its ``compute_timing`` is ``modeled`` (measured once and
+    cached), else 0 (training takes what it takes on this host). Call it before anything starts:
+    a first measurement trains the model for real."""
+    if getattr(options, "compute_timing", "measured") != "modeled":
+        return 0.0
+    return load_profile(options.model, dataset=options.dataset, batch_size=options.batch_size,
+                        model_args=options.model_args, dataset_args=options.dataset_args,
+                        cache=cache).train_cpu_s_per_example

@@ -379,6 +379,8 @@ class FakeRecorder:
         self.setups: dict[tuple[str, int], dict[str, float | int | bool]] = {}
         self.moves: dict[tuple[str, int, int], dict[str, Any]] = {}
         self.carried: list[tuple[str, int, int]] = []
+        self.hops: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self.overruns: dict[tuple[str, int], list[dict[str, Any]]] = {}
 
     def task(self, label: str, task: Task, *, arrival_s: float) -> None:
         self.arrivals[(label, task.id)] = arrival_s
@@ -416,6 +418,11 @@ class FakeRecorder:
 
     def carried_bytes(self, label: str, task_id: int, carried: int) -> None:
         self.carried.append((label, task_id, carried))
+
+    def fidelity(self, label: str, task_id: int, *, hops: list[dict[str, Any]],
+                 overruns: list[dict[str, Any]]) -> None:
+        self.hops[(label, task_id)] = hops
+        self.overruns[(label, task_id)] = overruns
 
     # -- reading -----------------------------------------------------------------------------------
     def states_of(self, label: str, task_id: int) -> list[str]:

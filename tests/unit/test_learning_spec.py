@@ -86,7 +86,8 @@ def test_the_task_section_names_only_spec_settings_and_writes_them_back() -> Non
     raw = {"model": "cnn", "model_args": {"hidden": 8}, "rounds": 5, "partition": "dirichlet", "alpha": 0.2,
            "lr": 0.05, "local_epochs": 1, "batch_size": 8, "strategy": "fedprox", "mu": 0.01,
            "compression": "topk", "k": 0.2, "dataset": "synthetic", "dataset_args": {"input_shape": [1, 4, 4]},
-           "selection": {"policy": "random", "k": 1, "seed": 2}, "demand_mbps": 3.0, "train_allowance_s": 9.0}
+           "selection": {"policy": "random", "k": 1, "seed": 2}, "compute_timing": "measured", "demand_mbps": 3.0,
+           "train_allowance_s": 9.0}
     cfg = parse_config(BASE | {"task": raw})
 
     # Assert: each key reached its setting, and the config written back reads the same.

@@ -138,6 +138,17 @@ def test_done_records_rounds_bounds_setup_and_settled_bytes(tmp_path: Path) -> N
     assert rig.network.installed == {}
     assert rig.core.counters.pending == {}
     assert rig.compute.launches[0].stops >= 1
+    # fidelity: one broadcast hop per edge and round, from the same node rows; no overrun was logged
+    hops = rec.hops[(LABEL, 1)]
+    edges = {(e.src, e.dst) for e in live.schedule.edges_of("broadcast")}
+    assert {(h["parent"], h["child"]) for h in hops} == edges
+    assert sorted({h["round"] for h in hops}) == [1, 2, 3]
+    for h in hops:
+        parent = rec.node_records[(LABEL, 1, h["round"], h["parent"])]["received_s"]
+        child = rec.node_records[(LABEL, 1, h["round"], h["child"])]["received_s"]
+        assert h["hop_s"] == pytest.approx(child - parent)
+        assert h["overhead_s"] == pytest.approx(h["hop_s"] - h["floor_s"])
+    assert rec.overruns[(LABEL, 1)] == []
 
 
 @pytest.mark.parametrize("delay_emulated", [True, False])

@@ -1,0 +1,112 @@
+"""Emulated compute (`workers.compute`): a local's training lasts its site's modelled time, and an
+overrun (the host slower than the site it emulates) is logged, with real roles on loopback servers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.runtime.backends import LoopbackBackend
+from orchestrator.runtime.compute import ComputeManager
+from orchestrator.runtime.compute_port import ServerCompute
+from orchestrator.runtime.task_runner import read_events
+from orchestrator.scheduling import NetworkState, get_scheduler
+from orchestrator.scheduling.cost import capacity_rate
+from orchestrator.scheduling.tasks import Task
+from topologies.loaders import load
+from workers.compute import hold, modelled_s
+from workers.spec import LearningSpec
+
+SITES = ("A", "B", "C")
+
+
+def test_modelled_time_counts_examples_epochs_site_speed_and_dilation() -> None:
+    assert modelled_s(1e-3, 500, 2, site_speed=1.0, time_dilation=1.0) == pytest.approx(1.0)
+    assert modelled_s(1e-3, 500, 2, site_speed=0.5, time_dilation=3.0) == pytest.approx(6.0)
+    assert modelled_s(0.0, 500, 2, site_speed=1.0, time_dilation=1.0) is None  # measured: not modelled
+
+
+class _Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+        self.slept: list[float] = []
+
+    def now(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.slept.append(s)
+        self.t += s
+
+
+def test_early_training_is_held_to_the_modelled_end_and_a_late_one_is_an_overrun() -> None:
+    emitted: list[tuple[str, dict[str, Any]]] = []
+
+    def emit(event: str, **kw: Any) -> float:
+        emitted.append((event, kw))
+        return 0.0
+
+    clock = _Clock(10.3)  # training started at 10.0 and took 0.3 s; the site takes 0.5 s
+    assert hold(10.0, 0.5, emit=emit, round_=2, sleep=clock.sleep, clock=clock.now) == 0.0
+    assert clock.t == pytest.approx(10.5) and emitted == []
+
+    clock = _Clock(10.8)  # took 0.8 s: the host was slower than the site
+    assert hold(10.0, 0.5, emit=emit, round_=3, sleep=clock.sleep, clock=clock.now) == pytest.approx(0.3)
+    assert clock.slept == []
+    assert emitted == [("train_overrun", {"round": 3, "real_s": pytest.approx(0.8), "modelled_s": 0.5})]
+
+    assert hold(10.0, None, emit=emit, round_=4, sleep=clock.sleep, clock=clock.now) == 0.0  # measured
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ComputeManager]:
+    with ComputeManager(LoopbackBackend(SITES, log_root=tmp_path_factory.mktemp("servers")), SITES) as cm:
+        yield cm
+
+
+def _run(cm: ComputeManager, tmp: Path, s_per_example: float) -> tuple[dict[str, list[dict[str, Any]]], dict[str, Any]]:
+    model = load("triangle")
+    task = Task(1, "A", ("B", "C"), rounds=2)
+    schedule = get_scheduler("mst").schedule(NetworkState(model), task)
+    options = replace(LearningSpec(), rounds=2, local_epochs=1)
+    compute = ServerCompute(cm, model=model, rate=capacity_rate(model), propagation=False, train_allowance_s=30.0,
+                            options=lambda _t: options, train_s_per_example=s_per_example)
+    run = compute.launch(schedule, task=task, schedule=schedule, log_dir=compute.task_dir(tmp.name), first_round=1,
+                         init_model=None)
+    configs = {n: run.configs[n] for n in schedule.overlay_nodes}
+    run.start()
+    try:
+        while not run.check(cm.poll(schedule.overlay_nodes)):
+            time.sleep(0.05)
+    finally:
+        run.stop()
+    return {n: read_events(p) for n, p in run.paths.items()}, configs
+
+
+def _train_times(events: list[dict[str, Any]]) -> dict[int, float]:
+    start = {e["round"]: e["t"] for e in events if e["event"] == "train_start"}
+    return {e["round"]: e["t"] - start[e["round"]] for e in events if e["event"] == "train_end"}
+
+
+def test_real_roles_hold_their_update_to_the_modelled_time(servers: ComputeManager, tmp_path: Path) -> None:
+    events, configs = _run(servers, tmp_path, 5e-4)  # 1438/2 examples x 1 epoch: ~0.36 s a round
+    for site in ("B", "C"):
+        examples = next(e["num_examples"] for e in events[site] if e["event"] == "train_end")
+        modelled = 5e-4 * examples
+        assert configs[site].train_s_per_example == 5e-4 and configs[site].site_speed == 1.0
+        assert all(t >= modelled for t in _train_times(events[site]).values()), events[site]
+        assert not [e for e in events[site] if e["event"] == "train_overrun"]
+    assert configs["A"].train_s_per_example == 0.0  # G trains nothing
+
+
+def test_a_host_slower_than_the_site_logs_an_overrun_every_round(servers: ComputeManager, tmp_path: Path) -> None:
+    events, _ = _run(servers, tmp_path, 1e-12)  # a site a million times faster than this host
+    for site in ("B", "C"):
+        overruns = [e for e in events[site] if e["event"] == "train_overrun"]
+        assert [e["round"] for e in overruns] == [1, 2]
+        assert all(e["real_s"] > e["modelled_s"] > 0 for e in overruns)

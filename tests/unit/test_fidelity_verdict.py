@@ -1,0 +1,71 @@
+"""The fidelity verdict per point (`orchestrator.results.fidelity`), from a run's records: faithful
+when hops stay near one chunk's time on the link and no training overran its site; it flips when a
+hop is slowed, when training overruns, or when training was measured on the host."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.fidelity import verdict
+from orchestrator.results.report import summary_lines, write_report
+from orchestrator.results.summary import run_summary
+from orchestrator.scheduling.tasks import Task
+
+CHUNK_S = 0.4e-3
+
+
+def _hop(hop_s: float, rnd: int = 1, child: str = "B") -> dict[str, object]:
+    return {"round": rnd, "parent": "A", "child": child, "hop_s": hop_s, "chunk_s": CHUNK_S,
+            "floor_s": CHUNK_S, "overhead_s": hop_s - CHUNK_S}
+
+
+def test_hops_near_the_link_and_no_overrun_are_faithful() -> None:
+    v = verdict("mst", 8, [_hop(0.9e-3), _hop(1.0e-3, 2), _hop(1.2e-3, 3)], [], 24, compute_modelled=True)
+    assert v.faithful and v.word == "faithful"
+    assert v.hop_median_s == pytest.approx(1.0e-3)
+    assert v.overhead_median_s == pytest.approx(0.6e-3)
+
+
+def test_a_slowed_hop_flips_the_verdict() -> None:
+    slow = [_hop(9.5e-3), _hop(10.5e-3, 2), _hop(1.0e-3, 3)]  # median 9.5 ms against 2 x 0.4 + 0.5 = 1.3 ms
+    v = verdict("mst", 8, slow, [], 24, compute_modelled=True)
+    assert not v.faithful
+    assert v.reasons and v.reasons[0].startswith("per-hop time: median 9.50 ms")
+
+
+def test_an_overrun_or_measured_training_flips_the_verdict() -> None:
+    over = verdict("spff", 8, [_hop(1e-3)], [{"real_s": 0.088, "modelled_s": 0.003}], 24, compute_modelled=True)
+    assert not over.faithful and "1 of 24 node-rounds overran" in over.reasons[0] and "+85.0 ms" in over.reasons[0]
+    measured = verdict("spff", 8, [_hop(1e-3)], [], 24, compute_modelled=False)
+    assert not measured.faithful and "measured on this host" in measured.reasons[0]
+
+
+def _run(tmp_path: Path, hop_s: float) -> tuple[ResultsDB, int]:
+    db = ResultsDB(tmp_path / "results.db")
+    run_id = db.start_run("t", {}, {"mode": "sequential", "compute_timing": "modeled"})
+    task = Task(5, "A", ("B", "C"), rounds=1)
+    db.record_task(run_id, "mst", task)
+    db.record_round(run_id, "mst", 5, 1, latency_s=0.01, broadcast_s=0.003, train_s=0.004, upload_s=0.003,
+                    accuracy=0.5, lower_bound_s=0.008)
+    db.record_node_rounds(run_id, "mst", 5, [{"round": 1, "site": s, "role": "local", "train_start_s": 0.0,
+                                               "train_end_s": 0.004} for s in ("B", "C")])
+    db.record_fidelity(run_id, "mst", 5, hops=[_hop(hop_s), _hop(hop_s, child="C")], overruns=[])
+    db.set_task_state(run_id, "mst", 5, "done")
+    db.finish_run(run_id, "completed")
+    return db, run_id
+
+
+@pytest.mark.parametrize("hop_s, faithful", [(1.0e-3, True), (8.0e-3, False)])
+def test_the_report_and_the_printed_summary_carry_the_verdict(tmp_path: Path, hop_s: float, faithful: bool) -> None:
+    db, run_id = _run(tmp_path, hop_s)
+    summary = run_summary(db, run_id)
+    assert [(v.scheduler, v.n_locals, v.faithful, v.trained) for v in summary.verdicts] == [("mst", 2, faithful, 2)]
+    report = write_report(db, run_id, tmp_path, summary=summary, figures=[]).read_text()
+    printed = "\n".join(summary_lines(summary, tmp_path))
+    assert "## Fidelity" in report
+    assert ("**Not faithful:**" in report.splitlines()[2]) is not faithful  # the report's first line says so
+    assert (f"fidelity mst at 2 locals: {'faithful' if faithful else 'NOT faithful'}") in printed
+    assert ("netai: warning:" in printed) is not faithful
