@@ -18,7 +18,7 @@ controller, which must not recompute it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from topologies.errors import TopologyError
@@ -67,7 +67,7 @@ class LinkPlan:
     port_b: int  # port on b's switch
     capacity_mbps: float  # the model's capacity, per direction
     emulated_mbps: float  # the rate tc shapes to, per direction
-    delay_ms: float  # the model's propagation delay
+    delay_ms: float  # the model's propagation delay (times the plan's time dilation)
 
 
 @dataclass(frozen=True)
@@ -79,6 +79,23 @@ class EmulationPlan:
     switches: tuple[SwitchPlan, ...]
     hosts: tuple[HostPlan, ...]
     links: tuple[LinkPlan, ...]
+    #: Time dilation K: the links run K times slower and their delays last K times as long
+    #: (`dilated`); 1 when the emulation runs in real time.
+    time_dilation: float = 1.0
+
+    def dilated(self, k: float) -> EmulationPlan:
+        """This plan with time dilated by `k` (>= 1): every rate (and `bw_scale`) divided by it, every
+        link's delay multiplied by it.
+
+        Raises
+        ------
+        TopologyError
+            If `k` is below 1.
+        """
+        if not k >= 1:
+            raise TopologyError(f"time dilation must be >= 1, got {k}")
+        links = tuple(replace(ln, emulated_mbps=ln.emulated_mbps / k, delay_ms=ln.delay_ms * k) for ln in self.links)
+        return replace(self, bw_scale=self.bw_scale / k, links=links, time_dilation=self.time_dilation * k)
 
     @classmethod
     def from_model(
@@ -188,6 +205,7 @@ class EmulationPlan:
             "switches": [asdict(s) for s in self.switches],
             "hosts": [asdict(h) for h in self.hosts],
             "links": [asdict(ln) for ln in self.links],
+            "time_dilation": self.time_dilation,
         }
 
     @classmethod
@@ -199,6 +217,7 @@ class EmulationPlan:
                 switches=tuple(SwitchPlan(**s) for s in d["switches"]),
                 hosts=tuple(HostPlan(**h) for h in d["hosts"]),
                 links=tuple(LinkPlan(**ln) for ln in d["links"]),
+                time_dilation=float(d.get("time_dilation", 1.0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TopologyError(f"malformed emulation plan: {e}") from e

@@ -49,6 +49,9 @@ class ControllerNetwork:
     measure_background
         Whether `background` measures the load (an experiment); False: the state the driver built
         stands (an attached task sees the installed tasks' reservations).
+
+    Under time dilation (``plan.time_dilation`` K) `rate` is the undilated rate (the shaped one times
+    K): the core's bounds are in emulated time, as its records are.
     """
 
     def __init__(self, client: Any, plan: EmulationPlan, *, delay_emulated: bool,
@@ -56,7 +59,8 @@ class ControllerNetwork:
         self.client = client
         self.plan = plan
         self.delay_emulated = delay_emulated
-        self.rate = emulated_rate(plan)
+        shaped, k = emulated_rate(plan), plan.time_dilation
+        self.rate = shaped if k == 1 else (lambda a, b: shaped(a, b) * k)
         self.counter_settle_s = COUNTER_SETTLE_S
         self._ids = install_ids if install_ids is not None else itertools.count(1)
         self._measure = measure_background

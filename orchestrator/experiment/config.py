@@ -81,6 +81,10 @@ class EmulationConfig:
     #: strays from its paths fails instead of being carried best-effort) or ``best-effort`` (every
     #: host pair also routed, in the links' lowest class; see `controller.flows`).
     connectivity: str = STRICT
+    #: Time dilation K (DieCast, TDF): link rates divided by K, delays, modelled training and the
+    #: training allowance multiplied by K, and every recorded duration divided by K, so a small host
+    #: emulates a large network faithfully at K times the wall time (docs/architecture.md, "Fidelity").
+    time_dilation: float = 1.0
     #: Cluster mode: the servers the sites are spread over (`orchestrator.emulation.cluster`); runs
     #: with the process backend.
     cluster: ClusterSpec | None = None
@@ -292,7 +296,7 @@ def _task(raw: Any) -> TaskConfig:
 
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),
-    "connectivity": _choice(CONNECTIVITY_MODES),
+    "connectivity": _choice(CONNECTIVITY_MODES), "time_dilation": _num(1, 1000),
 }
 BACKGROUND_SCHEMA: dict[str, Check] = {
     "enabled": _bool, "pattern": _choice(PATTERNS), "load": _num(0, 1), "pairs": _int(1, 1000),

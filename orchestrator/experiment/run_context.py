@@ -14,11 +14,14 @@ from typing import Any
 from orchestrator.emulation.network_port import ControllerNetwork
 from orchestrator.experiment.config import ExperimentConfig, TaskConfig
 from orchestrator.lifecycle.core import Lifecycle, RunClock
+from orchestrator.lifecycle.dilation import DilatedRecorder
+from orchestrator.lifecycle.ports import Recorder
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.compute_port import ServerCompute
 from orchestrator.runtime.profiles import train_s_per_example
 from orchestrator.runtime.task_runner import FLOptions
+from orchestrator.scheduling.cost import emulated_rate
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
 
@@ -51,12 +54,15 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
     delay = bool(getattr(emu.info, "delay_emulated", False))
     network = ControllerNetwork(emu.client, plan, delay_emulated=delay)
     faults = bool(getattr(cfg, "faults", False))
-    compute = ServerCompute(manager, model=model, rate=network.rate, propagation=delay,
-                            train_allowance_s=cfg.task.train_allowance_s,
+    k = plan.time_dilation
+    compute = ServerCompute(manager, model=model, rate=emulated_rate(plan), propagation=delay,
+                            train_allowance_s=cfg.task.train_allowance_s * k, time_dilation=k,
                             options=lambda task: fl_options(cfg.task, rounds=task.rounds, seed=cfg.seed + task.id),
                             checkpoint=faults, links_dir=run_dir / "tasks",
                             train_s_per_example=train_s_per_example(cfg.task))
-    core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(db, run_id), clock=RunClock(), model=model,
+    recorder: Recorder = DbRecorder(db, run_id)
+    core = Lifecycle(network=network, compute=compute, recorder=recorder if k == 1 else DilatedRecorder(recorder, k),
+                     clock=RunClock(dilation=k), model=model,
                      schedulers=cfg.scheduler, release_on_end=cfg.mode == "online",
                      whole_updates=cfg.task.compression == "none", faults=faults)
     return ExperimentRun(core=core, cfg=cfg, emu=emu, compute=compute, db=db, run_id=run_id, plan=plan, model=model)

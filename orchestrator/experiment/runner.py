@@ -108,6 +108,8 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         "backend": backend,
         "bw_scale": plan.bw_scale,
         "max_link_mbps": cfg.emulation.max_link_mbps,
+        # emulated time runs this many times slower than the wall (1: real time); durations are emulated
+        "time_dilation": plan.time_dilation,
         # how the locals' training times were taken (workers.compute): the fidelity verdict reads it
         "compute_timing": cfg.task.compute_timing,
         "connectivity": cfg.emulation.connectivity,
@@ -191,6 +193,8 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
 
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
+    if cfg.emulation.time_dilation != 1:
+        plan = plan.dilated(cfg.emulation.time_dilation)
     backend_kind = preflight(cfg)
     model_bytes = check_model(cfg.task.model, cfg.task.model_args, cfg.task.dataset, cfg.task.dataset_args)  # a broken model: exit 2, nothing started
     train_s_per_example(cfg.task)  # the modelled compute's profile, measured (once) before anything starts
@@ -299,7 +303,8 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
                 with contextlib.suppress(Exception):
                     tm.settle_counters(wait=True)
                 recorder.stop()
-                db.update_environment(run_id, clock_end_s=round(clock.now(), 3), link_samples=recorder.samples)
+                db.update_environment(run_id, clock_end_s=round(clock.now(), 3), link_samples=recorder.samples,
+                                      wall_s=round(clock.now() * plan.time_dilation, 3))
                 for r in [*stopped, *traffic.stop()]:
                     db.record_background(run_id, r.src, r.dst, r.offered_mbps / plan.bw_scale,
                                          None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)

@@ -46,16 +46,18 @@ LOG = logging.getLogger("netai.tasks")
 
 
 class RunClock:
-    """Seconds since the run's clock started (CLOCK_MONOTONIC, which the roles' events use too)."""
+    """Seconds since the run's clock started (CLOCK_MONOTONIC, which the roles' events use too), in
+    emulated time: wall seconds divided by the emulation's time dilation."""
 
-    def __init__(self, t0: float | None = None) -> None:
+    def __init__(self, t0: float | None = None, *, dilation: float = 1.0) -> None:
         self.t0 = time.monotonic() if t0 is None else t0
+        self.dilation = dilation
 
     def now(self) -> float:
-        return time.monotonic() - self.t0
+        return (time.monotonic() - self.t0) / self.dilation
 
     def of(self, monotonic_t: float) -> float:
-        return monotonic_t - self.t0
+        return (monotonic_t - self.t0) / self.dilation
 
 
 @dataclass

@@ -1,0 +1,84 @@
+"""Time dilation K scales rates, delays, timeouts, modelled compute and recorded durations
+consistently: the emulation runs K times slower, and every figure it records is in emulated time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+import pytest
+
+from orchestrator.emulation.network_port import ControllerNetwork
+from orchestrator.lifecycle.core import RunClock
+from orchestrator.lifecycle.dilation import DilatedRecorder, undilate_round
+from orchestrator.runtime.task_runner import RoundResult
+from orchestrator.runtime.timing import task_timing
+from orchestrator.scheduling import NetworkState, get_scheduler
+from orchestrator.scheduling.cost import emulated_rate
+from orchestrator.scheduling.tasks import Task
+from topologies.errors import TopologyError
+from topologies.loaders import load
+from topologies.plan import EmulationPlan
+from workers.compute import modelled_s
+
+K = 4.0
+
+
+def test_a_dilated_plan_slows_every_link_and_stretches_every_delay() -> None:
+    plan = EmulationPlan.from_model(load("sndlib/nobel-us"), max_link_mbps=100.0)
+    slow = plan.dilated(K)
+    assert slow.time_dilation == K and slow.bw_scale == pytest.approx(plan.bw_scale / K)
+    for a, b in zip(plan.links, slow.links, strict=True):
+        assert b.emulated_mbps == pytest.approx(a.emulated_mbps / K)
+        assert b.delay_ms == pytest.approx(a.delay_ms * K)
+        assert b.capacity_mbps == a.capacity_mbps
+    assert EmulationPlan.from_dict(slow.to_dict()) == slow
+    with pytest.raises(TopologyError):
+        plan.dilated(0.5)
+
+
+def test_bounds_use_the_undilated_rate_and_timeouts_the_dilated_one() -> None:
+    model = load("sndlib/nobel-us")
+    plan = EmulationPlan.from_model(model, max_link_mbps=100.0)
+    slow = plan.dilated(K)
+    network = ControllerNetwork(None, slow, delay_emulated=False)
+    a, b = plan.links[0].a, plan.links[0].b
+    assert network.rate(a, b) == pytest.approx(emulated_rate(plan)(a, b))  # the core's bounds: emulated time
+    task = Task(1, "Seattle", ("Boulder", "Atlanta", "Ithaca"))
+    sched = get_scheduler("mst").schedule(NetworkState(model), task)
+    real = task_timing(model, sched, 2_000_000, rate=emulated_rate(plan), train_allowance_s=0.0)
+    dilated = task_timing(model, sched, 2_000_000, rate=emulated_rate(slow), train_allowance_s=0.0)
+    assert dilated.store_and_forward_s == pytest.approx(K * real.store_and_forward_s)
+
+
+def test_the_run_clock_and_modelled_compute_scale_by_k() -> None:
+    clock = RunClock(100.0, dilation=K)
+    assert clock.of(108.0) == pytest.approx(2.0)
+    assert modelled_s(1e-3, 100, 1, site_speed=1.0, time_dilation=K) == pytest.approx(K * 0.1)
+
+
+@dataclass
+class _Inner:
+    calls: list[tuple[str, Any]]
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **kw: self.calls.append((name, (a, kw)))
+
+
+def test_recorded_durations_are_divided_by_k_and_clock_times_are_not() -> None:
+    r = RoundResult(round=1, latency_s=0.8, broadcast_s=0.2, train_s=0.4, upload_s=0.2, accuracy=0.9, loss=0.1,
+                    num_examples=10, stragglers=(), train_min_s=0.4)
+    back = undilate_round(r, K)
+    for f in fields(r):
+        want = getattr(r, f.name) / K if f.name.endswith("_s") else getattr(r, f.name)
+        assert getattr(back, f.name) == pytest.approx(want), f.name
+    inner = _Inner([])
+    rec = DilatedRecorder(inner, K)  # type: ignore[arg-type]
+    rec.setup("mst", 1, agents_ready_s=2.0, connect_s=1.0, store_and_forward_s=0.5, chunk_bytes=1024)
+    rec.fidelity("mst", 1, hops=[{"hop_s": 0.1}], overruns=[{"round": 1, "site": "B", "real_s": 4.0, "modelled_s": 2.0}])
+    rec.times("mst", 1, first_broadcast_s=3.0)
+    (_, (_, setup)), (_, (_, fid)), (_, (_, times)) = inner.calls
+    assert setup == {"agents_ready_s": 0.5, "connect_s": 0.25, "store_and_forward_s": 0.5, "chunk_bytes": 1024}
+    assert fid["overruns"] == [{"round": 1, "site": "B", "real_s": 1.0, "modelled_s": 0.5}]
+    assert fid["hops"] == [{"hop_s": 0.1}]  # from the run's clock: already emulated time
+    assert times == {"first_broadcast_s": 3.0}
