@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from controller.paths import TaskPaths
+from topologies.plan import HOST_PORT
 
 DEFAULT_REST_URL = "http://127.0.0.1:8181"
 POLL_INTERVAL_S = 0.1
@@ -103,12 +104,14 @@ class ControllerClient:
         return list(self.request("GET", path)["flows"])
 
     def task_bytes(self, task_id: int) -> int:
-        """Carried bytes of a task: the sum over switches of its entries' byte counters.
+        """Carried bytes of a task: the byte counters of its entries that forward onto a link between
+        switches, summed, so that a byte counts once per link it crosses (the entry delivering to a
+        host, on the last switch of a path, is not a link; docs/architecture.md, "Carried bytes").
 
         Open vSwitch updates OpenFlow counters from its datapath every ~0.5-1 s, so read this a
         second after the traffic stops (or poll it) for a final figure.
         """
-        return sum(int(f["bytes"]) for f in self.flows(task_id))
+        return sum(int(f["bytes"]) for f in self.flows(task_id) if onto_link(f))
 
     def link_stats(self) -> list[dict[str, Any]]:
         return list(self.request("GET", "/stats/ports")["links"])
@@ -153,3 +156,10 @@ class ControllerClient:
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}; last seen: {last}")
             time.sleep(POLL_INTERVAL_S)
+
+
+def onto_link(entry: dict[str, Any]) -> bool:
+    """Whether a flow entry (as `ControllerClient.flows` lists it) forwards onto a link between
+    switches: it outputs to a port other than the host's."""
+    ports = [a.get("port") for a in entry.get("actions", ()) if a.get("type") == "OUTPUT"]
+    return bool(ports) and all(p != HOST_PORT for p in ports)

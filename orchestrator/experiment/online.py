@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import interrupts
+from orchestrator.emulation.controller_client import onto_link
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.lifecycle import policy
 from orchestrator.scheduling import NetworkState
@@ -86,7 +87,7 @@ class _Sampler:
             return None
         by_task: dict[int, int] = {}
         for f in flows:
-            if f.get("task") in live_ids:
+            if f.get("task") in live_ids and onto_link(f):  # once per link crossed, as carried bytes
                 by_task[f["task"]] = by_task.get(f["task"], 0) + int(f.get("bytes", 0))
         rate = None
         if self._last_t is not None and now > self._last_t:
