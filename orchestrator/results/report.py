@@ -366,7 +366,10 @@ def _simulation_model(env: Mapping[str, Any]) -> list[str]:
              f"- segments per transfer: {env.get('max_segments') or 'one per chunk'} ({how('max_segments')})",
              f"- training: {env.get('seconds_per_example', '?')} s per example and epoch, "
              f"{env.get('local_epochs', '?')} epochs, {env.get('train_examples', '?')} examples split among "
-             f"the locals ({how('seconds_per_example')}; the default is a placeholder, not measured)"]
+             f"the locals ("
+             + ("the task's measured profile at each site's speed, as the emulation models compute"
+                if env.get("training_from_profile") else f"{how('seconds_per_example')}; the default is a placeholder, "
+                "not measured") + ")"]
     if cpu:
         lines.append(f"- CPU: {cpu} cores shared by every site's processes; per transfer "
                      f"{env.get('cpu_s_per_byte', 0)} s per byte and {env.get('cpu_s_per_chunk', 0)} s per chunk "

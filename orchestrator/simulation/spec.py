@@ -73,6 +73,9 @@ class SimParams:
     seconds_per_example: float = DEFAULT_SECONDS_PER_EXAMPLE
     local_epochs: int = 2
     train_examples: int = DEFAULT_TRAIN_EXAMPLES
+    #: Training runs at each site's speed (its ``cpu``, at most one core: one training thread), as the
+    #: emulation's modelled compute does (`workers.compute`); False: every site at one core.
+    site_speed: bool = False
     #: A fixed chunk size in bytes (0: the emulation's choice, `optimal_chunk_bytes`).
     chunk_bytes: int = 0
     #: At most this many segments per transfer: chunks merged into segments (faster, with a
@@ -100,11 +103,16 @@ class TaskRun:
     rounds: int
 
 
-def train_seconds(schedule: Schedule, params: SimParams) -> dict[str, float]:
-    """Training time of each local: its near-equal share of the examples (the iid split)."""
+def train_seconds(schedule: Schedule, params: SimParams, model: NetworkModel | None = None) -> dict[str, float]:
+    """Training time of each local: its near-equal share of the examples (the iid split), at its
+    site's speed with `params.site_speed` (`workers.compute.modelled_s`'s formula)."""
     n = len(schedule.local_sites)
     base, extra = divmod(params.train_examples, n)
-    return {s: params.seconds_per_example * params.local_epochs * (base + (1 if i < extra else 0))
+
+    def speed(site: str) -> float:
+        return min(1.0, model.site(site).cpu) if params.site_speed and model is not None else 1.0
+
+    return {s: params.seconds_per_example * params.local_epochs * (base + (1 if i < extra else 0)) / speed(s)
             for i, s in enumerate(schedule.local_sites)}
 
 
@@ -152,7 +160,7 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
         out_runs.append({
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
             "model_bytes": r.model_bytes, "chunk_bytes": chunk_bytes(s, r.model_bytes, rate, params),
-            "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params),
+            "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params, model),
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],
         })
     spec: dict[str, Any] = {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()],
