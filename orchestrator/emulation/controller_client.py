@@ -102,6 +102,10 @@ class ControllerClient:
         path = "/flows" if task_id is None else f"/flows?task={task_id}"
         return list(self.request("GET", path)["flows"])
 
+    def background_flows(self) -> list[dict[str, Any]]:
+        """The background routes' entries only (`controller.flows.BACKGROUND_COOKIE`), with counters."""
+        return list(self.request("GET", "/flows?kind=background")["flows"])
+
     def task_bytes(self, task_id: int) -> int:
         """Carried bytes of a task: the sum over switches of its entries' byte counters.
 
