@@ -33,7 +33,15 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.errors import Conflict, ControllerError, NotFound, ShapingFailed, Unavailable, Unprocessable
+from controller.errors import (
+    BadRequest,
+    Conflict,
+    ControllerError,
+    NotFound,
+    ShapingFailed,
+    Unavailable,
+    Unprocessable,
+)
 from controller.flows import (
     BACKGROUND_COOKIE,
     BEST_EFFORT,
@@ -401,13 +409,17 @@ class ControllerCore:
             return {"pairs": [list(p) for p in self.background_pairs], "entries": len(self.background)}
 
     # -- reading back ------------------------------------------------------------------------------
-    def flows(self, task_id: int | None = None) -> list[dict[str, Any]]:
-        """Entries read live from every connected switch (optionally one task's), with counters."""
+    def flows(self, task_id: int | None = None, *, background: bool = False) -> list[dict[str, Any]]:
+        """Entries read live from every connected switch (optionally one task's, or only the
+        background routes', selected by cookie on the switch), with counters."""
         if task_id is not None and task_id not in self.tasks:
             raise NotFound(f"no task {task_id} is installed (installed: {sorted(self.tasks)})")
+        if task_id is not None and background:
+            raise BadRequest("ask for one task's entries or for the background's, not both")
+        cookie = BACKGROUND_COOKIE if background else task_id
         out = []
         for dpid in sorted(self.connected):
-            for st in self.sender.flow_stats(dpid, task_id):
+            for st in self.sender.flow_stats(dpid, cookie):
                 d = st.entry.to_dict()
                 d.update(
                     switch=switch_name(self.plan, dpid),

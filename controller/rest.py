@@ -13,6 +13,7 @@ with its Content-Length, at most `MAX_BODY_BYTES`, chunked bodies get 411)::
                                    ({"enforced", "reason", "classid", "capped", "links": [...]})
     DELETE /tasks/{id}             remove the task's entries
     GET    /flows[?task=ID]        entries read live from the switches, with packet/byte counters
+    GET    /flows?kind=background  only the background routes' entries (their cookie), with counters
     GET    /stats/ports            per directed link: bytes, current rate, utilisation
     GET    /background             background host pairs
     PUT    /background             body = {"pairs": [[site, site], ...]}: replace them
@@ -133,8 +134,11 @@ class RestApi:
         if path == "/tasks" and method == "GET":
             return _json_response({"tasks": core.list_tasks()})
         if path == "/flows" and method == "GET":
-            task = req.GET.get("task")
-            return _json_response({"flows": core.flows(_task_id(task) if task else None)})
+            task, kind = req.GET.get("task"), req.GET.get("kind")
+            if kind not in (None, "background"):
+                raise BadRequest(f"kind must be 'background' (or left out), got {str(kind)[:100]!r}")
+            return _json_response({"flows": core.flows(_task_id(task) if task else None,
+                                                       background=kind == "background")})
         if path == "/stats/ports" and method == "GET":
             return _json_response({"links": core.link_stats()})
         if path == "/background":

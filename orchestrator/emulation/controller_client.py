@@ -103,6 +103,10 @@ class ControllerClient:
         path = "/flows" if task_id is None else f"/flows?task={task_id}"
         return list(self.request("GET", path)["flows"])
 
+    def background_flows(self) -> list[dict[str, Any]]:
+        """The background routes' entries only (`controller.flows.BACKGROUND_COOKIE`), with counters."""
+        return list(self.request("GET", "/flows?kind=background")["flows"])
+
     def task_bytes(self, task_id: int) -> int:
         """Carried bytes of a task: the byte counters of its entries that forward onto a link between
         switches, summed, so that a byte counts once per link it crosses (the entry delivering to a

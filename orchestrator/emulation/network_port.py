@@ -3,7 +3,8 @@ paths and counts its bytes (`orchestrator.lifecycle.ports.NetworkPort`).
 
 One class serves both a network this process brought up (`orchestrator.emulation.network.Emulation`)
 and a running network a later command attaches to (`orchestrator.emulation.running.RunningNetwork`):
-both are a controller client and the plan's bandwidth scale.
+both are a controller client and the plan's bandwidth scale. The background a scheduler sees is the
+background generators' own traffic (`orchestrator.emulation.background_view`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from orchestrator.emulation.background_view import BackgroundView
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import emulated_rate
@@ -21,16 +23,11 @@ from topologies.plan import EmulationPlan
 COUNTER_SETTLE_S = 1.2
 
 
-def measured_background(client: Any, plan: EmulationPlan) -> dict[tuple[str, str], float]:
-    """Current load per directed link from the controller's port statistics, in model units."""
-    loads: dict[tuple[str, str], float] = {}
-    for link in client.link_stats():
-        try:
-            (a, b), rate = link["link"], float(link["rate_mbps"])
-        except (KeyError, TypeError, ValueError):
-            continue
-        loads[(str(a), str(b))] = rate / plan.bw_scale
-    return loads
+def measured_background(view: BackgroundView, key: int | None) -> dict[tuple[str, str], float]:
+    """The background generators' own load per directed link (model Mbit/s) that `view` hands out
+    for `key`: measured once it has settled, and the same for every scheduler of the task `key`
+    (`orchestrator.emulation.background_view`). No task's traffic is in it, running or ended."""
+    return dict(view.for_task(key).mbps)
 
 
 class ControllerNetwork:
@@ -49,13 +46,20 @@ class ControllerNetwork:
     measure_background
         Whether `background` measures the load (an experiment); False: the state the driver built
         stands (an attached task sees the installed tasks' reservations).
+    background_view
+        What measures it (default: a `BackgroundView` of `client` with the default settings).
+    background_per_task
+        Measure once per task, so that every scheduler of a task sees the same (the sequential
+        mode); False: at each ask, a recent measurement reused (the online mode, where each
+        scheduler's trace must wait alike).
 
     Under time dilation (``plan.time_dilation`` K) `rate` is the undilated rate (the shaped one times
     K): the core's bounds are in emulated time, as its records are.
     """
 
     def __init__(self, client: Any, plan: EmulationPlan, *, delay_emulated: bool,
-                 install_ids: Iterator[int] | None = None, measure_background: bool = True) -> None:
+                 install_ids: Iterator[int] | None = None, measure_background: bool = True,
+                 background_view: BackgroundView | None = None, background_per_task: bool = True) -> None:
         self.client = client
         self.plan = plan
         self.delay_emulated = delay_emulated
@@ -64,6 +68,8 @@ class ControllerNetwork:
         self.counter_settle_s = COUNTER_SETTLE_S
         self._ids = install_ids if install_ids is not None else itertools.count(1)
         self._measure = measure_background
+        self.background_view = background_view or BackgroundView(client, plan)
+        self._per_task = background_per_task
         #: The controller's reply to the last install (its reservation: enforced, and why not).
         self.last_install: dict[str, Any] = {}
 
@@ -80,15 +86,14 @@ class ControllerNetwork:
     def task_bytes(self, install_id: int) -> int:
         return int(self.client.task_bytes(install_id))
 
-    def background(self, state: NetworkState) -> dict[tuple[str, str], float] | None:
-        """Measured load per link less the reservations the state already holds there (the running
-        tasks' traffic is counted by their reservations, not twice); None while the controller does
-        not answer (it restarts), so that the state's last background stands."""
+    def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
+        """The background's own load per link (`measured_background`), for the task `task_id`
+        when measured per task; running tasks are not in it (their reservations count for them).
+        None while the controller does not answer (it restarts), so that the state's last
+        background stands."""
         if not self._measure:
             return None
         try:
-            measured = measured_background(self.client, self.plan)
+            return measured_background(self.background_view, task_id if self._per_task else None)
         except Exception:  # noqa: BLE001 -- the controller restarts: keep what was last measured
             return None
-        return {k: max(0.0, v - state.ai_mbps(*k)) for k, v in measured.items()}
-

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.emulation.background_view import BackgroundView, settings_for
 from orchestrator.emulation.network_port import ControllerNetwork
 from orchestrator.experiment.config import ExperimentConfig, TaskConfig
 from orchestrator.lifecycle.core import Lifecycle, RunClock
@@ -30,6 +31,18 @@ def fl_options(task: TaskConfig, *, rounds: int, seed: int) -> FLOptions:
     """How a task of an experiment learns: the learning spec of its config's `task` section, with the
     task's own rounds and seed."""
     return FLOptions.of(task, rounds=rounds, seed=seed)
+
+
+def background_view(cfg: ExperimentConfig, client: Any, plan: EmulationPlan, *, db: ResultsDB, run_id: int,
+                    clock: RunClock) -> BackgroundView:
+    """What measures the background the schedulers see (`orchestrator.emulation.background_view`),
+    settled to the config's pattern; each measurement, and the settings, go into the database."""
+    bg = cfg.background
+    settings = settings_for(bg.pattern, mean_on_s=bg.mean_on_s, mean_off_s=bg.mean_off_s)
+    db.update_environment(run_id, background_view={"source": "background flow counters", "window_s": settings.window_s,
+                                                   "max_cv": settings.max_cv, "timeout_s": settings.timeout_s})
+    return BackgroundView(client, plan, settings, on_measured=lambda m: db.record_background_view(
+        run_id, m.key, clock.of(m.taken_at), m))
 
 
 @dataclass
@@ -52,9 +65,12 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
                   plan: EmulationPlan, model: NetworkModel, run_dir: Path) -> ExperimentRun:
     """The lifecycle core of `cfg`'s run on the emulation `emu` and the site servers `manager`."""
     delay = bool(getattr(emu.info, "delay_emulated", False))
-    network = ControllerNetwork(emu.client, plan, delay_emulated=delay)
-    faults = bool(getattr(cfg, "faults", False))
     k = plan.time_dilation
+    clock = RunClock(dilation=k)
+    network = ControllerNetwork(emu.client, plan, delay_emulated=delay,
+                                background_view=background_view(cfg, emu.client, plan, db=db, run_id=run_id, clock=clock),
+                                background_per_task=cfg.mode != "online")
+    faults = bool(getattr(cfg, "faults", False))
     compute = ServerCompute(manager, model=model, rate=emulated_rate(plan), propagation=delay,
                             train_allowance_s=cfg.task.train_allowance_s * k, time_dilation=k,
                             options=lambda task: fl_options(cfg.task, rounds=task.rounds, seed=cfg.seed + task.id),
@@ -62,7 +78,7 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
                             train_s_per_example=train_s_per_example(cfg.task))
     recorder: Recorder = DbRecorder(db, run_id)
     core = Lifecycle(network=network, compute=compute, recorder=recorder if k == 1 else DilatedRecorder(recorder, k),
-                     clock=RunClock(dilation=k), model=model,
+                     clock=clock, model=model,
                      schedulers=cfg.scheduler, release_on_end=cfg.mode == "online",
                      whole_updates=cfg.task.compression == "none", faults=faults)
     return ExperimentRun(core=core, cfg=cfg, emu=emu, compute=compute, db=db, run_id=run_id, plan=plan, model=model)

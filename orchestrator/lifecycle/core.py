@@ -187,7 +187,7 @@ class Lifecycle:
     def admit(self, label: str, task: Task, state: NetworkState, *, schedule: Schedule | None = None) -> LiveTask:
         """Schedule `task` on the live `state` (or take `schedule`, made on it), install it and start
         its roles. The returned task's ``status`` is ``running``, or ``blocked`` / ``failed`` (recorded)."""
-        background = self.network.background(state)
+        background = self.network.background(state, task.id)
         if background is not None:
             state.set_background(background)
         self.recorder.network_state(label, task.id, state)

@@ -52,6 +52,8 @@ class NetworkPort(Protocol):
     - `task_bytes` raises if the install id has no flows.
     - `background` is the load the scheduler must see on each directed link (model units), or
       None while it cannot be measured (the controller restarts): the core then keeps the last.
+      Asked with a `task_id` (an arrival), it may hand every scheduler of that task the same
+      load; without one (a re-scheduling look), the load as it is now.
     """
 
     #: Whether link delays are emulated (the bounds count propagation only then).
@@ -69,7 +71,8 @@ class NetworkPort(Protocol):
 
     def task_bytes(self, install_id: int) -> int: ...
 
-    def background(self, state: NetworkState) -> dict[tuple[str, str], float] | None: ...
+    def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
+        ...
 
 
 class Execution(Protocol):

@@ -10,6 +10,7 @@ read is a function of `orchestrator.results.queries`.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
 from collections.abc import Iterator, Sequence
@@ -294,6 +295,12 @@ class ResultsDB:
                           achieved_mbps: float | None) -> None:
         self.conn.execute("INSERT INTO background VALUES (?, ?, ?, ?, ?)",
                           (run_id, src, dst, offered_mbps, achieved_mbps))
+
+    def record_background_view(self, run_id: int, task_id: int | None, t_s: float, m: Any) -> None:
+        """A `BackgroundMeasurement` handed to the schedulers (see the ``background_views`` table)."""
+        cv = None if math.isnan(m.cv) else m.cv
+        self.conn.execute("INSERT INTO background_views VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                          (run_id, task_id, t_s, m.window_s, m.pieces, m.total_mbps, cv, int(m.settled), m.waited_s))
 
     # -- ad hoc reads -----------------------------------------------------------------------------
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:

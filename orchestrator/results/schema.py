@@ -164,6 +164,15 @@ CREATE TABLE IF NOT EXISTS background (
     offered_mbps REAL NOT NULL,
     achieved_mbps REAL
 );
+-- The background the schedulers were told (orchestrator/emulation/background_view.py), per measurement:
+-- task_id the task it was measured for, every scheduler of which got it (NULL: arrivals or re-scheduling
+-- looks); total_mbps summed over directed links (model Mbit/s); cv its coefficient of variation over the
+-- window's pieces (NULL: nothing moved); settled whether it settled before the timeout.
+CREATE TABLE IF NOT EXISTS background_views (
+    run_id INTEGER NOT NULL, task_id INTEGER, t_s REAL NOT NULL, window_s REAL NOT NULL,
+    pieces INTEGER NOT NULL, total_mbps REAL NOT NULL, cv REAL, settled INTEGER NOT NULL,
+    waited_s REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS faults (
     run_id INTEGER NOT NULL,
     scheduler TEXT NOT NULL,

@@ -87,7 +87,7 @@ class SimNetwork:
             raise LookupError(f"install {install_id} was not simulated")
         return sum(int(n) for _, _, n in r["link_bytes"])
 
-    def background(self, state: NetworkState) -> dict[tuple[str, str], float] | None:
+    def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
         return None  # not simulated: the state stands as the driver built it
 
 

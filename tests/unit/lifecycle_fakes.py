@@ -91,7 +91,8 @@ class FakeNetwork:
         self.installed: dict[int, Schedule] = {}
         self.installs: list[int] = []
         self.removed: list[int] = []
-        #: Every call in order: ("install" | "remove" | "bytes" | "background", install id or None, value).
+        #: Every call in order: ("install" | "remove" | "bytes", install id, value) or ("background",
+        #: the task id it was asked for or None, value).
         self.calls: list[tuple[str, int | None, Any]] = []
         #: Install id -> the successive reads of its byte counters (the last one repeats); None: that
         #: read fails (the controller restarts).
@@ -132,9 +133,9 @@ class FakeNetwork:
             raise ConnectionError("the controller is restarting")
         return got
 
-    def background(self, state: NetworkState) -> dict[tuple[str, str], float] | None:
+    def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
         got = self.backgrounds.pop(0) if self.backgrounds else self.background_now
-        self.calls.append(("background", None, got))
+        self.calls.append(("background", task_id, got))
         return None if got is None else dict(got)
 
     def reads(self, install_id: int) -> list[int | None]:

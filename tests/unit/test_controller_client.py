@@ -101,3 +101,22 @@ def test_task_bytes_sums_the_tasks_counters(served: tuple[ControllerClient, Emul
     # Three packets over the one link of the A->B broadcast edge: counted at A's switch, which forwards
     # them onto the link; B's switch delivers them to its host, which is not a link.
     assert total == 3 * 1000 * 1
+
+
+def test_background_flows_are_the_background_routes_entries_only(
+        served: tuple[ControllerClient, EmulationPlan, FakeSwitches]) -> None:
+    # Prepare: a task and a background pair between the same hosts, both carrying traffic.
+    client, plan, fake = served
+    client.install_task(task_paths(handmade_schedule(plan, task_id=5)))
+    client.set_background([["A", "B"]])
+    bport, _ = task_ports(5)
+    fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=bport, nbytes=700)  # the task's
+    fake.send("A", plan.host("B").ip, tcp_src=40001, tcp_dst=5201, nbytes=300)  # the background's
+
+    # Execute
+    background = client.background_flows()
+
+    # Assert: only the background's entries, and only the background's bytes on them.
+    assert background and {f["kind"] for f in background} == {"background"}
+    assert sum(f["bytes"] for f in background) == 2 * 300  # switch A and switch B each forwarded it
+    assert sum(f["bytes"] for f in client.flows()) == 2 * 300 + 2 * 700

@@ -322,3 +322,9 @@ def test_strict_core_holds_no_best_effort_entries_and_rejects_unknown_modes(
     assert fake.send("C", plan.host("B").ip, tcp_src=40000, tcp_dst=5201) is None
     with pytest.raises(ValueError, match="connectivity"):
         ControllerCore(plan, fake, clock=clock, connectivity="open")
+
+
+def test_flows_of_an_unknown_kind_are_refused(api: RestApi) -> None:
+    status, body = call(api, "GET", "/flows?kind=task")
+
+    assert status == 400 and "kind must be 'background'" in body["error"]

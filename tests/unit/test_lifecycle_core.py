@@ -562,6 +562,18 @@ def test_controller_restart_keeps_the_last_background_and_a_failed_remove_is_har
     assert rig.core.counters.pending == {}
 
 
+def test_admission_asks_for_the_background_of_the_arriving_task(rig: Rig) -> None:
+    # Prepare: two schedulers' states for the same task (a port may hand both the same background)
+    rig.network.background_now = {("r1", "r2"): 300.0}
+    task = rig.task(1, ["r2"])
+    # Execute
+    for label in (LABEL, "mst"):
+        rig.run(rig.start(label, task, NetworkState(rig.model)))
+    # Assert: each admission asked for task 1's background, and each scheduler's state got it
+    assert [c[:2] for c in rig.network.calls if c[0] == "background"] == [("background", 1)] * 2
+    assert [bg for _, _, bg, _ in rig.recorder.network_states] == [{("r1", "r2"): 300.0}] * 2
+
+
 def test_counters_unreadable_after_a_first_read_record_that_read(tmp_path: Path) -> None:
     # Prepare: the controller restarts between two reads of the counters
     rig = make_rig(tmp_path, counter_settle_s=0.01)
