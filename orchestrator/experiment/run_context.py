@@ -15,8 +15,6 @@ from orchestrator.emulation.background_view import BackgroundView, settings_for
 from orchestrator.emulation.network_port import ControllerNetwork
 from orchestrator.experiment.config import ExperimentConfig, TaskConfig
 from orchestrator.lifecycle.core import Lifecycle, RunClock
-from orchestrator.lifecycle.dilation import DilatedRecorder
-from orchestrator.lifecycle.ports import Recorder
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.compute_port import ServerCompute
@@ -76,9 +74,8 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
                             options=lambda task: fl_options(cfg.task, rounds=task.rounds, seed=cfg.seed + task.id),
                             checkpoint=faults, links_dir=run_dir / "tasks",
                             train_s_per_example=train_s_per_example(cfg.task))
-    recorder: Recorder = DbRecorder(db, run_id)
-    core = Lifecycle(network=network, compute=compute, recorder=recorder if k == 1 else DilatedRecorder(recorder, k),
-                     clock=clock, model=model,
+    core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(db, run_id), clock=clock, model=model,
+                     dilation=k,
                      schedulers=cfg.scheduler, release_on_end=cfg.mode == "online",
                      whole_updates=cfg.task.compression == "none", faults=faults)
     return ExperimentRun(core=core, cfg=cfg, emu=emu, compute=compute, db=db, run_id=run_id, plan=plan, model=model)

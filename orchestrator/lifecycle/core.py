@@ -34,6 +34,7 @@ from typing import Any
 from orchestrator import interrupts
 from orchestrator.errors import ConfigError
 from orchestrator.lifecycle import states as st
+from orchestrator.lifecycle.dilation import undilate_overruns, undilate_round, undilate_setup
 from orchestrator.lifecycle.fidelity import hop_rows, overrun_rows
 from orchestrator.lifecycle.ports import Clock, ComputePort, Events, Execution, Link, NetworkPort, Recorder
 from orchestrator.lifecycle.recorder import round_bound, round_policy, round_reference_s
@@ -134,12 +135,16 @@ class Lifecycle:
         Rounds are recorded while a task runs at most this often.
     on_rounds
         Called with the task and its newly completed rounds whenever they are recorded.
+    dilation
+        The emulation's time dilation K: what the roles measure is divided by it before anything is
+        computed from it or recorded (`orchestrator.lifecycle.dilation`); the clock reads emulated time.
     """
 
     def __init__(self, *, network: NetworkPort, compute: ComputePort, recorder: Recorder, clock: Clock,
                  model: NetworkModel, schedulers: Callable[[str], Any], release_on_end: bool = False,
                  whole_updates: bool = True, faults: bool = False, progress_period_s: float = 1.0,
-                 on_rounds: Callable[[LiveTask, list[Any]], None] | None = None) -> None:
+                 on_rounds: Callable[[LiveTask, list[Any]], None] | None = None, dilation: float = 1.0) -> None:
+        self.dilation = dilation
         self.network = network
         self.compute = compute
         self.recorder = recorder
@@ -333,6 +338,8 @@ class Lifecycle:
         """Record `rounds` of `live` with their bounds and references, and what every node did."""
         assert live.figures is not None and live.execution is not None
         fig, sched = live.figures, live.schedule
+        if self.dilation != 1:
+            rounds = [undilate_round(r, self.dilation) for r in rounds]
         self.recorder.rounds(live.label, sched, rounds, [round_bound(fig, sched, r) for r in rounds],
                              [round_reference_s(fig, r) for r in rounds], policy=round_policy(sched, events),
                              node_rows=live.execution.node_rows(events, self.clock.of))
@@ -386,15 +393,15 @@ class Lifecycle:
         first = self.clock.of(first_t) if first_t else None
         self.recorder.times(label, task.id, first_broadcast_s=first,
                             start_overhead_s=None if first is None else first - live.admitted_s)
-        self.recorder.setup(
-            label, task.id, agents_ready_s=result.agents_ready_s, connect_s=result.connect_s,
+        self.recorder.setup(label, task.id, **undilate_setup(dict(
+            agents_ready_s=result.agents_ready_s, connect_s=result.connect_s,
             chunk_bytes=result.chunk_bytes, connections_lost=result.connections_lost,
             reservation_enforced=live.reservation_enforced,
             store_and_forward_s=figures.store_and_forward.broadcast_s + figures.store_and_forward.upload_s,
             broadcast_bytes=sum(r.broadcast_bytes for r in result.rounds),
-            upload_bytes=sum(r.upload_bytes for r in result.rounds))
+            upload_bytes=sum(r.upload_bytes for r in result.rounds)), self.dilation))
         self.record_rounds(live, list(result.rounds), events)
-        self.recorder.fidelity(label, task.id, overruns=overrun_rows(events), hops=hop_rows(
+        self.recorder.fidelity(label, task.id, overruns=undilate_overruns(overrun_rows(events), self.dilation), hops=hop_rows(
             self.model, live.schedule, live.execution.node_rows(events, self.clock.of), chunk_bytes=result.chunk_bytes,
             model_bytes=task.model_bytes, rate=self.network.rate, propagation=self.network.delay_emulated))
         last = result.rounds[-1] if result.rounds else None

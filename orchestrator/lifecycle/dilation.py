@@ -3,9 +3,9 @@
 Under a dilation K (`EmulationPlan.dilated`) the emulated network and the modelled sites run K times
 slower than the time they emulate. The run's clock (`RunClock` with ``dilation=K``) already reads
 emulated seconds; what the roles measure as differences of their own time stamps (a round's latency
-and its parts, set-up figures, overruns) is divided by K here, before it reaches the database. The
-bounds and references need nothing: the core computes them on the undilated rates
-(`ControllerNetwork`'s ``rate_scale``).
+and its parts, set-up figures, overruns) is divided by K by the core (`Lifecycle`'s ``dilation``)
+before it computes a round's bounds (which take the round's own training) and records anything.
+The bounds' transfers are on the undilated rates (`ControllerNetwork.rate`).
 """
 
 from __future__ import annotations
@@ -13,10 +13,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import fields, replace
 from typing import Any
-
-from orchestrator.lifecycle.ports import Recorder
-from orchestrator.scheduling import NetworkState, Schedule
-from orchestrator.scheduling.tasks import Task
 
 #: Set-up figures measured by the roles in wall seconds (the rest are computed in emulated time).
 MEASURED_SETUP_S = ("agents_ready_s", "connect_s")
@@ -28,45 +24,11 @@ def undilate_round(r: Any, k: float) -> Any:
                          if f.name.endswith("_s") and isinstance(getattr(r, f.name), float)})
 
 
-class DilatedRecorder:
-    """A `Recorder` that divides what the roles measured by the dilation `k` (see the module docstring)."""
+def undilate_setup(figures: dict[str, Any], k: float) -> dict[str, Any]:
+    """Set-up figures with those the roles measured in wall seconds divided by `k`."""
+    return {name: (v / k if name in MEASURED_SETUP_S and isinstance(v, float) else v) for name, v in figures.items()}
 
-    def __init__(self, inner: Recorder, k: float) -> None:
-        self.inner = inner
-        self.k = k
 
-    def rounds(self, label: str, schedule: Schedule, rounds: Sequence[Any], bounds: Sequence[Any],
-               reference_s: Sequence[float], *, policy: str, node_rows: list[dict[str, Any]]) -> None:
-        self.inner.rounds(label, schedule, [undilate_round(r, self.k) for r in rounds], bounds, reference_s,
-                          policy=policy, node_rows=node_rows)
-
-    def setup(self, label: str, task_id: int, **figures: float | int | bool) -> None:
-        self.inner.setup(label, task_id, **{k: (v / self.k if k in MEASURED_SETUP_S and isinstance(v, float) else v)
-                                            for k, v in figures.items()})
-
-    def fidelity(self, label: str, task_id: int, *, hops: list[dict[str, Any]],
-                 overruns: list[dict[str, Any]]) -> None:
-        self.inner.fidelity(label, task_id, hops=hops, overruns=[
-            o | {"real_s": o["real_s"] / self.k, "modelled_s": o["modelled_s"] / self.k} for o in overruns])
-
-    # unchanged: times on the run's (dilated) clock, and what is not a duration
-    def task(self, label: str, task: Task, *, arrival_s: float) -> None:
-        self.inner.task(label, task, arrival_s=arrival_s)
-
-    def state(self, label: str, task_id: int, state: str, reason: str = "", *, at_s: float) -> None:
-        self.inner.state(label, task_id, state, reason, at_s=at_s)
-
-    def times(self, label: str, task_id: int, **times: float | None) -> None:
-        self.inner.times(label, task_id, **times)
-
-    def network_state(self, label: str, task_id: int, state: NetworkState) -> None:
-        self.inner.network_state(label, task_id, state)
-
-    def schedule(self, label: str, schedule: Schedule, lower_bound_s: float) -> None:
-        self.inner.schedule(label, schedule, lower_bound_s)
-
-    def move(self, label: str, task_id: int, move: int, **fields_: Any) -> None:
-        self.inner.move(label, task_id, move, **fields_)
-
-    def carried_bytes(self, label: str, task_id: int, carried: int) -> None:
-        self.inner.carried_bytes(label, task_id, carried)
+def undilate_overruns(overruns: Sequence[dict[str, Any]], k: float) -> list[dict[str, Any]]:
+    """Training overruns with their real and modelled seconds divided by `k`."""
+    return [o | {"real_s": o["real_s"] / k, "modelled_s": o["modelled_s"] / k} for o in overruns]

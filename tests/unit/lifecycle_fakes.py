@@ -486,7 +486,7 @@ class Rig:
 
 def make_rig(root: Path, *, model: NetworkModel | None = None, release_on_end: bool = False, faults: bool = False,
              counter_settle_s: float = 0.0, rate_mbps: float = 100.0, delay_emulated: bool = True,
-             on_rounds: Callable[[LiveTask, list[Any]], None] | None = None) -> Rig:
+             on_rounds: Callable[[LiveTask, list[Any]], None] | None = None, dilation: float = 1.0) -> Rig:
     """A core on fresh fakes over `model` (default `small_ring`); rounds recorded at every check."""
     model = model or small_ring()
     clock = FakeClock()
@@ -497,5 +497,5 @@ def make_rig(root: Path, *, model: NetworkModel | None = None, release_on_end: b
     schedulers = Schedulers()
     core = Lifecycle(network=network, compute=compute, recorder=recorder, clock=clock, model=model,
                      schedulers=schedulers, release_on_end=release_on_end, faults=faults, progress_period_s=0.0,
-                     on_rounds=on_rounds)
+                     on_rounds=on_rounds, dilation=dilation)
     return Rig(core, network, compute, recorder, clock, model, schedulers)

@@ -3,19 +3,21 @@ consistently: the emulation runs K times slower, and every figure it records is 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.emulation.network_port import ControllerNetwork
 from orchestrator.lifecycle.core import RunClock
-from orchestrator.lifecycle.dilation import DilatedRecorder, undilate_round
+from orchestrator.lifecycle.dilation import undilate_overruns, undilate_round, undilate_setup
 from orchestrator.runtime.task_runner import RoundResult
 from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.cost import emulated_rate
 from orchestrator.scheduling.tasks import Task
+from tests.unit.lifecycle_fakes import make_rig
 from topologies.errors import TopologyError
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
@@ -57,28 +59,36 @@ def test_the_run_clock_and_modelled_compute_scale_by_k() -> None:
     assert modelled_s(1e-3, 100, 1, site_speed=1.0, time_dilation=K) == pytest.approx(K * 0.1)
 
 
-@dataclass
-class _Inner:
-    calls: list[tuple[str, Any]]
+def _done(tmp_path: Path, dilation: float) -> Any:
+    rig = make_rig(tmp_path / str(dilation), dilation=dilation)
+    task = rig.task(1, ["r2", "r3"], rounds=2)
+    live = rig.start("mst", task, NetworkState(rig.model))
+    rig.run(live)
+    return rig.recorder.rounds_of("mst", 1), rig.recorder.setups[("mst", 1)]
 
-    def __getattr__(self, name: str) -> Any:
-        return lambda *a, **kw: self.calls.append((name, (a, kw)))
+
+def test_the_core_records_what_the_roles_measured_divided_by_k(tmp_path: Path) -> None:
+    real, real_setup = _done(tmp_path, 1.0)
+    slow, slow_setup = _done(tmp_path, K)
+    assert sorted(real) == sorted(slow) == [1, 2]
+    for r in (1, 2):
+        assert slow[r].result.latency_s == pytest.approx(real[r].result.latency_s / K)
+        assert slow[r].result.train_min_s == pytest.approx(real[r].result.train_min_s / K)
+        # the bound takes the round's own (undilated) training; its transfers are the network's
+        assert slow[r].bound.train_s == pytest.approx(real[r].bound.train_s / K)
+        assert slow[r].bound.broadcast_s == pytest.approx(real[r].bound.broadcast_s)
+    assert slow_setup["agents_ready_s"] == pytest.approx(real_setup["agents_ready_s"] / K)
+    assert slow_setup["chunk_bytes"] == real_setup["chunk_bytes"]
 
 
-def test_recorded_durations_are_divided_by_k_and_clock_times_are_not() -> None:
+def test_overruns_and_setup_figures_are_undilated() -> None:
+    assert undilate_setup({"agents_ready_s": 2.0, "connect_s": 1.0, "store_and_forward_s": 0.5, "chunk_bytes": 1024},
+                          K) == {"agents_ready_s": 0.5, "connect_s": 0.25, "store_and_forward_s": 0.5, "chunk_bytes": 1024}
+    assert undilate_overruns([{"round": 1, "site": "B", "real_s": 4.0, "modelled_s": 2.0}], K) == [
+        {"round": 1, "site": "B", "real_s": 1.0, "modelled_s": 0.5}]
     r = RoundResult(round=1, latency_s=0.8, broadcast_s=0.2, train_s=0.4, upload_s=0.2, accuracy=0.9, loss=0.1,
                     num_examples=10, stragglers=(), train_min_s=0.4)
     back = undilate_round(r, K)
     for f in fields(r):
         want = getattr(r, f.name) / K if f.name.endswith("_s") else getattr(r, f.name)
         assert getattr(back, f.name) == pytest.approx(want), f.name
-    inner = _Inner([])
-    rec = DilatedRecorder(inner, K)  # type: ignore[arg-type]
-    rec.setup("mst", 1, agents_ready_s=2.0, connect_s=1.0, store_and_forward_s=0.5, chunk_bytes=1024)
-    rec.fidelity("mst", 1, hops=[{"hop_s": 0.1}], overruns=[{"round": 1, "site": "B", "real_s": 4.0, "modelled_s": 2.0}])
-    rec.times("mst", 1, first_broadcast_s=3.0)
-    (_, (_, setup)), (_, (_, fid)), (_, (_, times)) = inner.calls
-    assert setup == {"agents_ready_s": 0.5, "connect_s": 0.25, "store_and_forward_s": 0.5, "chunk_bytes": 1024}
-    assert fid["overruns"] == [{"round": 1, "site": "B", "real_s": 1.0, "modelled_s": 0.5}]
-    assert fid["hops"] == [{"hop_s": 0.1}]  # from the run's clock: already emulated time
-    assert times == {"first_broadcast_s": 3.0}
