@@ -36,7 +36,8 @@ from orchestrator.emulation.network import Emulation  # noqa: E402
 from orchestrator.lifecycle.recorder import round_bound  # noqa: E402
 from orchestrator.runtime.backends import open_compute  # noqa: E402
 from orchestrator.runtime.compute import ComputeManager, check_model  # noqa: E402
-from orchestrator.runtime.task_runner import FLOptions, TaskResult, run_task  # noqa: E402
+from orchestrator.runtime.summaries import TaskResult  # noqa: E402
+from orchestrator.runtime.task_runner import FLOptions, run_task  # noqa: E402
 from orchestrator.runtime.timing import task_timing  # noqa: E402
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler  # noqa: E402
 from orchestrator.scheduling.cost import emulated_rate, round_figures  # noqa: E402

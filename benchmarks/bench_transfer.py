@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.runtime.backends import _LocalServers, new_ctl_dir  # noqa: E402
 from orchestrator.runtime.compute import ComputeManager  # noqa: E402
-from orchestrator.runtime.task_runner import FLOptions, read_events, run_task  # noqa: E402
+from orchestrator.runtime.summaries import read_events  # noqa: E402
+from orchestrator.runtime.task_runner import FLOptions, run_task  # noqa: E402
 from orchestrator.scheduling.schedule import Schedule  # noqa: E402
 
 ADDR_A, ADDR_B = "10.213.0.1", "10.213.0.2"

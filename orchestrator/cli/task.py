@@ -114,7 +114,8 @@ def resolve_backend(name: str) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from orchestrator.runtime.compute import check_model
-    from orchestrator.runtime.task_runner import TaskResult, run_task
+    from orchestrator.runtime.summaries import TaskResult
+    from orchestrator.runtime.task_runner import run_task
     from orchestrator.scheduling import NetworkState, get_scheduler
     from orchestrator.scheduling.tasks import generate_tasks
     from topologies.loaders import load

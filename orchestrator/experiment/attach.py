@@ -34,7 +34,8 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.backends import NamespaceBackend
 from orchestrator.runtime.compute_port import TaskServers
 from orchestrator.runtime.profiles import train_s_per_example
-from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskResult
+from orchestrator.runtime.summaries import RoundResult, TaskResult
+from orchestrator.runtime.task_runner import FLOptions
 from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 from orchestrator.scheduling import Schedule, resolve_scheduler
 from orchestrator.scheduling.tasks import Task, generate_tasks

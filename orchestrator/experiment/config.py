@@ -373,6 +373,13 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
     )
     if "online" in raw and cfg.mode != "online":
         raise ConfigError("an online section needs mode: online")
+    cfg = _with_engine(cfg, raw)
+    cfg = _with_servers(cfg, raw, files_dir)
+    return _on_topology(cfg, raw)
+
+
+def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentConfig:
+    """`cfg` with its engine and simulation section, checked against the mode and the emulation."""
     engine = _choice(ENGINES)("engine", raw.get("engine", "emulation"))
     if "simulation" in raw and engine != "simulation":
         raise ConfigError("a simulation section needs engine: simulation")
@@ -380,18 +387,27 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         raise ConfigError("engine: simulation runs mode: sequential only")
     if engine == "simulation" and cfg.emulation.cluster is not None:
         raise ConfigError("emulation.cluster needs engine: emulation")
-    cfg = replace(cfg, engine=engine,
-                  simulation=SimulationConfig(**_section("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
+    return replace(cfg, engine=engine,
+                   simulation=SimulationConfig(**_section("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
+
+
+def _with_servers(cfg: ExperimentConfig, raw: Mapping[str, Any], files_dir: Path | None) -> ExperimentConfig:
+    """`cfg` with its remote site servers (``compute.servers``), which only an emulation runs."""
     compute = raw.get("compute")
-    if compute is not None:
-        if not isinstance(compute, Mapping) or set(compute) - {"servers"}:
-            raise ConfigError(f"compute must be a mapping with one key, servers, got {compute!r}")
-        if engine == "simulation":
-            raise ConfigError("compute.servers needs engine: emulation (a simulation runs no servers)")
-        if cfg.emulation.cluster is not None:
-            raise ConfigError("compute.servers (Docker over SSH) and emulation.cluster do not combine yet")
-        servers = parse_servers(compute.get("servers"), base_dir=files_dir)
-        cfg = replace(cfg, remote_servers=servers)
+    if compute is None:
+        return cfg
+    if not isinstance(compute, Mapping) or set(compute) - {"servers"}:
+        raise ConfigError(f"compute must be a mapping with one key, servers, got {compute!r}")
+    if cfg.engine == "simulation":
+        raise ConfigError("compute.servers needs engine: emulation (a simulation runs no servers)")
+    if cfg.emulation.cluster is not None:
+        raise ConfigError("compute.servers (Docker over SSH) and emulation.cluster do not combine yet")
+    return replace(cfg, remote_servers=parse_servers(compute.get("servers"), base_dir=files_dir))
+
+
+def _on_topology(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentConfig:
+    """`cfg` with its events and rescheduling, and what needs the topology's model to be checked:
+    the events' sites and links, and the numbers of locals the compute sites allow."""
     model = cfg.network()
     events = parse_events(raw.get("events"), model, tasks=cfg.online.tasks, rounds=cfg.task.rounds)
     reschedule = parse_reschedule(raw.get("reschedule"))

@@ -158,50 +158,64 @@ def parse_events(raw: Any, model: NetworkModel, *, tasks: int | None = None,
     out = []
     for i, ev in enumerate(raw):
         where = f"events[{i}]"
-        if not isinstance(ev, Mapping):
-            raise ConfigError(f"{where} must be a mapping with at_s (or at_round) and action, got {ev!r}")
-        action = ev.get("action")
-        if action not in ACTIONS:
-            raise ConfigError(f"{where}.action must be one of {', '.join(ACTIONS)}, got {action!r}")
-        need, optional = _KEYS[action], _OPTIONAL.get(action, set())
-        if action in ("link_down", "link_up"):
-            if ("link" in ev) == ("on_task" in ev):
-                raise ConfigError(f"{where}: {action} needs either link: [A, B] or on_task: N")
-            need = {"link"} if "link" in ev else {"on_task"}
-        unknown = sorted(set(ev) - need - optional - {"at_s", "at_round", "action"})
-        if unknown:
-            raise ConfigError(f"{where}: unknown key {unknown[0]!r} for {action}; allowed: "
-                              f"{', '.join(['at_s or at_round', 'action', *sorted(need | optional)])}")
-        missing = sorted(need - set(ev))
-        if ("at_s" in ev) == ("at_round" in ev) or missing:
-            raise ConfigError(f"{where}: {action} needs {', '.join(['at_s or at_round (one of them)', *sorted(need)])}")
+        action, need = _event_keys(where, ev)
         kw: dict[str, Any] = {"action": action}
         if "at_s" in ev:
             kw["at_s"] = _number(f"{where}.at_s", ev["at_s"], 0.0)
         else:
             kw["at_round"] = _at_round(where, ev["at_round"], tasks, rounds)
-        if "link" in need:
-            link = ev["link"]
-            if not (isinstance(link, list) and len(link) == 2 and all(isinstance(s, str) for s in link)):
-                raise ConfigError(f"{where}.link must be a list of two site names, got {link!r}")
-            if not model.has_link(link[0], link[1]):
-                raise ConfigError(f"{where}.link: {link[0]!r}-{link[1]!r} is not a link of {model.name}")
-            kw["link"] = (link[0], link[1])
-        if "on_task" in need:
-            kw["on_task"] = int(_number(f"{where}.on_task", ev["on_task"], 1))
-            if ev["on_task"] != kw["on_task"]:
-                raise ConfigError(f"{where}.on_task must be a task id (an integer), got {ev['on_task']!r}")
-        if "site" in need:
-            site = ev["site"]
-            if not isinstance(site, str) or site not in model.sites or not model.sites[site].has_compute:
-                raise ConfigError(f"{where}.site must be a compute site of {model.name}, got {site!r}")
-            kw["site"] = site
-        if "restart_after_s" in ev:
-            kw["restart_after_s"] = _number(f"{where}.restart_after_s", ev["restart_after_s"], 0.0)
-        if "load" in need:
-            kw["load"] = _number(f"{where}.load", ev["load"], 0.0, 1.0)
-        out.append(FaultEvent(**kw))
+        out.append(FaultEvent(**kw | _event_targets(where, ev, need, model)))
     return tuple(sorted(out, key=_order))
+
+
+def _event_keys(where: str, ev: Any) -> tuple[str, set[str]]:
+    """(action, the keys it needs) of event `ev` after checking its keys: a known action, one
+    trigger (``at_s`` or ``at_round``), every needed key and no unknown one (`parse_events`)."""
+    if not isinstance(ev, Mapping):
+        raise ConfigError(f"{where} must be a mapping with at_s (or at_round) and action, got {ev!r}")
+    action = ev.get("action")
+    if action not in ACTIONS:
+        raise ConfigError(f"{where}.action must be one of {', '.join(ACTIONS)}, got {action!r}")
+    need, optional = _KEYS[action], _OPTIONAL.get(action, set())
+    if action in ("link_down", "link_up"):
+        if ("link" in ev) == ("on_task" in ev):
+            raise ConfigError(f"{where}: {action} needs either link: [A, B] or on_task: N")
+        need = {"link"} if "link" in ev else {"on_task"}
+    unknown = sorted(set(ev) - need - optional - {"at_s", "at_round", "action"})
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {unknown[0]!r} for {action}; allowed: "
+                          f"{', '.join(['at_s or at_round', 'action', *sorted(need | optional)])}")
+    missing = sorted(need - set(ev))
+    if ("at_s" in ev) == ("at_round" in ev) or missing:
+        raise ConfigError(f"{where}: {action} needs {', '.join(['at_s or at_round (one of them)', *sorted(need)])}")
+    return action, need
+
+
+def _event_targets(where: str, ev: Mapping[str, Any], need: set[str], model: NetworkModel) -> dict[str, Any]:
+    """What event `ev` acts on and how (`FaultEvent`'s fields other than its action and trigger),
+    checked against the topology: a link of it, a task id, a compute site, a load in [0, 1]."""
+    kw: dict[str, Any] = {}
+    if "link" in need:
+        link = ev["link"]
+        if not (isinstance(link, list) and len(link) == 2 and all(isinstance(s, str) for s in link)):
+            raise ConfigError(f"{where}.link must be a list of two site names, got {link!r}")
+        if not model.has_link(link[0], link[1]):
+            raise ConfigError(f"{where}.link: {link[0]!r}-{link[1]!r} is not a link of {model.name}")
+        kw["link"] = (link[0], link[1])
+    if "on_task" in need:
+        kw["on_task"] = int(_number(f"{where}.on_task", ev["on_task"], 1))
+        if ev["on_task"] != kw["on_task"]:
+            raise ConfigError(f"{where}.on_task must be a task id (an integer), got {ev['on_task']!r}")
+    if "site" in need:
+        site = ev["site"]
+        if not isinstance(site, str) or site not in model.sites or not model.sites[site].has_compute:
+            raise ConfigError(f"{where}.site must be a compute site of {model.name}, got {site!r}")
+        kw["site"] = site
+    if "restart_after_s" in ev:
+        kw["restart_after_s"] = _number(f"{where}.restart_after_s", ev["restart_after_s"], 0.0)
+    if "load" in need:
+        kw["load"] = _number(f"{where}.load", ev["load"], 0.0, 1.0)
+    return kw
 
 
 def mixed_triggers(events: Sequence[FaultEvent]) -> list[str]:

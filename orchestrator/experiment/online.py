@@ -38,6 +38,7 @@ from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.model import NetworkModel
 
 if TYPE_CHECKING:
+    from orchestrator.experiment.faults import FaultInjector
     from orchestrator.experiment.run_context import ExperimentRun
 
 LOG = logging.getLogger("netai.online")
@@ -160,9 +161,7 @@ def restore_network(run: ExperimentRun) -> None:
 
 
 def _run_trace(run: ExperimentRun, scheduler: str, trace: list[tuple[float, Task]], state: NetworkState) -> None:
-    from functools import partial
-
-    from orchestrator.experiment.faults import FaultInjector, LinkWatcher, busiest_link
+    from orchestrator.experiment.faults import LinkWatcher
 
     tm = run.core
     pending = deque(trace)
@@ -170,12 +169,7 @@ def _run_trace(run: ExperimentRun, scheduler: str, trace: list[tuple[float, Task
     sampler = _Sampler(run, scheduler, run.cfg.online.sample_s)
     start = tm.clock.now()
     ended = 0
-    injector = FaultInjector(run.cfg.events, run.emu, run.compute.manager, tm.clock.now,
-                             partial(run.db.record_fault, run.run_id, scheduler),
-                             background_step=run.background_step,
-                             task_link=lambda tid: next((busiest_link(lv.schedule, run.model) for lv in live
-                                                         if lv.task.id == tid), None),
-                             progress=lambda tid: next((lv.rounds_recorded for lv in live if lv.task.id == tid), None))
+    injector = _injector(run, scheduler, live)
     injector.start()
     watcher = LinkWatcher(run.emu.client) if run.cfg.events else None
     resched = tm.labels.get(scheduler, (scheduler, ""))[1]
@@ -220,3 +214,19 @@ def _run_trace(run: ExperimentRun, scheduler: str, trace: list[tuple[float, Task
                     scheduler, len(left), "; ".join(" ".join(filter(None, (e.action, e.target, e.when))) for e in left))
     sampler.maybe(live, run.compute.poll(), force=True)  # the trace's end: its last CPU and memory figures
     LOG.info("%s: %d tasks ended in %.1f s", scheduler, ended, tm.clock.now() - start)
+
+
+def _injector(run: ExperimentRun, scheduler: str, live: list[Any]) -> FaultInjector:
+    """The fault injector of one scheduler's trace: it records each event under `scheduler`, and
+    finds a task's busiest link and its progress among `live` (the running tasks, a list the
+    trace's loop keeps up to date in place)."""
+    from functools import partial
+
+    from orchestrator.experiment.faults import FaultInjector, busiest_link
+
+    return FaultInjector(run.cfg.events, run.emu, run.compute.manager, run.core.clock.now,
+                         partial(run.db.record_fault, run.run_id, scheduler),
+                         background_step=run.background_step,
+                         task_link=lambda tid: next((busiest_link(lv.schedule, run.model) for lv in live
+                                                     if lv.task.id == tid), None),
+                         progress=lambda tid: next((lv.rounds_recorded for lv in live if lv.task.id == tid), None))

@@ -229,66 +229,21 @@ def remote_clients(cfg: ExperimentConfig, plan: EmulationPlan, backend_kind: str
 
 def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any, backend_kind: str,
                   model_bytes: int, remote: dict[str, Any], dashboard_port: int | None, progress: bool) -> RunOutcome:
-    from orchestrator.emulation.background import BackgroundTraffic, plan_background
     from orchestrator.emulation.network import Emulation
     from orchestrator.runtime.backends import emulation_options, open_compute
 
-    run_dir = out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    dash = None if dashboard_port is None else Dashboard(run_dir / "results.db", port=dashboard_port, live=True)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=False)
-    except BaseException:
-        if dash is not None:
-            dash.close()
-        raise
-    log_handler = logging.FileHandler(run_dir / "experiment.log")
-    log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    logging.getLogger().addHandler(log_handler)
-    logging.getLogger().setLevel(logging.INFO)
-    db = ResultsDB(run_dir / "results.db")
-    run_id = db.start_run(cfg.name, cfg.to_dict())
-    db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    run_dir, dash, log_handler, db, run_id = _open_run(cfg, out_root, plan, model, dashboard_port)
     status, note = "failed", ""
     tm = None
-    if dash is not None:
-        dash.start()
-        print(f"netai: live dashboard at {dash.url}", flush=True)
-        LOG.info("live dashboard at %s", dash.url)
     try:
         hosting = emulation_options(backend_kind, log_dir=run_dir / "workers", clients=remote)
         with Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
                        cluster=cfg.emulation.cluster, **hosting) as emu, \
                 open_compute(backend_kind, emu, log_root=run_dir / "workers") as compute:
-            info = emu.info
-            reservations = emu.client.health().get("reservations", {})
-            db.set_environment(run_id, environment(cfg, plan, info, backend_kind) | {
-                "remote_sites": {site: server.docker for server in cfg.remote_servers for site in server.sites},
-                "reservations_enforced": bool(reservations.get("enforced")),
-                "reservations_note": reservations.get("reason", ""), "mode": cfg.mode})
-            LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s; %d site servers up",
-                     len(plan.switches), getattr(info, "bringup_s", 0.0), getattr(info, "delay_emulated", False),
-                     len(compute.servers))
-            flows = plan_background(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed) \
-                if cfg.background.enabled else []
-            if flows:
-                emu.client.set_background([[f.src, f.dst] for f in flows])
-            traffic = BackgroundTraffic(emu.host, flows, cfg.background, seed=cfg.seed, log_dir=run_dir / "background")
-            traffic.start()
-            stopped: list[Any] = []  # flow results of background runs a load step replaced
-            steps = itertools.count(1)
-
-            def background_step(load: float) -> None:
-                """A step of the background load (a fault event): the flows re-planned for `load`."""
-                nonlocal traffic
-                stopped.extend(traffic.stop())
-                step_cfg = replace(cfg.background, load=load, enabled=load > 0)
-                new = plan_background(model, plan, step_cfg, topology=cfg.topology, seed=cfg.seed) if load > 0 else []
-                emu.client.set_background([[f.src, f.dst] for f in new])
-                traffic = BackgroundTraffic(emu.host, new, step_cfg, seed=cfg.seed,
-                                            log_dir=run_dir / "background" / f"step-{next(steps)}")
-                traffic.start()
+            _record_environment(db, run_id, cfg, plan, backend_kind, emu, compute)
+            background = _Background(cfg, plan, model, emu, run_dir / "background")
             run = lifecycle_for(cfg, emu, compute, db=db, run_id=run_id, plan=plan, model=model, run_dir=run_dir)
-            run.background_step = background_step
+            run.background_step = background.step
             clock = run.core.clock
             if dash is not None:
                 dash.controller = emu.client
@@ -300,14 +255,7 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
                 else:
                     _run_sequential(run, model_bytes, progress=progress)
             finally:
-                with contextlib.suppress(Exception):
-                    tm.settle_counters(wait=True)
-                recorder.stop()
-                db.update_environment(run_id, clock_end_s=round(clock.now(), 3), link_samples=recorder.samples,
-                                      wall_s=round(clock.now() * plan.time_dilation, 3))
-                for r in [*stopped, *traffic.stop()]:
-                    db.record_background(run_id, r.src, r.dst, r.offered_mbps / plan.bw_scale,
-                                         None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)
+                _settle_and_record(tm, recorder, background, db, run_id, plan)
         done = tm.outcomes["done"]
         status = "completed" if done else "failed"
         failed = tm.outcomes["failed"]
@@ -330,6 +278,102 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
         logging.getLogger().removeHandler(log_handler)
         log_handler.close()
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _open_run(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any,
+              dashboard_port: int | None) -> tuple[Path, Dashboard | None, logging.Handler, ResultsDB, int]:
+    """The run's folder, log file, results database (run started, topology recorded) and live
+    dashboard (started), before the emulation comes up.
+
+    The caller owns what this returns: it closes the dashboard, finishes the run, closes the database
+    and removes the log handler on every exit path. Only a run folder that cannot be created closes
+    the dashboard here (nothing else is open yet).
+    """
+    run_dir = out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    dash = None if dashboard_port is None else Dashboard(run_dir / "results.db", port=dashboard_port, live=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=False)
+    except BaseException:
+        if dash is not None:
+            dash.close()
+        raise
+    log_handler = logging.FileHandler(run_dir / "experiment.log")
+    log_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    logging.getLogger().addHandler(log_handler)
+    logging.getLogger().setLevel(logging.INFO)
+    db = ResultsDB(run_dir / "results.db")
+    run_id = db.start_run(cfg.name, cfg.to_dict())
+    db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    if dash is not None:
+        dash.start()
+        print(f"netai: live dashboard at {dash.url}", flush=True)
+        LOG.info("live dashboard at %s", dash.url)
+    return run_dir, dash, log_handler, db, run_id
+
+
+def _record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan: EmulationPlan,
+                        backend_kind: str, emu: Any, compute: Any) -> None:
+    """Record the machine, the emulation just brought up and whether it enforces reservations."""
+    info = emu.info
+    reservations = emu.client.health().get("reservations", {})
+    db.set_environment(run_id, environment(cfg, plan, info, backend_kind) | {
+        "remote_sites": {site: server.docker for server in cfg.remote_servers for site in server.sites},
+        "reservations_enforced": bool(reservations.get("enforced")),
+        "reservations_note": reservations.get("reason", ""), "mode": cfg.mode})
+    LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s; %d site servers up",
+             len(plan.switches), getattr(info, "bringup_s", 0.0), getattr(info, "delay_emulated", False),
+             len(compute.servers))
+
+
+class _Background:
+    """The run's background traffic: started with the config's flows when made, replaced by a load
+    step (a fault event, `step`), and stopped once at the end (`stop`), which returns the flow
+    results of every run of it, the replaced ones included."""
+
+    def __init__(self, cfg: ExperimentConfig, plan: EmulationPlan, model: Any, emu: Any, log_dir: Path) -> None:
+        from orchestrator.emulation.background import BackgroundTraffic, plan_background
+
+        self._cfg, self._plan, self._model, self._emu, self._log_dir = cfg, plan, model, emu, log_dir
+        flows = plan_background(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed) \
+            if cfg.background.enabled else []
+        if flows:
+            emu.client.set_background([[f.src, f.dst] for f in flows])
+        self._traffic = BackgroundTraffic(emu.host, flows, cfg.background, seed=cfg.seed, log_dir=log_dir)
+        self._traffic.start()
+        self._stopped: list[Any] = []  # flow results of background runs a load step replaced
+        self._steps = itertools.count(1)
+
+    def step(self, load: float) -> None:
+        """A step of the background load (a fault event): the flows re-planned for `load`."""
+        from orchestrator.emulation.background import BackgroundTraffic, plan_background
+
+        cfg = self._cfg
+        self._stopped.extend(self._traffic.stop())
+        step_cfg = replace(cfg.background, load=load, enabled=load > 0)
+        new = plan_background(self._model, self._plan, step_cfg, topology=cfg.topology, seed=cfg.seed) \
+            if load > 0 else []
+        self._emu.client.set_background([[f.src, f.dst] for f in new])
+        self._traffic = BackgroundTraffic(self._emu.host, new, step_cfg, seed=cfg.seed,
+                                          log_dir=self._log_dir / f"step-{next(self._steps)}")
+        self._traffic.start()
+
+    def stop(self) -> list[Any]:
+        """Stop the current flows; the results of every run of the background, in order."""
+        return [*self._stopped, *self._traffic.stop()]
+
+
+def _settle_and_record(core: Any, recorder: LinkRecorder, background: _Background, db: ResultsDB, run_id: int,
+                       plan: EmulationPlan) -> None:
+    """The end of the tasks, on every exit path: the last flow counters settled (best effort), the
+    link recorder stopped, the run's clock end and link samples and the background flows recorded."""
+    with contextlib.suppress(Exception):
+        core.settle_counters(wait=True)
+    recorder.stop()
+    db.update_environment(run_id, clock_end_s=round(core.clock.now(), 3), link_samples=recorder.samples,
+                          wall_s=round(core.clock.now() * plan.time_dilation, 3))
+    for r in background.stop():
+        db.record_background(run_id, r.src, r.dst, r.offered_mbps / plan.bw_scale,
+                             None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)
 
 
 def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> None:

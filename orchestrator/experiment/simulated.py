@@ -10,7 +10,6 @@ environment lists the model's parameters, so the report says it was simulated an
 
 from __future__ import annotations
 
-import itertools
 import logging
 import platform
 import time
@@ -62,31 +61,11 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
 
         model_bytes = check_model(cfg.task.model, cfg.task.model_args)
     rate = emulated_rate(plan) if params.rates == "emulated" else capacity_rate(model)
-    stamp = f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}"
-    out_root.mkdir(parents=True, exist_ok=True)
-    for n in itertools.count(1):  # a simulation can take less than a second: never reuse a folder
-        run_dir = out_root / (stamp if n == 1 else f"{stamp}-{n}")
-        try:
-            run_dir.mkdir()
-            break
-        except FileExistsError:
-            continue
+    run_dir = _new_run_dir(out_root, f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
     db = ResultsDB(run_dir / "results.db")
     run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation")
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
-    db.set_environment(run_id, {
-        "engine": "simulation (flow-level, SimGrid)", "mode": cfg.mode, "python": platform.python_version(),
-        "rates": params.rates, "bw_scale": plan.bw_scale if params.rates == "emulated" else 1.0,
-        "tcp_efficiency": params.tcp_efficiency, "per_hop_latency_ms": params.per_hop_latency_ms,
-        "delay_emulated": params.propagation, "alpha_s": params.alpha_s,
-        "seconds_per_example": params.seconds_per_example, "local_epochs": params.local_epochs,
-        "compute_timing": "modeled" if params.site_speed else "fixed", "training_from_profile": params.site_speed,
-        "train_examples": params.train_examples, "max_segments": params.max_segments,
-        "cpu_cores": params.cpu_cores, "cpu_s_per_byte": params.cpu_s_per_byte,
-        "cpu_s_per_chunk": params.cpu_s_per_chunk,
-        "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "calibration": cfg.simulation.calibration,
-        "defaults": sorted(k for k, v in asdict(cfg.simulation).items() if v == getattr(SimulationConfig(), k)),
-        "background": "not simulated"})
+    db.set_environment(run_id, _environment(cfg, plan, params))
     status, note = "failed", ""
     try:
         batch = SimBatch(model, params, rate)
@@ -121,6 +100,39 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
             LOG.exception("writing the results failed")
         db.close()
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _new_run_dir(out_root: Path, stamp: str) -> Path:
+    """A new folder `stamp` under `out_root` (``stamp-2``, ... if taken): a simulation can take
+    less than a second, and a run never reuses another's folder."""
+    out_root.mkdir(parents=True, exist_ok=True)
+    n = 1
+    while True:
+        run_dir = out_root / (stamp if n == 1 else f"{stamp}-{n}")
+        try:
+            run_dir.mkdir()
+            return run_dir
+        except FileExistsError:
+            n += 1
+
+
+def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams) -> dict[str, Any]:
+    """The run's environment: the engine and every parameter of the model, so the report says the
+    run was simulated and how (the settings left at their defaults listed under ``defaults``)."""
+    return {
+        "engine": "simulation (flow-level, SimGrid)", "mode": cfg.mode, "python": platform.python_version(),
+        "rates": params.rates, "bw_scale": plan.bw_scale if params.rates == "emulated" else 1.0,
+        "tcp_efficiency": params.tcp_efficiency, "per_hop_latency_ms": params.per_hop_latency_ms,
+        "delay_emulated": params.propagation, "alpha_s": params.alpha_s,
+        "seconds_per_example": params.seconds_per_example, "local_epochs": params.local_epochs,
+        "compute_timing": "modeled" if params.site_speed else "fixed", "training_from_profile": params.site_speed,
+        "train_examples": params.train_examples, "max_segments": params.max_segments,
+        "cpu_cores": params.cpu_cores, "cpu_s_per_byte": params.cpu_s_per_byte,
+        "cpu_s_per_chunk": params.cpu_s_per_chunk,
+        "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "calibration": cfg.simulation.calibration,
+        "defaults": sorted(k for k, v in asdict(cfg.simulation).items() if v == getattr(SimulationConfig(), k)),
+        "background": "not simulated",
+    }
 
 
 def _admit_all(cfg: ExperimentConfig, core: Lifecycle, model: Any, model_bytes: int) -> list[LiveTask]:

@@ -93,7 +93,7 @@ class LiveTask:
     #: The log directory of the task (each move's roles log in a subdirectory).
     log_dir: Path | None = None
     last_move_s: float = 0.0
-    #: The task's result once done (`orchestrator.runtime.task_runner.TaskResult`).
+    #: The task's result once done (`orchestrator.runtime.summaries.TaskResult`).
     result: Any = None
 
     @property

@@ -102,7 +102,7 @@ class Execution(Protocol):
     def checkpoint_file(self) -> Path: ...
 
     def rounds_so_far(self, events: Any) -> list[Any]:
-        """The rounds G has completed (`orchestrator.runtime.task_runner.RoundResult`)."""
+        """The rounds G has completed (`orchestrator.runtime.summaries.RoundResult`)."""
         ...
 
     def node_rows(self, events: Any, clock_of: Any) -> list[dict[str, Any]]:
@@ -110,7 +110,7 @@ class Execution(Protocol):
         ...
 
     def result(self, events: Any = None) -> Any:
-        """The task's result (`orchestrator.runtime.task_runner.TaskResult`)."""
+        """The task's result (`orchestrator.runtime.summaries.TaskResult`)."""
         ...
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.runtime.compute import ComputeManager
-from orchestrator.runtime.task_runner import FLOptions, RoundResult, TaskExecution, node_rounds, rounds_so_far
+from orchestrator.runtime.summaries import RoundResult, node_rounds, rounds_so_far
+from orchestrator.runtime.task_runner import FLOptions, TaskExecution
 from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.schedule import Schedule

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.runtime.task_runner import RoundResult, TaskResult, node_rounds, summarize
+from orchestrator.runtime.summaries import RoundResult, TaskResult, node_rounds, summarize
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.tasks import Task

@@ -17,7 +17,8 @@ from orchestrator.runtime.backends import (
     open_compute,
     remove_containers,
 )
-from orchestrator.runtime.task_runner import FLOptions, missing_events, read_events, run_task
+from orchestrator.runtime.summaries import missing_events, read_events
+from orchestrator.runtime.task_runner import FLOptions, run_task
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load

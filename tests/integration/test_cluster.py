@@ -24,7 +24,8 @@ from orchestrator.emulation.cluster import ClusterServer, ClusterSpec
 from orchestrator.emulation.network import Emulation
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.backends import emulation_options, open_compute
-from orchestrator.runtime.task_runner import FLOptions, missing_events, read_events, run_task
+from orchestrator.runtime.summaries import missing_events, read_events
+from orchestrator.runtime.task_runner import FLOptions, run_task
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.tasks import Task
 from tests.integration.sshd import Sshd

@@ -10,7 +10,8 @@ import pytest
 
 from orchestrator.emulation.network import Emulation
 from orchestrator.runtime.backends import emulation_options, open_compute
-from orchestrator.runtime.task_runner import FLOptions, broadcast_lanes, missing_events, read_events, run_task
+from orchestrator.runtime.summaries import missing_events, read_events
+from orchestrator.runtime.task_runner import FLOptions, broadcast_lanes, run_task
 from orchestrator.scheduling import NetworkState, Schedule, get_scheduler
 from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load

@@ -6,7 +6,7 @@ test imports, as Faucet tests its flow logic against a fake flow table.
   an install or a remove, and returns a scripted background (None: the controller restarts).
 - `FakeCompute` and `FakeExecution`: a task's roles, played check by check from an `ExecScript`:
   one round per check, with the agents' timing events (`workers.rounds`) that the real summary
-  functions (`orchestrator.runtime.task_runner.summarize`, `rounds_so_far`, `node_rounds`) read;
+  functions (`orchestrator.runtime.summaries.summarize`, `rounds_so_far`, `node_rounds`) read;
   a role may fail, time out, or be lost with its site server (and the server come back).
 - `FakeRecorder`: every call kept in memory.
 - `FakeClock`: a manual clock; the roles stamp their events on a clock `ROLE_CLOCK_ZERO` ahead, so a
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
-from orchestrator.runtime.task_runner import RoundResult, TaskResult, node_rounds, rounds_so_far, summarize
+from orchestrator.runtime.summaries import RoundResult, TaskResult, node_rounds, rounds_so_far, summarize
 from orchestrator.scheduling import NetworkState, Schedule, Scheduler
 from orchestrator.scheduling.mst import MST
 from orchestrator.scheduling.spff import SPFF

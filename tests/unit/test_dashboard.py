@@ -18,7 +18,7 @@ from orchestrator.dashboard.view import RunView, layout
 from orchestrator.emulation.link_load import LinkLoadSampler
 from orchestrator.errors import ConfigError
 from orchestrator.results.db import ResultsDB
-from orchestrator.runtime.task_runner import node_rounds
+from orchestrator.runtime.summaries import node_rounds
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.tasks import generate_tasks
 from topologies.loaders import load

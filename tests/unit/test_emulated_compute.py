@@ -14,7 +14,7 @@ import pytest
 from orchestrator.runtime.backends import LoopbackBackend
 from orchestrator.runtime.compute import ComputeManager
 from orchestrator.runtime.compute_port import ServerCompute
-from orchestrator.runtime.task_runner import read_events
+from orchestrator.runtime.summaries import read_events
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.cost import capacity_rate
 from orchestrator.scheduling.tasks import Task

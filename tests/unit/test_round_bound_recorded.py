@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from orchestrator.lifecycle.recorder import round_bound
-from orchestrator.runtime.task_runner import summarize
+from orchestrator.runtime.summaries import summarize
 from orchestrator.scheduling.cost import round_figures
 from tests.unit.test_scheduling_bounds import MB_12_5, shared_access
 

@@ -18,7 +18,8 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.backends import LoopbackBackend
 from orchestrator.runtime.compute import ComputeManager, check_model
-from orchestrator.runtime.task_runner import FLOptions, TaskExecution, read_events, run_task
+from orchestrator.runtime.summaries import read_events
+from orchestrator.runtime.task_runner import FLOptions, TaskExecution, run_task
 from orchestrator.scheduling.schedule import Schedule
 from workers.config import AgentConfig, Peer, file_stem
 from workers.control import (

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.emulation.network_port import ControllerNetwork
 from orchestrator.lifecycle.core import RunClock
 from orchestrator.lifecycle.dilation import undilate_overruns, undilate_round, undilate_setup
-from orchestrator.runtime.task_runner import RoundResult
+from orchestrator.runtime.summaries import RoundResult
 from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.cost import emulated_rate

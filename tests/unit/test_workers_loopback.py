@@ -13,14 +13,8 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.backends import LoopbackBackend
 from orchestrator.runtime.compute import ComputeManager
-from orchestrator.runtime.task_runner import (
-    FLOptions,
-    TaskResult,
-    agent_configs,
-    missing_events,
-    read_events,
-    run_task,
-)
+from orchestrator.runtime.summaries import TaskResult, missing_events, read_events
+from orchestrator.runtime.task_runner import FLOptions, agent_configs, run_task
 from orchestrator.scheduling.schedule import Schedule, task_ports
 
 # G -> A, B; A -> L1, L2, L3 ... : three levels, A and B hold local models too.

@@ -18,7 +18,8 @@ import torch
 
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import parse_config
-from orchestrator.runtime.task_runner import FLOptions, agent_configs, missing_events, path_costs
+from orchestrator.runtime.summaries import missing_events
+from orchestrator.runtime.task_runner import FLOptions, agent_configs, path_costs
 from orchestrator.scheduling.schedule import OverlayEdge, Schedule
 from workers.aggregate import aggregate_tensors
 from workers.config import AgentConfig

@@ -11,7 +11,8 @@ import pytest
 
 from orchestrator.runtime.backends import LoopbackBackend
 from orchestrator.runtime.compute import ComputeManager
-from orchestrator.runtime.task_runner import FLOptions, TaskResult, missing_events, read_events, run_task
+from orchestrator.runtime.summaries import TaskResult, missing_events, read_events
+from orchestrator.runtime.task_runner import FLOptions, run_task
 from orchestrator.scheduling.schedule import Schedule
 
 TREE = {"A": "G", "B": "G", "L1": "A", "L2": "A", "L3": "B", "L4": "B"}
