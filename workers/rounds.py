@@ -12,7 +12,7 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
   broadcast child as soon as chunk k arrived checked (same payload, its own header), and copies it
   into its next model. With the last chunk it loads the model and, if it holds data, trains.
   Copies to children whose paths share a link (a *lane*, `AgentConfig.broadcast_lanes`) go one
-  after another, each whole before the next starts (`_Lanes`): the first child's subtree trains
+  after another, each whole before the next starts (`Lanes`): the first child's subtree trains
   and uploads while the next copy crosses the link, instead of every copy ending together.
 - **Upload, pipelined aggregation.** For every chunk k an aggregator keeps the example-weighted sum
   of what arrived for k (its own update once trained, each upload child's chunk k). As soon as every
@@ -49,11 +49,10 @@ What this module must not do: touch sockets or files (it calls `Sender.send` and
 from __future__ import annotations
 
 import queue
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -75,6 +74,7 @@ from workers.framing import (
     parse_chunk,
     reheader,
 )
+from workers.round_parts import Lanes, Learning, RoundState, Sender, SentCopy, both
 from workers.selection import (
     LocalStats,
     SelectionError,
@@ -102,208 +102,6 @@ def fingerprint(tensors: Mapping[str, torch.Tensor]) -> list[float]:
     return [total, weighted]
 
 
-class Sender(Protocol):
-    """An outbound connection (`workers.transport.Outbound`)."""
-
-    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None: ...
-
-
-class Learning(Protocol):
-    """What the engine needs of `workers.learning.Learner`."""
-
-    @property
-    def template(self) -> Mapping[str, torch.Tensor]: ...
-
-    @property
-    def num_examples(self) -> int: ...
-
-    def train_loss(self) -> float: ...
-
-    def train(self) -> int: ...
-
-    def evaluate(self) -> tuple[float, float]: ...
-
-    def state(self, into: TensorSet | None = None) -> TensorSet: ...
-
-    def load(self, tensors: TensorSet) -> None: ...
-
-    def load_file(self, path: str) -> None: ...
-
-    def save_file(self, path: str) -> None: ...
-
-
-class _Sent:
-    """A tensor set being sent, and how many sends of all of it are still to finish (sender
-    threads count down as each copy's last chunk leaves; a dropped send never does, so the set is
-    then never reused)."""
-
-    def __init__(self, tensors: TensorSet, children: int) -> None:
-        self.tensors = tensors
-        self._left = children
-        self._lock = threading.Lock()
-
-    def one_done(self) -> None:
-        with self._lock:
-            self._left -= 1
-
-    def free(self) -> bool:
-        with self._lock:
-            return self._left <= 0
-
-
-def _both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callable[[], None] | None:
-    if a is None or b is None:
-        return a or b
-
-    def run() -> None:
-        a()
-        b()
-
-    return run
-
-
-class _Lanes:
-    """Copies of GLOBAL to the broadcast children of one lane (`AgentConfig.broadcast_lanes`: their
-    paths share a link) go one after another: a child's frames wait here until the copy before it
-    in the lane has left whole (its last chunk sent: the sender thread moves the lane on at once,
-    whatever the engine thread is doing, e.g. training) or its connection is lost. Children in no
-    lane are sent to at once.
-
-    A lane starts over with each round. Copies still waiting when a new round starts, or when the
-    role ends, never started: they are dropped (their child gives that round up anyway), so no
-    connection carries a stale model and a connection's frames keep their order. When the round
-    passes its deadline at this node (a child hangs without its connection breaking), everything
-    waiting goes out at once.
-
-    `on_copy_sent(round, child)` is called from the sender thread. Thread-safe."""
-
-    def __init__(self, lanes: Sequence[Sequence[str]], outs: Mapping[str, Sender],
-                 on_copy_sent: Callable[[int, str], None]) -> None:
-        self.lanes = [tuple(lane) for lane in lanes]
-        self.lane_of = {c: i for i, lane in enumerate(self.lanes) for c in lane}
-        self.outs = outs
-        self.on_copy_sent = on_copy_sent
-        self.round = 0
-        self.pos = [0] * len(self.lanes)  # per lane: the child whose copy goes now
-        self.held: dict[str, list[tuple[Sequence[Buffer], int, Callable[[], None] | None]]] = {
-            c: [] for c in self.lane_of}
-        #: Children whose connection broke and has not come back: never waited for.
-        self.down: set[str] = set()
-        #: Held frames dropped so far (copies of a round that ended before their turn).
-        self.dropped = 0
-        self._lock = threading.RLock()  # reentrant: a sender may run `on_sent` inline
-
-    def send(self, child: str, frame: Sequence[Buffer], r: int, on_sent: Callable[[], None] | None,
-             last: bool) -> None:
-        lane = self.lane_of.get(child)
-        if lane is None:
-            self.outs[child].send(frame, round=r, on_sent=on_sent)
-            return
-        with self._lock:
-            if r > self.round:
-                self._open(r)
-            if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
-                self.outs[child].send(frame, round=r, on_sent=on_sent)
-                return
-            if last:
-                on_sent = _both(on_sent, lambda: self.sent(r, child))
-            if self.lanes[lane][self.pos[lane]] == child:
-                self.outs[child].send(frame, round=r, on_sent=on_sent)
-            else:
-                self.held[child].append((frame, r, on_sent))
-
-    def sent(self, r: int, child: str) -> None:
-        """`child`'s copy of round `r` left whole: the next child of its lane goes."""
-        self.on_copy_sent(r, child)
-        with self._lock:
-            lane = self.lane_of[child]
-            if r == self.round and self._current(lane) == child:
-                self._advance(lane)
-
-    def lost(self, child: str) -> None:
-        """`child`'s connection broke: its copy will not leave whole; the lane goes on without it."""
-        if child not in self.lane_of:
-            return
-        with self._lock:
-            self.down.add(child)
-            lane = self.lane_of[child]
-            if self._current(lane) == child:
-                self._advance(lane)
-
-    def back(self, child: str) -> None:
-        with self._lock:
-            self.down.discard(child)
-
-    def late(self, r: int) -> None:
-        """Round `r` passed its deadline here: what waits of it goes out at once."""
-        with self._lock:
-            if r != self.round:
-                return
-            for lane in range(len(self.lanes)):
-                self.pos[lane] = len(self.lanes[lane])
-                for child in self.lanes[lane]:
-                    self._flush(child)
-
-    def drop(self) -> None:
-        """Drop every copy that still waits (a new round starts, or the role ends)."""
-        with self._lock:
-            for lane in range(len(self.lanes)):
-                self.pos[lane] = len(self.lanes[lane])
-            for held in self.held.values():
-                self.dropped += len(held)
-                held.clear()
-
-    def _current(self, lane: int) -> str | None:
-        return self.lanes[lane][self.pos[lane]] if self.pos[lane] < len(self.lanes[lane]) else None
-
-    def _open(self, r: int) -> None:
-        self.drop()
-        self.round = r
-        for lane in range(len(self.lanes)):
-            self.pos[lane] = -1
-            self._advance(lane)
-
-    def _advance(self, lane: int) -> None:
-        while True:
-            self.pos[lane] += 1
-            child = self._current(lane)
-            if child is None:
-                return
-            self._flush(child)
-            if child not in self.down:
-                return
-
-    def _flush(self, child: str) -> None:
-        held, self.held[child] = self.held[child], []
-        for frame, r, on_sent in held:
-            self.outs[child].send(frame, round=r, on_sent=on_sent)
-
-
-@dataclass
-class _Round:
-    number: int
-    start: float
-    deadline: float
-    chunks: list[ChunkSum]
-    excluded: dict[str, str] = field(default_factory=dict)  # child -> why
-    child_next: dict[str, int] = field(default_factory=dict)
-    global_next: int = 0
-    global_done: bool = False
-    own_done: bool = False
-    own_excluded: bool = False
-    late: bool = False
-    next_out: int = 0
-    min_examples: int | None = None
-    max_examples: int = 0
-    #: Frame bytes (fixed and JSON headers included) of this round's UPDATE sent / GLOBAL received.
-    sent_bytes: int = 0
-    received_bytes: int = 0
-    #: The copy of the trained model this round's update is made of (when this node trained).
-    own_copy: _Sent | None = None
-    #: Selection: the statistics of the locals heard from this round (own and the children's).
-    stats: dict[str, LocalStats] = field(default_factory=dict)
-
-
 class RoundEngine:
     """One role of one task (see the module docstring). Transport threads call `post`."""
 
@@ -323,13 +121,13 @@ class RoundEngine:
         self.layout = tuple(layout)
         self.log = log
         self.broadcast_out = dict(broadcast_out)
-        self.lanes = _Lanes(cfg.broadcast_lanes, self.broadcast_out, self._copy_sent)
+        self.lanes = Lanes(cfg.broadcast_lanes, self.broadcast_out, self._copy_sent)
         self.upload_out = upload_out
         self.clock = clock
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._incoming = {k: v.clone() for k, v in learner.template.items()}
         self._next_global: dict[str, torch.Tensor] = {}
-        self.rounds: dict[int, _Round] = {}
+        self.rounds: dict[int, RoundState] = {}
         self.finished_rounds: set[int] = set()
         self._connected: set[tuple[str, str]] = set()
         self._ready_children: set[str] = set()
@@ -343,10 +141,10 @@ class RoundEngine:
         self._g_base: TensorSet = {}  # G: the global model of the round in flight
         #: G: the last broadcast's tensors; once every child has all of them, the next round
         #: aggregates into them (a fresh buffer costs page faults: ~9x a copy into a warm one).
-        self._last_sent: _Sent | None = None
+        self._last_sent: SentCopy | None = None
         #: The copy of the trained model the last update was made of; once nothing reads it any
         #: more, the next round copies the model into it (`Learning.state`), not into fresh memory.
-        self._own_sent: _Sent | None = None
+        self._own_sent: SentCopy | None = None
         #: Selection (`workers.selection`): None when off (no metadata sent, every local trains).
         self.measures = cfg.selection_measures
         self.policy = make_policy(cfg.selection) if cfg.is_global and cfg.selection is not None else None
@@ -494,11 +292,11 @@ class RoundEngine:
         else:
             self._on_update(peer, header, tensors)
 
-    def _round(self, r: int) -> _Round:
+    def _round(self, r: int) -> RoundState:
         st = self.rounds.get(r)
         if st is None:
             now = self.clock()
-            st = _Round(number=r, start=now, deadline=now + self.cfg.child_timeout_s,
+            st = RoundState(number=r, start=now, deadline=now + self.cfg.child_timeout_s,
                         chunks=[ChunkSum() for _ in self.layout],
                         child_next={c.site: 0 for c in self.cfg.upload_children})
             st.own_excluded = not self.cfg.trains
@@ -605,12 +403,12 @@ class RoundEngine:
     def _on_rejected(self, kind: str, peer_ip: str, reason: str, detail: str) -> None:
         self.log.emit("rejected", peer=peer_ip, port_kind=kind, reason=reason, detail=detail)
 
-    def _exclude(self, st: _Round, child: str, event: str, detail: str) -> None:
+    def _exclude(self, st: RoundState, child: str, event: str, detail: str) -> None:
         st.excluded[child] = event
         self.log.emit(event, round=st.number, child=child, detail=detail,
                       chunks_received=st.child_next.get(child, 0))
 
-    def _give_up_own(self, st: _Round, why: str) -> None:
+    def _give_up_own(self, st: RoundState, why: str) -> None:
         if not st.own_done:
             st.own_done = st.own_excluded = True
             self.log.emit("own_excluded", round=st.number, detail=why)
@@ -626,7 +424,7 @@ class RoundEngine:
                 self._finalize(st)
 
     # -- learning and aggregation ---------------------------------------------------------------------
-    def _train_and_add(self, st: _Round) -> None:
+    def _train_and_add(self, st: RoundState) -> None:
         started = self.log.emit("train_start", round=st.number)
         measures = self.measures or ()
         loss_before = self.learner.train_loss() if "loss" in measures else None
@@ -635,7 +433,7 @@ class RoundEngine:
         spare = self._own_sent
         own = self.learner.state(spare.tensors if spare is not None and spare.free() else None)
         # free once its update has left whole (G: once the round's aggregate is made)
-        st.own_copy = self._own_sent = _Sent(own, 1)
+        st.own_copy = self._own_sent = SentCopy(own, 1)
         if self.measures is not None:
             st.stats[self.cfg.site] = LocalStats(
                 num_examples=n, path_cost=float(self.cfg.path_cost), round=st.number,
@@ -652,13 +450,13 @@ class RoundEngine:
             st.chunks[k].add(SELF, chunk_view(own, self.layout[k]), n)
         st.own_done = True
 
-    def _contributors(self, st: _Round) -> set[str]:
+    def _contributors(self, st: RoundState) -> set[str]:
         who = {c for c in st.child_next if c not in st.excluded}
         if not st.own_excluded:
             who.add(SELF)
         return who
 
-    def _finalize(self, st: _Round) -> None:
+    def _finalize(self, st: RoundState) -> None:
         """Send (or, at G, keep) every chunk whose contributions are all in, in order."""
         while st.next_out < len(self.layout):
             k = st.next_out
@@ -677,7 +475,7 @@ class RoundEngine:
         if st.number not in self.finished_rounds and (st.global_done or not self.cfg.expects_global):
             self._round_done(st)
 
-    def _emit_chunk(self, st: _Round, k: int) -> None:
+    def _emit_chunk(self, st: RoundState, k: int) -> None:
         acc = st.chunks[k]
         st.chunks[k] = ChunkSum()  # free the sums
         n = acc.num_examples
@@ -705,7 +503,7 @@ class RoundEngine:
         frame = LazyFrame(header, payload)  # hashed by the sender thread, right before it writes
         st.sent_bytes += frame.nbytes
         if last:  # the update has left whole: its copy of the trained model may be written again
-            on_sent = _both(self._once("update_sent", st.number, None, num_examples=n, nbytes=st.sent_bytes),
+            on_sent = both(self._once("update_sent", st.number, None, num_examples=n, nbytes=st.sent_bytes),
                             st.own_copy.one_done if st.own_copy is not None else None)
         else:
             on_sent = self._once("update_first_sent", st.number, None) if k == 0 else None
@@ -763,7 +561,7 @@ class RoundEngine:
         self._g_base = state
         # filled chunk by chunk as aggregates complete (`_emit_chunk`): the last round's broadcast
         # buffer when every child has it, a fresh one while a sender may still read it
-        spare, self._last_sent = self._last_sent, _Sent(state, len(self.broadcast_out))
+        spare, self._last_sent = self._last_sent, SentCopy(state, len(self.broadcast_out))
         self._next_global = (spare.tensors if spare is not None and spare.free()
                              else {k: torch.empty_like(v) for k, v in state.items()})
         chosen = self._choose(r)
@@ -777,12 +575,12 @@ class RoundEngine:
             last = k == len(self.layout) - 1
             for child in sorted(self.broadcast_out):
                 first = self._once("forward_first", r, child) if k == 0 else None
-                self.lanes.send(child, frame, r, _both(first, self._last_sent.one_done if last else None), last)
+                self.lanes.send(child, frame, r, both(first, self._last_sent.one_done if last else None), last)
         if self.cfg.trains and not st.own_done:
             self._train_and_add(st)
         self._finalize(st)
 
-    def _round_done(self, st: _Round) -> None:
+    def _round_done(self, st: RoundState) -> None:
         self.finished_rounds.add(st.number)
         del self.rounds[st.number]
         if not self.cfg.is_global:

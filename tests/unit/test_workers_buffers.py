@@ -20,7 +20,8 @@ from workers.aggregate import aggregate_tensors
 from workers.events import EventLog
 from workers.framing import Buffer, Header, chunk_layout
 from workers.learning import Learner, keep_freed_memory
-from workers.rounds import RoundEngine, _Round
+from workers.round_parts import RoundState
+from workers.rounds import RoundEngine
 
 
 class Watched(RoundEngine):
@@ -44,7 +45,7 @@ class WatchedLocal(RoundEngine):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.own: list[dict[str, torch.Tensor]] = []
 
-    def _train_and_add(self, st: _Round) -> None:
+    def _train_and_add(self, st: RoundState) -> None:
         super()._train_and_add(st)
         assert st.own_copy is not None
         self.own.append(st.own_copy.tensors)

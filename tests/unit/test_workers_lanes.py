@@ -1,6 +1,6 @@
 """Lanes: copies of GLOBAL to children whose paths share a link go one after another.
 
-`workers.rounds._Lanes` with recording senders (what each child was sent, in order), and
+`workers.round_parts.Lanes` with recording senders (what each child was sent, in order), and
 `orchestrator.runtime.task_runner.broadcast_lanes` on hand-made schedules.
 """
 
@@ -14,7 +14,7 @@ from orchestrator.runtime.task_runner import broadcast_lanes
 from orchestrator.scheduling import OverlayEdge, Schedule
 from workers.config import AgentConfig, Peer
 from workers.framing import Buffer
-from workers.rounds import _Lanes
+from workers.round_parts import Lanes
 
 
 class Out:
@@ -30,16 +30,16 @@ class Out:
             self.pending.append(on_sent)
 
 
-def lanes(spec: Sequence[Sequence[str]], children: Sequence[str]) -> tuple[_Lanes, list[tuple[str, int, str]],
+def lanes(spec: Sequence[Sequence[str]], children: Sequence[str]) -> tuple[Lanes, list[tuple[str, int, str]],
                                                                          list[Callable[[], None]]]:
-    """A `_Lanes` over recording senders; also the log of sends and the `on_sent` callbacks pending."""
+    """A `Lanes` over recording senders; also the log of sends and the `on_sent` callbacks pending."""
     log: list[tuple[str, int, str]] = []
     pending: list[Callable[[], None]] = []
     outs = {c: Out(c, log, pending) for c in children}
-    return _Lanes(spec, outs, lambda r, child: log.append((child, r, "copy_sent"))), log, pending
+    return Lanes(spec, outs, lambda r, child: log.append((child, r, "copy_sent"))), log, pending
 
 
-def broadcast(ln: _Lanes, r: int, children: Sequence[str], chunks: int) -> None:
+def broadcast(ln: Lanes, r: int, children: Sequence[str], chunks: int) -> None:
     """Send `chunks` chunks of round `r`'s GLOBAL to every child, chunk by chunk (as G and relays do)."""
     for k in range(chunks):
         for c in children:

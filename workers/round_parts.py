@@ -1,0 +1,220 @@
+"""The pieces the round engine (`workers.rounds.RoundEngine`) is built of: what it sends through and
+learns with (`Sender`, `Learning`), the copies of a trained model still being sent (`SentCopy`), the
+broadcast lanes that send a relay's children one after another (`Lanes`), and one round's state
+(`RoundState`). No sockets; torch only for the tensors' types.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from workers.aggregate import ChunkSum
+from workers.framing import Buffer, TensorSet
+from workers.selection import LocalStats
+
+
+class Sender(Protocol):
+    """An outbound connection (`workers.transport.Outbound`)."""
+
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None: ...
+
+
+class Learning(Protocol):
+    """What the engine needs of `workers.learning.Learner`."""
+
+    @property
+    def template(self) -> Mapping[str, torch.Tensor]: ...
+
+    @property
+    def num_examples(self) -> int: ...
+
+    def train_loss(self) -> float: ...
+
+    def train(self) -> int: ...
+
+    def evaluate(self) -> tuple[float, float]: ...
+
+    def state(self, into: TensorSet | None = None) -> TensorSet: ...
+
+    def load(self, tensors: TensorSet) -> None: ...
+
+    def load_file(self, path: str) -> None: ...
+
+    def save_file(self, path: str) -> None: ...
+
+
+class SentCopy:
+    """A tensor set being sent, and how many sends of all of it are still to finish (sender
+    threads count down as each copy's last chunk leaves; a dropped send never does, so the set is
+    then never reused)."""
+
+    def __init__(self, tensors: TensorSet, children: int) -> None:
+        self.tensors = tensors
+        self._left = children
+        self._lock = threading.Lock()
+
+    def one_done(self) -> None:
+        with self._lock:
+            self._left -= 1
+
+    def free(self) -> bool:
+        with self._lock:
+            return self._left <= 0
+
+
+def both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callable[[], None] | None:
+    if a is None or b is None:
+        return a or b
+
+    def run() -> None:
+        a()
+        b()
+
+    return run
+
+
+class Lanes:
+    """Copies of GLOBAL to the broadcast children of one lane (`AgentConfig.broadcast_lanes`: their
+    paths share a link) go one after another: a child's frames wait here until the copy before it
+    in the lane has left whole (its last chunk sent: the sender thread moves the lane on at once,
+    whatever the engine thread is doing, e.g. training) or its connection is lost. Children in no
+    lane are sent to at once.
+
+    A lane starts over with each round. Copies still waiting when a new round starts, or when the
+    role ends, never started: they are dropped (their child gives that round up anyway), so no
+    connection carries a stale model and a connection's frames keep their order. When the round
+    passes its deadline at this node (a child hangs without its connection breaking), everything
+    waiting goes out at once.
+
+    `on_copy_sent(round, child)` is called from the sender thread. Thread-safe."""
+
+    def __init__(self, lanes: Sequence[Sequence[str]], outs: Mapping[str, Sender],
+                 on_copy_sent: Callable[[int, str], None]) -> None:
+        self.lanes = [tuple(lane) for lane in lanes]
+        self.lane_of = {c: i for i, lane in enumerate(self.lanes) for c in lane}
+        self.outs = outs
+        self.on_copy_sent = on_copy_sent
+        self.round = 0
+        self.pos = [0] * len(self.lanes)  # per lane: the child whose copy goes now
+        self.held: dict[str, list[tuple[Sequence[Buffer], int, Callable[[], None] | None]]] = {
+            c: [] for c in self.lane_of}
+        #: Children whose connection broke and has not come back: never waited for.
+        self.down: set[str] = set()
+        #: Held frames dropped so far (copies of a round that ended before their turn).
+        self.dropped = 0
+        self._lock = threading.RLock()  # reentrant: a sender may run `on_sent` inline
+
+    def send(self, child: str, frame: Sequence[Buffer], r: int, on_sent: Callable[[], None] | None,
+             last: bool) -> None:
+        lane = self.lane_of.get(child)
+        if lane is None:
+            self.outs[child].send(frame, round=r, on_sent=on_sent)
+            return
+        with self._lock:
+            if r > self.round:
+                self._open(r)
+            if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
+                self.outs[child].send(frame, round=r, on_sent=on_sent)
+                return
+            if last:
+                on_sent = both(on_sent, lambda: self.sent(r, child))
+            if self.lanes[lane][self.pos[lane]] == child:
+                self.outs[child].send(frame, round=r, on_sent=on_sent)
+            else:
+                self.held[child].append((frame, r, on_sent))
+
+    def sent(self, r: int, child: str) -> None:
+        """`child`'s copy of round `r` left whole: the next child of its lane goes."""
+        self.on_copy_sent(r, child)
+        with self._lock:
+            lane = self.lane_of[child]
+            if r == self.round and self._current(lane) == child:
+                self._advance(lane)
+
+    def lost(self, child: str) -> None:
+        """`child`'s connection broke: its copy will not leave whole; the lane goes on without it."""
+        if child not in self.lane_of:
+            return
+        with self._lock:
+            self.down.add(child)
+            lane = self.lane_of[child]
+            if self._current(lane) == child:
+                self._advance(lane)
+
+    def back(self, child: str) -> None:
+        with self._lock:
+            self.down.discard(child)
+
+    def late(self, r: int) -> None:
+        """Round `r` passed its deadline here: what waits of it goes out at once."""
+        with self._lock:
+            if r != self.round:
+                return
+            for lane in range(len(self.lanes)):
+                self.pos[lane] = len(self.lanes[lane])
+                for child in self.lanes[lane]:
+                    self._flush(child)
+
+    def drop(self) -> None:
+        """Drop every copy that still waits (a new round starts, or the role ends)."""
+        with self._lock:
+            for lane in range(len(self.lanes)):
+                self.pos[lane] = len(self.lanes[lane])
+            for held in self.held.values():
+                self.dropped += len(held)
+                held.clear()
+
+    def _current(self, lane: int) -> str | None:
+        return self.lanes[lane][self.pos[lane]] if self.pos[lane] < len(self.lanes[lane]) else None
+
+    def _open(self, r: int) -> None:
+        self.drop()
+        self.round = r
+        for lane in range(len(self.lanes)):
+            self.pos[lane] = -1
+            self._advance(lane)
+
+    def _advance(self, lane: int) -> None:
+        while True:
+            self.pos[lane] += 1
+            child = self._current(lane)
+            if child is None:
+                return
+            self._flush(child)
+            if child not in self.down:
+                return
+
+    def _flush(self, child: str) -> None:
+        held, self.held[child] = self.held[child], []
+        for frame, r, on_sent in held:
+            self.outs[child].send(frame, round=r, on_sent=on_sent)
+
+
+@dataclass
+class RoundState:
+    number: int
+    start: float
+    deadline: float
+    chunks: list[ChunkSum]
+    excluded: dict[str, str] = field(default_factory=dict)  # child -> why
+    child_next: dict[str, int] = field(default_factory=dict)
+    global_next: int = 0
+    global_done: bool = False
+    own_done: bool = False
+    own_excluded: bool = False
+    late: bool = False
+    next_out: int = 0
+    min_examples: int | None = None
+    max_examples: int = 0
+    #: Frame bytes (fixed and JSON headers included) of this round's UPDATE sent / GLOBAL received.
+    sent_bytes: int = 0
+    received_bytes: int = 0
+    #: The copy of the trained model this round's update is made of (when this node trained).
+    own_copy: SentCopy | None = None
+    #: Selection: the statistics of the locals heard from this round (own and the children's).
+    stats: dict[str, LocalStats] = field(default_factory=dict)
