@@ -13,7 +13,8 @@ Every shaped switch-to-switch egress interface (the directed link a->b leaves a'
 
 The emulation builds 5:0, 5:1, 5:2, 5:3, 5:4 and their two filters when it brings the links up
 (`base_layout`, used by Mininet's interface class); the controller adds a task's classes and
-filters after the task's flow entries and removes them with the entries (`TcShaper`).
+filters after the task's flow entries and removes them with the entries (`TcShaper`). Where the
+kernel has netem, every leaf class carries the link's propagation delay (`delay_leaves`).
 
 Best-effort connectivity (`controller.flows.best_effort_entries`) marks its packets with the Lower
 Effort DSCP; one u32 filter per link (preference `BEST_EFFORT_FILTER_PRIO`, below any task's) sends
@@ -190,6 +191,26 @@ def background_queue(dev: str) -> TcCommand:
     """The background leaf's short queue (`BACKGROUND_QUEUE_PACKETS`), for links without netem."""
     return ["qdisc", "add", "dev", dev, "parent", classid(BACKGROUND_CLASS), "handle", f"{BACKGROUND_QDISC_MAJOR}:",
             "pfifo", "limit", str(BACKGROUND_QUEUE_PACKETS)]
+
+
+#: The handles of the netem qdiscs `delay_leaves` puts under the best-effort and ACK classes
+#: (Mininet's netem under the background class is 10:; the controller's under task classes take
+#: handles tc allocates, from 8000:).
+DELAY_QDISC_MAJORS = {BEST_EFFORT_CLASS: 0x11, ACK_CLASS: 0x12}
+
+
+def delay_leaves(dev: str, delay: str) -> list[TcCommand]:
+    """The link's propagation delay (netem, e.g. ``delay="1.500ms"``) under the best-effort and ACK classes.
+
+    The delay is the fibre's, so every class of a link carries it: the background's netem comes with
+    the link (Mininet's), each task's from the controller (`install_commands`), and these two with
+    the link as well. Without them, best-effort traffic (a user's ``ping``) crossed the links with no
+    delay at all, and every TCP flow's pure ACKs came back without the reverse path's delay, so a
+    task's round trip was one way's fibre delay (seen on a stock kernel: ping 0.6 ms over a path
+    of 20 ms).
+    """
+    return [["qdisc", "add", "dev", dev, "parent", classid(minor), "handle", f"{major:x}:", "netem", "delay", delay]
+            for minor, major in DELAY_QDISC_MAJORS.items()]
 
 
 @dataclass(frozen=True)
