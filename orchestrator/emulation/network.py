@@ -232,7 +232,8 @@ class Emulation:
     delay
         ``"auto"`` (netem if available), or False to never add delay.
     connect_timeout_s
-        How long to wait for every switch to connect to the controller.
+        How long to wait for the controller's REST API to answer, then for every switch to connect
+        to it (a slow machine, e.g. an emulated CPU, needs more than the default).
     log_dir
         Where logs go; default ``/var/log/netai/runs/<run id>``.
     mininet_log_level
@@ -422,7 +423,7 @@ class Emulation:
             self.state.controller_pid = self.controller.pid
             self.state.rest_url = self.controller.client.base_url
             self.state.save()
-            self.controller.wait_ready()
+            self.controller.wait_ready(self.connect_timeout_s)
             self._start_mininet(use_kernel=use_kernel, delay_emulated=delay_emulated)
             if not use_kernel:
                 self._record_receive_buffers()
