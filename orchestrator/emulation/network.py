@@ -365,6 +365,12 @@ class Emulation:
         t0 = time.monotonic()
         self._clear_the_way()
         features = probe_kernel()
+        if self._datapath_choice == "kernel" and not features.ovs_kernel_datapath:
+            # Else Mininet adds bridges that ovs-vswitchd cannot open, and the run only times out
+            # waiting for switches that never connect.
+            raise EmulationError(
+                "the kernel datapath was asked for, but this kernel has no openvswitch module "
+                "(modprobe openvswitch failed): use datapath 'auto' or 'user' (the userspace datapath)")
         use_kernel = self._datapath_choice == "kernel" or (
             self._datapath_choice == "auto" and features.ovs_kernel_datapath
         )
