@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -98,12 +99,18 @@ def run_checks(checks: list[str] | None = None, where: str | None = None) -> Che
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     env.setdefault("VENV", sys.prefix)  # the guest build's pip is this venv's (scripts/guest/build.sh)
     t0 = time.monotonic()
-    proc = subprocess.run(command(where, checks or []), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors="replace",
-                          timeout=GUEST_TIMEOUT_S + BUILD_ALLOWANCE_S, check=False)
+    # A process group of its own: on a timeout QEMU (or the host's emulation) goes with the script.
+    proc = subprocess.Popen(command(where, checks or []), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=GUEST_TIMEOUT_S + BUILD_ALLOWANCE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate()
+        output += f"\n(stopped after {GUEST_TIMEOUT_S + BUILD_ALLOWANCE_S} s)"
     elapsed_s = time.monotonic() - t0
-    accel, results, bad = parse(proc.stdout)
-    built = re.search(r"^\[guest-build\] built guest \S+ .* in (\d+) s$", proc.stdout, flags=re.M)
+    accel, results, bad = parse(output)
+    built = re.search(r"^\[guest-build\] built guest \S+ .* in (\d+) s$", output, flags=re.M)
     return ChecksRun(where=where, accel=accel if where == "guest" else None, status=proc.returncode,
-                     results=results, output=proc.stdout, bad_lines=bad, elapsed_s=round(elapsed_s, 1),
+                     results=results, output=output, bad_lines=bad, elapsed_s=round(elapsed_s, 1),
                      build_s=float(built.group(1)) if built else None)
