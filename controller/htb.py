@@ -170,3 +170,23 @@ def shaped_links(plan: EmulationPlan) -> list[ShapedLink]:
         for a, b in ((ln.a, ln.b), (ln.b, ln.a)):
             out.append(ShapedLink(a, b, interface(plan, a, b), ln.emulated_mbps, ln.delay_ms))
     return out
+
+
+#: The handles of the netem qdiscs `delay_leaves` puts under the best-effort and ACK classes
+#: (Mininet's netem under the background class is 10:; the controller's under task classes take
+#: handles tc allocates, from 8000:).
+DELAY_QDISC_MAJORS = {BEST_EFFORT_CLASS: 0x11, ACK_CLASS: 0x12}
+
+
+def delay_leaves(dev: str, delay: str) -> list[TcCommand]:
+    """The link's propagation delay (netem, e.g. ``delay="1.500ms"``) under the best-effort and ACK classes.
+
+    The delay is the fibre's, so every class of a link carries it: the background's netem comes with
+    the link (Mininet's), each task's from the controller (`controller.shaping.install_commands`),
+    and these two with the link as well. Without them, best-effort traffic (a user's ``ping``)
+    crossed the links with no delay at all, and every TCP flow's pure ACKs came back without the
+    reverse path's delay, so a task's round trip was one way's fibre delay (seen on a stock kernel:
+    ping 0.6 ms over a path of 20 ms).
+    """
+    return [["qdisc", "add", "dev", dev, "parent", classid(minor), "handle", f"{major:x}:", "netem", "delay", delay]
+            for minor, major in DELAY_QDISC_MAJORS.items()]

@@ -3,7 +3,8 @@
 Every shaped switch-to-switch egress interface carries the htb tree of `controller.htb` (root 5:0,
 the link 5:1, background 5:2, best-effort connectivity 5:3, pure ACKs 5:4); a task gets one class
 5:N under 5:1 on every link its segments cross (N = 0x10, 0x11, ...; the same N on every link),
-added after the task's flow entries and removed with them (`TcShaper`).
+added after the task's flow entries and removed with them (`TcShaper`). Where the kernel has netem,
+every leaf class carries the link's propagation delay (`controller.htb.delay_leaves`).
 
 A reservation is a guarantee, not a cap: a task's class is guaranteed the sum of the
 `PathSpec.reserved_mbps` of the task's paths that cross the link, and borrows up to the link's rate

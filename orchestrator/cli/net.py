@@ -150,7 +150,7 @@ def cmd_net_test(args: argparse.Namespace) -> int:
     say: Callable[[str], None] = (lambda _m: None) if args.json else (lambda m: print(f"*** {m}", flush=True))
     try:
         result = self_test(args.topology, locals_per_task=args.locals, iperf_seconds=args.seconds, seed=args.seed,
-                           max_link_mbps=args.max_link_mbps, say=say)
+                           max_link_mbps=args.max_link_mbps, connect_timeout_s=args.timeout, say=say)
     except EmulationError as e:
         result = {"ok": False, "error": str(e)}
     if args.json:
@@ -331,7 +331,8 @@ def register(subparsers: Any) -> None:
     up = net_sub.add_parser("up", help="bring a topology up and open Mininet's CLI")
     _add_topology_args(up)
     up.add_argument("--no-cli", action="store_true", help="no Mininet CLI: stay up until Ctrl-C/SIGTERM")
-    up.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for all switches")
+    up.add_argument("--timeout", type=float, default=30.0,
+                    help="seconds to wait for the controller, then for all switches")
     up.add_argument("--strict", action="store_true",
                     help="no best-effort connectivity: only tasks' paths and background routes carry traffic")
     add_dashboard_args(up)
@@ -343,6 +344,8 @@ def register(subparsers: Any) -> None:
     test.add_argument("--seed", type=int, default=1, help="seed of the test task")
     test.add_argument("--seconds", type=float, default=3.0, help="iperf3 duration")
     test.add_argument("--json", action="store_true", help="print the summary as JSON")
+    test.add_argument("--timeout", type=float, default=30.0,
+                      help="seconds to wait for the controller, then for all switches")
     test.set_defaults(func=cmd_net_test)
 
     link = net_sub.add_parser("link", help="cut (down) or restore (up) a link of the running network, both ways")

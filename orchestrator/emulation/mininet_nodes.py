@@ -13,7 +13,7 @@ import subprocess
 from functools import partial
 from typing import Any
 
-from controller.htb import BACKGROUND_CLASS, background_queue, base_layout, classid
+from controller.htb import BACKGROUND_CLASS, background_queue, base_layout, classid, delay_leaves
 from orchestrator.emulation.cleanup import BRIDGE_TAG
 from topologies.plan import IP_PREFIX_LEN
 
@@ -48,7 +48,7 @@ def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
 
         `controller.htb.base_layout`: root qdisc 5:0 (default 5:2), the link class 5:1 at `bw`,
         the background leaf 5:2 (small guarantee, borrows up to `bw`), the best-effort leaf 5:3, the
-        ACK leaf 5:4 and their filters; a netem delay goes under 5:2 (the controller puts the same delay under each
+        ACK leaf 5:4 and their filters; a netem delay goes under 5:2, 5:3 and 5:4 (the controller puts the same delay under each
         task class; best-effort traffic goes without it). Every class has an explicit
         quantum (one MTU frame): at tens of Mbit/s htb's default (rate / r2q) draws a warning,
         which Mininet reports as an error.
@@ -66,11 +66,15 @@ def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
         @staticmethod
         def delayCmds(parent: str, delay: Any = None, jitter: Any = None, loss: Any = None,
                       max_queue_size: Any = None) -> tuple[list[str], str]:
-            """Mininet's netem under the background leaf; without one, the background's short
-            pfifo (`controller.htb.background_queue`)."""
+            """Mininet's netem under the background leaf and the same delay under the best-effort
+            and ACK leaves (`controller.htb.delay_leaves`); without a delay, the background's
+            short pfifo (`controller.htb.background_queue`)."""
             cmds, out = TCIntf.delayCmds(parent, delay=delay, jitter=jitter, loss=loss, max_queue_size=max_queue_size)
-            if not cmds and parent.split() == ["parent", classid(BACKGROUND_CLASS)]:
-                cmds = [" ".join(["%s", *background_queue("%s")])]
+            if parent.split() == ["parent", classid(BACKGROUND_CLASS)]:
+                if not cmds:
+                    cmds = [" ".join(["%s", *background_queue("%s")])]
+                elif delay is not None:
+                    cmds = cmds + [" ".join(["%s", *args]) for args in delay_leaves("%s", str(delay))]
             return cmds, out
 
     link = partial(TCLink, cls1=ShapedIntf, cls2=ShapedIntf)

@@ -130,7 +130,8 @@ class Emulation:
     delay
         ``"auto"`` (netem if available), or False to never add delay.
     connect_timeout_s
-        How long to wait for every switch to connect to the controller.
+        How long to wait for the controller's REST API to answer, then for every switch to connect
+        to it (a slow machine, e.g. an emulated CPU, needs more than the default).
     log_dir
         Where logs go; default ``/var/log/netai/runs/<run id>``.
     mininet_log_level
@@ -271,6 +272,12 @@ class Emulation:
     def _choose_datapath_and_delay(self) -> tuple[bool, bool]:
         """(kernel datapath?, delay emulated?) from the choices and what the kernel offers."""
         features = probe_kernel()
+        if self._datapath_choice == "kernel" and not features.ovs_kernel_datapath:
+            # Else Mininet adds bridges that ovs-vswitchd cannot open, and the run only times out
+            # waiting for switches that never connect.
+            raise EmulationError(
+                "the kernel datapath was asked for, but this kernel has no openvswitch module "
+                "(modprobe openvswitch failed): use datapath 'auto' or 'user' (the userspace datapath)")
         use_kernel = self._datapath_choice == "kernel" or (
             self._datapath_choice == "auto" and features.ovs_kernel_datapath
         )
@@ -326,7 +333,7 @@ class Emulation:
         self.state.controller_pid = controller.pid
         self.state.rest_url = controller.client.base_url
         self.state.save()
-        controller.wait_ready()
+        controller.wait_ready(self.connect_timeout_s)
         return controller
 
     def _clear_the_way(self) -> None:

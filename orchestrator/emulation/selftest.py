@@ -31,7 +31,7 @@ from controller.flows import (
     task_entries,
 )
 from orchestrator.emulation.background import wait_listening
-from orchestrator.emulation.network import Emulation
+from orchestrator.emulation.network import DEFAULT_CONNECT_TIMEOUT_S, Emulation
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.schedule import Schedule, task_ports
@@ -198,6 +198,7 @@ def self_test(
     iperf_seconds: float = 3.0,
     seed: int = 1,
     max_link_mbps: float = DEFAULT_MAX_LINK_MBPS,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
     say: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any]:
     """The ``netai net test`` checks (see the module docstring); returns the summary dict.
@@ -206,7 +207,8 @@ def self_test(
     ``isolation_ok``, ``flows_match``, ``bytes_ok``, ``iperf_mbps``, ``iperf_configured_mbps``,
     ``iperf_ratio`` (goodput / shaped line rate), ``iperf_ratio_of_ceiling`` (goodput / the TCP
     goodput ceiling `GOODPUT_CEILING` x line rate), ``delay_emulated``, ``teardown_clean``,
-    ``ok``, and details of failures.
+    ``ok``, and details of failures. `connect_timeout_s` is the emulation's wait for the controller,
+    then for every switch (`Emulation`).
     """
     plan, schedule = _test_task(topology, locals_per_task=locals_per_task, seed=seed, max_link_mbps=max_link_mbps)
     # Decide the isolation and iperf3 pairs before anything starts: a topology too small is a usage error.
@@ -218,7 +220,7 @@ def self_test(
     result: dict[str, Any] = {"topology": topology, "task": schedule.task_id, "scheduler": "mst",
                               "connectivity": STRICT}
     # Strict: the isolation check needs hosts that no route joins, the flow tables hold only the task's.
-    emu = Emulation(plan, connectivity=STRICT)
+    emu = Emulation(plan, connectivity=STRICT, connect_timeout_s=connect_timeout_s)
     with emu:
         info = emu.info
         assert info is not None

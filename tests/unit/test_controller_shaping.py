@@ -24,6 +24,7 @@ from controller.htb import (
     MIN_RATE_MBPS,
     background_queue,
     base_layout,
+    delay_leaves,
     shaped_links,
     task_budget_mbps,
 )
@@ -145,6 +146,14 @@ def test_base_layout_is_root_link_background_best_effort_and_ack_classes() -> No
 def test_the_background_leaf_gets_a_short_pfifo() -> None:
     assert batch_text([background_queue("s1-eth2")]).splitlines() == [
         f"qdisc add dev s1-eth2 parent 5:2 handle 6: pfifo limit {BACKGROUND_QUEUE_PACKETS}"]
+
+
+def test_the_link_delay_goes_under_the_best_effort_and_ack_classes_too() -> None:
+    # a ping (best effort) and every flow's pure ACKs cross the fibre like the data: same delay
+    assert batch_text(delay_leaves("s1-eth2", "1.500ms")).splitlines() == [
+        "qdisc add dev s1-eth2 parent 5:3 handle 11: netem delay 1.500ms",
+        "qdisc add dev s1-eth2 parent 5:4 handle 12: netem delay 1.500ms",
+    ]
 
 
 def test_shaped_links_name_the_egress_interface_of_each_direction(plan: EmulationPlan) -> None:

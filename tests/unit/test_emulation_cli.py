@@ -15,11 +15,13 @@ def test_subcommands_are_registered_with_their_options() -> None:
 
     up = parser.parse_args(["net", "up", "--topology", "triangle", "--no-cli"])
     test = parser.parse_args(["net", "test", "--json", "--locals", "3"])
+    slow_test = parser.parse_args(["net", "test", "--timeout", "180"])
     flows = parser.parse_args(["flows", "--task", "4", "--once"])
     links = parser.parse_args(["links", "--once", "--url", "http://127.0.0.1:9"])
 
     assert (up.topology, up.no_cli) == ("triangle", True)
-    assert (test.json, test.locals, test.topology) == (True, 3, "sndlib/nobel-us")
+    assert (test.json, test.locals, test.topology, test.timeout) == (True, 3, "sndlib/nobel-us", 30.0)
+    assert slow_test.timeout == 180.0
     assert (flows.task, flows.once) == (4, True)
     assert links.url == "http://127.0.0.1:9"
 

@@ -1,0 +1,258 @@
+"""The stock-kernel checks: run where the OVS kernel datapath and netem exist, print marked JSON results.
+
+``python -m tests.guest.checks`` runs inside the test guest (scripts/guest/run.sh), or directly on a
+host whose kernel has the openvswitch module and sch_netem (`tests.guest.driver` chooses). Each
+check prints one line ``NETAI-GUEST-RESULT {json}`` with what it measured; the pytest side
+(`tests/guest/test_stock_kernel.py`) asserts on them, so the same figures are judged wherever they
+were measured. A check that raises reports its error instead; the others still run.
+
+- ``rtt``: a line of four sites joined by long fibres, brought up with ``datapath="kernel"``;
+  ping between every pair of hosts (path by path): each path's lowest and median RTT, and twice its
+  summed fibre delay.
+- ``reservation``: a task's paths installed by the controller on a 10 Mbit/s line (a rate an
+  emulated CPU carries): its htb class with netem under it on every link of its path, its flow
+  against four saturating background iperf3 streams, and a control run without the task.
+- ``net_test``: ``netai net test`` (the CLI) on a small ring, as a user runs it.
+- ``guest_clean``: after the runs, nothing of them in the machine (in the guest: nothing at all).
+
+Traffic stays between the emulation's hosts. This module asserts nothing itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from controller.paths import PathSpec, TaskPaths
+from controller.htb import interface
+from orchestrator.emulation.network import Emulation, EmulationInfo
+from tests.integration.test_reservations import Flow, class_bytes, run_together, tc_show
+from topologies.model import NetworkModel
+from topologies.plan import EmulationPlan
+
+RESULT_MARK = "NETAI-GUEST-RESULT "
+IN_GUEST = os.environ.get("NETAI_IN_GUEST") == "1"
+#: The line of the RTT check: A - B - C - D, fibre lengths in km (1.5, 3.5 and 5 ms one way).
+RTT_LINE_KM = (300.0, 700.0, 1000.0)
+#: Echoes per path, PING_INTERVAL_S apart: enough that some escape the scheduling delays of an
+#: emulated CPU on a busy host.
+PINGS = 30
+PING_INTERVAL_S = 0.1
+#: The line of the reservation check: A - B - C at LINK_MBPS, each fibre RESERVATION_KM long.
+LINK_MBPS = 10.0
+RESERVED_MBPS = 5.0
+RESERVATION_KM = 200.0
+TASK_ID = 28
+TASK_PORT = 21028
+BACKGROUND_PORT = 5201
+BACKGROUND_STREAMS = 4
+IPERF_SECONDS = 6
+#: ``netai net test`` in the guest: a small ring at a rate the emulated CPU carries.
+#: How long a bring-up may wait for the controller, then for the switches: an emulated CPU on a busy
+#: host starts os-ken in tens of seconds.
+CONNECT_TIMEOUT_S = 180.0
+NET_TEST_ARGS = ["net", "test", "--topology", "ring:6", "--locals", "2", "--max-link-mbps", "10",
+                 "--timeout", f"{CONNECT_TIMEOUT_S:g}", "--json"]
+
+
+def line_plan(name: str, lengths_km: tuple[float, ...], capacity_mbps: float) -> EmulationPlan:
+    """Sites A, B, C, ... in a line; link i joins site i and i+1 with fibre `lengths_km[i]`."""
+    names = [chr(ord("A") + i) for i in range(len(lengths_km) + 1)]
+    links = [{"a": a, "b": b, "capacity_mbps": capacity_mbps, "wavelengths": 1, "length_km": km}
+             for (a, b), km in zip(itertools.pairwise(names), lengths_km, strict=True)]
+    model = NetworkModel.build(name, [{"name": s} for s in names], links)
+    return EmulationPlan.from_model(model, bw_scale=1.0)
+
+
+def emulation_facts(info: EmulationInfo | None) -> dict[str, Any]:
+    assert info is not None
+    return {"datapath": info.datapath, "delay_emulated": info.delay_emulated,
+            "switches_connected": info.switches_connected, "bringup_s": info.bringup_s}
+
+
+def teardown_facts(emu: Emulation) -> dict[str, Any]:
+    info = emu.info
+    assert info is not None
+    return {"teardown_clean": info.teardown_clean, "leftovers": info.leftovers}
+
+
+def bridge_datapath_types(emu: Emulation) -> dict[str, str]:
+    """``datapath_type`` of each of the run's bridges (``system`` or empty: the kernel datapath)."""
+    out = {}
+    for sw in emu.plan.switches:
+        res = subprocess.run(["ovs-vsctl", "get", "bridge", sw.name, "datapath_type"],
+                             capture_output=True, text=True, check=False)
+        out[sw.name] = res.stdout.strip().strip('"') if res.returncode == 0 else f"error: {res.stderr.strip()}"
+    return out
+
+
+def kernel_datapaths() -> list[str]:
+    """The kernel's OVS datapaths (``ovs-dpctl dump-dps``), e.g. ``system@ovs-system``."""
+    res = subprocess.run(["ovs-dpctl", "dump-dps"], capture_output=True, text=True, check=False)
+    return res.stdout.split()
+
+
+def ping_ms(src: Any, dst: Any, count: int = PINGS) -> list[float]:
+    """Round-trip times (ms) of `count` ICMP echoes from host `src` to host `dst`."""
+    proc = src.popen(["ping", "-n", "-c", str(count), "-i", f"{PING_INTERVAL_S:g}", "-W", "2", dst.IP()],
+                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate(timeout=count * PING_INTERVAL_S + 30)
+    return [float(m) for m in re.findall(r"time=([0-9.]+) ms", out)]
+
+
+def check_rtt() -> dict[str, Any]:
+    """Ping every pair of hosts on a line of long fibres; RTT against twice the fibre delay."""
+    plan = line_plan("guest-line-4", RTT_LINE_KM, 10.0)
+    model_delay = {(ln.a, ln.b): ln.delay_ms for ln in plan.links}
+    result: dict[str, Any] = {"check": "rtt", "lengths_km": list(RTT_LINE_KM), "paths": []}
+    emu = Emulation(plan, datapath="kernel", connect_timeout_s=CONNECT_TIMEOUT_S)
+    with emu:
+        result.update(emulation_facts(emu.info))
+        result["bridge_datapath_types"] = bridge_datapath_types(emu)
+        result["kernel_datapaths"] = kernel_datapaths()
+        result["qdiscs_a_b"] = tc_show("qdisc", interface(plan, "A", "B"))
+        sites = [h.site for h in plan.hosts]
+        for a, b in itertools.combinations(sites, 2):
+            i, j = sites.index(a), sites.index(b)
+            one_way = sum(model_delay[(sites[k], sites[k + 1])] for k in range(i, j))
+            rtts = ping_ms(emu.host(a), emu.host(b))
+            result["paths"].append({
+                "path": sites[i:j + 1], "expected_ms": round(2 * one_way, 3), "sent": PINGS, "received": len(rtts),
+                # the first echo of a pair may wait for the kernel datapath's upcall: left out of the median
+                "median_ms": statistics.median(rtts[1:]) if len(rtts) > 1 else None,
+                "min_ms": min(rtts) if rtts else None,
+            })
+    result.update(teardown_facts(emu))
+    return result
+
+
+def the_task(plan: EmulationPlan) -> TaskPaths:
+    sites = tuple(h.site for h in plan.hosts)
+    return TaskPaths(task_id=TASK_ID, label="stock-kernel", paths=(
+        PathSpec(src=sites[0], dst=sites[-1], sites=sites, tcp_dst=TASK_PORT, reserved_mbps=RESERVED_MBPS,
+                 kind="broadcast"),
+    ))
+
+
+def task_qdiscs(emu: Emulation, classid: str) -> dict[str, str]:
+    """Per link of the task's path (both directions): the qdisc line under the task's class."""
+    out = {}
+    sites = [h.site for h in emu.plan.hosts]
+    for a, b in itertools.chain(itertools.pairwise(sites), itertools.pairwise(reversed(sites))):
+        lines = [ln for ln in tc_show("qdisc", interface(emu.plan, a, b)).splitlines() if f"parent {classid} " in ln]
+        out[f"{a}->{b}"] = lines[0].strip() if lines else ""
+    return out
+
+
+def check_reservation() -> dict[str, Any]:
+    """A task's class (with netem under it) keeps its reserved rate against saturating background."""
+    plan = line_plan("guest-line-3", (RESERVATION_KM, RESERVATION_KM), LINK_MBPS)
+    src, dst = plan.hosts[0].site, plan.hosts[-1].site
+    task_flow = Flow("task", src, dst, TASK_PORT)
+    background = Flow("background", src, dst, BACKGROUND_PORT, streams=BACKGROUND_STREAMS)
+    result: dict[str, Any] = {"check": "reservation", "link_mbps": LINK_MBPS, "reserved_mbps": RESERVED_MBPS,
+                              "background_streams": BACKGROUND_STREAMS}
+    emu = Emulation(plan, datapath="kernel", connect_timeout_s=CONNECT_TIMEOUT_S)
+    with emu:
+        result.update(emulation_facts(emu.info))
+        emu.client.set_background([[src, dst]])
+        summary = emu.client.install_task(the_task(plan))
+        task_class = summary["reservation"]["classid"]
+        result["enforced"] = summary["reservation"]["enforced"]
+        result["task_qdiscs"] = task_qdiscs(emu, task_class)
+        dev = interface(plan, src, plan.hosts[1].site)
+        before = class_bytes(dev)
+        shaped = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS)
+        result["task_class_bytes"] = class_bytes(dev).get(task_class, 0) - before.get(task_class, 0)
+        emu.client.remove_task(TASK_ID)
+        result["classes_after_remove"] = sorted(class_bytes(dev))
+        result["task_class"] = task_class
+        control = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS)
+    result.update(teardown_facts(emu))
+    result.update(task_mbps=shaped["task"], background_mbps=shaped["background"],
+                  control_task_mbps=control["task"], control_background_mbps=control["background"],
+                  iperf_seconds=IPERF_SECONDS)
+    return result
+
+
+def check_net_test() -> dict[str, Any]:
+    """``netai net test`` as a user runs it; its JSON summary and exit status."""
+    res = subprocess.run([sys.executable, "-m", "orchestrator.cli", *NET_TEST_ARGS],
+                         capture_output=True, text=True, timeout=600, check=False)
+    try:
+        summary = json.loads(res.stdout)
+    except json.JSONDecodeError:
+        summary = {"unparsed_stdout": res.stdout[-2000:]}
+    return {"check": "net_test", "args": NET_TEST_ARGS, "exit_status": res.returncode, "summary": summary,
+            "stderr_tail": res.stderr[-2000:]}
+
+
+def machine_leftovers() -> dict[str, Any]:
+    """What emulations left in this machine: bridges, kernel datapaths' ports, interfaces, namespaces,
+    processes. Only meaningful in the guest, where nothing else runs."""
+    bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=False).stdout.split()
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=False).stdout
+    names = [m.split("@")[0] for m in re.findall(r"^\d+: (\S+):", links, flags=re.M)]
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout.split()
+    procs = []
+    for stat in Path("/proc").glob("[0-9]*/comm"):
+        try:
+            comm = stat.read_text().strip()
+        except OSError:
+            continue
+        if comm in {"iperf3", "ping", "mnexec", "osken-manager", "tc"} or comm.startswith("osken"):
+            procs.append(comm)
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, check=False).stdout
+    return {"bridges": bridges, "interfaces": [n for n in names if n not in {"lo", "ovs-system"}],
+            "netns": netns, "processes": sorted(procs),
+            "shaped": [ln for ln in qdiscs.splitlines() if any(k in ln for k in ("htb", "netem"))],
+            "datapath_ports": kernel_datapath_ports()}
+
+
+def kernel_datapath_ports() -> list[str]:
+    """Ports left on the kernel datapaths, other than each datapath's own internal port."""
+    out = subprocess.run(["ovs-dpctl", "show"], capture_output=True, text=True, check=False).stdout
+    return [ln.strip() for ln in out.splitlines() if re.match(r"\s+port \d+:", ln) and "(internal)" not in ln]
+
+
+def check_guest_clean() -> dict[str, Any]:
+    if not IN_GUEST:
+        return {"check": "guest_clean", "skipped": "not in the guest: only each run's own marks were checked"}
+    return {"check": "guest_clean", "leftovers": machine_leftovers()}
+
+
+CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
+    "rtt": check_rtt,
+    "reservation": check_reservation,
+    "net_test": check_net_test,
+    "guest_clean": check_guest_clean,
+}
+
+
+def main(argv: list[str]) -> int:
+    names = argv or list(CHECKS)
+    unknown = [n for n in names if n not in CHECKS]
+    if unknown:
+        print(f"unknown check(s) {', '.join(unknown)}; known: {', '.join(CHECKS)}", file=sys.stderr)
+        return 2
+    for name in names:
+        print(f"*** check {name}", file=sys.stderr, flush=True)
+        try:
+            result = CHECKS[name]()
+        except Exception as e:  # noqa: BLE001 - reported as the check's result; the other checks still run
+            result = {"check": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        print(RESULT_MARK + json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,116 @@
+"""Run `tests.guest.checks` where the stock-kernel paths exist: on this host, or in the test guest.
+
+A host whose kernel has the openvswitch module and sch_netem (what `probe_kernel` finds, as
+``datapath: auto`` would) runs the checks directly, under the machine-wide Mininet lock. Any other
+host boots the guest (scripts/guest/run.sh: Debian's stock kernel, built and cached by
+scripts/guest/build.sh, KVM when it boots there, else TCG) and runs them inside; the results come
+back as marked lines on the guest's console. ``NETAI_STOCK_KERNEL=host|guest`` forces the choice.
+
+This module is test tooling: the orchestrator does not import it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_SCRIPT = REPO / "scripts" / "guest" / "run.sh"
+RESULT_MARK = "NETAI-GUEST-RESULT "
+ACCEL_MARK = "NETAI-GUEST-ACCEL "
+ENV_WHERE = "NETAI_STOCK_KERNEL"
+MININET_LOCK = "/tmp/netai-mininet.lock"
+#: The guest's own time limit for the checks, seconds (its build, when the cache is cold, comes on top).
+GUEST_TIMEOUT_S = 600
+BUILD_ALLOWANCE_S = 600
+
+
+@dataclass
+class ChecksRun:
+    """Where the checks ran and what they reported."""
+
+    where: str  # "host" or "guest"
+    accel: str | None  # the guest's accelerator ("kvm" or "tcg"); None on the host
+    status: int
+    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    output: str = ""
+    bad_lines: list[str] = field(default_factory=list)
+    #: Wall time of the whole run, s (the guest's build included when its cache was cold).
+    elapsed_s: float = 0.0
+    #: The guest build's own time, s, when this run built it (None: the cache was warm, or the host).
+    build_s: float | None = None
+
+
+def host_has_stock_paths() -> bool:
+    """The OVS kernel datapath and netem, probed as the emulation probes them (it loads the module)."""
+    from orchestrator.emulation.kernel import probe_kernel
+
+    features = probe_kernel()
+    return features.ovs_kernel_datapath and features.netem
+
+
+def choose_where() -> str:
+    """``host`` or ``guest`` (see the module docstring)."""
+    forced = os.environ.get(ENV_WHERE, "auto")
+    if forced not in {"auto", "host", "guest"}:
+        raise ValueError(f"{ENV_WHERE} must be auto, host or guest, got {forced!r}")
+    if forced != "auto":
+        return forced
+    return "host" if host_has_stock_paths() else "guest"
+
+
+def command(where: str, checks: list[str]) -> list[str]:
+    module = ["-m", "tests.guest.checks", *checks]
+    if where == "host":
+        return ["flock", MININET_LOCK, sys.executable, *module]
+    return ["bash", str(RUN_SCRIPT), "--timeout", str(GUEST_TIMEOUT_S), "--", "/opt/venv/bin/python", *module]
+
+
+def parse(output: str) -> tuple[str | None, dict[str, dict[str, Any]], list[str]]:
+    """(accelerator, {check: result}, marked lines that did not parse) from the checks' output."""
+    accel = None
+    results: dict[str, dict[str, Any]] = {}
+    bad = []
+    for line in output.splitlines():
+        if line.startswith(ACCEL_MARK):
+            accel = line[len(ACCEL_MARK):].strip()
+        at = line.find(RESULT_MARK)
+        if at < 0:
+            continue
+        try:
+            result = json.loads(line[at + len(RESULT_MARK):])
+            results[str(result["check"])] = result
+        except (ValueError, KeyError, TypeError):
+            bad.append(line)
+    return accel, results, bad
+
+
+def run_checks(checks: list[str] | None = None, where: str | None = None) -> ChecksRun:
+    """Run the named checks (all by default) on the host or in the guest; see the module docstring."""
+    where = where or choose_where()
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.setdefault("VENV", sys.prefix)  # the guest build's pip is this venv's (scripts/guest/build.sh)
+    t0 = time.monotonic()
+    # A process group of its own: on a timeout QEMU (or the host's emulation) goes with the script.
+    proc = subprocess.Popen(command(where, checks or []), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=GUEST_TIMEOUT_S + BUILD_ALLOWANCE_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate()
+        output += f"\n(stopped after {GUEST_TIMEOUT_S + BUILD_ALLOWANCE_S} s)"
+    elapsed_s = time.monotonic() - t0
+    accel, results, bad = parse(output)
+    built = re.search(r"^\[guest-build\] built guest \S+ .* in (\d+) s$", output, flags=re.M)
+    return ChecksRun(where=where, accel=accel if where == "guest" else None, status=proc.returncode,
+                     results=results, output=output, bad_lines=bad, elapsed_s=round(elapsed_s, 1),
+                     build_s=float(built.group(1)) if built else None)
