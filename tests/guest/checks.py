@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller.paths import PathSpec, TaskPaths
 from controller.htb import interface
+from controller.paths import PathSpec, TaskPaths
 from orchestrator.emulation.network import Emulation, EmulationInfo
 from tests.integration.test_reservations import Flow, class_bytes, run_together, tc_show
 from topologies.model import NetworkModel
