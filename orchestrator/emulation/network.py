@@ -50,7 +50,7 @@ from typing import Any
 from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
 from controller.shaping import BACKGROUND_CLASS, ENV_LINK_DELAY, background_queue, base_layout, classid
 from orchestrator.emulation import cluster as clustering
-from orchestrator.emulation import ovs_socket
+from orchestrator.emulation import datapath_priority, ovs_socket
 from orchestrator.emulation.cleanup import (
     BRIDGE_TAG,
     ENV_RUN,
@@ -412,6 +412,7 @@ class Emulation:
             self.state.save()
             self.controller.wait_ready()
             self._start_mininet(use_kernel=use_kernel, delay_emulated=delay_emulated)
+            datapath_priority.raise_datapath(self.info)  # switch threads above training (its docstring)
             if not use_kernel:
                 self._record_receive_buffers()
             self._record_hosts()
