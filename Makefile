@@ -41,6 +41,7 @@ benchmark:
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_dataplane.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_servers.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_faults.py
+	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_hop.py
 	$(PY) benchmarks/bench_simulation.py
 
 clean:

@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 from typing import IO
 
+from workers import priority
 from workers.config import AgentConfig
 from workers.events import EventLog
 from workers.framing import FrameError, Header, chunk_layout
@@ -91,13 +92,15 @@ class Agent:
 
     def run(self) -> int:
         cfg = self.cfg
+        # this thread runs the round loop (forwarding, aggregating): network-path work
+        applied = priority.enter_transfer()
         if cfg.expects_global and cfg.broadcast_parent is not None:
             self._listen("broadcast", cfg.broadcast_port, {cfg.broadcast_parent.site: cfg.broadcast_parent.host})
         if cfg.upload_children:
             self._listen("upload", cfg.upload_port, {c.site: c.host for c in cfg.upload_children})
         self.log.emit("ready", host=cfg.host, model_bytes=self.learner.model_bytes, chunks=len(self.layout),
                       chunk_bytes=max(c.nbytes for c in self.layout), num_examples=self.learner.num_examples,
-                      pid=os.getpid())
+                      pid=os.getpid(), priority=applied)
         outbound = [*self.broadcast_out.values(), *([self.upload_out] if self.upload_out else [])]
         try:
             for listener in self.listeners:

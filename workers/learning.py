@@ -10,7 +10,6 @@ import copy
 import ctypes
 import functools
 import json
-import os
 import sys
 import threading
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from typing import TypeVar
 import torch
 from torch import nn
 
+from workers import priority
 from workers.config import AgentConfig
 from workers.data import Dataset, open_dataset, partition
 from workers.framing import TensorSet
@@ -27,36 +27,20 @@ from workers.strategies import make_strategy
 
 T = TypeVar("T")
 
-#: How much lower (in nice steps) training runs than the rest of the agent. Training is the
-#: agent's one long CPU-bound step; its transfers (a relay forwarding a chunk, an aggregator
-#: taking in its children's, a sender thread) are short bursts that a round's latency waits on.
-#: With eight locals training on two cores, those bursts queued behind other nodes' training, and
-#: transfers ran well below the link rate. At nice +10 (CFS weight 110 against 1024) a woken transfer
-#: thread runs at once, and training still has every cycle the transfers leave
-#: (`benchmarks/bench_dataplane.py`, bound, NSFNET with 8 locals: steiner's latency over its lower
-#: bound 1.28-1.45 in five runs before, 1.20-1.24 in four after, spff's 1.23-1.34 and 1.22-1.28; the
-#: fastest local's training time, which the bound includes, grew by about 0.03-0.05 s, 2 % of it).
-TRAIN_NICE = 10
+def run_at_lower_priority(fn: Callable[[], T]) -> T:
+    """``fn()`` on a thread of its own, below every network-path thread (`workers.priority`:
+    SCHED_IDLE, else nice +10); its result, or its exception re-raised.
 
-
-def run_at_lower_priority(fn: Callable[[], T], nice: int = TRAIN_NICE) -> T:
-    """``fn()`` on a thread of its own whose nice value is `nice` above the caller's; its result,
-    or its exception re-raised.
-
-    Linux keeps a nice value per thread (setpriority(2) on a thread id), so only this thread is
-    lowered, and since it ends with ``fn`` nothing needs raising back (which an unprivileged
-    process, or a container without CAP_SYS_NICE, could not do). Where the value cannot be set,
-    ``fn`` runs at the caller's priority.
+    Linux keeps the policy and nice value per thread, so only this thread is lowered, and since
+    it ends with ``fn`` nothing needs raising back (which an unprivileged process, or a container
+    without CAP_SYS_NICE, could not do). Where neither can be set, ``fn`` runs at the caller's
+    priority (`workers.priority.enter_training` logs it once).
     """
     out: list[T] = []
     err: list[BaseException] = []
 
     def body() -> None:
-        try:
-            tid = threading.get_native_id()
-            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
-        except (OSError, AttributeError):
-            pass  # not Linux, or not permitted: run at the caller's priority
+        priority.enter_training()
         try:
             out.append(fn())
         except BaseException as e:  # noqa: BLE001 -- re-raised in the caller

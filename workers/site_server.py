@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+from workers import priority
 from workers.config import CHECKPOINT_SUFFIX, AgentConfig, checkpoint_of
 from workers.control import (
     PROTOCOL_VERSION,
@@ -300,6 +301,8 @@ def _log_rejected(out: IO[str], what: str, error: object) -> None:
 def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
     """Listen on `sock_path`, serve one control connection, stop every role when it ends. A refused
     message or request is answered ``ok: false`` and logged to `out` as one ``rejected control`` line."""
+    # the control loop starts, polls and stops roles while others run rounds: network-path work
+    applied = priority.enter_transfer()
     sock_path.unlink(missing_ok=True)
     lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # the socket file: owner only
@@ -309,8 +312,8 @@ def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
         os.umask(old_umask)
     lsock.listen(1)
     lsock.settimeout(ACCEPT_TIMEOUT_S)  # a manager that died before it connected: do not wait forever
-    print(f"site server of {server.site!r} at {server.address}, pid {os.getpid()}, control {sock_path}",
-          file=out, flush=True)
+    print(f"site server of {server.site!r} at {server.address}, pid {os.getpid()}, control {sock_path}, "
+          f"control thread's priority: {applied}", file=out, flush=True)
     try:
         conn, _ = lsock.accept()
     except TimeoutError:

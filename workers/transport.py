@@ -11,6 +11,9 @@
 - `read_frame`: one frame from a connection, its payload received in place into a bytearray and
   checked against its digest (`workers.framing`).
 
+Every thread this module starts is a network-path thread: it raises itself first
+(`workers.priority.enter_transfer`), so that it never waits behind training.
+
 A broken connection is reported to the caller (``on_lost``) with the error, so the round logic can
 go on without that peer; this module decides nothing about rounds.
 
@@ -27,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from workers import priority
 from workers.framing import (
     FIXED,
     FIXED_LEN,
@@ -227,6 +231,7 @@ class Outbound:
             self.sock = None
 
     def _run(self) -> None:
+        priority.enter_transfer()
         try:
             self._connect()
         except OSError as e:
@@ -328,6 +333,7 @@ class Listener:
         self._thread.join(timeout=2.0)
 
     def _accept_loop(self) -> None:
+        priority.enter_transfer()
         while not self._stopping.is_set():
             try:
                 conn, addr = self.sock.accept()
@@ -337,7 +343,7 @@ class Listener:
                 self.on_reject(addr[0], OSError("too many connections waiting to say HELLO"), self.kind)
                 conn.close()
                 continue
-            threading.Thread(target=self._serve, args=(conn, addr[0]), daemon=True).start()
+            threading.Thread(target=self._serve, args=(conn, addr[0]), name=f"recv-{self.kind}", daemon=True).start()
 
     def _identify(self, conn: socket.socket, peer_ip: str) -> str:
         conn.settimeout(HELLO_TIMEOUT_S)
@@ -358,6 +364,7 @@ class Listener:
         return h.sender
 
     def _serve(self, conn: socket.socket, peer_ip: str) -> None:
+        priority.enter_transfer()
         try:
             peer = self._identify(conn, peer_ip)
         except (FrameError, OSError) as e:

@@ -51,7 +51,7 @@ from typing import Any
 from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
 from controller.shaping import ENV_LINK_DELAY
 from orchestrator.emulation import cluster as clustering
-from orchestrator.emulation import ovs_socket
+from orchestrator.emulation import datapath_priority, ovs_socket
 from orchestrator.emulation.cleanup import (
     ENV_RUN,
     RunState,
@@ -254,6 +254,7 @@ class Emulation:
                 self._prepare_cluster(self.cluster)
             self.controller = self._start_controller(delay_emulated)
             self._start_mininet(use_kernel=use_kernel, delay_emulated=delay_emulated)
+            datapath_priority.raise_datapath(self.info)  # switch threads above training (its docstring)
             if not use_kernel:
                 self.info.ovs_receive_buffer = ovs_socket.smallest_receive_buffer(self.state.interfaces)
             self._record_hosts()

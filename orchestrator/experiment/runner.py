@@ -105,6 +105,8 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         # the smallest receive buffer of the run's switch ports' packet sockets, bytes (same module)
         "ovs_receive_buffer": getattr(info, "ovs_receive_buffer", None),
         "bringup_s": round(getattr(info, "bringup_s", 0.0), 3),
+        # what ovs-vswitchd's threads were raised to (orchestrator/emulation/datapath_priority.py)
+        "datapath_priority": getattr(info, "datapath_priority", None),
         "backend": backend,
         "bw_scale": plan.bw_scale,
         "max_link_mbps": cfg.emulation.max_link_mbps,

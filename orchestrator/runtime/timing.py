@@ -1,14 +1,18 @@
 """A task's chunk size and timeouts, derived from its schedule and model (no fixed 60 s).
 
-Chunk size. A model of S bytes cut into chunks of c bytes crosses a pipeline of h stages (the
-overlay hops of the deepest chain, plus the last node's checking) in about::
+Chunk size. A model of S bytes cut into n = ceil(S/c) chunks of at most c bytes crosses a pipeline
+of h stages (the overlay hops of the deepest chain, plus the last node's checking) in about::
 
-    T(c) = (S/c + h - 1) * (alpha + c/B)
+    T(c) = (ceil(S/c) + h - 1) * (alpha + c/B)
 
 where B is the bottleneck rate and alpha the fixed cost of one chunk at one stage (a frame header,
-a digest, a parse, a queue hand-off). dT/dc = 0 gives ``c* = sqrt(S * alpha * B / (h - 1))``:
-small enough that a deep chain pipelines, large enough that the per-chunk cost stays small.
-`optimal_chunk_bytes` clamps c* to [`MIN_CHUNK_BYTES`, `MAX_CHUNK_BYTES`], then to S (one chunk).
+a digest, a parse, a queue hand-off). dT/dc = 0 (with S/c for n) gives
+``c* = sqrt(S * alpha * B / (h - 1))``: small enough that a deep chain pipelines, large enough
+that the per-chunk cost stays small. `optimal_chunk_bytes` takes the chunk count next to S/c*
+that gives the least T, and the smallest chunk size giving that count, within
+[`MIN_CHUNK_BYTES`, `MAX_CHUNK_BYTES`]. No floor makes a small model one chunk: a 19 KB model on
+three 100 Mbit/s hops goes as four chunks of 4.8 KB (T = 4.8 ms against 7.4 ms store-and-forward),
+since every hop of a chain would otherwise wait for the whole model before it forwards a byte.
 
 Timeouts. A node waits for its upload children's chunks for `margin` times the task's
 store-and-forward round (broadcast + upload, at the emulated rates; `orchestrator.scheduling.cost`)
@@ -30,7 +34,9 @@ from workers.spec import DEFAULTS
 #: Per-chunk cost at one stage, seconds (a frame header, digest, parse and queue hand-off of the
 #: agent, measured with benchmarks/bench_transfer.py on a 2-core machine: a few hundred us).
 ALPHA_S = 3e-4
-MIN_CHUNK_BYTES = 64 * 1024
+#: The smallest chunk every agent accepts (`workers.config`): a bound on the frame count, not a
+#: choice of the model above (which never goes below about 2 KB at 100 Mbit/s).
+MIN_CHUNK_BYTES = 1024
 MAX_CHUNK_BYTES = 8 * 1024 * 1024
 #: Margin over the store-and-forward round before a child counts as a straggler.
 TIMEOUT_MARGIN = 3.0
@@ -42,7 +48,7 @@ TRAIN_ALLOWANCE_S = 30.0
 
 
 def optimal_chunk_bytes(model_bytes: int, stages: int, rate_mbps: float, *, alpha_s: float = ALPHA_S) -> int:
-    """The chunk size that minimises T(c) (see the module docstring), clamped.
+    """The chunk size that minimises T(c) (see the module docstring), within the bounds.
 
     Parameters
     ----------
@@ -52,20 +58,37 @@ def optimal_chunk_bytes(model_bytes: int, stages: int, rate_mbps: float, *, alph
         h, the pipeline's stages (>= 1): overlay depth + 1.
     rate_mbps
         B, the bottleneck rate in Mbit/s.
+
+    Raises
+    ------
+    ValueError
+        A model size or rate that is not positive.
     """
     if model_bytes <= 0 or rate_mbps <= 0:
         raise ValueError("model_bytes and rate_mbps must be positive")
+    fewest = max(1, math.ceil(model_bytes / MAX_CHUNK_BYTES))
+    most = max(fewest, model_bytes // MIN_CHUNK_BYTES)
+    best = 0.0 if stages <= 1 else math.sqrt(model_bytes * alpha_s * rate_mbps * 1e6 / 8 / (stages - 1))
     if stages <= 1:
-        best = float(model_bytes)
+        ideal = 1.0  # nothing to pipeline: every extra chunk only costs alpha
+    elif best <= 0:
+        ideal = float(most)  # chunks cost nothing (alpha = 0): as many as allowed
     else:
-        best = math.sqrt(model_bytes * alpha_s * rate_mbps * 1e6 / 8 / (stages - 1))
-    return int(min(model_bytes, max(MIN_CHUNK_BYTES, min(MAX_CHUNK_BYTES, best))))
+        ideal = model_bytes / best
+    # T is convex in the count: its integer optimum is next to the continuous one
+    counts = {min(most, max(fewest, n)) for n in range(math.floor(ideal) - 1, math.ceil(ideal) + 2)}
+
+    def t(n: int) -> float:
+        return pipelined_time_s(model_bytes, math.ceil(model_bytes / n), stages, rate_mbps, alpha_s=alpha_s)
+
+    return math.ceil(model_bytes / min(sorted(counts), key=t))
 
 
 def pipelined_time_s(model_bytes: int, chunk_bytes: int, stages: int, rate_mbps: float,
                      *, alpha_s: float = ALPHA_S) -> float:
-    """T(c) of the module docstring (for checking the optimum and for the docs' figures)."""
-    return (model_bytes / chunk_bytes + stages - 1) * (alpha_s + chunk_bytes * 8 / (rate_mbps * 1e6))
+    """T(c) of the module docstring (for choosing the chunk size and for the docs' figures)."""
+    chunks = math.ceil(model_bytes / chunk_bytes)
+    return (chunks + stages - 1) * (alpha_s + chunk_bytes * 8 / (rate_mbps * 1e6))
 
 
 @dataclass(frozen=True)

@@ -238,7 +238,8 @@ def test_runs_split_among_engine_processes_are_laid_back_to_back_as_in_one() -> 
     # process for all of them and one process each.
     model = line()
     runs = [TaskRun("a", chain(), 600_000, 2), TaskRun("b", relayed(), 300_000, 1), TaskRun("c", chain(), 200_000, 3)]
-    spec = build_spec(model, runs, SimParams(), capacity_rate(model))
+    # a fixed chunk size: the runs' weights (chunks x edges x rounds) make three groups of them
+    spec = build_spec(model, runs, SimParams(chunk_bytes=64 * 1024), capacity_rate(model))
 
     one, three = simulate(spec, processes=1), simulate(spec, processes=3)
 

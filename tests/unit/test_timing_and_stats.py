@@ -30,12 +30,36 @@ def test_the_chosen_chunk_minimises_the_pipeline_model(model_bytes: int, stages:
             assert best <= pipelined_time_s(model_bytes, other, stages, rate_mbps) + 1e-12
 
 
-def test_chunk_size_is_clamped_and_a_small_model_is_one_chunk() -> None:
-    assert optimal_chunk_bytes(20_000, 6, 100.0) == 20_000
+def test_chunk_size_is_clamped_to_the_bounds() -> None:
     assert MIN_CHUNK_BYTES <= optimal_chunk_bytes(10**7, 50, 1.0)
-    assert optimal_chunk_bytes(10**9, 2, 10_000.0) == MAX_CHUNK_BYTES
+    assert optimal_chunk_bytes(10**9, 2, 10_000.0) <= MAX_CHUNK_BYTES
+    assert optimal_chunk_bytes(500, 4, 100.0) == 500  # below the smallest chunk: one chunk
     with pytest.raises(ValueError):
         optimal_chunk_bytes(0, 2, 10.0)
+
+
+def test_a_small_model_on_a_three_hop_chain_is_pipelined_in_several_chunks() -> None:
+    # the default mlp (19,240 bytes) down a chain of 3 hops at 100 Mbit/s: 4 stages
+    model_bytes, stages, rate_mbps = 19_240, 4, 100.0
+
+    c = optimal_chunk_bytes(model_bytes, stages, rate_mbps)
+
+    chunks = -(-model_bytes // c)
+    assert chunks >= 3, "store-and-forward per hop: T(c) says the chain should pipeline"
+    assert pipelined_time_s(model_bytes, c, stages, rate_mbps) < 0.7 * pipelined_time_s(
+        model_bytes, model_bytes, stages, rate_mbps)
+    # no other chunk count does better
+    for n in range(1, 20):
+        other = -(-model_bytes // n)
+        assert pipelined_time_s(model_bytes, c, stages, rate_mbps) <= pipelined_time_s(
+            model_bytes, other, stages, rate_mbps) + 1e-12
+
+
+def test_one_stage_sends_one_chunk_and_more_stages_smaller_ones() -> None:
+    sizes = [optimal_chunk_bytes(19_240, h, 100.0) for h in (1, 2, 4, 8)]
+
+    assert sizes[0] == 19_240
+    assert sizes == sorted(sizes, reverse=True) and sizes[1] < sizes[0] and sizes[3] < sizes[1]
 
 
 def test_timeouts_grow_with_the_subtree_and_the_store_and_forward_round() -> None:
