@@ -71,12 +71,22 @@ def test_failing_roles_remove_every_container(tmp_path: Path) -> None:
                      "        raise RuntimeError('forward is broken')\n\n"
                      "def make(*, input_shape, num_classes):\n    return Broken(64, num_classes)\n")
     before = _our_containers()
-    res = subprocess.run(_netai("--rounds", "1", "--model", f"{model}:make", "--log-dir", str(tmp_path / "logs")),
+    # training as measured: with modelled compute the model's profile (trained before anything starts)
+    # refuses it at once with status 2; here the roles must start and fail
+    res = subprocess.run(_netai("--rounds", "1", "--model", f"{model}:make", "--compute-timing", "measured",
+                                "--log-dir", str(tmp_path / "logs")),
                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 1
     last = res.stderr.strip().splitlines()[-1]
     assert last.startswith("netai: task") and "failed" in last and "forward is broken" in last
     assert [n for n in _our_containers() if n not in before] == []
+
+    # with modelled compute (the default) the same model is refused before anything starts
+    res = subprocess.run(_netai("--rounds", "1", "--model", f"{model}:make", "--log-dir", str(tmp_path / "modelled")),
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert "forward is broken" in res.stderr.strip().splitlines()[-1]
+    assert not (tmp_path / "modelled" / "emulation").exists(), "nothing was started"
 
 
 def test_a_user_model_file_runs_in_containers_without_an_image_rebuild(tmp_path: Path) -> None:

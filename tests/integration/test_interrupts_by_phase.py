@@ -42,7 +42,7 @@ def test_ctrl_c_exits_130_and_leaves_nothing(tmp_path: Path, phase: str) -> None
     before = set(STATE_DIR.glob("run-*.json"))
     log = tmp_path / "logs"
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "task", "run", "--topology", "triangle",
-                             "--locals", "2", "--backend", "process", "--rounds", "2000", "--log-dir", str(log)],
+                             "--locals", "2", "--backend", "process", "--rounds", "1000", "--log-dir", str(log)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_state: Path | None = None
     try:
