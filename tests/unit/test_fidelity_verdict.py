@@ -33,7 +33,18 @@ def test_a_slowed_hop_flips_the_verdict() -> None:
     slow = [_hop(9.5e-3), _hop(10.5e-3, 2), _hop(1.0e-3, 3)]  # median 9.5 ms against 2 x 0.4 + 0.5 = 1.3 ms
     v = verdict("mst", 8, slow, [], 24, compute_modelled=True)
     assert not v.faithful
-    assert v.reasons and v.reasons[0].startswith("per-hop time: median 9.50 ms")
+    assert v.reasons and v.reasons[0].startswith("per-hop time: the instrument adds 9.10 ms a hop")
+
+
+def test_a_hop_whose_floor_is_the_whole_model_is_judged_by_what_the_instrument_adds() -> None:
+    # G's edge under spff: 8 copies share the link, so the floor is the whole model (790 ms), not a chunk
+    def g_hop(hop_s: float) -> dict[str, object]:
+        return {"round": 1, "parent": "A", "child": "B", "hop_s": hop_s, "chunk_s": 0.033, "floor_s": 0.790,
+                "overhead_s": hop_s - 0.790}
+
+    assert verdict("spff", 8, [g_hop(0.810)], [], 8, compute_modelled=True).faithful  # 20 ms over: < 33.5
+    late = verdict("spff", 8, [g_hop(0.893)], [], 8, compute_modelled=True)
+    assert not late.faithful and "adds 103.00 ms a hop" in late.reasons[0]
 
 
 def test_an_overrun_or_measured_training_flips_the_verdict() -> None:
