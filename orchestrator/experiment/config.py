@@ -15,13 +15,13 @@ from typing import Any
 import yaml
 
 from controller.flows import CONNECTIVITY_MODES, STRICT
-from orchestrator.emulation.background import BackgroundConfig
 from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
 from orchestrator.runtime.remote import RemoteServer, parse_servers
 from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
+from orchestrator.scheduling.background_plan import BackgroundConfig
 from orchestrator.scheduling.tasks import DEFAULT_DEMAND_MBPS, max_locals
 from orchestrator.simulation.spec import SimParams
 from topologies.errors import TopologyError

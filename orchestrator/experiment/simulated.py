@@ -2,8 +2,9 @@
 
 The same task sets (`runs.task_sets`), the same schedulers, in the same order and on the same
 network states as the sequential mode of the emulation (every scheduler sees the reservations of
-the point's earlier tasks; no background load), then every admitted task's rounds simulated on
-SimGrid (child engine processes, `orchestrator.simulation.spec.simulate`), recorded in the same results database, CSVs,
+the point's earlier tasks and the background's own rates, `orchestrator.simulation.background`),
+then every admitted task's rounds simulated on SimGrid (child engine processes,
+`orchestrator.simulation.spec.simulate`), recorded in the same results database, CSVs,
 figures and report. The run is marked ``engine = simulation`` (the `runs` table) and its
 environment lists the model's parameters, so the report says it was simulated and how.
 """
@@ -17,6 +18,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from controller.htb import BACKGROUND_SHARE
 from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
 from orchestrator.experiment.runs import RunOutcome, task_sets
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
@@ -25,6 +27,7 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate, emulated_rate
+from orchestrator.simulation.background import SimBackground
 from orchestrator.simulation.ports import SimBatch, SimCompute, SimNetwork
 from orchestrator.simulation.spec import SimParams
 from topologies.plan import EmulationPlan
@@ -65,10 +68,12 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     db = ResultsDB(run_dir / "results.db")
     run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation")
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
-    db.set_environment(run_id, _environment(cfg, plan, params))
+    background = SimBackground.plan(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed,
+                                    emulated_rates=params.rates == "emulated", share=BACKGROUND_SHARE)
+    db.set_environment(run_id, _environment(cfg, plan, params, background))
     status, note = "failed", ""
     try:
-        batch = SimBatch(model, params, rate)
+        batch = SimBatch(model, params, rate, background)
         network = SimNetwork(batch, propagation=params.propagation)
         core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir),
                          recorder=SimRecorder(db, run_id), clock=batch, model=model, schedulers=cfg.scheduler,
@@ -116,7 +121,8 @@ def _new_run_dir(out_root: Path, stamp: str) -> Path:
             n += 1
 
 
-def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams) -> dict[str, Any]:
+def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
+                 background: SimBackground | None) -> dict[str, Any]:
     """The run's environment: the engine and every parameter of the model, so the report says the
     run was simulated and how (the settings left at their defaults listed under ``defaults``)."""
     return {
@@ -131,7 +137,9 @@ def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams) 
         "cpu_s_per_chunk": params.cpu_s_per_chunk,
         "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "calibration": cfg.simulation.calibration,
         "defaults": sorted(k for k, v in asdict(cfg.simulation).items() if v == getattr(SimulationConfig(), k)),
-        "background": "not simulated",
+        "background": "off" if background is None else
+        f"{cfg.background.pattern}, load {cfg.background.load}, {len(background.flows)} flows (simulated: the "
+        "emulation's plan, seed and on/off processes; tasks served first, as htb serves them)",
     }
 
 

@@ -370,6 +370,7 @@ def _simulation_model(env: Mapping[str, Any]) -> list[str]:
              + ("the task's measured profile at each site's speed, as the emulation models compute"
                 if env.get("training_from_profile") else f"{how('seconds_per_example')}; the default is a placeholder, "
                 "not measured") + ")"]
+    lines.append(f"- background: {env.get('background', 'off')}")
     if cpu:
         lines.append(f"- CPU: {cpu} cores shared by every site's processes; per transfer "
                      f"{env.get('cpu_s_per_byte', 0)} s per byte and {env.get('cpu_s_per_chunk', 0)} s per chunk "

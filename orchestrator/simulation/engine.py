@@ -44,6 +44,11 @@ chunk was most of the time):
   at most (h - 1) x (q - 1) x (alpha_s + chunk / rate) later per procedure (see
   docs/architecture.md, "Flow-level simulation").
 
+Background (only when the spec has a ``background`` section, `orchestrator.simulation.background`):
+each flow is a daemon actor that sends along its path, at most at its rate (a link of its own in
+its route), during each of its on periods; with the CPU model, a second one sends its switching
+work through the switch and the cores. An edge that crosses a link of the background is simulated.
+
 CPU (only when the spec has a ``cpu`` section, `spec.SimParams.cpu_cores`). Two more links, "cpu"
 of the machine's cores and "switch" of one core (the software switch forwards in one thread), in
 nanoseconds of CPU per second, and for each path a link of one core: each transmission of a segment
@@ -103,7 +108,8 @@ class _Run:
 
     def __init__(self, spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]],
                  delays: dict[tuple[str, ...], float], rates: dict[tuple[str, str], float],
-                 cpu: dict[str, float] | None = None, workers: dict[tuple[str, str], Any] | None = None) -> None:
+                 cpu: dict[str, float] | None = None, workers: dict[tuple[str, str], Any] | None = None,
+                 varying: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.key = spec["key"]
         self.g: str = spec["global"]
         self.locals: set[str] = set(spec["locals"])
@@ -133,7 +139,8 @@ class _Run:
             work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
             switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
             self.edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path],
-                                    min(rates[ln] for ln in links), cpu is not None or any(use[ln] > 1 for ln in links),
+                                    min(rates[ln] for ln in links),
+                                    cpu is not None or any(use[ln] > 1 or ln in varying for ln in links),
                                     hosts[path][:2], work, switching, (workers or {}).get((e["src"], e["dst"])),
                                     hosts[path][2] if len(hosts[path]) > 2 else None))
         #: Where the CPU work goes (a host with an empty route to it).
@@ -323,6 +330,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     # path a link of one core, so that one transmission's CPU work runs on one core at most.
     cores = zone.create_link("cpu", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
     switch = zone.create_link("switch", 1e9).set_latency(0).seal() if cpu else None
+    varying, background = _background(zone, spec, links, ctl, [switch, cores] if cpu else [])
     hosts, delays = _path_hosts(zone, spec, links, switch)
     workers = _worker_hosts(zone, spec, cores) if cores is not None else {}
     zone.seal()
@@ -331,7 +339,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
 
     def driver() -> None:
         for run_spec in spec["runs"]:
-            run = _Run(run_spec, hosts, delays, rates, cpu, workers)
+            run = _Run(run_spec, hosts, delays, rates, cpu, workers, varying)
             run.sink = ctl
             run.run(max(clock[0], Engine.clock))
             clock[0] = run.end_s
@@ -342,6 +350,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
             simgrid.this_actor.sleep_until(clock[0])
 
     Actor.create("driver", ctl, driver)
+    _start_background(background, ctl)
     engine.run()
     return {"runs": out, "sim_end_s": Engine.clock, "wall_s": time.monotonic() - wall0,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
@@ -357,6 +366,55 @@ def _links(zone: Any, spec: dict[str, Any]) -> tuple[dict[tuple[str, str], Any],
         links[(ln["a"], ln["b"])] = zone.create_link(f"{ln['a']}>{ln['b']}", bps).set_latency(0).seal()
         rates[(ln["a"], ln["b"])] = bps
     return links, rates
+
+
+def _background(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any], sink: Any,
+                cpu_route: list[Any]) -> tuple[frozenset[tuple[str, str]], list[tuple[Any, dict[str, Any]]]]:
+    """The spec's background flows as activities (`background.flow_plans`): per flow, a host whose
+    route is a link of its bounded rate and its path (and, with a CPU model and a per-hop cost, one
+    whose route is such a link, the switch and the cores). Returns the links the background
+    crosses (their task edges are simulated) and (host, plan) pairs for `_start_background`."""
+    from simgrid import LinkInRoute
+
+    from orchestrator.simulation.background import flow_plans
+
+    bg = spec.get("background")
+    if not bg:
+        return frozenset(), []
+    rates = {link: float(ln.bandwidth) for link, ln in links.items()}
+    ns_hop = 1e9 * float((spec.get("cpu") or {}).get("s_per_byte_hop", 0.0)) if cpu_route else 0.0
+    out = []
+    for i, plan in enumerate(flow_plans(bg, rates, ns_hop)):
+        route = [links[tuple(ln)] for ln in plan["links"]] if plan["kind"] == "net" else cpu_route
+        # its bound as a link of its own (Comm.set_rate cannot be set on a host-to-host comm here)
+        route = [zone.create_link(f"bg{i}", plan["rate_Bps"]).set_latency(0).seal(), *route]
+        host = zone.create_host(f"bg{i}", 1e9)
+        zone.add_route(host.netpoint, None, None, None, [LinkInRoute(x) for x in route], False)
+        out.append((host, plan))
+    crossed = frozenset(tuple(ln) for _, plan in out if plan["kind"] == "net" for ln in plan["links"])
+    return crossed, out
+
+
+def _start_background(flows: list[tuple[Any, dict[str, Any]]], sink: Any) -> None:
+    """One daemon actor per background activity: on for each on period (its rate bounded by its
+    own link), off
+    for each off period (a steady flow: on all along); daemons end with the simulation."""
+    import simgrid
+
+    def flow(plan: dict[str, Any]) -> None:
+        simgrid.Actor.self().daemonize()
+        me = simgrid.Actor.self().host
+        for on_s, off_s in plan["periods"] or [(1e12, 0.0)]:
+            comm = simgrid.Comm.sendto_async(me, sink, int(min(plan["rate_Bps"] * on_s * 2 + 1, 2 ** 62)))
+            try:
+                comm.wait_for(on_s)
+            except simgrid.TimeoutException:
+                comm.cancel()
+            if off_s > 0:
+                simgrid.this_actor.sleep_for(off_s)
+
+    for i, (host, plan) in enumerate(flows):
+        simgrid.Actor.create(f"bg{i}", host, flow, plan)
 
 
 def _path_hosts(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any], switch: Any

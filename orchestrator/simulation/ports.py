@@ -20,6 +20,7 @@ from orchestrator.runtime.summaries import RoundResult, TaskResult, node_rounds,
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.tasks import Task
+from orchestrator.simulation.background import SimBackground
 from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate
 from topologies.model import NetworkModel
 
@@ -27,10 +28,12 @@ from topologies.model import NetworkModel
 class SimBatch:
     """The runs the core has launched, simulated together once every task is admitted."""
 
-    def __init__(self, model: NetworkModel, params: SimParams, rate: RateFn) -> None:
+    def __init__(self, model: NetworkModel, params: SimParams, rate: RateFn,
+                 background: SimBackground | None = None) -> None:
         self.model = model
         self.params = params
         self.rate = rate
+        self.background = background
         self.runs: list[TaskRun] = []
         self.results: dict[str, dict[str, Any]] = {}
         self.result: dict[str, Any] = {"runs": [], "sim_end_s": 0.0}
@@ -46,7 +49,7 @@ class SimBatch:
         if not self.ran:
             self.ran = True
             if self.runs:
-                self.result = simulate(build_spec(self.model, self.runs, self.params, self.rate))
+                self.result = simulate(build_spec(self.model, self.runs, self.params, self.rate, self.background))
             self.results = {r["key"]: r for r in self.result["runs"]}
         return self.result
 
@@ -88,7 +91,10 @@ class SimNetwork:
         return sum(int(n) for _, _, n in r["link_bytes"])
 
     def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
-        return None  # not simulated: the state stands as the driver built it
+        """The background flows' own rates per directed link (`SimBackground.view_mbps`), the same
+        for every task: never a task's traffic (the emulated view's rule). None without background."""
+        bg = self.batch.background
+        return None if bg is None else bg.view_mbps()
 
 
 class SimExecution:

@@ -42,6 +42,7 @@ from typing import Any
 from orchestrator.runtime.timing import ALPHA_S, optimal_chunk_bytes
 from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.schedule import Schedule
+from orchestrator.simulation.background import SimBackground
 from topologies.model import NetworkModel
 
 RATES = ("capacity", "emulated")
@@ -133,9 +134,11 @@ def path_delay_s(model: NetworkModel, path: Sequence[str], params: SimParams) ->
     return (fiber + hops * params.per_hop_latency_ms) / 1e3
 
 
-def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, rate: RateFn) -> dict[str, Any]:
+def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, rate: RateFn,
+               background: SimBackground | None = None) -> dict[str, Any]:
     """The engine's JSON input: directed links (rate x efficiency), the distinct paths with their
-    propagation, and the task runs in order.
+    propagation, the task runs in order, and the background flows if any
+    (`orchestrator.simulation.background`).
 
     Raises
     ------
@@ -169,6 +172,8 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
                                  or params.cpu_s_per_byte_hop > 0):
         spec["cpu"] = {"cores": params.cpu_cores, "s_per_byte": params.cpu_s_per_byte,
                        "s_per_chunk": params.cpu_s_per_chunk, "s_per_byte_hop": params.cpu_s_per_byte_hop}
+    if background is not None and background.flows:
+        spec["background"] = background.to_spec()  # iperf3 rates are payload rates, as the links are
     return spec
 
 
@@ -211,6 +216,8 @@ def simulate(spec: dict[str, Any], *, work_dir: Path | None = None, processes: i
     RuntimeError
         If the engine failed (SimGrid missing, or an error in the simulation), with its last lines.
     """
+    if any(f.get("periods") for f in spec.get("background", {}).get("flows", [])):
+        processes = 1  # an on/off background runs on one timeline: one engine process
     groups = split_runs(spec["runs"], processes or default_processes()) or [[]]
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="netai-sim-") as tmp:
         root = str(Path(__file__).resolve().parents[2])
