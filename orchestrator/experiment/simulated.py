@@ -28,6 +28,7 @@ from orchestrator.results.report import write_results
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate, emulated_rate
 from orchestrator.simulation.background import SimBackground
+from orchestrator.simulation.calibration import CalibrationMismatch, default_path, find, uncalibrated_note
 from orchestrator.simulation.ports import SimBatch, SimCompute, SimNetwork
 from orchestrator.simulation.spec import SimParams
 from topologies.plan import EmulationPlan
@@ -51,14 +52,41 @@ def sim_params(cfg: ExperimentConfig) -> SimParams:
     return params
 
 
-def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None) -> RunOutcome:
+def apply_calibration(cfg: ExperimentConfig, params: SimParams, store: Path) -> tuple[SimParams, dict[str, Any]]:
+    """`params` with this host's calibration (`calibration.find` in `store`) for every parameter
+    the config leaves at its default, and propagation on only if the calibration's emulation had
+    delay; and what the run records about it. A config whose ``simulation.calibration`` note is
+    set keeps its own parameters (recorded as such); without a matching calibration the run is
+    recorded as uncalibrated, with why and how far off the defaults were measured to be."""
+    if cfg.simulation.calibration:
+        return params, {"calibrated": "set in the config"}
+    try:
+        cal = find(store)
+    except (CalibrationMismatch, ValueError) as e:
+        LOG.warning("uncalibrated simulation: %s", e)
+        return params, uncalibrated_note(store, str(e))
+    defaults = SimulationConfig()
+    own: dict[str, Any] = {k: v for k, v in cal.params.items() if getattr(cfg.simulation, k) == getattr(defaults, k)}
+    if cfg.simulation.propagation == defaults.propagation:
+        own["propagation"] = cal.delay_emulated
+    typed: dict[str, Any] = {k: (int(v) if k == "cpu_cores" else v) for k, v in own.items()}
+    params = replace(params, **typed)
+    return params, {"calibrated": True, "calibrated_params": sorted(own), "calibration_id": cal.id, "calibration_created": cal.created,
+                    "calibration_host": cal.host.hostname, "calibration_version": cal.version,
+                    "calibration_store": str(store), "calibration_summary": cal.summary()}
+
+
+def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None,
+                  calibration_store: Path | None = None) -> RunOutcome:
     """Run `cfg` on the flow-level model; results in a new run folder under `out_root`.
 
     `model_bytes` skips building the model to size it (`check_model`), e.g. in a benchmark.
+    `calibration_store`: where this host's calibration is looked up (`apply_calibration`; default
+    `orchestrator.simulation.calibration.default_path`).
     """
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
-    params = sim_params(cfg)
+    params, calibration = apply_calibration(cfg, sim_params(cfg), calibration_store or default_path())
     if model_bytes is None:
         from orchestrator.runtime.compute import check_model
 
@@ -70,7 +98,11 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
     background = SimBackground.plan(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed,
                                     emulated_rates=params.rates == "emulated", share=BACKGROUND_SHARE)
-    db.set_environment(run_id, _environment(cfg, plan, params, background))
+    env = {**_environment(cfg, plan, params, background), **calibration}
+    env["defaults"] = [k for k in env["defaults"] if k not in calibration.get("calibrated_params", [])]
+    if calibration.get("calibrated") is True:
+        env["calibration"] = calibration["calibration_summary"]
+    db.set_environment(run_id, env)
     status, note = "failed", ""
     try:
         batch = SimBatch(model, params, rate, background)

@@ -1,0 +1,279 @@
+"""`netai calibrate`: fit the flow-level simulation's parameters on this host, once
+(docs/architecture.md, "Flow-level simulation", calibration).
+
+A fixed set of measurements, the same on every host:
+
+1. the workers' own CPU per byte of a transfer (`measure_worker_cpu`: framing, socket, check,
+   aggregation, on one core of this host);
+2. one short emulated run of a fixed config (`CALIBRATION_SET`: NSFNET, spff and mst at 2 and 4
+   locals, 2 tasks each, 3 rounds, the 2.8 MB MLP, no background), whose environment also says
+   whether the links had delay (netem);
+3. the per-chunk CPU cost fitted by bisection so that the simulated mean round latency over the
+   set's points matches the emulated one (geometric mean of the per-point ratios within 1 %);
+   `tcp_efficiency` is derived (TCP payload per Ethernet frame at MTU 1500), `cpu_cores` is the
+   cores this process may use.
+
+The result is stored with the host's identity and the project's version
+(`orchestrator.simulation.calibration`), together with the per-point ratios before and after, so
+that an uncalibrated run can say how far off the defaults were here. Nothing is stored when a step
+fails.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.config import ExperimentConfig, parse_config
+from orchestrator.simulation.calibration import Calibration, HostIdentity, new_id, save
+
+#: The fixed emulated set every calibration runs (about 8 task runs of 3 rounds).
+CALIBRATION_SET: dict[str, Any] = {
+    "name": "calibrate", "topology": "sndlib/nobel-us", "schedulers": ["spff", "mst"], "locals": [2, 4],
+    "tasks_per_point": 2, "seed": 11,
+    "task": {"model": "mlp", "model_args": {"hidden": 800, "layers": 2}, "rounds": 3, "demand_mbps": 1000,
+             "partition": "iid"},
+    "emulation": {"max_link_mbps": 100, "backend": "auto"}, "background": {"enabled": False},
+}
+#: TCP payload per byte htb shapes at MTU 1500: 1448 bytes of payload (1500 less the IP and TCP
+#: headers with timestamps) per 1514-byte Ethernet frame.
+TCP_PAYLOAD_SHARE = 1448 / 1514
+FIT_TOLERANCE = 0.01
+FIT_MAX_S_PER_CHUNK = 0.05
+FIT_STEPS = 14
+
+Say = Callable[[str], None]
+
+
+def calibration_config(backend: str = "auto") -> ExperimentConfig:
+    """`CALIBRATION_SET` as a config (its backend may be chosen: the measurements are the same)."""
+    raw = {**CALIBRATION_SET, "emulation": {**CALIBRATION_SET["emulation"], "backend": backend}}
+    return parse_config(raw, where="the calibration set")
+
+
+def measure_worker_cpu(model_args: dict[str, Any] | None = None, chunk_bytes: int = 102_400,
+                       reps: int = 5) -> float:
+    """CPU seconds per byte the workers' own code spends on one transfer, measured on this machine:
+    the chunks of the model framed (`encode_chunk`), sent over a local socket pair (`sendmsg_all`),
+    read and checked (`read_frame`, `parse_chunk`) and copied into place, then a second update
+    folded in, averaged and re-encoded (`ChunkSum`, as an aggregator does); process CPU time over
+    the bytes."""
+    import socket
+    import threading
+
+    import torch
+
+    from workers.aggregate import ChunkSum
+    from workers.framing import Header, chunk_layout, chunk_view, encode_chunk, parse_chunk
+    from workers.models import build_model
+    from workers.transport import read_frame, sendmsg_all
+
+    torch.set_num_threads(1)
+    model = build_model("mlp", input_shape=(64,), num_classes=10, model_args=model_args or {"hidden": 800, "layers": 2})
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    layout = chunk_layout(state, chunk_bytes)
+    total = sum(c.nbytes for c in layout) * reps
+    a, b = socket.socketpair()
+    incoming = {k: torch.empty_like(v) for k, v in state.items()}
+
+    def send() -> None:
+        for _ in range(reps):
+            for k, spec in enumerate(layout):
+                header = Header("GLOBAL", 1, 1, "G", chunk=k, chunks=len(layout))
+                sendmsg_all(a, encode_chunk(header, chunk_view(state, spec)))
+
+    cpu0 = time.process_time()
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        for _ in range(reps):
+            for spec in layout:
+                frame = read_frame(b, max_payload_bytes=1 << 30)
+                if frame is None:
+                    raise RuntimeError("the measuring socket closed early")
+                tensors = parse_chunk(frame[1], spec, frame[0])
+                for piece in spec.pieces:
+                    piece.view(incoming[piece.base]).copy_(tensors[piece.name])
+                acc = ChunkSum()
+                acc.add("a", tensors, 10)
+                acc.add("b", tensors, 10)
+                encode_chunk(Header("UPDATE", 1, 1, "A", num_examples=20, chunk=spec.index, chunks=len(layout)),
+                             acc.mean())
+    finally:
+        sender.join()
+        a.close()
+        b.close()
+    return (time.process_time() - cpu0) / total
+
+
+def simulated_config(cfg: ExperimentConfig, params: dict[str, Any], *, propagation: bool) -> ExperimentConfig:
+    """`cfg` on the flow-level model at the emulated rates with `params` (no stored calibration:
+    the parameters are set, and the note says so)."""
+    raw = cfg.to_dict()
+    for key in ("online", "events", "reschedule", "simulation"):
+        raw.pop(key, None)
+    raw.update(engine="simulation", mode="sequential",
+               simulation={"rates": "emulated", "propagation": propagation, **params,
+                           "calibration": params.get("calibration") or "set explicitly"})
+    return parse_config(raw, where=f"{cfg.name} (simulated)")
+
+
+def point_means(run_dir: Path, run_id: int) -> dict[tuple[str, int], float]:
+    """Mean over its done tasks of each task's mean round latency, per (scheduler, locals)."""
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.summary import run_summary
+
+    with ResultsDB(run_dir / "results.db") as db:
+        tasks = run_summary(db, run_id).tasks
+    by: dict[tuple[str, int], list[float]] = {}
+    for t in tasks:
+        if t.state == "done" and t.mean_latency_s:
+            by.setdefault((t.scheduler, t.n_locals), []).append(float(t.mean_latency_s))
+    return {k: sum(v) / len(v) for k, v in by.items()}
+
+
+def geo_ratio(sim: dict[tuple[str, int], float], emu: dict[tuple[str, int], float]) -> float:
+    """Geometric mean over the common points of sim / emu (the fit's criterion)."""
+    keys = sorted(set(sim) & set(emu))
+    if not keys:
+        raise RuntimeError("the simulated and emulated runs have no point in common")
+    return math.exp(sum(math.log(sim[k] / emu[k]) for k in keys) / len(keys))
+
+
+def fit(emu: dict[tuple[str, int], float], simulate_with: Callable[[float], dict[tuple[str, int], float]],
+        say: Say) -> float:
+    """The per-chunk cost (s) whose simulation matches `emu` (`geo_ratio` within `FIT_TOLERANCE`),
+    by bisection on [0, `FIT_MAX_S_PER_CHUNK`]; the bound it reached if the emulation is faster
+    than the model without it (0) or slower than with the most (the bound)."""
+    lo, hi = 0.0, FIT_MAX_S_PER_CHUNK
+    r_lo = geo_ratio(simulate_with(lo), emu)
+    say(f"  per-chunk cost 0: simulated / emulated {r_lo:.3f}")
+    if r_lo >= 1.0 - FIT_TOLERANCE:
+        return 0.0
+    r_hi = geo_ratio(simulate_with(hi), emu)
+    if r_hi <= 1.0:
+        return hi
+    for _ in range(FIT_STEPS):
+        mid = (lo + hi) / 2
+        r = geo_ratio(simulate_with(mid), emu)
+        say(f"  per-chunk cost {mid * 1e3:.3f} ms: simulated / emulated {r:.3f}")
+        if abs(r - 1.0) <= FIT_TOLERANCE:
+            return mid
+        lo, hi = (mid, hi) if r < 1.0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_run: Path | None = None,
+              say: Say = print) -> Calibration:
+    """Run the fixed set, fit, store (see the module docstring); the stored calibration.
+
+    Raises
+    ------
+    ConfigError
+        If the emulated run failed, or `emulated_run` is not a run of the fixed set.
+    """
+    host = HostIdentity.here()
+    say(f"calibrate: host {host.hostname} ({host.cores} cores, {host.cpu_model}, kernel {host.kernel})")
+    cfg = calibration_config(backend)
+    say("[1/3] the workers' CPU per byte of a transfer, on this host ...")
+    per_byte = min(measure_worker_cpu(dict(cfg.task.model_args or {})) for _ in range(3))
+    say(f"  {per_byte:.3g} s per byte")
+    say(f"[2/3] emulated run of the fixed set ({len(cfg.schedulers)} schedulers x {len(cfg.locals)} points x "
+        f"{cfg.tasks_per_point} tasks, {cfg.task.rounds} rounds) ...")
+    run_dir, run_id, delay = _emulated(cfg, out_root, emulated_run)
+    emu = point_means(run_dir, run_id)
+    say("  " + ", ".join(f"{s} {n} locals {v * 1e3:.1f} ms" for (s, n), v in sorted(emu.items())))
+    base = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4), "cpu_cores": len(os.sched_getaffinity(0)),
+            "cpu_s_per_byte": float(f"{per_byte:.3g}")}
+    sim_dir = out_root / "calibration-sims"
+
+    def simulate_with(per_chunk: float, params: dict[str, Any] | None = None) -> dict[tuple[str, int], float]:
+        from orchestrator.experiment.simulated import run_simulated
+
+        p = params if params is not None else {**base, "cpu_s_per_chunk": per_chunk}
+        outcome = run_simulated(simulated_config(cfg, p, propagation=delay), out_root=sim_dir)
+        return point_means(outcome.run_dir, outcome.run_id)
+
+    say("[3/3] fitting the per-chunk CPU cost to the emulated round latency ...")
+    per_chunk = float(f"{fit(emu, simulate_with, say):.3g}")
+    params = {**base, "cpu_s_per_chunk": per_chunk}
+    before, after = simulate_with(0.0, {}), simulate_with(per_chunk)
+    points: list[dict[str, Any]] = [
+        {"scheduler": s, "locals": n, "emulated_s": emu[(s, n)], "uncalibrated_s": before.get((s, n)),
+         "calibrated_s": after.get((s, n))} for s, n in sorted(emu)]
+    off = max((abs(before[k] / emu[k] - 1) for k in emu if k in before), default=0.0)
+    cal_id, created = new_id(host)
+    from orchestrator import __version__
+
+    cal = Calibration(id=cal_id, created=created, host=host, version=__version__, params=params,
+                      delay_emulated=delay, points=points, uncalibrated_off_by=off,
+                      note=f"netai calibrate: fixed set {cfg.topology} spff/mst at 2 and 4 locals, emulated run "
+                           f"{run_dir.name}; tcp_efficiency derived, cpu_cores this host's, cpu_s_per_byte measured, "
+                           "cpu_s_per_chunk fitted")
+    save(cal, store)
+    return cal
+
+
+def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None) -> tuple[Path, int, bool]:
+    """The fixed set's emulated run (run now, or an earlier one given): folder, run id, delay."""
+    from orchestrator.results.db import ResultsDB
+
+    if emulated_run is None:
+        from orchestrator.experiment.runner import run_experiment
+
+        outcome = run_experiment(cfg, out_root=out_root, progress=False)
+        if outcome.status != "completed":
+            raise ConfigError(f"the calibration's emulated run {outcome.run_dir} ended {outcome.status}")
+        run_dir, run_id = outcome.run_dir, outcome.run_id
+    else:
+        run_dir = emulated_run
+        run_id = same_config_run(run_dir, cfg)
+    with ResultsDB(run_dir / "results.db") as db:
+        env = db.run(run_id)["environment"]
+    return run_dir, run_id, bool(env.get("delay_emulated", False))
+
+
+def same_config_run(run_dir: Path, cfg: ExperimentConfig) -> int:
+    """The id of the emulated run in `run_dir` of `cfg` (the backend may differ: the same tasks).
+
+    Raises
+    ------
+    ConfigError
+        If `run_dir` holds no results, no emulated run, or one of another config.
+    """
+    from orchestrator.results.db import ResultsDB
+
+    if not (run_dir / "results.db").exists():
+        raise ConfigError(f"{run_dir} holds no results.db")
+    with ResultsDB(run_dir / "results.db") as db:
+        rows = db.query("SELECT id FROM runs WHERE engine = 'emulation' AND status = 'completed' "
+                        "ORDER BY id DESC LIMIT 1")
+        if not rows:
+            raise ConfigError(f"{run_dir} holds no completed emulated run")
+        run = db.run(int(rows[0]["id"]))
+    want = _comparable(cfg.to_dict())
+    got = _comparable(dict(run["config"]))
+    if want != got:
+        diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        raise ConfigError(f"{run_dir} is a run of another config (differs in: {', '.join(diff)})")
+    return int(run["id"])
+
+
+def _comparable(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config's dict without what does not change its tasks or network (the backend, the name)."""
+    out = {k: v for k, v in raw.items() if k not in ("name", "engine", "simulation")}
+    emulation = dict(out.get("emulation") or {})
+    emulation.pop("backend", None)
+    out["emulation"] = emulation
+    return out
+
+
+def replace_backend(cfg: ExperimentConfig, backend: str) -> ExperimentConfig:
+    """`cfg` with another emulation backend (re-validated)."""
+    return parse_config(replace(cfg, emulation=replace(cfg.emulation, backend=backend)).to_dict(), where=cfg.name)
