@@ -11,7 +11,8 @@ A fixed set of measurements, the same on every host:
 3. the per-chunk CPU cost fitted by bisection so that the simulated mean round latency over the
    set's points matches the emulated one (geometric mean of the per-point ratios within 1 %);
    `tcp_efficiency` is derived (TCP payload per Ethernet frame at MTU 1500), `cpu_cores` is the
-   cores this process may use.
+   cores this process may use, and the wire bytes per payload byte (`wire_bytes_factor`) are
+   measured: the emulated run's carried bytes over the simulated payload's, task by task.
 
 The result is stored with the host's identity and the project's version
 (`orchestrator.simulation.calibration`), together with the per-point ratios before and after, so
@@ -32,6 +33,7 @@ from typing import Any
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig, parse_config
 from orchestrator.simulation.calibration import Calibration, HostIdentity, new_id, save
+from orchestrator.simulation.spec import WIRE_BYTES_FACTOR
 
 #: The fixed emulated set every calibration runs (about 8 task runs of 3 rounds).
 CALIBRATION_SET: dict[str, Any] = {
@@ -138,6 +140,25 @@ def point_means(run_dir: Path, run_id: int) -> dict[tuple[str, int], float]:
     return {k: sum(v) / len(v) for k, v in by.items()}
 
 
+def carried_by_task(run_dir: Path, run_id: int) -> dict[tuple[str, int], int]:
+    """Carried bytes of each done task, by (scheduler, task id)."""
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.summary import run_summary
+
+    with ResultsDB(run_dir / "results.db") as db:
+        tasks = run_summary(db, run_id).tasks
+    return {(t.scheduler, t.task_id): int(t.carried_bytes) for t in tasks if t.state == "done" and t.carried_bytes}
+
+
+def wire_factor(emu: dict[tuple[str, int], int], sim: dict[tuple[str, int], int], sim_factor: float) -> float:
+    """The wire bytes per payload byte that makes the simulated carried bytes the emulated ones,
+    over the tasks both runs completed (`sim` was counted with `sim_factor`)."""
+    keys = set(emu) & set(sim)
+    if not keys:
+        raise RuntimeError("no task completed in both runs: carried bytes cannot be compared")
+    return sim_factor * sum(emu[k] for k in keys) / sum(sim[k] for k in keys)
+
+
 def geo_ratio(sim: dict[tuple[str, int], float], emu: dict[tuple[str, int], float]) -> float:
     """Geometric mean over the common points of sim / emu (the fit's criterion)."""
     keys = sorted(set(sim) & set(emu))
@@ -193,17 +214,22 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
             "cpu_s_per_byte": float(f"{per_byte:.3g}")}
     sim_dir = out_root / "calibration-sims"
 
+    last: list[tuple[Path, int]] = []
+
     def simulate_with(per_chunk: float, params: dict[str, Any] | None = None) -> dict[tuple[str, int], float]:
         from orchestrator.experiment.simulated import run_simulated
 
         p = params if params is not None else {**base, "cpu_s_per_chunk": per_chunk}
         outcome = run_simulated(simulated_config(cfg, p, propagation=delay), out_root=sim_dir)
+        last[:] = [(outcome.run_dir, outcome.run_id)]
         return point_means(outcome.run_dir, outcome.run_id)
 
     say("[3/3] fitting the per-chunk CPU cost to the emulated round latency ...")
     per_chunk = float(f"{fit(emu, simulate_with, say):.3g}")
-    params = {**base, "cpu_s_per_chunk": per_chunk}
     before, after = simulate_with(0.0, {}), simulate_with(per_chunk)
+    factor = wire_factor(carried_by_task(run_dir, run_id), carried_by_task(*last[0]), WIRE_BYTES_FACTOR)
+    say(f"  wire bytes per payload byte (carried bytes): {factor:.4f} (derived default {WIRE_BYTES_FACTOR})")
+    params = {**base, "cpu_s_per_chunk": per_chunk, "wire_bytes_factor": round(factor, 4)}
     points: list[dict[str, Any]] = [
         {"scheduler": s, "locals": n, "emulated_s": emu[(s, n)], "uncalibrated_s": before.get((s, n)),
          "calibrated_s": after.get((s, n))} for s, n in sorted(emu)]
@@ -215,7 +241,7 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
                       delay_emulated=delay, points=points, uncalibrated_off_by=off,
                       note=f"netai calibrate: fixed set {cfg.topology} spff/mst at 2 and 4 locals, emulated run "
                            f"{run_dir.name}; tcp_efficiency derived, cpu_cores this host's, cpu_s_per_byte measured, "
-                           "cpu_s_per_chunk fitted")
+                           "cpu_s_per_chunk fitted, wire_bytes_factor measured")
     save(cal, store)
     return cal
 

@@ -167,7 +167,8 @@ def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
         "train_examples": params.train_examples, "max_segments": params.max_segments,
         "cpu_cores": params.cpu_cores, "cpu_s_per_byte": params.cpu_s_per_byte,
         "cpu_s_per_chunk": params.cpu_s_per_chunk,
-        "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "calibration": cfg.simulation.calibration,
+        "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "wire_bytes_factor": params.wire_bytes_factor,
+        "calibration": cfg.simulation.calibration,
         "defaults": sorted(k for k, v in asdict(cfg.simulation).items() if v == getattr(SimulationConfig(), k)),
         "background": "off" if background is None else
         f"{cfg.background.pattern}, load {cfg.background.load}, {len(background.flows)} flows (simulated: the "

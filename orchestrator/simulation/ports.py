@@ -63,7 +63,8 @@ class SimBatch:
 
 class SimNetwork:
     """`NetworkPort` of the simulation: paths need no install; carried bytes are the simulated
-    bytes over every link the task's transfers crossed."""
+    bytes over every link the task's transfers crossed, as wire bytes (`SimParams.wire_bytes_factor`:
+    the emulation counts frames, headers and ACKs included)."""
 
     counter_settle_s = 0.0
 
@@ -88,7 +89,7 @@ class SimNetwork:
         r = self.batch.results.get(self.keys.get(install_id, ""))
         if r is None:
             raise LookupError(f"install {install_id} was not simulated")
-        return sum(int(n) for _, _, n in r["link_bytes"])
+        return round(sum(int(n) for _, _, n in r["link_bytes"]) * self.batch.params.wire_bytes_factor)
 
     def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
         """The background flows' own rates per directed link (`SimBackground.view_mbps`), the same

@@ -49,6 +49,10 @@ RATES = ("capacity", "emulated")
 #: Default seconds of local training per example and epoch (an MLP of two hidden layers of 800 on
 #: one core, batch 32: a placeholder until a profile of the model is measured).
 DEFAULT_SECONDS_PER_EXAMPLE = 2e-4
+#: Wire bytes per payload byte, derived: a 1514-byte Ethernet frame carries 1448 bytes of TCP payload
+#: (MTU 1500, TCP timestamps), and a 66-byte ACK comes back for every two frames (delayed ACKs).
+#: `netai calibrate` measures it (the emulated carried bytes over the simulated payload bytes).
+WIRE_BYTES_FACTOR = round(1514 / 1448 + 66 / (2 * 1448), 4)
 #: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
 DEFAULT_TRAIN_EXAMPLES = 1437
 
@@ -89,6 +93,9 @@ class SimParams:
     cpu_s_per_byte: float = 0.0
     cpu_s_per_chunk: float = 0.0
     cpu_s_per_byte_hop: float = 0.0
+    #: Bytes on the wire per byte of model sent, for carried bytes (the emulation counts frames:
+    #: Ethernet, IP and TCP headers, the ACKs on the reverse links, the chunks' own headers).
+    wire_bytes_factor: float = WIRE_BYTES_FACTOR
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

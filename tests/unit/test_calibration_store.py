@@ -118,3 +118,28 @@ def test_an_uncalibrated_simulated_run_says_so_on_the_reports_first_line(tmp_pat
     assert env["calibrated"] is False
     assert first.startswith("**Uncalibrated:**") and "no calibration of this host" in first
     assert "up to 27% per point" in first and "elsewhere" in first  # the measured off-by, cited
+
+
+def test_the_per_chunk_fit_finds_the_cost_that_matches_the_emulation() -> None:
+    from orchestrator.experiment.calibrate import FIT_TOLERANCE, fit, geo_ratio
+
+    # Prepare: a fake simulation whose round time grows with the per-chunk cost (20 chunks a round).
+    emu = {("spff", 2): 0.9, ("mst", 2): 0.7}
+
+    def simulate_with(per_chunk: float) -> dict[tuple[str, int], float]:
+        return {("spff", 2): 0.8 + 20 * per_chunk, ("mst", 2): 0.6 + 20 * per_chunk}
+
+    got = fit(emu, simulate_with, lambda _: None)
+
+    assert abs(geo_ratio(simulate_with(got), emu) - 1) <= FIT_TOLERANCE
+    assert fit({("spff", 2): 0.5}, simulate_with, lambda _: None) == 0.0  # already slower: nothing to add
+
+
+def test_the_wire_factor_is_the_emulated_over_the_simulated_carried_bytes() -> None:
+    from orchestrator.experiment.calibrate import wire_factor
+
+    emu = {("spff", 1): 1070, ("mst", 1): 2140, ("mst", 2): 999}
+    sim = {("spff", 1): 1000, ("mst", 1): 2000}  # counted with a factor of 1.0; mst 2 failed here
+
+    assert wire_factor(emu, sim, 1.0) == pytest.approx(1.07)
+    assert wire_factor(emu, {k: 2 * v for k, v in sim.items()}, 2.0) == pytest.approx(1.07)
