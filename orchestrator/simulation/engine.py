@@ -128,6 +128,13 @@ class _Run:
         #: Fixed CPU work of each segment, in nanoseconds (its chunks' per-chunk cost).
         self.seg_work = [per_chunk * len(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
         self.train_s: dict[str, float] = {s: float(t) for s, t in spec["train_s"].items()}
+        #: With the CPU model: each local's training as CPU seconds of one host core (real work).
+        self.train_cpu_s: dict[str, float] = {s: float(t) for s, t in spec.get("train_cpu_s", {}).items()} \
+            if cpu is not None else {}
+        #: Trainings to start as CPU work (node, round, start, modelled end), and the sites' hosts.
+        self.trainings: list[tuple[str, int, float, float]] = []
+        self.training_of: list[tuple[str, int, float]] = []
+        self.trainers: dict[str, Any] = {}
         paths = [tuple(e["path"]) for e in spec["edges"]]
         use: dict[tuple[str, str], int] = {}
         for path in paths:
@@ -162,10 +169,13 @@ class _Run:
         #: Segments that arrived (edge, index, time), not yet handed to their receiver.
         self.arrivals: list[tuple[_Edge, int, float]] = []
         #: Segments of contended edges to hand to SimGrid, by start time.
-        self.sends: list[tuple[float, int, _Edge, int]] = []
+        self.sends: list[tuple[float, int, _Edge | None, int]] = []
         self.seq = itertools.count()
         self.start_s = 0.0
         self.end_s = 0.0
+        self.flying: list[Any] = []
+        self.owners: list[tuple[_Edge | None, int]] = []
+        self.parts: dict[tuple[int, int], int] = {}
 
     def event(self, site: str, name: str, rnd: int, t: float) -> None:
         self.events.setdefault(site, []).append({"event": name, "round": rnd, "t": t, "site": site})
@@ -223,9 +233,16 @@ class _Run:
         if node in self.locals:
             end = t + self.train_s.get(node, 0.0)
             self.event(node, "train_start", rnd, t)
-            self.event(node, "train_end", rnd, end)
-            for j in range(self.m):
-                self.upload_part(node, (rnd - 1) * self.m + j, end)
+            if self.train_cpu_s.get(node, 0.0) > 0 and node in self.trainers:
+                self.trainings.append((node, rnd, t, end))  # ends when its CPU work is done too
+                return
+            self.trained(node, rnd, end)
+
+    def trained(self, node: str, rnd: int, end: float) -> None:
+        """`node`'s training of round `rnd` ended at `end`: its update is ready to go up."""
+        self.event(node, "train_end", rnd, end)
+        for j in range(self.m):
+            self.upload_part(node, (rnd - 1) * self.m + j, end)
 
     def upload_part(self, node: str, idx: int, t: float) -> None:
         """One part of segment `idx` of `node`'s upload (its own update, or a child's) is there at `t`."""
@@ -261,49 +278,73 @@ class _Run:
         self.start_s = start
         self.start_round(1, start)
         arrivals, sends = self.arrivals, self.sends
-        flying: list[Any] = []
-        owners: list[tuple[_Edge, int]] = []
-        #: Activities (network, CPU) still running per segment in flight.
-        parts: dict[tuple[int, int], int] = {}
+        #: Activities in flight and what each is part of: (edge, segment index) or (None, training);
+        #: per segment in flight, its activities (network, CPU) still running.
+        self.flying, self.owners, self.parts = [], [], {}
         while True:
             # Arrivals first, whatever their times: they only compute (node state is a max over
             # times), and whatever they make SimGrid send starts no earlier than they arrive.
             while arrivals:
                 self.arrived(*arrivals.pop())
-            if not sends and not flying:
+            while self.trainings:  # trainings start as CPU work at their times, like sends
+                node, rnd, t, end = self.trainings.pop()
+                heapq.heappush(sends, (t, next(self.seq), None, len(self.training_of)))
+                self.training_of.append((node, rnd, end))
+            if not sends and not self.flying:
                 break
-            if flying and (not sends or sends[0][0] > engine.clock):
+            if self.flying and (not sends or sends[0][0] > engine.clock):
                 if sends:
-                    i = simgrid.Comm.wait_any_for(flying, sends[0][0] - engine.clock)
+                    i = simgrid.Comm.wait_any_for(self.flying, sends[0][0] - engine.clock)
                 else:
-                    i = simgrid.Comm.wait_any(flying)
-                if i >= 0:  # a transmission (or its CPU work) ended before the next one starts
-                    flying.pop(i)
-                    e, idx = owners.pop(i)
-                    left = parts.pop((id(e), idx)) - 1
-                    if left:
-                        parts[(id(e), idx)] = left
-                        continue
-                    e.busy = False
-                    self.sent(e, idx, engine.clock)
-                    self.pump(e)
+                    i = simgrid.Comm.wait_any(self.flying)
+                if i >= 0:  # a transmission (or its CPU work, or a training) ended before the next start
+                    self.finished(i, engine.clock)
                     continue
             at, _, e, idx = heapq.heappop(sends)
             if at > engine.clock:
                 simgrid.this_actor.sleep_until(at)
-            size = self.seg_bytes[idx % self.m]
-            flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], size))
-            owners.append((e, idx))
-            parts[(id(e), idx)] = 1
-            for host, ns, fixed in ((e.cpu_host, e.cpu_ns_per_byte, self.seg_work[idx % self.m]),
-                                    (e.switch_host, e.switch_ns_per_byte, 0.0)):
-                work = round(size * ns + fixed)
-                if work and host is not None:  # its CPU work, alongside
-                    flying.append(simgrid.Comm.sendto_async(host, self.sink, work))
-                    owners.append((e, idx))
-                    parts[(id(e), idx)] += 1
+            self.start_activity(e, idx)
         for events in self.events.values():
             events.sort(key=lambda ev: ev["t"])
+
+    def start_activity(self, e: _Edge | None, idx: int) -> None:
+        """Hand SimGrid a segment's transmission and its CPU work, or (`e` None) a training's CPU work."""
+        import simgrid
+
+        if e is None:
+            node = self.training_of[idx][0]
+            work = round(1e9 * self.train_cpu_s[node])
+            self.flying.append(simgrid.Comm.sendto_async(self.trainers[node], self.sink, work))
+            self.owners.append((None, idx))
+            return
+        size = self.seg_bytes[idx % self.m]
+        self.flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], size))
+        self.owners.append((e, idx))
+        self.parts[(id(e), idx)] = 1
+        for host, ns, fixed in ((e.cpu_host, e.cpu_ns_per_byte, self.seg_work[idx % self.m]),
+                                (e.switch_host, e.switch_ns_per_byte, 0.0)):
+            work = round(size * ns + fixed)
+            if work and host is not None:  # its CPU work, alongside
+                self.flying.append(simgrid.Comm.sendto_async(host, self.sink, work))
+                self.owners.append((e, idx))
+                self.parts[(id(e), idx)] += 1
+
+    def finished(self, i: int, now: float) -> None:
+        """Activity `i` in flight ended at `now`: its segment left once all its parts are done; a
+        training ends at the later of its CPU work and its modelled end."""
+        self.flying.pop(i)
+        e, idx = self.owners.pop(i)
+        if e is None:
+            node, rnd, end = self.training_of[idx]
+            self.trained(node, rnd, max(now, end))
+            return
+        left = self.parts.pop((id(e), idx)) - 1
+        if left:
+            self.parts[(id(e), idx)] = left
+            return
+        e.busy = False
+        self.sent(e, idx, now)
+        self.pump(e)
 
     def link_bytes(self) -> list[list[Any]]:
         total: dict[tuple[str, str], int] = {}
@@ -333,6 +374,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     varying, background = _background(zone, spec, links, ctl, [switch, cores] if cpu else [])
     hosts, delays = _path_hosts(zone, spec, links, switch)
     workers = _worker_hosts(zone, spec, cores) if cores is not None else {}
+    trainers = _trainer_hosts(zone, spec, cores) if cores is not None else {}
     zone.seal()
     out: list[dict[str, Any]] = []
     clock = [0.0]
@@ -340,7 +382,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     def driver() -> None:
         for run_spec in spec["runs"]:
             run = _Run(run_spec, hosts, delays, rates, cpu, workers, varying)
-            run.sink = ctl
+            run.sink, run.trainers = ctl, trainers
             run.run(max(clock[0], Engine.clock))
             clock[0] = run.end_s
             out.append({"key": run.key, "start_s": run.start_s, "end_s": run.end_s, "chunks": run.k,
@@ -459,6 +501,22 @@ def _worker_hosts(zone: Any, spec: dict[str, Any], cores: Any) -> dict[tuple[str
             zone.add_route(host.netpoint, None, None, None,
                            [LinkInRoute(procs[pair[0]]), LinkInRoute(procs[pair[1]]), LinkInRoute(cores)], False)
     return workers
+
+def _trainer_hosts(zone: Any, spec: dict[str, Any], cores: Any) -> dict[str, Any]:
+    """The CPU work of each local's training: a host whose route goes through the site's training
+    thread (one core) and the machine's cores."""
+    from simgrid import LinkInRoute
+
+    trainers: dict[str, Any] = {}
+    for run_spec in spec["runs"]:
+        for site in run_spec.get("train_cpu_s", {}):
+            if site not in trainers:
+                thread = zone.create_link(f"train:{site}", 1e9).set_latency(0).seal()
+                trainers[site] = zone.create_host(f"t:{site}", 1e9)
+                zone.add_route(trainers[site].netpoint, None, None, None,
+                               [LinkInRoute(thread), LinkInRoute(cores)], False)
+    return trainers
+
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:

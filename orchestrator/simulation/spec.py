@@ -21,7 +21,10 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   b x h x `cpu_s_per_byte_hop` seconds of the switch's (one thread, shared max-min), alongside the
   transmission; a segment has left once its bytes and both works are done;
 - training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
-  its near-equal share of `train_examples` (the iid split).
+  its near-equal share of `train_examples` (the iid split), over the site's speed; with the CPU
+  model, that many CPU seconds of one host core are also worked off on the site's process and the
+  machine's cores, shared with the other trainings and transfers, and training ends at the later of
+  the two (the emulation trains for real and holds its update until the modelled end, or overruns).
 
 Chunk size: the emulation's choice, `orchestrator.runtime.timing.optimal_chunk_bytes` of the
 task's deepest chain and bottleneck rate (the same as `task_timing`).
@@ -35,7 +38,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +174,7 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
             "model_bytes": r.model_bytes, "chunk_bytes": chunk_bytes(s, r.model_bytes, rate, params),
             "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params, model),
+            "train_cpu_s": train_seconds(s, replace(params, site_speed=False)),
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],
         })
     spec: dict[str, Any] = {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()],

@@ -123,7 +123,7 @@ def test_the_schedulers_view_is_the_backgrounds_rates_and_never_a_tasks_traffic(
 
     # Each directed link: the flows crossing it, their rates in model Mbit/s, as planned; the task's
     # 1 GB on the same links is in neither view.
-    assert network.task_bytes(1) == 10**9 * (len(path) - 1)
+    assert network.task_bytes(1) == round(10**9 * (len(path) - 1) * SimParams().wire_bytes_factor)
     assert before == after
     want: dict[tuple[str, str], float] = {}
     for f in bg.flows:

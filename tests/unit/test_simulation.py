@@ -304,3 +304,29 @@ def test_the_cpu_model_shares_the_machines_cores_among_the_sites_processes() -> 
 
     # G->A and B->C share no process and run at once on two cores; one core takes them in turn.
     assert got[1] > got[2] * 1.2
+
+
+def test_with_the_cpu_model_trainings_share_the_cores_and_end_no_earlier_than_modelled() -> None:
+    # Prepare: G relays to A and B (spff: one edge each), both train 1 s of CPU; one core for all.
+    model = line()
+    e = OverlayEdge
+    schedule = Schedule(task_id=4, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                        broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "G"},
+                        edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
+                               e("upload", "A", "G", ("A", "G")), e("upload", "B", "G", ("B", "A", "G"))))
+    size = 10_000
+    base = SimParams(alpha_s=0.0, chunk_bytes=size, seconds_per_example=1e-3, local_epochs=1, train_examples=2000,
+                     propagation=False)
+    train = {}
+    for cores in (1, 2):
+        params = SimParams(**{**base.to_dict(), "cpu_cores": cores, "cpu_s_per_byte": 1e-12})
+        run = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))["runs"][0]
+        ev = {(site, x["event"]): x["t"] for site, evs in run["events"].items() for x in evs}
+        train[cores] = {s: ev[(s, "train_end")] - ev[(s, "train_start")] for s in ("A", "B")}
+
+    # Each local's 1 s of CPU: on two cores each has its own and takes its modelled 1 s; on one
+    # core they share it max-min: B starts d later, A runs alone for d, then both at half speed, so
+    # A ends at 2 - d after its start and B, alone again for its last d, at 2 - d after its own.
+    assert train[2] == pytest.approx({"A": 1.0, "B": 1.0}, rel=1e-6)
+    assert train[1]["A"] == pytest.approx(train[1]["B"], rel=1e-6)
+    assert 1.9 < train[1]["A"] < 2.0
