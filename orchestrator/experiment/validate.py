@@ -63,10 +63,11 @@ def check_validatable(cfg: ExperimentConfig) -> None:
         raise ConfigError("netai validate runs on one machine: the config has a cluster or remote servers")
 
 
-def simulated_twin(cfg: ExperimentConfig) -> ExperimentConfig:
-    """`cfg` on the flow-level model at the emulated rates (its other settings unchanged)."""
+def simulated_twin(cfg: ExperimentConfig, *, propagation: bool) -> ExperimentConfig:
+    """`cfg` on the flow-level model at the emulated rates, with propagation delay as the emulated
+    run had it (its other settings unchanged)."""
     raw = cfg.to_dict()
-    raw.update(engine="simulation", name=cfg.name, simulation={"rates": "emulated"})
+    raw.update(engine="simulation", name=cfg.name, simulation={"rates": "emulated", "propagation": propagation})
     return parse_config(raw, where=f"{cfg.name} (simulated twin)")
 
 
@@ -85,7 +86,6 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
     if backend:
         cfg = replace_backend(cfg, backend)
     emu_id = same_config_run(emulated_run, cfg) if emulated_run is not None else None
-    twin = simulated_twin(cfg)
     folder = out_root / f"{cfg.name}-validate-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=False)
     if emulated_run is None:
@@ -99,7 +99,11 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
     else:
         say(f"[1/3] emulated run: {emulated_run} (run {emu_id}, the same config)")
         emu_dir = emulated_run
-    say(f"[2/3] simulated run of {cfg.name} (the same tasks) ...")
+    with ResultsDB(emu_dir / "results.db") as db:
+        delay = bool(db.run(int(emu_id or 0))["environment"].get("delay_emulated", False))
+    twin = simulated_twin(cfg, propagation=delay)
+    say(f"[2/3] simulated run of {cfg.name} (the same tasks; propagation {'on' if delay else 'off'}, "
+        "as the emulated links had it) ...")
     from orchestrator.experiment.simulated import run_simulated
 
     sim = run_simulated(twin, out_root=folder, calibration_store=calibration_store)
