@@ -8,11 +8,16 @@ A fixed set of measurements, the same on every host:
 2. one short emulated run of a fixed config (`CALIBRATION_SET`: NSFNET, spff and mst at 2 and 4
    locals, 2 tasks each, 3 rounds, the 2.8 MB MLP, no background), whose environment also says
    whether the links had delay (netem);
-3. the per-chunk CPU cost fitted by bisection so that the simulated mean round latency over the
-   set's points matches the emulated one (geometric mean of the per-point ratios within 1 %);
+3. the per-hop software latency (`per_hop_latency_ms`: what a chunk waits at each link of its path
+   beyond its transmission, in the site servers' and the software switch's code) fitted by
+   bisection so that the simulated mean round latency over the set's points matches the emulated
+   one (geometric mean of the per-point ratios within 1 %);
    `tcp_efficiency` is derived (TCP payload per Ethernet frame at MTU 1500), `cpu_cores` is the
    cores this process may use, and the wire bytes per payload byte (`wire_bytes_factor`) are
-   measured: the emulated run's carried bytes over the simulated payload's, task by task.
+   measured: the emulated run's carried bytes over the simulated payload's, task by task, and so
+   is `train_cpu_factor`: the emulated trainings' real over modelled time at 2 locals (the median;
+   a training within its modelled time counts 1), where a task's trainings do not outnumber the
+   cores.
 
 The result is stored with the host's identity and the project's version
 (`orchestrator.simulation.calibration`), together with the per-point ratios before and after, so
@@ -47,7 +52,9 @@ CALIBRATION_SET: dict[str, Any] = {
 #: headers with timestamps) per 1514-byte Ethernet frame.
 TCP_PAYLOAD_SHARE = 1448 / 1514
 FIT_TOLERANCE = 0.01
-FIT_MAX_S_PER_CHUNK = 0.05
+#: The parameter fitted, and its range.
+FIT_PARAM = "per_hop_latency_ms"
+FIT_MAX = 100.0
 FIT_STEPS = 14
 
 Say = Callable[[str], None]
@@ -159,6 +166,21 @@ def wire_factor(emu: dict[tuple[str, int], int], sim: dict[tuple[str, int], int]
     return sim_factor * sum(emu[k] for k in keys) / sum(sim[k] for k in keys)
 
 
+def training_factor(run_dir: Path, run_id: int, n_locals: int = 2) -> float:
+    """The host's real training time over the modelled one: the median over the trainings of the
+    `n_locals`-locals tasks (where the task's own trainings do not outnumber the cores) of real /
+    modelled, counting a training that held (no overrun recorded) as 1."""
+    from orchestrator.results.db import ResultsDB
+
+    with ResultsDB(run_dir / "results.db") as db:
+        trained = db.query("SELECT COUNT(*) AS n FROM node_rounds nr JOIN tasks t USING (run_id, scheduler, task_id) "
+                           "WHERE nr.run_id = ? AND t.n_locals = ? AND nr.train_start_s IS NOT NULL", (run_id, n_locals))
+        over = db.query("SELECT o.real_s / o.modelled_s AS r FROM overruns o JOIN tasks t USING (run_id, scheduler, "
+                        "task_id) WHERE o.run_id = ? AND t.n_locals = ? AND o.modelled_s > 0", (run_id, n_locals))
+    ratios = sorted([float(r["r"]) for r in over] + [1.0] * max(0, int(trained[0]["n"]) - len(over)))
+    return ratios[len(ratios) // 2] if ratios else 1.0
+
+
 def geo_ratio(sim: dict[tuple[str, int], float], emu: dict[tuple[str, int], float]) -> float:
     """Geometric mean over the common points of sim / emu (the fit's criterion)."""
     keys = sorted(set(sim) & set(emu))
@@ -169,12 +191,12 @@ def geo_ratio(sim: dict[tuple[str, int], float], emu: dict[tuple[str, int], floa
 
 def fit(emu: dict[tuple[str, int], float], simulate_with: Callable[[float], dict[tuple[str, int], float]],
         say: Say) -> float:
-    """The per-chunk cost (s) whose simulation matches `emu` (`geo_ratio` within `FIT_TOLERANCE`),
-    by bisection on [0, `FIT_MAX_S_PER_CHUNK`]; the bound it reached if the emulation is faster
-    than the model without it (0) or slower than with the most (the bound)."""
-    lo, hi = 0.0, FIT_MAX_S_PER_CHUNK
+    """The value of the fitted parameter (`FIT_PARAM`) whose simulation matches `emu` (`geo_ratio`
+    within `FIT_TOLERANCE`), by bisection on [0, `FIT_MAX`]; the bound it reached if the emulation
+    is faster than the model without it (0) or slower than with the most (the bound)."""
+    lo, hi = 0.0, FIT_MAX
     r_lo = geo_ratio(simulate_with(lo), emu)
-    say(f"  per-chunk cost 0: simulated / emulated {r_lo:.3f}")
+    say(f"  {FIT_PARAM} 0: simulated / emulated {r_lo:.3f}")
     if r_lo >= 1.0 - FIT_TOLERANCE:
         return 0.0
     r_hi = geo_ratio(simulate_with(hi), emu)
@@ -183,7 +205,7 @@ def fit(emu: dict[tuple[str, int], float], simulate_with: Callable[[float], dict
     for _ in range(FIT_STEPS):
         mid = (lo + hi) / 2
         r = geo_ratio(simulate_with(mid), emu)
-        say(f"  per-chunk cost {mid * 1e3:.3f} ms: simulated / emulated {r:.3f}")
+        say(f"  {FIT_PARAM} {mid:.3f}: simulated / emulated {r:.3f}")
         if abs(r - 1.0) <= FIT_TOLERANCE:
             return mid
         lo, hi = (mid, hi) if r < 1.0 else (lo, mid)
@@ -210,26 +232,28 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
     run_dir, run_id, delay = _emulated(cfg, out_root, emulated_run)
     emu = point_means(run_dir, run_id)
     say("  " + ", ".join(f"{s} {n} locals {v * 1e3:.1f} ms" for (s, n), v in sorted(emu.items())))
+    train = round(training_factor(run_dir, run_id), 3)
+    say(f"  real training over modelled at 2 locals (median): {train:.3f}")
     base = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4), "cpu_cores": len(os.sched_getaffinity(0)),
-            "cpu_s_per_byte": float(f"{per_byte:.3g}")}
+            "cpu_s_per_byte": float(f"{per_byte:.3g}"), "train_cpu_factor": train}
     sim_dir = out_root / "calibration-sims"
 
     last: list[tuple[Path, int]] = []
 
-    def simulate_with(per_chunk: float, params: dict[str, Any] | None = None) -> dict[tuple[str, int], float]:
+    def simulate_with(value: float, params: dict[str, Any] | None = None) -> dict[tuple[str, int], float]:
         from orchestrator.experiment.simulated import run_simulated
 
-        p = params if params is not None else {**base, "cpu_s_per_chunk": per_chunk}
+        p = params if params is not None else {**base, FIT_PARAM: value}
         outcome = run_simulated(simulated_config(cfg, p, propagation=delay), out_root=sim_dir)
         last[:] = [(outcome.run_dir, outcome.run_id)]
         return point_means(outcome.run_dir, outcome.run_id)
 
-    say("[3/3] fitting the per-chunk CPU cost to the emulated round latency ...")
-    per_chunk = float(f"{fit(emu, simulate_with, say):.3g}")
-    before, after = simulate_with(0.0, {}), simulate_with(per_chunk)
+    say(f"[3/3] fitting {FIT_PARAM} to the emulated round latency ...")
+    fitted = float(f"{fit(emu, simulate_with, say):.3g}")
+    before, after = simulate_with(0.0, {}), simulate_with(fitted)
     factor = wire_factor(carried_by_task(run_dir, run_id), carried_by_task(*last[0]), WIRE_BYTES_FACTOR)
     say(f"  wire bytes per payload byte (carried bytes): {factor:.4f} (derived default {WIRE_BYTES_FACTOR})")
-    params = {**base, "cpu_s_per_chunk": per_chunk, "wire_bytes_factor": round(factor, 4)}
+    params = {**base, FIT_PARAM: fitted, "wire_bytes_factor": round(factor, 4)}
     points: list[dict[str, Any]] = [
         {"scheduler": s, "locals": n, "emulated_s": emu[(s, n)], "uncalibrated_s": before.get((s, n)),
          "calibrated_s": after.get((s, n))} for s, n in sorted(emu)]
@@ -241,7 +265,7 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
                       delay_emulated=delay, points=points, uncalibrated_off_by=off,
                       note=f"netai calibrate: fixed set {cfg.topology} spff/mst at 2 and 4 locals, emulated run "
                            f"{run_dir.name}; tcp_efficiency derived, cpu_cores this host's, cpu_s_per_byte measured, "
-                           "cpu_s_per_chunk fitted, wire_bytes_factor measured")
+                           f"{FIT_PARAM} fitted, wire_bytes_factor and train_cpu_factor measured")
     save(cal, store)
     return cal
 

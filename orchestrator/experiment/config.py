@@ -313,6 +313,7 @@ SIMULATION_SCHEMA: dict[str, Check] = {
     "chunk_bytes": _int(0), "max_segments": _int(0),
     "cpu_cores": _int(0, 1024), "cpu_s_per_byte": _num(0), "cpu_s_per_chunk": _num(0),
     "cpu_s_per_byte_hop": _num(0), "calibration": _text, "site_speed": _bool, "wire_bytes_factor": _num(1),
+    "train_cpu_factor": _num(1),
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation",

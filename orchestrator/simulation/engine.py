@@ -97,6 +97,12 @@ class _Edge:
     switch_host: Any = None
     #: Ready time at the sender of each segment not sent yet, by (round - 1) * segments + j.
     ready: dict[int, float] = field(default_factory=dict)
+    #: The lane's copy before this one and after it (broadcast copies sharing a link go one after
+    #: another), and the rounds whose copy has left whole.
+    after: _Edge | None = None
+    before: _Edge | None = None
+    left_rounds: int = 0
+    left_at: float = 0.0
     next_idx: int = 0
     free: float = 0.0
     busy: bool = False
@@ -155,6 +161,7 @@ class _Run:
         self.out_bc: dict[str, list[_Edge]] = {}
         self.out_up: dict[str, _Edge] = {}
         self.up_children: dict[str, int] = {}
+        self._chain_lanes(spec.get("lanes", {}))
         for edge in self.edges:
             if edge.procedure == "broadcast":
                 self.out_bc.setdefault(edge.src, []).append(edge)
@@ -186,12 +193,23 @@ class _Run:
         e.ready[idx] = t
         self.pump(e)
 
+    def _chain_lanes(self, lanes: dict[str, list[list[str]]]) -> None:
+        """Link each lane's broadcast edges in their sending order."""
+        by = {(e.src, e.dst): e for e in self.edges if e.procedure == "broadcast"}
+        for node, node_lanes in lanes.items():
+            for lane in node_lanes:
+                for a, b in itertools.pairwise(lane):
+                    first, second = by[(node, a)], by[(node, b)]
+                    first.before, second.after = second, first
+
     def pump(self, e: _Edge) -> None:
-        """Send `e`'s next segments, in order, as far as they are held and the edge is free."""
-        while not e.busy and e.next_idx in e.ready:
+        """Send `e`'s next segments, in order, as far as they are held, the edge is free and (in a
+        lane) the copy before it has left whole."""
+        while not e.busy and e.next_idx in e.ready and \
+                (e.after is None or e.after.left_rounds > e.next_idx // self.m):
             idx = e.next_idx
             j = idx % self.m
-            at = max(e.ready.pop(idx), e.free) + self.seg_alpha[j]
+            at = max(e.ready.pop(idx), e.free, e.after.left_at if e.after is not None else 0.0) + self.seg_alpha[j]
             e.next_idx += 1
             if e.contended:  # SimGrid transmits it, from `at` on
                 e.busy = True
@@ -205,6 +223,10 @@ class _Run:
         e.sent_bytes += self.seg_bytes[idx % self.m]
         if e.procedure == "upload" and idx % self.m == self.m - 1:
             self.event(e.src, "update_sent", idx // self.m + 1, end)
+        if idx % self.m == self.m - 1:
+            e.left_rounds, e.left_at = idx // self.m + 1, end
+            if e.before is not None:
+                self.pump(e.before)  # the lane's next copy goes now
         self.arrivals.append((e, idx, end + e.delay_s))
 
     def start_round(self, rnd: int, t: float) -> None:

@@ -26,6 +26,9 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   machine's cores, shared with the other trainings and transfers, and training ends at the later of
   the two (the emulation trains for real and holds its update until the modelled end, or overruns).
 
+Lanes: a node's copies to broadcast children whose paths share a link go one after another, each
+whole before the next, as the emulation's agents send them (`lanes_of`).
+
 Chunk size: the emulation's choice, `orchestrator.runtime.timing.optimal_chunk_bytes` of the
 task's deepest chain and bottleneck rate (the same as `task_timing`).
 """
@@ -99,6 +102,10 @@ class SimParams:
     #: Bytes on the wire per byte of model sent, for carried bytes (the emulation counts frames:
     #: Ethernet, IP and TCP headers, the ACKs on the reverse links, the chunks' own headers).
     wire_bytes_factor: float = WIRE_BYTES_FACTOR
+    #: With the CPU model: the host's real training CPU per second of the profile's (the emulation's
+    #: training thread runs at SCHED_IDLE beside the site server's threads; `netai calibrate`
+    #: measures it from the trainings' overruns where the task's own trainings leave cores idle).
+    train_cpu_factor: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,6 +142,15 @@ def chunk_bytes(schedule: Schedule, model_bytes: int, rate: RateFn, params: SimP
     bottleneck = min((rate(u, v) for u, v in links), default=1000.0)
     stages = max(schedule.depth("broadcast"), schedule.depth("upload")) + 1
     return optimal_chunk_bytes(model_bytes, stages, bottleneck, alpha_s=params.alpha_s)
+
+
+def lanes_of(schedule: Schedule) -> dict[str, list[list[str]]]:
+    """Each node's broadcast lanes, as the emulation's agents get them (`task_runner.broadcast_lanes`:
+    children whose copies share a link, sent one after another, each whole before the next)."""
+    from orchestrator.runtime.task_runner import broadcast_lanes
+
+    senders = sorted({e.src for e in schedule.edges_of("broadcast")})
+    return {n: [list(lane) for lane in lanes] for n in senders if (lanes := broadcast_lanes(schedule, n))}
 
 
 def path_delay_s(model: NetworkModel, path: Sequence[str], params: SimParams) -> float:
@@ -174,8 +190,10 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
             "model_bytes": r.model_bytes, "chunk_bytes": chunk_bytes(s, r.model_bytes, rate, params),
             "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params, model),
-            "train_cpu_s": train_seconds(s, replace(params, site_speed=False)),
+            "train_cpu_s": {k: v * params.train_cpu_factor
+                            for k, v in train_seconds(s, replace(params, site_speed=False)).items()},
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],
+            "lanes": lanes_of(s),
         })
     spec: dict[str, Any] = {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()],
                             "runs": out_runs}

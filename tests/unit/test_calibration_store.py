@@ -120,14 +120,14 @@ def test_an_uncalibrated_simulated_run_says_so_on_the_reports_first_line(tmp_pat
     assert "up to 27% per point" in first and "elsewhere" in first  # the measured off-by, cited
 
 
-def test_the_per_chunk_fit_finds_the_cost_that_matches_the_emulation() -> None:
+def test_the_fit_finds_the_per_hop_latency_that_matches_the_emulation() -> None:
     from orchestrator.experiment.calibrate import FIT_TOLERANCE, fit, geo_ratio
 
-    # Prepare: a fake simulation whose round time grows with the per-chunk cost (20 chunks a round).
+    # Prepare: a fake simulation whose round time grows with the per-hop latency (ms; 4 hops a round).
     emu = {("spff", 2): 0.9, ("mst", 2): 0.7}
 
-    def simulate_with(per_chunk: float) -> dict[tuple[str, int], float]:
-        return {("spff", 2): 0.8 + 20 * per_chunk, ("mst", 2): 0.6 + 20 * per_chunk}
+    def simulate_with(ms: float) -> dict[tuple[str, int], float]:
+        return {("spff", 2): 0.8 + 4e-3 * ms, ("mst", 2): 0.6 + 4e-3 * ms}
 
     got = fit(emu, simulate_with, lambda _: None)
 

@@ -90,20 +90,23 @@ def test_merged_segments_fill_the_pipeline_later_by_the_documented_bound() -> No
     assert latency[5] - latency[0] == pytest.approx(2 * (2 - 1) * (2 - 1) * chunk_s, rel=1e-9)
 
 
-def test_transfers_sharing_a_link_share_it_equally() -> None:
-    # Prepare: G sends to A directly and to B through A, one chunk each: both cross G-A at once.
+def test_copies_sharing_a_link_go_one_after_another_as_the_emulations_lanes() -> None:
+    # Prepare: G sends to A directly and to B through A, one chunk each: both cross G-A, so they
+    # form a lane (the emulation's agents send such copies one after another, A first by name).
     model = line()
     schedule = relayed()
     size = 400_000
     params = SimParams(alpha_s=0.0, seconds_per_example=0.0, chunk_bytes=size)
 
-    out = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))
+    spec = build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model))
+    out = simulate(spec)
 
+    assert spec["runs"][0]["lanes"] == {"G": [["A", "B"]]}
     events = out["runs"][0]["events"]
     got = {site: next(ev["t"] for ev in events[site] if ev["event"] == "global_received") for site in ("A", "B")}
-    both = 2 * size * 8 / (RATE_MBPS * 1e6)  # each gets half of G-A until both end together
-    assert got["A"] == pytest.approx(both + D1_MS / 1e3, rel=1e-9)
-    assert got["B"] == pytest.approx(both + (D1_MS + D2_MS) / 1e3, rel=1e-9)
+    one = size * 8 / (RATE_MBPS * 1e6)  # each copy crosses G-A alone, at the full rate
+    assert got["A"] == pytest.approx(one + D1_MS / 1e3, rel=1e-9)
+    assert got["B"] == pytest.approx(2 * one + (D1_MS + D2_MS) / 1e3, rel=1e-9)
 
 
 def test_a_single_chunk_per_hop_round_equals_the_pipelined_bound() -> None:
