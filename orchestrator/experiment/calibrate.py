@@ -17,7 +17,8 @@ A fixed set of measurements, the same on every host:
    measured: the emulated run's carried bytes over the simulated payload's, task by task, and so
    is `train_cpu_factor`: the emulated trainings' real over modelled time at 2 locals (the median;
    a training within its modelled time counts 1), where a task's trainings do not outnumber the
-   cores.
+   cores, and `cpu_s_per_byte_hop`: the host's busy CPU over the run less the trainings and the
+   workers' per-byte work, per byte carried on a link (`switch_cpu_per_byte_hop`).
 
 The result is stored with the host's identity and the project's version
 (`orchestrator.simulation.calibration`), together with the per-point ratios before and after, so
@@ -181,6 +182,28 @@ def training_factor(run_dir: Path, run_id: int, n_locals: int = 2) -> float:
     return ratios[len(ratios) // 2] if ratios else 1.0
 
 
+def switch_cpu_per_byte_hop(run_dir: Path, run_id: int, worker_s_per_byte: float) -> float:
+    """CPU seconds per byte and link the emulation spent besides training and the workers' own
+    transfer code: the host's busy core-seconds over the run (`host_samples`: the share of the
+    cores busy, sampled with the link load) less the trainings' time and the workers' per-byte work,
+    over the bytes the tasks carried on the links (counted once per link: byte-hops). What remains
+    is mostly the software switch (the userspace datapath) moving those bytes."""
+    from orchestrator.results.db import ResultsDB
+
+    with ResultsDB(run_dir / "results.db") as db:
+        env = db.run(run_id)["environment"]
+        busy = db.query("SELECT AVG(cpu_busy) AS b, MAX(t_s) - MIN(t_s) AS span FROM host_samples WHERE run_id = ?",
+                        (run_id,))[0]
+        train = db.query("SELECT SUM(train_end_s - train_start_s) AS s FROM node_rounds WHERE run_id = ? "
+                         "AND train_start_s IS NOT NULL AND train_end_s IS NOT NULL", (run_id,))[0]["s"]
+        carried = db.query("SELECT SUM(carried_bytes) AS b FROM tasks WHERE run_id = ?", (run_id,))[0]["b"]
+    if not busy["b"] or not busy["span"] or not carried:
+        return 0.0
+    core_s = float(busy["b"]) * int(env.get("cpus") or len(os.sched_getaffinity(0))) * float(busy["span"])
+    rest = core_s - float(train or 0.0) - worker_s_per_byte * float(carried)
+    return max(0.0, rest / float(carried))
+
+
 def geo_ratio(sim: dict[tuple[str, int], float], emu: dict[tuple[str, int], float]) -> float:
     """Geometric mean over the common points of sim / emu (the fit's criterion)."""
     keys = sorted(set(sim) & set(emu))
@@ -234,8 +257,11 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
     say("  " + ", ".join(f"{s} {n} locals {v * 1e3:.1f} ms" for (s, n), v in sorted(emu.items())))
     train = round(training_factor(run_dir, run_id), 3)
     say(f"  real training over modelled at 2 locals (median): {train:.3f}")
+    per_hop_byte = float(f"{switch_cpu_per_byte_hop(run_dir, run_id, per_byte):.3g}")
+    say(f"  CPU per byte and link besides training and the workers (the switch): {per_hop_byte:.3g} s")
     base = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4), "cpu_cores": len(os.sched_getaffinity(0)),
-            "cpu_s_per_byte": float(f"{per_byte:.3g}"), "train_cpu_factor": train}
+            "cpu_s_per_byte": float(f"{per_byte:.3g}"), "train_cpu_factor": train,
+            "cpu_s_per_byte_hop": per_hop_byte}
     sim_dir = out_root / "calibration-sims"
 
     last: list[tuple[Path, int]] = []
@@ -265,7 +291,7 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
                       delay_emulated=delay, points=points, uncalibrated_off_by=off,
                       note=f"netai calibrate: fixed set {cfg.topology} spff/mst at 2 and 4 locals, emulated run "
                            f"{run_dir.name}; tcp_efficiency derived, cpu_cores this host's, cpu_s_per_byte measured, "
-                           f"{FIT_PARAM} fitted, wire_bytes_factor and train_cpu_factor measured")
+                           f"{FIT_PARAM} fitted, wire_bytes_factor, train_cpu_factor and cpu_s_per_byte_hop measured")
     save(cal, store)
     return cal
 

@@ -390,7 +390,7 @@ def _simulation_model(env: Mapping[str, Any]) -> list[str]:
         lines.append(f"- CPU: {cpu} cores shared by every site's processes; per transfer "
                      f"{env.get('cpu_s_per_byte', 0)} s per byte and {env.get('cpu_s_per_chunk', 0)} s per chunk "
                      "in the sender's and receiver's processes (one core each), and "
-                     f"{env.get('cpu_s_per_byte_hop', 0)} s per byte and hop on the switch's one thread; "
+                     f"{env.get('cpu_s_per_byte_hop', 0)} s per byte and hop for the software switch, on the same cores; "
                      f"training also works off {env.get('train_cpu_factor', 1.0)} x its profile's CPU on its own "
                      "thread and the shared cores "
                      f"({how('cpu_cores', 'cpu_s_per_byte', 'cpu_s_per_chunk', 'cpu_s_per_byte_hop')})")

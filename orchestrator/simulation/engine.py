@@ -50,11 +50,11 @@ its route), during each of its on periods; with the CPU model, a second one send
 work through the switch and the cores. An edge that crosses a link of the background is simulated.
 
 CPU (only when the spec has a ``cpu`` section, `spec.SimParams.cpu_cores`). Two more links, "cpu"
-of the machine's cores and "switch" of one core (the software switch forwards in one thread), in
+of the machine's cores and "switch" of as many (the userspace datapath's threads), in
 nanoseconds of CPU per second, and for each path a link of one core: each transmission of a segment
 also sends its workers' CPU work (its bytes x the per-byte cost) through the path's core and the
 machine's cores, and its switching work (its bytes x its hops x the per-hop cost) through the
-switch; the segment has left once all three are done. Transmissions in flight thus share the
+switch and the machine's cores; the segment has left once all three are done. Transmissions in flight thus share the
 cores and the switch max-min; every edge is then simulated (the CPU is shared by all of them).
 """
 
@@ -392,9 +392,9 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     # The CPU model: the machine's cores as one link (nanoseconds of CPU per second), and for each
     # path a link of one core, so that one transmission's CPU work runs on one core at most.
     cores = zone.create_link("cpu", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
-    switch = zone.create_link("switch", 1e9).set_latency(0).seal() if cpu else None
+    switch = zone.create_link("switch", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
     varying, background = _background(zone, spec, links, ctl, [switch, cores] if cpu else [])
-    hosts, delays = _path_hosts(zone, spec, links, switch)
+    hosts, delays = _path_hosts(zone, spec, links, [switch, cores] if cpu else None)
     workers = _worker_hosts(zone, spec, cores) if cores is not None else {}
     trainers = _trainer_hosts(zone, spec, cores) if cores is not None else {}
     zone.seal()
@@ -481,10 +481,10 @@ def _start_background(flows: list[tuple[Any, dict[str, Any]]], sink: Any) -> Non
         simgrid.Actor.create(f"bg{i}", host, flow, plan)
 
 
-def _path_hosts(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any], switch: Any
+def _path_hosts(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any], switch: list[Any] | None
                 ) -> tuple[dict[tuple[str, ...], tuple[Any, ...]], dict[tuple[str, ...], float]]:
     """Per path of `spec`: its sending and receiving hosts (and, with a CPU model, the host whose
-    work goes through the switch's core), and its propagation delay."""
+    work goes through the switch and the machine's cores), and its propagation delay."""
     from simgrid import LinkInRoute
 
     hosts: dict[tuple[str, ...], tuple[Any, ...]] = {}
@@ -498,7 +498,7 @@ def _path_hosts(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], An
         hosts[path] = (a, b)
         if switch is not None:
             w = zone.create_host(f"p{i}w", 1e9)
-            zone.add_route(w.netpoint, None, None, None, [LinkInRoute(switch)], False)
+            zone.add_route(w.netpoint, None, None, None, [LinkInRoute(x) for x in switch], False)
             hosts[path] = (a, b, w)
         delays[path] = float(p["delay_s"])
     return hosts, delays

@@ -18,7 +18,7 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   a segment of b bytes and q chunks over h links needs b x `cpu_s_per_byte` + q x `cpu_s_per_chunk`
   seconds of the workers' CPU (in the sender's and the receiver's processes, one core each; the
   transmissions in flight sharing the processes and `cpu_cores` cores max-min) and
-  b x h x `cpu_s_per_byte_hop` seconds of the switch's (one thread, shared max-min), alongside the
+  b x h x `cpu_s_per_byte_hop` seconds of the switch's (on the machine's cores, shared max-min), alongside the
   transmission; a segment has left once its bytes and both works are done;
 - training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
   its near-equal share of `train_examples` (the iid split), over the site's speed; with the CPU
