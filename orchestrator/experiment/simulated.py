@@ -98,11 +98,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
     background = SimBackground.plan(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed,
                                     emulated_rates=params.rates == "emulated", share=BACKGROUND_SHARE)
-    env = {**_environment(cfg, plan, params, background), **calibration}
-    env["defaults"] = [k for k in env["defaults"] if k not in calibration.get("calibrated_params", [])]
-    if calibration.get("calibrated") is True:
-        env["calibration"] = calibration["calibration_summary"]
-    db.set_environment(run_id, env)
+    db.set_environment(run_id, _environment(cfg, plan, params, background, calibration))
     status, note = "failed", ""
     try:
         batch = SimBatch(model, params, rate, background)
@@ -153,10 +149,20 @@ def _new_run_dir(out_root: Path, stamp: str) -> Path:
             n += 1
 
 
-def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
-                 background: SimBackground | None) -> dict[str, Any]:
-    """The run's environment: the engine and every parameter of the model, so the report says the
-    run was simulated and how (the settings left at their defaults listed under ``defaults``)."""
+def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams, background: SimBackground | None,
+                 calibration: dict[str, Any]) -> dict[str, Any]:
+    """The run's environment: the engine, every parameter of the model and the calibration used,
+    so the report says the run was simulated and how (the settings left at their defaults and not
+    calibrated listed under ``defaults``)."""
+    env = {**_parameters(cfg, plan, params, background), **calibration}
+    env["defaults"] = [k for k in env["defaults"] if k not in calibration.get("calibrated_params", [])]
+    if calibration.get("calibrated") is True:
+        env["calibration"] = calibration["calibration_summary"]
+    return env
+
+
+def _parameters(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
+                background: SimBackground | None) -> dict[str, Any]:
     return {
         "engine": "simulation (flow-level, SimGrid)", "mode": cfg.mode, "python": platform.python_version(),
         "rates": params.rates, "bw_scale": plan.bw_scale if params.rates == "emulated" else 1.0,

@@ -71,6 +71,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.simulation import sg_platform
+
 CONFIG = ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", "--cfg=network/TCP-gamma:0",
           "--cfg=contexts/factory:thread", "--log=root.thres:critical", "--log=xbt_cfg.thres:critical"]
 
@@ -109,6 +111,28 @@ class _Edge:
     sent_bytes: int = 0
 
 
+def _edges(spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]], delays: dict[tuple[str, ...], float],
+           rates: dict[tuple[str, str], float], cpu: dict[str, float] | None, workers: dict[tuple[str, str], Any],
+           varying: frozenset[tuple[str, str]]) -> list[_Edge]:
+    """A run's overlay edges: each simulated (contended) when it shares a directed link with another
+    of its edges or with the background, or when the CPU is modelled; else computed."""
+    paths = [tuple(e["path"]) for e in spec["edges"]]
+    use: dict[tuple[str, str], int] = {}
+    for path in paths:
+        for link in itertools.pairwise(path):
+            use[link] = use.get(link, 0) + 1
+    edges: list[_Edge] = []
+    for e, path in zip(spec["edges"], paths, strict=True):
+        links = list(itertools.pairwise(path))
+        work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
+        switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
+        edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path], min(rates[ln] for ln in links),
+                           cpu is not None or any(use[ln] > 1 or ln in varying for ln in links),
+                           hosts[path][:2], work, switching, workers.get((e["src"], e["dst"])),
+                           hosts[path][2] if len(hosts[path]) > 2 else None))
+    return edges
+
+
 class _Run:
     """One task run: its nodes' state and its edges' transfers, one discrete-event loop."""
 
@@ -141,21 +165,7 @@ class _Run:
         self.trainings: list[tuple[str, int, float, float]] = []
         self.training_of: list[tuple[str, int, float]] = []
         self.trainers: dict[str, Any] = {}
-        paths = [tuple(e["path"]) for e in spec["edges"]]
-        use: dict[tuple[str, str], int] = {}
-        for path in paths:
-            for link in itertools.pairwise(path):
-                use[link] = use.get(link, 0) + 1
-        self.edges: list[_Edge] = []
-        for e, path in zip(spec["edges"], paths, strict=True):
-            links = list(itertools.pairwise(path))
-            work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
-            switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
-            self.edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path],
-                                    min(rates[ln] for ln in links),
-                                    cpu is not None or any(use[ln] > 1 or ln in varying for ln in links),
-                                    hosts[path][:2], work, switching, (workers or {}).get((e["src"], e["dst"])),
-                                    hosts[path][2] if len(hosts[path]) > 2 else None))
+        self.edges = _edges(spec, hosts, delays, rates, cpu, workers or {}, varying)
         #: Where the CPU work goes (a host with an empty route to it).
         self.sink: Any = None
         self.out_bc: dict[str, list[_Edge]] = {}
@@ -385,7 +395,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     wall0 = time.monotonic()
     engine = Engine(["netai-sim", *CONFIG])
     zone = NetZone.create_star_zone("net")
-    links, rates = _links(zone, spec)
+    links, rates = sg_platform.links(zone, spec)
     ctl = zone.create_host("ctl", 1e9)
     zone.add_route(None, ctl.netpoint, None, None, [], False)
     cpu = spec.get("cpu")
@@ -393,10 +403,10 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     # path a link of one core, so that one transmission's CPU work runs on one core at most.
     cores = zone.create_link("cpu", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
     switch = zone.create_link("switch", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
-    varying, background = _background(zone, spec, links, ctl, [switch, cores] if cpu else [])
-    hosts, delays = _path_hosts(zone, spec, links, [switch, cores] if cpu else None)
-    workers = _worker_hosts(zone, spec, cores) if cores is not None else {}
-    trainers = _trainer_hosts(zone, spec, cores) if cores is not None else {}
+    varying, background = sg_platform.background(zone, spec, links, ctl, [switch, cores] if cpu else [])
+    hosts, delays = sg_platform.path_hosts(zone, spec, links, [switch, cores] if cpu else None)
+    workers = sg_platform.worker_hosts(zone, spec, cores) if cores is not None else {}
+    trainers = sg_platform.trainer_hosts(zone, spec, cores) if cores is not None else {}
     zone.seal()
     out: list[dict[str, Any]] = []
     clock = [0.0]
@@ -414,130 +424,10 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
             simgrid.this_actor.sleep_until(clock[0])
 
     Actor.create("driver", ctl, driver)
-    _start_background(background, ctl)
+    sg_platform.start_background(background, ctl)
     engine.run()
     return {"runs": out, "sim_end_s": Engine.clock, "wall_s": time.monotonic() - wall0,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
-
-
-def _links(zone: Any, spec: dict[str, Any]) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], float]]:
-    """One SimGrid link per directed link of `spec` (no latency: delays are added per path), and
-    their rates in bytes/s."""
-    links = {}
-    rates: dict[tuple[str, str], float] = {}
-    for ln in spec["links"]:
-        bps = float(ln["rate_mbps"]) * 1e6 / 8.0
-        links[(ln["a"], ln["b"])] = zone.create_link(f"{ln['a']}>{ln['b']}", bps).set_latency(0).seal()
-        rates[(ln["a"], ln["b"])] = bps
-    return links, rates
-
-
-def _background(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any], sink: Any,
-                cpu_route: list[Any]) -> tuple[frozenset[tuple[str, str]], list[tuple[Any, dict[str, Any]]]]:
-    """The spec's background flows as activities (`background.flow_plans`): per flow, a host whose
-    route is a link of its bounded rate and its path (and, with a CPU model and a per-hop cost, one
-    whose route is such a link, the switch and the cores). Returns the links the background
-    crosses (their task edges are simulated) and (host, plan) pairs for `_start_background`."""
-    from simgrid import LinkInRoute
-
-    from orchestrator.simulation.background import flow_plans
-
-    bg = spec.get("background")
-    if not bg:
-        return frozenset(), []
-    rates = {link: float(ln.bandwidth) for link, ln in links.items()}
-    ns_hop = 1e9 * float((spec.get("cpu") or {}).get("s_per_byte_hop", 0.0)) if cpu_route else 0.0
-    out = []
-    for i, plan in enumerate(flow_plans(bg, rates, ns_hop)):
-        route = [links[tuple(ln)] for ln in plan["links"]] if plan["kind"] == "net" else cpu_route
-        # its bound as a link of its own (Comm.set_rate cannot be set on a host-to-host comm here)
-        route = [zone.create_link(f"bg{i}", plan["rate_Bps"]).set_latency(0).seal(), *route]
-        host = zone.create_host(f"bg{i}", 1e9)
-        zone.add_route(host.netpoint, None, None, None, [LinkInRoute(x) for x in route], False)
-        out.append((host, plan))
-    crossed = frozenset(tuple(ln) for _, plan in out if plan["kind"] == "net" for ln in plan["links"])
-    return crossed, out
-
-
-def _start_background(flows: list[tuple[Any, dict[str, Any]]], sink: Any) -> None:
-    """One daemon actor per background activity: on for each on period (its rate bounded by its
-    own link), off
-    for each off period (a steady flow: on all along); daemons end with the simulation."""
-    import simgrid
-
-    def flow(plan: dict[str, Any]) -> None:
-        simgrid.Actor.self().daemonize()
-        me = simgrid.Actor.self().host
-        for on_s, off_s in plan["periods"] or [(1e12, 0.0)]:
-            comm = simgrid.Comm.sendto_async(me, sink, int(min(plan["rate_Bps"] * on_s * 2 + 1, 2 ** 62)))
-            try:
-                comm.wait_for(on_s)
-            except simgrid.TimeoutException:
-                comm.cancel()
-            if off_s > 0:
-                simgrid.this_actor.sleep_for(off_s)
-
-    for i, (host, plan) in enumerate(flows):
-        simgrid.Actor.create(f"bg{i}", host, flow, plan)
-
-
-def _path_hosts(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any], switch: list[Any] | None
-                ) -> tuple[dict[tuple[str, ...], tuple[Any, ...]], dict[tuple[str, ...], float]]:
-    """Per path of `spec`: its sending and receiving hosts (and, with a CPU model, the host whose
-    work goes through the switch and the machine's cores), and its propagation delay."""
-    from simgrid import LinkInRoute
-
-    hosts: dict[tuple[str, ...], tuple[Any, ...]] = {}
-    delays: dict[tuple[str, ...], float] = {}
-    for i, p in enumerate(spec["paths"]):
-        path = tuple(p["path"])
-        a, b = zone.create_host(f"p{i}s", 1e9), zone.create_host(f"p{i}d", 1e9)
-        route = [LinkInRoute(links[(u, v)]) for u, v in itertools.pairwise(path)]
-        zone.add_route(a.netpoint, None, None, None, route, False)
-        zone.add_route(None, b.netpoint, None, None, [], False)
-        hosts[path] = (a, b)
-        if switch is not None:
-            w = zone.create_host(f"p{i}w", 1e9)
-            zone.add_route(w.netpoint, None, None, None, [LinkInRoute(x) for x in switch], False)
-            hosts[path] = (a, b, w)
-        delays[path] = float(p["delay_s"])
-    return hosts, delays
-
-
-def _worker_hosts(zone: Any, spec: dict[str, Any], cores: Any) -> dict[tuple[str, str], Any]:
-    """The workers' CPU work of each overlay edge of the runs: a host whose route goes through its
-    two sites' processes (one core each) and the machine's cores."""
-    from simgrid import LinkInRoute
-
-    workers: dict[tuple[str, str], Any] = {}
-    procs: dict[str, Any] = {}
-    for run_spec in spec["runs"]:
-        for e in run_spec["edges"]:
-            pair = (e["src"], e["dst"])
-            if pair in workers:
-                continue
-            for site in pair:
-                if site not in procs:
-                    procs[site] = zone.create_link(f"proc:{site}", 1e9).set_latency(0).seal()
-            host = workers[pair] = zone.create_host(f"w:{pair[0]}>{pair[1]}", 1e9)
-            zone.add_route(host.netpoint, None, None, None,
-                           [LinkInRoute(procs[pair[0]]), LinkInRoute(procs[pair[1]]), LinkInRoute(cores)], False)
-    return workers
-
-def _trainer_hosts(zone: Any, spec: dict[str, Any], cores: Any) -> dict[str, Any]:
-    """The CPU work of each local's training: a host whose route goes through the site's training
-    thread (one core) and the machine's cores."""
-    from simgrid import LinkInRoute
-
-    trainers: dict[str, Any] = {}
-    for run_spec in spec["runs"]:
-        for site in run_spec.get("train_cpu_s", {}):
-            if site not in trainers:
-                thread = zone.create_link(f"train:{site}", 1e9).set_latency(0).seal()
-                trainers[site] = zone.create_host(f"t:{site}", 1e9)
-                zone.add_route(trainers[site].netpoint, None, None, None,
-                               [LinkInRoute(thread), LinkInRoute(cores)], False)
-    return trainers
 
 
 def main(argv: list[str]) -> int:
