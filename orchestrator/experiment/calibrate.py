@@ -38,6 +38,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig, parse_config
+from orchestrator.results import queries
 from orchestrator.simulation.calibration import Calibration, HostIdentity, new_id, save
 from orchestrator.simulation.spec import WIRE_BYTES_FACTOR
 
@@ -174,11 +175,9 @@ def training_factor(run_dir: Path, run_id: int, n_locals: int = 2) -> float:
     from orchestrator.results.db import ResultsDB
 
     with ResultsDB(run_dir / "results.db") as db:
-        trained = db.query("SELECT COUNT(*) AS n FROM node_rounds nr JOIN tasks t USING (run_id, scheduler, task_id) "
-                           "WHERE nr.run_id = ? AND t.n_locals = ? AND nr.train_start_s IS NOT NULL", (run_id, n_locals))
-        over = db.query("SELECT o.real_s / o.modelled_s AS r FROM overruns o JOIN tasks t USING (run_id, scheduler, "
-                        "task_id) WHERE o.run_id = ? AND t.n_locals = ? AND o.modelled_s > 0", (run_id, n_locals))
-    ratios = sorted([float(r["r"]) for r in over] + [1.0] * max(0, int(trained[0]["n"]) - len(over)))
+        trained = queries.trainings_at(db.conn, run_id, n_locals)
+        over = queries.overrun_ratios(db.conn, run_id, n_locals)
+    ratios = sorted(over + [1.0] * max(0, trained - len(over)))
     return ratios[len(ratios) // 2] if ratios else 1.0
 
 
@@ -192,15 +191,12 @@ def switch_cpu_per_byte_hop(run_dir: Path, run_id: int, worker_s_per_byte: float
 
     with ResultsDB(run_dir / "results.db") as db:
         env = db.run(run_id)["environment"]
-        busy = db.query("SELECT AVG(cpu_busy) AS b, MAX(t_s) - MIN(t_s) AS span FROM host_samples WHERE run_id = ?",
-                        (run_id,))[0]
-        train = db.query("SELECT SUM(train_end_s - train_start_s) AS s FROM node_rounds WHERE run_id = ? "
-                         "AND train_start_s IS NOT NULL AND train_end_s IS NOT NULL", (run_id,))[0]["s"]
-        carried = db.query("SELECT SUM(carried_bytes) AS b FROM tasks WHERE run_id = ?", (run_id,))[0]["b"]
-    if not busy["b"] or not busy["span"] or not carried:
+        fig = queries.cpu_figures(db.conn, run_id)
+    busy, span, carried = fig["busy"], fig["span_s"], fig["carried_bytes"]
+    if not busy or not span or not carried:
         return 0.0
-    core_s = float(busy["b"]) * int(env.get("cpus") or len(os.sched_getaffinity(0))) * float(busy["span"])
-    rest = core_s - float(train or 0.0) - worker_s_per_byte * float(carried)
+    core_s = float(busy) * int(env.get("cpus") or len(os.sched_getaffinity(0))) * float(span)
+    rest = core_s - float(fig["train_s"] or 0.0) - worker_s_per_byte * float(carried)
     return max(0.0, rest / float(carried))
 
 
@@ -328,11 +324,10 @@ def same_config_run(run_dir: Path, cfg: ExperimentConfig) -> int:
     if not (run_dir / "results.db").exists():
         raise ConfigError(f"{run_dir} holds no results.db")
     with ResultsDB(run_dir / "results.db") as db:
-        rows = db.query("SELECT id FROM runs WHERE engine = 'emulation' AND status = 'completed' "
-                        "ORDER BY id DESC LIMIT 1")
-        if not rows:
+        last = queries.last_completed_run(db.conn, "emulation")
+        if last is None:
             raise ConfigError(f"{run_dir} holds no completed emulated run")
-        run = db.run(int(rows[0]["id"]))
+        run = db.run(last)
     want = _comparable(cfg.to_dict())
     got = _comparable(dict(run["config"]))
     if want != got:
