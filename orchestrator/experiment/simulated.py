@@ -98,6 +98,8 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
     background = SimBackground.plan(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed,
                                     emulated_rates=params.rates == "emulated", share=BACKGROUND_SHARE)
+    if background is not None:
+        background = background.routed(lambda a, b: controller_route(plan, a, b))
     db.set_environment(run_id, _environment(cfg, plan, params, background, calibration))
     status, note = "failed", ""
     try:
@@ -133,6 +135,16 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
             LOG.exception("writing the results failed")
         db.close()
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def controller_route(plan: EmulationPlan, src: str, dst: str) -> list[str]:
+    """The path the emulation's controller routes background traffic from `src` to `dst` on: one
+    fewest-hops path per host pair, found from the pair's smaller name (`controller.flows`)."""
+    from controller.flows import shortest_site_path
+
+    a, b = sorted((src, dst))
+    path = shortest_site_path(plan, a, b)
+    return path if src == a else path[::-1]
 
 
 def _new_run_dir(out_root: Path, stamp: str) -> Path:

@@ -27,7 +27,8 @@ This module must not start anything: it only computes.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from orchestrator.scheduling.background_plan import (
@@ -76,6 +77,13 @@ class SimBackground:
             return None
         flows = plan_background(model, plan, cfg, topology=topology, seed=seed)
         return cls(tuple(flows), cfg, seed, plan.bw_scale, emulated_rates, share)
+
+    def routed(self, route: Callable[[str, str], Sequence[str]]) -> SimBackground:
+        """The same flows on the paths the emulation's controller gives them (`route(src, dst)`):
+        its background routes are its own (fewest hops), not the plan's delay paths that scaled
+        the rates, and the simulation must load the links the emulated background loads."""
+        flows = tuple(replace(f, path=tuple(route(f.src, f.dst))) for f in self.flows)
+        return replace(self, flows=flows)
 
     @property
     def on_off(self) -> bool:

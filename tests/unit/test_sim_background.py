@@ -143,3 +143,32 @@ def test_an_on_off_backgrounds_view_is_its_long_run_mean() -> None:
     onoff = SimBackground.plan(model, plan, cfg, topology="x", seed=2, emulated_rates=True, share=0.01)
     assert steady is not None and onoff is not None
     assert onoff.view_mbps() == pytest.approx({k: v / 4 for k, v in steady.view_mbps().items()})
+
+
+def test_the_flows_take_the_controllers_routes_and_the_view_follows_them() -> None:
+    from controller.flows import background_entries
+    from orchestrator.experiment.simulated import controller_route
+
+    # Prepare: Abilene, where the plan's delay paths and the controller's fewest-hops routes differ.
+    model = load("sndlib/abilene")
+    plan = EmulationPlan.from_model(model, max_link_mbps=100)
+    bg = SimBackground.plan(model, plan, BackgroundConfig(pattern="demand-matrix", load=0.3, pairs=6),
+                            topology="sndlib/abilene", seed=3, emulated_rates=True, share=0.01)
+    assert bg is not None
+
+    routed = bg.routed(lambda a, b: controller_route(plan, a, b))
+
+    # Each flow keeps its rate, takes the controller's path (its entries' switches, in order), and
+    # the scheduler's view loads exactly those links.
+    entries = background_entries(plan, [[f.src, f.dst] for f in bg.flows])
+    switches = {sw.dpid: sw.site for sw in plan.switches}
+    assert any(f.path != g.path for f, g in zip(bg.flows, routed.flows, strict=True))
+    for f, g in zip(bg.flows, routed.flows, strict=True):
+        assert (g.src, g.dst, g.rate_mbps) == (f.src, f.dst, f.rate_mbps)
+        src_ip = next(h.ip for h in plan.hosts if h.site == g.src)
+        dst_ip = next(h.ip for h in plan.hosts if h.site == g.dst)
+        on = {switches[e.dpid] for e in entries if dict(e.match).get("ipv4_src") == src_ip
+              and dict(e.match).get("ipv4_dst") == dst_ip}
+        assert set(g.path) == on and len(g.path) == len(on)
+    links = {link for g in routed.flows for link in itertools.pairwise(g.path)}
+    assert set(routed.view_mbps()) == links
