@@ -1,11 +1,17 @@
 """Packaging for netai-testbed: a Mininet testbed for scheduling network and
 computing resources for distributed AI (federated learning) tasks."""
 
+import re
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+VERSION = re.search(r'^__version__ = "([^"]+)"', (Path(__file__).parent / "orchestrator" / "__init__.py").read_text(),
+                    re.M).group(1)
 
 setup(
     name="netai-testbed",
-    version="0.1.0",
+    version=VERSION,
     description=(
         "Emulate a multi-hop optical-like network in Mininet and run real federated-learning "
         "tasks on scheduler-chosen trees with in-path aggregation."

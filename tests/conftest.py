@@ -43,3 +43,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 reason = reasons[marker]
                 if reason and not in_ci:
                     item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(autouse=True)
+def _no_host_calibration(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Simulated runs in tests look up an empty calibration store, not this host's (a test that
+    wants one sets ``NETAI_CALIBRATION`` itself): their figures must not depend on the machine."""
+    monkeypatch.setenv("NETAI_CALIBRATION", str(tmp_path_factory.mktemp("calibration") / "calibration.json"))

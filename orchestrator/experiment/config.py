@@ -15,13 +15,13 @@ from typing import Any
 import yaml
 
 from controller.flows import CONNECTIVITY_MODES, STRICT
-from orchestrator.emulation.background import BackgroundConfig
 from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
 from orchestrator.runtime.remote import RemoteServer, parse_servers
 from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
+from orchestrator.scheduling.background_plan import BackgroundConfig
 from orchestrator.scheduling.tasks import DEFAULT_DEMAND_MBPS, max_locals
 from orchestrator.simulation.spec import SimParams
 from topologies.errors import TopologyError
@@ -312,7 +312,8 @@ SIMULATION_SCHEMA: dict[str, Check] = {
     "seconds_per_example": _num(0), "local_epochs": _int(1, 1000), "train_examples": _int(1),
     "chunk_bytes": _int(0), "max_segments": _int(0),
     "cpu_cores": _int(0, 1024), "cpu_s_per_byte": _num(0), "cpu_s_per_chunk": _num(0),
-    "cpu_s_per_byte_hop": _num(0), "calibration": _text, "site_speed": _bool,
+    "cpu_s_per_byte_hop": _num(0), "calibration": _text, "site_speed": _bool, "wire_bytes_factor": _num(1),
+    "train_cpu_factor": _num(1),
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation",

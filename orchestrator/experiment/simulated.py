@@ -2,8 +2,9 @@
 
 The same task sets (`runs.task_sets`), the same schedulers, in the same order and on the same
 network states as the sequential mode of the emulation (every scheduler sees the reservations of
-the point's earlier tasks; no background load), then every admitted task's rounds simulated on
-SimGrid (child engine processes, `orchestrator.simulation.spec.simulate`), recorded in the same results database, CSVs,
+the point's earlier tasks and the background's own rates, `orchestrator.simulation.background`),
+then every admitted task's rounds simulated on SimGrid (child engine processes,
+`orchestrator.simulation.spec.simulate`), recorded in the same results database, CSVs,
 figures and report. The run is marked ``engine = simulation`` (the `runs` table) and its
 environment lists the model's parameters, so the report says it was simulated and how.
 """
@@ -17,6 +18,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from controller.htb import BACKGROUND_SHARE
 from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
 from orchestrator.experiment.runs import RunOutcome, task_sets
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
@@ -25,6 +27,8 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate, emulated_rate
+from orchestrator.simulation.background import SimBackground
+from orchestrator.simulation.calibration import CalibrationMismatch, default_path, find, uncalibrated_note
 from orchestrator.simulation.ports import SimBatch, SimCompute, SimNetwork
 from orchestrator.simulation.spec import SimParams
 from topologies.plan import EmulationPlan
@@ -48,14 +52,41 @@ def sim_params(cfg: ExperimentConfig) -> SimParams:
     return params
 
 
-def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None) -> RunOutcome:
+def apply_calibration(cfg: ExperimentConfig, params: SimParams, store: Path) -> tuple[SimParams, dict[str, Any]]:
+    """`params` with this host's calibration (`calibration.find` in `store`) for every parameter
+    the config leaves at its default, and propagation on only if the calibration's emulation had
+    delay; and what the run records about it. A config whose ``simulation.calibration`` note is
+    set keeps its own parameters (recorded as such); without a matching calibration the run is
+    recorded as uncalibrated, with why and how far off the defaults were measured to be."""
+    if cfg.simulation.calibration:
+        return params, {"calibrated": "set in the config"}
+    try:
+        cal = find(store)
+    except (CalibrationMismatch, ValueError) as e:
+        LOG.warning("uncalibrated simulation: %s", e)
+        return params, uncalibrated_note(store, str(e))
+    defaults = SimulationConfig()
+    own: dict[str, Any] = {k: v for k, v in cal.params.items() if getattr(cfg.simulation, k) == getattr(defaults, k)}
+    if cfg.simulation.propagation == defaults.propagation:
+        own["propagation"] = cal.delay_emulated
+    typed: dict[str, Any] = {k: (int(v) if k == "cpu_cores" else v) for k, v in own.items()}
+    params = replace(params, **typed)
+    return params, {"calibrated": True, "calibrated_params": sorted(own), "calibration_id": cal.id, "calibration_created": cal.created,
+                    "calibration_host": cal.host.hostname, "calibration_version": cal.version,
+                    "calibration_store": str(store), "calibration_summary": cal.summary()}
+
+
+def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None,
+                  calibration_store: Path | None = None) -> RunOutcome:
     """Run `cfg` on the flow-level model; results in a new run folder under `out_root`.
 
     `model_bytes` skips building the model to size it (`check_model`), e.g. in a benchmark.
+    `calibration_store`: where this host's calibration is looked up (`apply_calibration`; default
+    `orchestrator.simulation.calibration.default_path`).
     """
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
-    params = sim_params(cfg)
+    params, calibration = apply_calibration(cfg, sim_params(cfg), calibration_store or default_path())
     if model_bytes is None:
         from orchestrator.runtime.compute import check_model
 
@@ -65,10 +96,14 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     db = ResultsDB(run_dir / "results.db")
     run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation")
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
-    db.set_environment(run_id, _environment(cfg, plan, params))
+    background = SimBackground.plan(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed,
+                                    emulated_rates=params.rates == "emulated", share=BACKGROUND_SHARE)
+    if background is not None:
+        background = background.routed(lambda a, b: controller_route(plan, a, b))
+    db.set_environment(run_id, _environment(cfg, plan, params, background, calibration))
     status, note = "failed", ""
     try:
-        batch = SimBatch(model, params, rate)
+        batch = SimBatch(model, params, rate, background)
         network = SimNetwork(batch, propagation=params.propagation)
         core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir),
                          recorder=SimRecorder(db, run_id), clock=batch, model=model, schedulers=cfg.scheduler,
@@ -102,6 +137,16 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
 
 
+def controller_route(plan: EmulationPlan, src: str, dst: str) -> list[str]:
+    """The path the emulation's controller routes background traffic from `src` to `dst` on: one
+    fewest-hops path per host pair, found from the pair's smaller name (`controller.flows`)."""
+    from controller.flows import shortest_site_path
+
+    a, b = sorted((src, dst))
+    path = shortest_site_path(plan, a, b)
+    return path if src == a else path[::-1]
+
+
 def _new_run_dir(out_root: Path, stamp: str) -> Path:
     """A new folder `stamp` under `out_root` (``stamp-2``, ... if taken): a simulation can take
     less than a second, and a run never reuses another's folder."""
@@ -116,9 +161,20 @@ def _new_run_dir(out_root: Path, stamp: str) -> Path:
             n += 1
 
 
-def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams) -> dict[str, Any]:
-    """The run's environment: the engine and every parameter of the model, so the report says the
-    run was simulated and how (the settings left at their defaults listed under ``defaults``)."""
+def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams, background: SimBackground | None,
+                 calibration: dict[str, Any]) -> dict[str, Any]:
+    """The run's environment: the engine, every parameter of the model and the calibration used,
+    so the report says the run was simulated and how (the settings left at their defaults and not
+    calibrated listed under ``defaults``)."""
+    env = {**_parameters(cfg, plan, params, background), **calibration}
+    env["defaults"] = [k for k in env["defaults"] if k not in calibration.get("calibrated_params", [])]
+    if calibration.get("calibrated") is True:
+        env["calibration"] = calibration["calibration_summary"]
+    return env
+
+
+def _parameters(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
+                background: SimBackground | None) -> dict[str, Any]:
     return {
         "engine": "simulation (flow-level, SimGrid)", "mode": cfg.mode, "python": platform.python_version(),
         "rates": params.rates, "bw_scale": plan.bw_scale if params.rates == "emulated" else 1.0,
@@ -129,9 +185,13 @@ def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams) 
         "train_examples": params.train_examples, "max_segments": params.max_segments,
         "cpu_cores": params.cpu_cores, "cpu_s_per_byte": params.cpu_s_per_byte,
         "cpu_s_per_chunk": params.cpu_s_per_chunk,
-        "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "calibration": cfg.simulation.calibration,
+        "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "wire_bytes_factor": params.wire_bytes_factor,
+        "train_cpu_factor": params.train_cpu_factor,
+        "calibration": cfg.simulation.calibration,
         "defaults": sorted(k for k, v in asdict(cfg.simulation).items() if v == getattr(SimulationConfig(), k)),
-        "background": "not simulated",
+        "background": "off" if background is None else
+        f"{cfg.background.pattern}, load {cfg.background.load}, {len(background.flows)} flows (simulated: the "
+        "emulation's plan, seed and on/off processes; tasks served first, as htb serves them)",
     }
 
 

@@ -303,3 +303,35 @@ def host_busy(conn: sqlite3.Connection, run_id: int) -> list[float]:
     """The host's CPU busy share, sample by sample, over the run."""
     return [float(r["cpu_busy"]) for r in _rows(conn, "SELECT cpu_busy FROM host_samples WHERE run_id = ? "
                                                       "ORDER BY t_s", (run_id,))]
+
+
+def last_completed_run(conn: sqlite3.Connection, engine: str) -> int | None:
+    """The newest completed run of `engine` (``emulation`` or ``simulation``), or None."""
+    rows = _rows(conn, "SELECT id FROM runs WHERE engine = ? AND status = 'completed' ORDER BY id DESC LIMIT 1",
+                 (engine,))
+    return int(rows[0]["id"]) if rows else None
+
+
+def trainings_at(conn: sqlite3.Connection, run_id: int, n_locals: int) -> int:
+    """How many node-rounds trained in the run's tasks of `n_locals` locals."""
+    return int(_rows(conn, "SELECT COUNT(*) AS n FROM node_rounds nr JOIN tasks t USING (run_id, scheduler, task_id) "
+                           "WHERE nr.run_id = ? AND t.n_locals = ? AND nr.train_start_s IS NOT NULL",
+                     (run_id, n_locals))[0]["n"])
+
+
+def overrun_ratios(conn: sqlite3.Connection, run_id: int, n_locals: int) -> list[float]:
+    """Real over modelled training time of every overrun in the run's tasks of `n_locals` locals."""
+    return [float(r["r"]) for r in _rows(
+        conn, "SELECT o.real_s / o.modelled_s AS r FROM overruns o JOIN tasks t USING (run_id, scheduler, task_id) "
+              "WHERE o.run_id = ? AND t.n_locals = ? AND o.modelled_s > 0", (run_id, n_locals))]
+
+
+def cpu_figures(conn: sqlite3.Connection, run_id: int) -> dict[str, float | None]:
+    """The run's mean host CPU busy share and the span of its samples (s), the summed training
+    time of its node-rounds (s) and the bytes its tasks carried (None where nothing was recorded)."""
+    busy = _rows(conn, "SELECT AVG(cpu_busy) AS busy, MAX(t_s) - MIN(t_s) AS span FROM host_samples WHERE run_id = ?",
+                 (run_id,))[0]
+    train = _rows(conn, "SELECT SUM(train_end_s - train_start_s) AS s FROM node_rounds WHERE run_id = ? "
+                        "AND train_start_s IS NOT NULL AND train_end_s IS NOT NULL", (run_id,))[0]["s"]
+    carried = _rows(conn, "SELECT SUM(carried_bytes) AS b FROM tasks WHERE run_id = ?", (run_id,))[0]["b"]
+    return {"busy": busy["busy"], "span_s": busy["span"], "train_s": train, "carried_bytes": carried}

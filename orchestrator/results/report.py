@@ -111,8 +111,11 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
 
 
 def _head(summary: RunSummary) -> list[str]:
-    """Title, status, the first failures, the simulation model (simulated runs) and the environment."""
+    """Title, status, the first failures, the simulation model (simulated runs) and the environment.
+    An uncalibrated simulated run says so on the first line, and by how much it may be off."""
     lines = [f"# Run {summary.run_id}: {summary.name}", ""]
+    if summary.engine == "simulation" and summary.environment.get("calibrated") is False:
+        lines.insert(0, uncalibrated_line(summary.environment))
     if summary.unfaithful:
         lines += [f"**Not faithful:** {len(summary.unfaithful)} of {len(summary.verdicts)} points measured the host, "
                   "not only the emulated network and sites; their figures and claims say so below "
@@ -342,13 +345,25 @@ def _figures_section(figures: Sequence[Figure]) -> list[str]:
     return lines
 
 
+def uncalibrated_line(env: Mapping[str, Any]) -> str:
+    """The first line of an uncalibrated simulated run's report."""
+    off = float(env.get("uncalibrated_off_by") or 0.0)
+    return (f"**Uncalibrated:** these simulated figures use the model's default parameters "
+            f"({env.get('uncalibrated_reason', 'no calibration')}); with the defaults, simulated mean round "
+            f"latency was off the emulated one by up to {off:.0%} per point ({env.get('uncalibrated_where', '?')}).")
+
+
 def _simulation_model(env: Mapping[str, Any]) -> list[str]:
     """The report's "Simulation model" section: each parameter of a simulated run and how it was set."""
     defaults = set(env.get("defaults", []))
 
+    calibrated = set(env.get("calibrated_params", []))
+
     def how(*keys: str) -> str:
         if all(k in defaults for k in keys):
             return "default"
+        if all(k in defaults or k in calibrated for k in keys):
+            return "calibrated on this host"
         return "set in the config" + (" (see how below)" if env.get("calibration") else "")
 
     cpu = int(env.get("cpu_cores") or 0)
@@ -370,17 +385,21 @@ def _simulation_model(env: Mapping[str, Any]) -> list[str]:
              + ("the task's measured profile at each site's speed, as the emulation models compute"
                 if env.get("training_from_profile") else f"{how('seconds_per_example')}; the default is a placeholder, "
                 "not measured") + ")"]
+    lines.append(f"- background: {env.get('background', 'off')}")
     if cpu:
         lines.append(f"- CPU: {cpu} cores shared by every site's processes; per transfer "
                      f"{env.get('cpu_s_per_byte', 0)} s per byte and {env.get('cpu_s_per_chunk', 0)} s per chunk "
                      "in the sender's and receiver's processes (one core each), and "
-                     f"{env.get('cpu_s_per_byte_hop', 0)} s per byte and hop on the switch's one thread "
+                     f"{env.get('cpu_s_per_byte_hop', 0)} s per byte and hop for the software switch, on the same cores; "
+                     f"training also works off {env.get('train_cpu_factor', 1.0)} x its profile's CPU on its own "
+                     "thread and the shared cores "
                      f"({how('cpu_cores', 'cpu_s_per_byte', 'cpu_s_per_chunk', 'cpu_s_per_byte_hop')})")
     else:
         lines.append("- CPU: not modelled (`cpu_cores` 0, the default): transfers never wait for CPU")
     if env.get("calibration"):
         lines.append(f"- how the parameters were set: {env['calibration']}")
     lines += ["- these parameters are the config's `simulation` section (defaults in "
-              "`orchestrator/experiment/config.py`); `benchmarks/bench_simulation.py --calibrate` sets them from an "
-              "emulated run (derived, measured, one fitted) and tests the fit", ""]
+              "`orchestrator/experiment/config.py`), where it leaves them at their defaults this host's calibration "
+              "(`netai calibrate`: derived, measured, one fitted on a fixed emulated set), and "
+              "`netai validate CONFIG` measures how far the simulation is from the emulation", ""]
     return lines

@@ -44,12 +44,17 @@ chunk was most of the time):
   at most (h - 1) x (q - 1) x (alpha_s + chunk / rate) later per procedure (see
   docs/architecture.md, "Flow-level simulation").
 
+Background (only when the spec has a ``background`` section, `orchestrator.simulation.background`):
+each flow is a daemon actor that sends along its path, at most at its rate (a link of its own in
+its route), during each of its on periods; with the CPU model, a second one sends its switching
+work through the switch and the cores. An edge that crosses a link of the background is simulated.
+
 CPU (only when the spec has a ``cpu`` section, `spec.SimParams.cpu_cores`). Two more links, "cpu"
-of the machine's cores and "switch" of one core (the software switch forwards in one thread), in
+of the machine's cores and "switch" of as many (the userspace datapath's threads), in
 nanoseconds of CPU per second, and for each path a link of one core: each transmission of a segment
 also sends its workers' CPU work (its bytes x the per-byte cost) through the path's core and the
 machine's cores, and its switching work (its bytes x its hops x the per-hop cost) through the
-switch; the segment has left once all three are done. Transmissions in flight thus share the
+switch and the machine's cores; the segment has left once all three are done. Transmissions in flight thus share the
 cores and the switch max-min; every edge is then simulated (the CPU is shared by all of them).
 """
 
@@ -65,6 +70,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from orchestrator.simulation import sg_platform
 
 CONFIG = ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", "--cfg=network/TCP-gamma:0",
           "--cfg=contexts/factory:thread", "--log=root.thres:critical", "--log=xbt_cfg.thres:critical"]
@@ -92,10 +99,38 @@ class _Edge:
     switch_host: Any = None
     #: Ready time at the sender of each segment not sent yet, by (round - 1) * segments + j.
     ready: dict[int, float] = field(default_factory=dict)
+    #: The lane's copy before this one and after it (broadcast copies sharing a link go one after
+    #: another), and the rounds whose copy has left whole.
+    after: _Edge | None = None
+    before: _Edge | None = None
+    left_rounds: int = 0
+    left_at: float = 0.0
     next_idx: int = 0
     free: float = 0.0
     busy: bool = False
     sent_bytes: int = 0
+
+
+def _edges(spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]], delays: dict[tuple[str, ...], float],
+           rates: dict[tuple[str, str], float], cpu: dict[str, float] | None, workers: dict[tuple[str, str], Any],
+           varying: frozenset[tuple[str, str]]) -> list[_Edge]:
+    """A run's overlay edges: each simulated (contended) when it shares a directed link with another
+    of its edges or with the background, or when the CPU is modelled; else computed."""
+    paths = [tuple(e["path"]) for e in spec["edges"]]
+    use: dict[tuple[str, str], int] = {}
+    for path in paths:
+        for link in itertools.pairwise(path):
+            use[link] = use.get(link, 0) + 1
+    edges: list[_Edge] = []
+    for e, path in zip(spec["edges"], paths, strict=True):
+        links = list(itertools.pairwise(path))
+        work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
+        switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
+        edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path], min(rates[ln] for ln in links),
+                           cpu is not None or any(use[ln] > 1 or ln in varying for ln in links),
+                           hosts[path][:2], work, switching, workers.get((e["src"], e["dst"])),
+                           hosts[path][2] if len(hosts[path]) > 2 else None))
+    return edges
 
 
 class _Run:
@@ -103,7 +138,8 @@ class _Run:
 
     def __init__(self, spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]],
                  delays: dict[tuple[str, ...], float], rates: dict[tuple[str, str], float],
-                 cpu: dict[str, float] | None = None, workers: dict[tuple[str, str], Any] | None = None) -> None:
+                 cpu: dict[str, float] | None = None, workers: dict[tuple[str, str], Any] | None = None,
+                 varying: frozenset[tuple[str, str]] = frozenset()) -> None:
         self.key = spec["key"]
         self.g: str = spec["global"]
         self.locals: set[str] = set(spec["locals"])
@@ -122,25 +158,20 @@ class _Run:
         #: Fixed CPU work of each segment, in nanoseconds (its chunks' per-chunk cost).
         self.seg_work = [per_chunk * len(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
         self.train_s: dict[str, float] = {s: float(t) for s, t in spec["train_s"].items()}
-        paths = [tuple(e["path"]) for e in spec["edges"]]
-        use: dict[tuple[str, str], int] = {}
-        for path in paths:
-            for link in itertools.pairwise(path):
-                use[link] = use.get(link, 0) + 1
-        self.edges: list[_Edge] = []
-        for e, path in zip(spec["edges"], paths, strict=True):
-            links = list(itertools.pairwise(path))
-            work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
-            switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
-            self.edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path],
-                                    min(rates[ln] for ln in links), cpu is not None or any(use[ln] > 1 for ln in links),
-                                    hosts[path][:2], work, switching, (workers or {}).get((e["src"], e["dst"])),
-                                    hosts[path][2] if len(hosts[path]) > 2 else None))
+        #: With the CPU model: each local's training as CPU seconds of one host core (real work).
+        self.train_cpu_s: dict[str, float] = {s: float(t) for s, t in spec.get("train_cpu_s", {}).items()} \
+            if cpu is not None else {}
+        #: Trainings to start as CPU work (node, round, start, modelled end), and the sites' hosts.
+        self.trainings: list[tuple[str, int, float, float]] = []
+        self.training_of: list[tuple[str, int, float]] = []
+        self.trainers: dict[str, Any] = {}
+        self.edges = _edges(spec, hosts, delays, rates, cpu, workers or {}, varying)
         #: Where the CPU work goes (a host with an empty route to it).
         self.sink: Any = None
         self.out_bc: dict[str, list[_Edge]] = {}
         self.out_up: dict[str, _Edge] = {}
         self.up_children: dict[str, int] = {}
+        self._chain_lanes(spec.get("lanes", {}))
         for edge in self.edges:
             if edge.procedure == "broadcast":
                 self.out_bc.setdefault(edge.src, []).append(edge)
@@ -155,10 +186,13 @@ class _Run:
         #: Segments that arrived (edge, index, time), not yet handed to their receiver.
         self.arrivals: list[tuple[_Edge, int, float]] = []
         #: Segments of contended edges to hand to SimGrid, by start time.
-        self.sends: list[tuple[float, int, _Edge, int]] = []
+        self.sends: list[tuple[float, int, _Edge | None, int]] = []
         self.seq = itertools.count()
         self.start_s = 0.0
         self.end_s = 0.0
+        self.flying: list[Any] = []
+        self.owners: list[tuple[_Edge | None, int]] = []
+        self.parts: dict[tuple[int, int], int] = {}
 
     def event(self, site: str, name: str, rnd: int, t: float) -> None:
         self.events.setdefault(site, []).append({"event": name, "round": rnd, "t": t, "site": site})
@@ -169,12 +203,23 @@ class _Run:
         e.ready[idx] = t
         self.pump(e)
 
+    def _chain_lanes(self, lanes: dict[str, list[list[str]]]) -> None:
+        """Link each lane's broadcast edges in their sending order."""
+        by = {(e.src, e.dst): e for e in self.edges if e.procedure == "broadcast"}
+        for node, node_lanes in lanes.items():
+            for lane in node_lanes:
+                for a, b in itertools.pairwise(lane):
+                    first, second = by[(node, a)], by[(node, b)]
+                    first.before, second.after = second, first
+
     def pump(self, e: _Edge) -> None:
-        """Send `e`'s next segments, in order, as far as they are held and the edge is free."""
-        while not e.busy and e.next_idx in e.ready:
+        """Send `e`'s next segments, in order, as far as they are held, the edge is free and (in a
+        lane) the copy before it has left whole."""
+        while not e.busy and e.next_idx in e.ready and \
+                (e.after is None or e.after.left_rounds > e.next_idx // self.m):
             idx = e.next_idx
             j = idx % self.m
-            at = max(e.ready.pop(idx), e.free) + self.seg_alpha[j]
+            at = max(e.ready.pop(idx), e.free, e.after.left_at if e.after is not None else 0.0) + self.seg_alpha[j]
             e.next_idx += 1
             if e.contended:  # SimGrid transmits it, from `at` on
                 e.busy = True
@@ -188,6 +233,10 @@ class _Run:
         e.sent_bytes += self.seg_bytes[idx % self.m]
         if e.procedure == "upload" and idx % self.m == self.m - 1:
             self.event(e.src, "update_sent", idx // self.m + 1, end)
+        if idx % self.m == self.m - 1:
+            e.left_rounds, e.left_at = idx // self.m + 1, end
+            if e.before is not None:
+                self.pump(e.before)  # the lane's next copy goes now
         self.arrivals.append((e, idx, end + e.delay_s))
 
     def start_round(self, rnd: int, t: float) -> None:
@@ -216,9 +265,16 @@ class _Run:
         if node in self.locals:
             end = t + self.train_s.get(node, 0.0)
             self.event(node, "train_start", rnd, t)
-            self.event(node, "train_end", rnd, end)
-            for j in range(self.m):
-                self.upload_part(node, (rnd - 1) * self.m + j, end)
+            if self.train_cpu_s.get(node, 0.0) > 0 and node in self.trainers:
+                self.trainings.append((node, rnd, t, end))  # ends when its CPU work is done too
+                return
+            self.trained(node, rnd, end)
+
+    def trained(self, node: str, rnd: int, end: float) -> None:
+        """`node`'s training of round `rnd` ended at `end`: its update is ready to go up."""
+        self.event(node, "train_end", rnd, end)
+        for j in range(self.m):
+            self.upload_part(node, (rnd - 1) * self.m + j, end)
 
     def upload_part(self, node: str, idx: int, t: float) -> None:
         """One part of segment `idx` of `node`'s upload (its own update, or a child's) is there at `t`."""
@@ -254,49 +310,73 @@ class _Run:
         self.start_s = start
         self.start_round(1, start)
         arrivals, sends = self.arrivals, self.sends
-        flying: list[Any] = []
-        owners: list[tuple[_Edge, int]] = []
-        #: Activities (network, CPU) still running per segment in flight.
-        parts: dict[tuple[int, int], int] = {}
+        #: Activities in flight and what each is part of: (edge, segment index) or (None, training);
+        #: per segment in flight, its activities (network, CPU) still running.
+        self.flying, self.owners, self.parts = [], [], {}
         while True:
             # Arrivals first, whatever their times: they only compute (node state is a max over
             # times), and whatever they make SimGrid send starts no earlier than they arrive.
             while arrivals:
                 self.arrived(*arrivals.pop())
-            if not sends and not flying:
+            while self.trainings:  # trainings start as CPU work at their times, like sends
+                node, rnd, t, end = self.trainings.pop()
+                heapq.heappush(sends, (t, next(self.seq), None, len(self.training_of)))
+                self.training_of.append((node, rnd, end))
+            if not sends and not self.flying:
                 break
-            if flying and (not sends or sends[0][0] > engine.clock):
+            if self.flying and (not sends or sends[0][0] > engine.clock):
                 if sends:
-                    i = simgrid.Comm.wait_any_for(flying, sends[0][0] - engine.clock)
+                    i = simgrid.Comm.wait_any_for(self.flying, sends[0][0] - engine.clock)
                 else:
-                    i = simgrid.Comm.wait_any(flying)
-                if i >= 0:  # a transmission (or its CPU work) ended before the next one starts
-                    flying.pop(i)
-                    e, idx = owners.pop(i)
-                    left = parts.pop((id(e), idx)) - 1
-                    if left:
-                        parts[(id(e), idx)] = left
-                        continue
-                    e.busy = False
-                    self.sent(e, idx, engine.clock)
-                    self.pump(e)
+                    i = simgrid.Comm.wait_any(self.flying)
+                if i >= 0:  # a transmission (or its CPU work, or a training) ended before the next start
+                    self.finished(i, engine.clock)
                     continue
             at, _, e, idx = heapq.heappop(sends)
             if at > engine.clock:
                 simgrid.this_actor.sleep_until(at)
-            size = self.seg_bytes[idx % self.m]
-            flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], size))
-            owners.append((e, idx))
-            parts[(id(e), idx)] = 1
-            for host, ns, fixed in ((e.cpu_host, e.cpu_ns_per_byte, self.seg_work[idx % self.m]),
-                                    (e.switch_host, e.switch_ns_per_byte, 0.0)):
-                work = round(size * ns + fixed)
-                if work and host is not None:  # its CPU work, alongside
-                    flying.append(simgrid.Comm.sendto_async(host, self.sink, work))
-                    owners.append((e, idx))
-                    parts[(id(e), idx)] += 1
+            self.start_activity(e, idx)
         for events in self.events.values():
             events.sort(key=lambda ev: ev["t"])
+
+    def start_activity(self, e: _Edge | None, idx: int) -> None:
+        """Hand SimGrid a segment's transmission and its CPU work, or (`e` None) a training's CPU work."""
+        import simgrid
+
+        if e is None:
+            node = self.training_of[idx][0]
+            work = round(1e9 * self.train_cpu_s[node])
+            self.flying.append(simgrid.Comm.sendto_async(self.trainers[node], self.sink, work))
+            self.owners.append((None, idx))
+            return
+        size = self.seg_bytes[idx % self.m]
+        self.flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], size))
+        self.owners.append((e, idx))
+        self.parts[(id(e), idx)] = 1
+        for host, ns, fixed in ((e.cpu_host, e.cpu_ns_per_byte, self.seg_work[idx % self.m]),
+                                (e.switch_host, e.switch_ns_per_byte, 0.0)):
+            work = round(size * ns + fixed)
+            if work and host is not None:  # its CPU work, alongside
+                self.flying.append(simgrid.Comm.sendto_async(host, self.sink, work))
+                self.owners.append((e, idx))
+                self.parts[(id(e), idx)] += 1
+
+    def finished(self, i: int, now: float) -> None:
+        """Activity `i` in flight ended at `now`: its segment left once all its parts are done; a
+        training ends at the later of its CPU work and its modelled end."""
+        self.flying.pop(i)
+        e, idx = self.owners.pop(i)
+        if e is None:
+            node, rnd, end = self.training_of[idx]
+            self.trained(node, rnd, max(now, end))
+            return
+        left = self.parts.pop((id(e), idx)) - 1
+        if left:
+            self.parts[(id(e), idx)] = left
+            return
+        e.busy = False
+        self.sent(e, idx, now)
+        self.pump(e)
 
     def link_bytes(self) -> list[list[Any]]:
         total: dict[tuple[str, str], int] = {}
@@ -315,24 +395,26 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     wall0 = time.monotonic()
     engine = Engine(["netai-sim", *CONFIG])
     zone = NetZone.create_star_zone("net")
-    links, rates = _links(zone, spec)
+    links, rates = sg_platform.links(zone, spec)
     ctl = zone.create_host("ctl", 1e9)
     zone.add_route(None, ctl.netpoint, None, None, [], False)
     cpu = spec.get("cpu")
     # The CPU model: the machine's cores as one link (nanoseconds of CPU per second), and for each
     # path a link of one core, so that one transmission's CPU work runs on one core at most.
     cores = zone.create_link("cpu", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
-    switch = zone.create_link("switch", 1e9).set_latency(0).seal() if cpu else None
-    hosts, delays = _path_hosts(zone, spec, links, switch)
-    workers = _worker_hosts(zone, spec, cores) if cores is not None else {}
+    switch = zone.create_link("switch", 1e9 * float(cpu["cores"])).set_latency(0).seal() if cpu else None
+    varying, background = sg_platform.background(zone, spec, links, ctl, [switch, cores] if cpu else [])
+    hosts, delays = sg_platform.path_hosts(zone, spec, links, [switch, cores] if cpu else None)
+    workers = sg_platform.worker_hosts(zone, spec, cores) if cores is not None else {}
+    trainers = sg_platform.trainer_hosts(zone, spec, cores) if cores is not None else {}
     zone.seal()
     out: list[dict[str, Any]] = []
     clock = [0.0]
 
     def driver() -> None:
         for run_spec in spec["runs"]:
-            run = _Run(run_spec, hosts, delays, rates, cpu, workers)
-            run.sink = ctl
+            run = _Run(run_spec, hosts, delays, rates, cpu, workers, varying)
+            run.sink, run.trainers = ctl, trainers
             run.run(max(clock[0], Engine.clock))
             clock[0] = run.end_s
             out.append({"key": run.key, "start_s": run.start_s, "end_s": run.end_s, "chunks": run.k,
@@ -342,65 +424,11 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
             simgrid.this_actor.sleep_until(clock[0])
 
     Actor.create("driver", ctl, driver)
+    sg_platform.start_background(background, ctl)
     engine.run()
     return {"runs": out, "sim_end_s": Engine.clock, "wall_s": time.monotonic() - wall0,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
-
-def _links(zone: Any, spec: dict[str, Any]) -> tuple[dict[tuple[str, str], Any], dict[tuple[str, str], float]]:
-    """One SimGrid link per directed link of `spec` (no latency: delays are added per path), and
-    their rates in bytes/s."""
-    links = {}
-    rates: dict[tuple[str, str], float] = {}
-    for ln in spec["links"]:
-        bps = float(ln["rate_mbps"]) * 1e6 / 8.0
-        links[(ln["a"], ln["b"])] = zone.create_link(f"{ln['a']}>{ln['b']}", bps).set_latency(0).seal()
-        rates[(ln["a"], ln["b"])] = bps
-    return links, rates
-
-
-def _path_hosts(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any], switch: Any
-                ) -> tuple[dict[tuple[str, ...], tuple[Any, ...]], dict[tuple[str, ...], float]]:
-    """Per path of `spec`: its sending and receiving hosts (and, with a CPU model, the host whose
-    work goes through the switch's core), and its propagation delay."""
-    from simgrid import LinkInRoute
-
-    hosts: dict[tuple[str, ...], tuple[Any, ...]] = {}
-    delays: dict[tuple[str, ...], float] = {}
-    for i, p in enumerate(spec["paths"]):
-        path = tuple(p["path"])
-        a, b = zone.create_host(f"p{i}s", 1e9), zone.create_host(f"p{i}d", 1e9)
-        route = [LinkInRoute(links[(u, v)]) for u, v in itertools.pairwise(path)]
-        zone.add_route(a.netpoint, None, None, None, route, False)
-        zone.add_route(None, b.netpoint, None, None, [], False)
-        hosts[path] = (a, b)
-        if switch is not None:
-            w = zone.create_host(f"p{i}w", 1e9)
-            zone.add_route(w.netpoint, None, None, None, [LinkInRoute(switch)], False)
-            hosts[path] = (a, b, w)
-        delays[path] = float(p["delay_s"])
-    return hosts, delays
-
-
-def _worker_hosts(zone: Any, spec: dict[str, Any], cores: Any) -> dict[tuple[str, str], Any]:
-    """The workers' CPU work of each overlay edge of the runs: a host whose route goes through its
-    two sites' processes (one core each) and the machine's cores."""
-    from simgrid import LinkInRoute
-
-    workers: dict[tuple[str, str], Any] = {}
-    procs: dict[str, Any] = {}
-    for run_spec in spec["runs"]:
-        for e in run_spec["edges"]:
-            pair = (e["src"], e["dst"])
-            if pair in workers:
-                continue
-            for site in pair:
-                if site not in procs:
-                    procs[site] = zone.create_link(f"proc:{site}", 1e9).set_latency(0).seal()
-            host = workers[pair] = zone.create_host(f"w:{pair[0]}>{pair[1]}", 1e9)
-            zone.add_route(host.netpoint, None, None, None,
-                           [LinkInRoute(procs[pair[0]]), LinkInRoute(procs[pair[1]]), LinkInRoute(cores)], False)
-    return workers
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:

@@ -20,6 +20,7 @@ from orchestrator.runtime.summaries import RoundResult, TaskResult, node_rounds,
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.tasks import Task
+from orchestrator.simulation.background import SimBackground
 from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate
 from topologies.model import NetworkModel
 
@@ -27,10 +28,12 @@ from topologies.model import NetworkModel
 class SimBatch:
     """The runs the core has launched, simulated together once every task is admitted."""
 
-    def __init__(self, model: NetworkModel, params: SimParams, rate: RateFn) -> None:
+    def __init__(self, model: NetworkModel, params: SimParams, rate: RateFn,
+                 background: SimBackground | None = None) -> None:
         self.model = model
         self.params = params
         self.rate = rate
+        self.background = background
         self.runs: list[TaskRun] = []
         self.results: dict[str, dict[str, Any]] = {}
         self.result: dict[str, Any] = {"runs": [], "sim_end_s": 0.0}
@@ -46,7 +49,7 @@ class SimBatch:
         if not self.ran:
             self.ran = True
             if self.runs:
-                self.result = simulate(build_spec(self.model, self.runs, self.params, self.rate))
+                self.result = simulate(build_spec(self.model, self.runs, self.params, self.rate, self.background))
             self.results = {r["key"]: r for r in self.result["runs"]}
         return self.result
 
@@ -60,7 +63,8 @@ class SimBatch:
 
 class SimNetwork:
     """`NetworkPort` of the simulation: paths need no install; carried bytes are the simulated
-    bytes over every link the task's transfers crossed."""
+    bytes over every link the task's transfers crossed, as wire bytes (`SimParams.wire_bytes_factor`:
+    the emulation counts frames, headers and ACKs included)."""
 
     counter_settle_s = 0.0
 
@@ -85,10 +89,13 @@ class SimNetwork:
         r = self.batch.results.get(self.keys.get(install_id, ""))
         if r is None:
             raise LookupError(f"install {install_id} was not simulated")
-        return sum(int(n) for _, _, n in r["link_bytes"])
+        return round(sum(int(n) for _, _, n in r["link_bytes"]) * self.batch.params.wire_bytes_factor)
 
     def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
-        return None  # not simulated: the state stands as the driver built it
+        """The background flows' own rates per directed link (`SimBackground.view_mbps`), the same
+        for every task: never a task's traffic (the emulated view's rule). None without background."""
+        bg = self.batch.background
+        return None if bg is None else bg.view_mbps()
 
 
 class SimExecution:

@@ -18,10 +18,16 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   a segment of b bytes and q chunks over h links needs b x `cpu_s_per_byte` + q x `cpu_s_per_chunk`
   seconds of the workers' CPU (in the sender's and the receiver's processes, one core each; the
   transmissions in flight sharing the processes and `cpu_cores` cores max-min) and
-  b x h x `cpu_s_per_byte_hop` seconds of the switch's (one thread, shared max-min), alongside the
+  b x h x `cpu_s_per_byte_hop` seconds of the switch's (on the machine's cores, shared max-min), alongside the
   transmission; a segment has left once its bytes and both works are done;
 - training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
-  its near-equal share of `train_examples` (the iid split).
+  its near-equal share of `train_examples` (the iid split), over the site's speed; with the CPU
+  model, that many CPU seconds of one host core are also worked off on the site's process and the
+  machine's cores, shared with the other trainings and transfers, and training ends at the later of
+  the two (the emulation trains for real and holds its update until the modelled end, or overruns).
+
+Lanes: a node's copies to broadcast children whose paths share a link go one after another, each
+whole before the next, as the emulation's agents send them (`lanes_of`).
 
 Chunk size: the emulation's choice, `orchestrator.runtime.timing.optimal_chunk_bytes` of the
 task's deepest chain and bottleneck rate (the same as `task_timing`).
@@ -35,19 +41,24 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.runtime.timing import ALPHA_S, optimal_chunk_bytes
 from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.schedule import Schedule
+from orchestrator.simulation.background import SimBackground
 from topologies.model import NetworkModel
 
 RATES = ("capacity", "emulated")
 #: Default seconds of local training per example and epoch (an MLP of two hidden layers of 800 on
 #: one core, batch 32: a placeholder until a profile of the model is measured).
 DEFAULT_SECONDS_PER_EXAMPLE = 2e-4
+#: Wire bytes per payload byte, derived: a 1514-byte Ethernet frame carries 1448 bytes of TCP payload
+#: (MTU 1500, TCP timestamps), and a 66-byte ACK comes back for every two frames (delayed ACKs).
+#: `netai calibrate` measures it (the emulated carried bytes over the simulated payload bytes).
+WIRE_BYTES_FACTOR = round(1514 / 1448 + 66 / (2 * 1448), 4)
 #: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
 DEFAULT_TRAIN_EXAMPLES = 1437
 
@@ -88,6 +99,13 @@ class SimParams:
     cpu_s_per_byte: float = 0.0
     cpu_s_per_chunk: float = 0.0
     cpu_s_per_byte_hop: float = 0.0
+    #: Bytes on the wire per byte of model sent, for carried bytes (the emulation counts frames:
+    #: Ethernet, IP and TCP headers, the ACKs on the reverse links, the chunks' own headers).
+    wire_bytes_factor: float = WIRE_BYTES_FACTOR
+    #: With the CPU model: the host's real training CPU per second of the profile's (the emulation's
+    #: training thread runs at SCHED_IDLE beside the site server's threads; `netai calibrate`
+    #: measures it from the trainings' overruns where the task's own trainings leave cores idle).
+    train_cpu_factor: float = 1.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -126,6 +144,15 @@ def chunk_bytes(schedule: Schedule, model_bytes: int, rate: RateFn, params: SimP
     return optimal_chunk_bytes(model_bytes, stages, bottleneck, alpha_s=params.alpha_s)
 
 
+def lanes_of(schedule: Schedule) -> dict[str, list[list[str]]]:
+    """Each node's broadcast lanes, as the emulation's agents get them (`task_runner.broadcast_lanes`:
+    children whose copies share a link, sent one after another, each whole before the next)."""
+    from orchestrator.runtime.task_runner import broadcast_lanes
+
+    senders = sorted({e.src for e in schedule.edges_of("broadcast")})
+    return {n: [list(lane) for lane in lanes] for n in senders if (lanes := broadcast_lanes(schedule, n))}
+
+
 def path_delay_s(model: NetworkModel, path: Sequence[str], params: SimParams) -> float:
     """Propagation of a path: fiber delay (if `params.propagation`) plus the per-hop latency."""
     hops = len(path) - 1
@@ -133,9 +160,11 @@ def path_delay_s(model: NetworkModel, path: Sequence[str], params: SimParams) ->
     return (fiber + hops * params.per_hop_latency_ms) / 1e3
 
 
-def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, rate: RateFn) -> dict[str, Any]:
+def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, rate: RateFn,
+               background: SimBackground | None = None) -> dict[str, Any]:
     """The engine's JSON input: directed links (rate x efficiency), the distinct paths with their
-    propagation, and the task runs in order.
+    propagation, the task runs in order, and the background flows if any
+    (`orchestrator.simulation.background`).
 
     Raises
     ------
@@ -161,7 +190,10 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
             "model_bytes": r.model_bytes, "chunk_bytes": chunk_bytes(s, r.model_bytes, rate, params),
             "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params, model),
+            "train_cpu_s": {k: v * params.train_cpu_factor
+                            for k, v in train_seconds(s, replace(params, site_speed=False)).items()},
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],
+            "lanes": lanes_of(s),
         })
     spec: dict[str, Any] = {"links": links, "paths": [{"path": list(p), "delay_s": d} for p, d in paths.items()],
                             "runs": out_runs}
@@ -169,6 +201,8 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
                                  or params.cpu_s_per_byte_hop > 0):
         spec["cpu"] = {"cores": params.cpu_cores, "s_per_byte": params.cpu_s_per_byte,
                        "s_per_chunk": params.cpu_s_per_chunk, "s_per_byte_hop": params.cpu_s_per_byte_hop}
+    if background is not None and background.flows:
+        spec["background"] = background.to_spec()  # iperf3 rates are payload rates, as the links are
     return spec
 
 
@@ -211,6 +245,8 @@ def simulate(spec: dict[str, Any], *, work_dir: Path | None = None, processes: i
     RuntimeError
         If the engine failed (SimGrid missing, or an error in the simulation), with its last lines.
     """
+    if any(f.get("periods") for f in spec.get("background", {}).get("flows", [])):
+        processes = 1  # an on/off background runs on one timeline: one engine process
     groups = split_runs(spec["runs"], processes or default_processes()) or [[]]
     with tempfile.TemporaryDirectory(dir=work_dir, prefix="netai-sim-") as tmp:
         root = str(Path(__file__).resolve().parents[2])

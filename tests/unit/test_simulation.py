@@ -90,20 +90,23 @@ def test_merged_segments_fill_the_pipeline_later_by_the_documented_bound() -> No
     assert latency[5] - latency[0] == pytest.approx(2 * (2 - 1) * (2 - 1) * chunk_s, rel=1e-9)
 
 
-def test_transfers_sharing_a_link_share_it_equally() -> None:
-    # Prepare: G sends to A directly and to B through A, one chunk each: both cross G-A at once.
+def test_copies_sharing_a_link_go_one_after_another_as_the_emulations_lanes() -> None:
+    # Prepare: G sends to A directly and to B through A, one chunk each: both cross G-A, so they
+    # form a lane (the emulation's agents send such copies one after another, A first by name).
     model = line()
     schedule = relayed()
     size = 400_000
     params = SimParams(alpha_s=0.0, seconds_per_example=0.0, chunk_bytes=size)
 
-    out = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))
+    spec = build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model))
+    out = simulate(spec)
 
+    assert spec["runs"][0]["lanes"] == {"G": [["A", "B"]]}
     events = out["runs"][0]["events"]
     got = {site: next(ev["t"] for ev in events[site] if ev["event"] == "global_received") for site in ("A", "B")}
-    both = 2 * size * 8 / (RATE_MBPS * 1e6)  # each gets half of G-A until both end together
-    assert got["A"] == pytest.approx(both + D1_MS / 1e3, rel=1e-9)
-    assert got["B"] == pytest.approx(both + (D1_MS + D2_MS) / 1e3, rel=1e-9)
+    one = size * 8 / (RATE_MBPS * 1e6)  # each copy crosses G-A alone, at the full rate
+    assert got["A"] == pytest.approx(one + D1_MS / 1e3, rel=1e-9)
+    assert got["B"] == pytest.approx(2 * one + (D1_MS + D2_MS) / 1e3, rel=1e-9)
 
 
 def test_a_single_chunk_per_hop_round_equals_the_pipelined_bound() -> None:
@@ -276,11 +279,12 @@ def test_the_cpu_model_serializes_transfers_on_shared_cores() -> None:
         latency[(cores, hop > 0)] = g["aggregated"] - g["round_start"]
 
     # Off: two procedures of 0.01 s. The workers' work: G's process takes part in both transfers of
-    # a procedure, on one core, whatever the machine's cores (2 s each). The switch has one thread.
+    # a procedure, on one core, whatever the machine's cores (2 s each). The switch's threads run
+    # on the machine's cores: both transfers' switching (1 s each) on 2 cores, 1 s a procedure.
     assert latency[(0, False)] == pytest.approx(0.02, rel=1e-9)
     assert latency[(1, False)] == pytest.approx(4.0, rel=1e-9)
     assert latency[(2, False)] == pytest.approx(4.0, rel=1e-9)
-    assert latency[(2, True)] == pytest.approx(4.0, rel=1e-9)
+    assert latency[(2, True)] == pytest.approx(2.0, rel=1e-9)
 
 
 def test_the_cpu_model_shares_the_machines_cores_among_the_sites_processes() -> None:
@@ -304,3 +308,29 @@ def test_the_cpu_model_shares_the_machines_cores_among_the_sites_processes() -> 
 
     # G->A and B->C share no process and run at once on two cores; one core takes them in turn.
     assert got[1] > got[2] * 1.2
+
+
+def test_with_the_cpu_model_trainings_share_the_cores_and_end_no_earlier_than_modelled() -> None:
+    # Prepare: G relays to A and B (spff: one edge each), both train 1 s of CPU; one core for all.
+    model = line()
+    e = OverlayEdge
+    schedule = Schedule(task_id=4, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                        broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "G"},
+                        edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
+                               e("upload", "A", "G", ("A", "G")), e("upload", "B", "G", ("B", "A", "G"))))
+    size = 10_000
+    base = SimParams(alpha_s=0.0, chunk_bytes=size, seconds_per_example=1e-3, local_epochs=1, train_examples=2000,
+                     propagation=False)
+    train = {}
+    for cores in (1, 2):
+        params = SimParams(**{**base.to_dict(), "cpu_cores": cores, "cpu_s_per_byte": 1e-12})
+        run = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))["runs"][0]
+        ev = {(site, x["event"]): x["t"] for site, evs in run["events"].items() for x in evs}
+        train[cores] = {s: ev[(s, "train_end")] - ev[(s, "train_start")] for s in ("A", "B")}
+
+    # Each local's 1 s of CPU: on two cores each has its own and takes its modelled 1 s; on one
+    # core they share it max-min: B starts d later, A runs alone for d, then both at half speed, so
+    # A ends at 2 - d after its start and B, alone again for its last d, at 2 - d after its own.
+    assert train[2] == pytest.approx({"A": 1.0, "B": 1.0}, rel=1e-6)
+    assert train[1]["A"] == pytest.approx(train[1]["B"], rel=1e-6)
+    assert 1.9 < train[1]["A"] < 2.0

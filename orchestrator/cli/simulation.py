@@ -1,0 +1,98 @@
+"""`netai calibrate` and `netai validate CONFIG`: the flow-level simulation against the emulation.
+
+`calibrate` runs a fixed set of emulated measurements on this host (needs root, a few minutes) and
+stores the fitted parameters with the host's identity and the project's version
+(`orchestrator.experiment.calibrate`). `validate` runs a config emulated and simulated on the same
+tasks and prints how far apart they are (`orchestrator.experiment.validate`). Input is checked
+before anything starts; progress goes to standard output, one line per step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from orchestrator.errors import ConfigError
+
+BACKENDS = ("auto", "docker", "process")
+
+
+def _store(args: argparse.Namespace) -> Path:
+    from orchestrator.simulation.calibration import default_path
+
+    return Path(args.calibration) if args.calibration else default_path()
+
+
+def _check_run_dir(path: str | None) -> Path | None:
+    if path is None:
+        return None
+    run = Path(path)
+    if not (run / "results.db").is_file():
+        raise ConfigError(f"--emulated-run {path}: no results.db there")
+    return run
+
+
+def _check_root(reused: Path | None) -> None:
+    if reused is None and os.geteuid() != 0:
+        raise ConfigError("the emulated run needs root (Mininet): run as root, or give --emulated-run")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from orchestrator.experiment.calibrate import calibrate
+
+    reused = _check_run_dir(args.emulated_run)
+    _check_root(reused)
+    store = _store(args)
+    if store.exists():
+        from orchestrator.simulation.calibration import load_all
+
+        try:
+            load_all(store)
+        except ValueError as e:
+            raise ConfigError(str(e)) from e
+    cal = calibrate(out_root=Path(args.out), store=store, backend=args.backend, emulated_run=reused,
+                    say=lambda line: print(line, flush=True))
+    print(f"stored {cal.summary()} in {store}")
+    print("parameters: " + ", ".join(f"{k} {v:g}" for k, v in cal.params.items())
+          + f"; propagation {'on' if cal.delay_emulated else 'off'} (the emulation's link delay)")
+    print(f"{'point':<20}{'emulated ms':>12}{'uncalibrated':>14}{'ratio':>8}{'calibrated':>12}{'ratio':>8}")
+    for p in cal.points:
+        emu, before, after = p["emulated_s"], p["uncalibrated_s"], p["calibrated_s"]
+        print(f"{p['scheduler'] + ', ' + str(p['locals']) + ' locals':<20}{emu * 1e3:>12.1f}"
+              f"{before * 1e3:>14.1f}{before / emu:>8.3f}{after * 1e3:>12.1f}{after / emu:>8.3f}")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from orchestrator.experiment.config import load_config
+    from orchestrator.experiment.validate import validate
+
+    cfg = load_config(args.config)  # every config error here, before anything starts
+    reused = _check_run_dir(args.emulated_run)
+    _check_root(reused)
+    result = validate(cfg, out_root=Path(args.out), backend=args.backend, emulated_run=reused,
+                      calibration_store=_store(args), say=lambda line: print(line, flush=True))
+    print(f"written: {result.out_dir / 'validation.json'}")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", default="runs", help="folder for the run folders (default: runs)")
+    p.add_argument("--calibration", metavar="FILE",
+                   help="the calibration store (default: $NETAI_CALIBRATION, else "
+                        "~/.local/state/netai/calibration.json)")
+    p.add_argument("--emulated-run", metavar="RUN_DIR",
+                   help="use this earlier emulated run (of the same config) instead of running the emulation")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="fit the simulation's parameters on this host (needs root, minutes)")
+    _common(p)
+    p.add_argument("--backend", choices=BACKENDS, default="auto", help="where the emulated workers run")
+    p.set_defaults(func=cmd_calibrate)
+    v = sub.add_parser("validate", help="run a config emulated and simulated on the same tasks and compare")
+    v.add_argument("config", help="experiment YAML (engine: emulation), e.g. experiments/quick.yaml")
+    _common(v)
+    v.add_argument("--backend", choices=BACKENDS, help="override the config's emulation backend")
+    v.set_defaults(func=cmd_validate)

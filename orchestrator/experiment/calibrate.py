@@ -1,0 +1,350 @@
+"""`netai calibrate`: fit the flow-level simulation's parameters on this host, once
+(docs/architecture.md, "Flow-level simulation", calibration).
+
+A fixed set of measurements, the same on every host:
+
+1. the workers' own CPU per byte of a transfer (`measure_worker_cpu`: framing, socket, check,
+   aggregation, on one core of this host);
+2. one short emulated run of a fixed config (`CALIBRATION_SET`: NSFNET, spff and mst at 2 and 4
+   locals, 2 tasks each, 3 rounds, the 2.8 MB MLP, no background), whose environment also says
+   whether the links had delay (netem);
+3. the per-hop software latency (`per_hop_latency_ms`: what a chunk waits at each link of its path
+   beyond its transmission, in the site servers' and the software switch's code) fitted by
+   bisection so that the simulated mean round latency over the set's points matches the emulated
+   one (geometric mean of the per-point ratios within 1 %);
+   `tcp_efficiency` is derived (TCP payload per Ethernet frame at MTU 1500), `cpu_cores` is the
+   cores this process may use, and the wire bytes per payload byte (`wire_bytes_factor`) are
+   measured: the emulated run's carried bytes over the simulated payload's, task by task, and so
+   is `train_cpu_factor`: the emulated trainings' real over modelled time at 2 locals (the median;
+   a training within its modelled time counts 1), where a task's trainings do not outnumber the
+   cores, and `cpu_s_per_byte_hop`: the host's busy CPU over the run less the trainings and the
+   workers' per-byte work, per byte carried on a link (`switch_cpu_per_byte_hop`).
+
+The result is stored with the host's identity and the project's version
+(`orchestrator.simulation.calibration`), together with the per-point ratios before and after, so
+that an uncalibrated run can say how far off the defaults were here. Nothing is stored when a step
+fails.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.config import ExperimentConfig, parse_config
+from orchestrator.results import queries
+from orchestrator.simulation.calibration import Calibration, HostIdentity, new_id, save
+from orchestrator.simulation.spec import WIRE_BYTES_FACTOR
+
+#: The fixed emulated set every calibration runs (about 8 task runs of 3 rounds).
+CALIBRATION_SET: dict[str, Any] = {
+    "name": "calibrate", "topology": "sndlib/nobel-us", "schedulers": ["spff", "mst"], "locals": [2, 4],
+    "tasks_per_point": 2, "seed": 11,
+    "task": {"model": "mlp", "model_args": {"hidden": 800, "layers": 2}, "rounds": 3, "demand_mbps": 1000,
+             "partition": "iid"},
+    "emulation": {"max_link_mbps": 100, "backend": "auto"}, "background": {"enabled": False},
+}
+#: TCP payload per byte htb shapes at MTU 1500: 1448 bytes of payload (1500 less the IP and TCP
+#: headers with timestamps) per 1514-byte Ethernet frame.
+TCP_PAYLOAD_SHARE = 1448 / 1514
+FIT_TOLERANCE = 0.01
+#: The parameter fitted, and its range.
+FIT_PARAM = "per_hop_latency_ms"
+FIT_MAX = 100.0
+FIT_STEPS = 14
+
+Say = Callable[[str], None]
+
+
+def calibration_config(backend: str = "auto") -> ExperimentConfig:
+    """`CALIBRATION_SET` as a config (its backend may be chosen: the measurements are the same)."""
+    raw = {**CALIBRATION_SET, "emulation": {**CALIBRATION_SET["emulation"], "backend": backend}}
+    return parse_config(raw, where="the calibration set")
+
+
+def measure_worker_cpu(model_args: dict[str, Any] | None = None, chunk_bytes: int = 102_400,
+                       reps: int = 5) -> float:
+    """CPU seconds per byte the workers' own code spends on one transfer, measured on this machine:
+    the chunks of the model framed (`encode_chunk`), sent over a local socket pair (`sendmsg_all`),
+    read and checked (`read_frame`, `parse_chunk`) and copied into place, then a second update
+    folded in, averaged and re-encoded (`ChunkSum`, as an aggregator does); process CPU time over
+    the bytes."""
+    import socket
+    import threading
+
+    import torch
+
+    from workers.aggregate import ChunkSum
+    from workers.framing import Header, chunk_layout, chunk_view, encode_chunk, parse_chunk
+    from workers.models import build_model
+    from workers.transport import read_frame, sendmsg_all
+
+    torch.set_num_threads(1)
+    model = build_model("mlp", input_shape=(64,), num_classes=10, model_args=model_args or {"hidden": 800, "layers": 2})
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    layout = chunk_layout(state, chunk_bytes)
+    total = sum(c.nbytes for c in layout) * reps
+    a, b = socket.socketpair()
+    incoming = {k: torch.empty_like(v) for k, v in state.items()}
+
+    def send() -> None:
+        for _ in range(reps):
+            for k, spec in enumerate(layout):
+                header = Header("GLOBAL", 1, 1, "G", chunk=k, chunks=len(layout))
+                sendmsg_all(a, encode_chunk(header, chunk_view(state, spec)))
+
+    cpu0 = time.process_time()
+    sender = threading.Thread(target=send)
+    sender.start()
+    try:
+        for _ in range(reps):
+            for spec in layout:
+                frame = read_frame(b, max_payload_bytes=1 << 30)
+                if frame is None:
+                    raise RuntimeError("the measuring socket closed early")
+                tensors = parse_chunk(frame[1], spec, frame[0])
+                for piece in spec.pieces:
+                    piece.view(incoming[piece.base]).copy_(tensors[piece.name])
+                acc = ChunkSum()
+                acc.add("a", tensors, 10)
+                acc.add("b", tensors, 10)
+                encode_chunk(Header("UPDATE", 1, 1, "A", num_examples=20, chunk=spec.index, chunks=len(layout)),
+                             acc.mean())
+    finally:
+        sender.join()
+        a.close()
+        b.close()
+    return (time.process_time() - cpu0) / total
+
+
+def simulated_config(cfg: ExperimentConfig, params: dict[str, Any], *, propagation: bool) -> ExperimentConfig:
+    """`cfg` on the flow-level model at the emulated rates with `params` (no stored calibration:
+    the parameters are set, and the note says so)."""
+    raw = cfg.to_dict()
+    for key in ("online", "events", "reschedule", "simulation"):
+        raw.pop(key, None)
+    raw.update(engine="simulation", mode="sequential",
+               simulation={"rates": "emulated", "propagation": propagation, **params,
+                           "calibration": params.get("calibration") or "set explicitly"})
+    return parse_config(raw, where=f"{cfg.name} (simulated)")
+
+
+def point_means(run_dir: Path, run_id: int) -> dict[tuple[str, int], float]:
+    """Mean over its done tasks of each task's mean round latency, per (scheduler, locals)."""
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.summary import run_summary
+
+    with ResultsDB(run_dir / "results.db") as db:
+        tasks = run_summary(db, run_id).tasks
+    by: dict[tuple[str, int], list[float]] = {}
+    for t in tasks:
+        if t.state == "done" and t.mean_latency_s:
+            by.setdefault((t.scheduler, t.n_locals), []).append(float(t.mean_latency_s))
+    return {k: sum(v) / len(v) for k, v in by.items()}
+
+
+def carried_by_task(run_dir: Path, run_id: int) -> dict[tuple[str, int], int]:
+    """Carried bytes of each done task, by (scheduler, task id)."""
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.summary import run_summary
+
+    with ResultsDB(run_dir / "results.db") as db:
+        tasks = run_summary(db, run_id).tasks
+    return {(t.scheduler, t.task_id): int(t.carried_bytes) for t in tasks if t.state == "done" and t.carried_bytes}
+
+
+def wire_factor(emu: dict[tuple[str, int], int], sim: dict[tuple[str, int], int], sim_factor: float) -> float:
+    """The wire bytes per payload byte that makes the simulated carried bytes the emulated ones,
+    over the tasks both runs completed (`sim` was counted with `sim_factor`)."""
+    keys = set(emu) & set(sim)
+    if not keys:
+        raise RuntimeError("no task completed in both runs: carried bytes cannot be compared")
+    return sim_factor * sum(emu[k] for k in keys) / sum(sim[k] for k in keys)
+
+
+def training_factor(run_dir: Path, run_id: int, n_locals: int = 2) -> float:
+    """The host's real training time over the modelled one: the median over the trainings of the
+    `n_locals`-locals tasks (where the task's own trainings do not outnumber the cores) of real /
+    modelled, counting a training that held (no overrun recorded) as 1."""
+    from orchestrator.results.db import ResultsDB
+
+    with ResultsDB(run_dir / "results.db") as db:
+        trained = queries.trainings_at(db.conn, run_id, n_locals)
+        over = queries.overrun_ratios(db.conn, run_id, n_locals)
+    ratios = sorted(over + [1.0] * max(0, trained - len(over)))
+    return ratios[len(ratios) // 2] if ratios else 1.0
+
+
+def switch_cpu_per_byte_hop(run_dir: Path, run_id: int, worker_s_per_byte: float) -> float:
+    """CPU seconds per byte and link the emulation spent besides training and the workers' own
+    transfer code: the host's busy core-seconds over the run (`host_samples`: the share of the
+    cores busy, sampled with the link load) less the trainings' time and the workers' per-byte work,
+    over the bytes the tasks carried on the links (counted once per link: byte-hops). What remains
+    is mostly the software switch (the userspace datapath) moving those bytes."""
+    from orchestrator.results.db import ResultsDB
+
+    with ResultsDB(run_dir / "results.db") as db:
+        env = db.run(run_id)["environment"]
+        fig = queries.cpu_figures(db.conn, run_id)
+    busy, span, carried = fig["busy"], fig["span_s"], fig["carried_bytes"]
+    if not busy or not span or not carried:
+        return 0.0
+    core_s = float(busy) * int(env.get("cpus") or len(os.sched_getaffinity(0))) * float(span)
+    rest = core_s - float(fig["train_s"] or 0.0) - worker_s_per_byte * float(carried)
+    return max(0.0, rest / float(carried))
+
+
+def geo_ratio(sim: dict[tuple[str, int], float], emu: dict[tuple[str, int], float]) -> float:
+    """Geometric mean over the common points of sim / emu (the fit's criterion)."""
+    keys = sorted(set(sim) & set(emu))
+    if not keys:
+        raise RuntimeError("the simulated and emulated runs have no point in common")
+    return math.exp(sum(math.log(sim[k] / emu[k]) for k in keys) / len(keys))
+
+
+def fit(emu: dict[tuple[str, int], float], simulate_with: Callable[[float], dict[tuple[str, int], float]],
+        say: Say) -> float:
+    """The value of the fitted parameter (`FIT_PARAM`) whose simulation matches `emu` (`geo_ratio`
+    within `FIT_TOLERANCE`), by bisection on [0, `FIT_MAX`]; the bound it reached if the emulation
+    is faster than the model without it (0) or slower than with the most (the bound)."""
+    lo, hi = 0.0, FIT_MAX
+    r_lo = geo_ratio(simulate_with(lo), emu)
+    say(f"  {FIT_PARAM} 0: simulated / emulated {r_lo:.3f}")
+    if r_lo >= 1.0 - FIT_TOLERANCE:
+        return 0.0
+    r_hi = geo_ratio(simulate_with(hi), emu)
+    if r_hi <= 1.0:
+        return hi
+    for _ in range(FIT_STEPS):
+        mid = (lo + hi) / 2
+        r = geo_ratio(simulate_with(mid), emu)
+        say(f"  {FIT_PARAM} {mid:.3f}: simulated / emulated {r:.3f}")
+        if abs(r - 1.0) <= FIT_TOLERANCE:
+            return mid
+        lo, hi = (mid, hi) if r < 1.0 else (lo, mid)
+    return (lo + hi) / 2
+
+
+def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_run: Path | None = None,
+              say: Say = print) -> Calibration:
+    """Run the fixed set, fit, store (see the module docstring); the stored calibration.
+
+    Raises
+    ------
+    ConfigError
+        If the emulated run failed, or `emulated_run` is not a run of the fixed set.
+    """
+    host = HostIdentity.here()
+    say(f"calibrate: host {host.hostname} ({host.cores} cores, {host.cpu_model}, kernel {host.kernel})")
+    cfg = calibration_config(backend)
+    say("[1/3] the workers' CPU per byte of a transfer, on this host ...")
+    per_byte = min(measure_worker_cpu(dict(cfg.task.model_args or {})) for _ in range(3))
+    say(f"  {per_byte:.3g} s per byte")
+    say(f"[2/3] emulated run of the fixed set ({len(cfg.schedulers)} schedulers x {len(cfg.locals)} points x "
+        f"{cfg.tasks_per_point} tasks, {cfg.task.rounds} rounds) ...")
+    run_dir, run_id, delay = _emulated(cfg, out_root, emulated_run)
+    emu = point_means(run_dir, run_id)
+    say("  " + ", ".join(f"{s} {n} locals {v * 1e3:.1f} ms" for (s, n), v in sorted(emu.items())))
+    train = round(training_factor(run_dir, run_id), 3)
+    say(f"  real training over modelled at 2 locals (median): {train:.3f}")
+    per_hop_byte = float(f"{switch_cpu_per_byte_hop(run_dir, run_id, per_byte):.3g}")
+    say(f"  CPU per byte and link besides training and the workers (the switch): {per_hop_byte:.3g} s")
+    base = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4), "cpu_cores": len(os.sched_getaffinity(0)),
+            "cpu_s_per_byte": float(f"{per_byte:.3g}"), "train_cpu_factor": train,
+            "cpu_s_per_byte_hop": per_hop_byte}
+    sim_dir = out_root / "calibration-sims"
+
+    last: list[tuple[Path, int]] = []
+
+    def simulate_with(value: float, params: dict[str, Any] | None = None) -> dict[tuple[str, int], float]:
+        from orchestrator.experiment.simulated import run_simulated
+
+        p = params if params is not None else {**base, FIT_PARAM: value}
+        outcome = run_simulated(simulated_config(cfg, p, propagation=delay), out_root=sim_dir)
+        last[:] = [(outcome.run_dir, outcome.run_id)]
+        return point_means(outcome.run_dir, outcome.run_id)
+
+    say(f"[3/3] fitting {FIT_PARAM} to the emulated round latency ...")
+    fitted = float(f"{fit(emu, simulate_with, say):.3g}")
+    before, after = simulate_with(0.0, {}), simulate_with(fitted)
+    factor = wire_factor(carried_by_task(run_dir, run_id), carried_by_task(*last[0]), WIRE_BYTES_FACTOR)
+    say(f"  wire bytes per payload byte (carried bytes): {factor:.4f} (derived default {WIRE_BYTES_FACTOR})")
+    params = {**base, FIT_PARAM: fitted, "wire_bytes_factor": round(factor, 4)}
+    points: list[dict[str, Any]] = [
+        {"scheduler": s, "locals": n, "emulated_s": emu[(s, n)], "uncalibrated_s": before.get((s, n)),
+         "calibrated_s": after.get((s, n))} for s, n in sorted(emu)]
+    off = max((abs(before[k] / emu[k] - 1) for k in emu if k in before), default=0.0)
+    cal_id, created = new_id(host)
+    from orchestrator import __version__
+
+    cal = Calibration(id=cal_id, created=created, host=host, version=__version__, params=params,
+                      delay_emulated=delay, points=points, uncalibrated_off_by=off,
+                      note=f"netai calibrate: fixed set {cfg.topology} spff/mst at 2 and 4 locals, emulated run "
+                           f"{run_dir.name}; tcp_efficiency derived, cpu_cores this host's, cpu_s_per_byte measured, "
+                           f"{FIT_PARAM} fitted, wire_bytes_factor, train_cpu_factor and cpu_s_per_byte_hop measured")
+    save(cal, store)
+    return cal
+
+
+def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None) -> tuple[Path, int, bool]:
+    """The fixed set's emulated run (run now, or an earlier one given): folder, run id, delay."""
+    from orchestrator.results.db import ResultsDB
+
+    if emulated_run is None:
+        from orchestrator.experiment.runner import run_experiment
+
+        outcome = run_experiment(cfg, out_root=out_root, progress=False)
+        if outcome.status != "completed":
+            raise ConfigError(f"the calibration's emulated run {outcome.run_dir} ended {outcome.status}")
+        run_dir, run_id = outcome.run_dir, outcome.run_id
+    else:
+        run_dir = emulated_run
+        run_id = same_config_run(run_dir, cfg)
+    with ResultsDB(run_dir / "results.db") as db:
+        env = db.run(run_id)["environment"]
+    return run_dir, run_id, bool(env.get("delay_emulated", False))
+
+
+def same_config_run(run_dir: Path, cfg: ExperimentConfig) -> int:
+    """The id of the emulated run in `run_dir` of `cfg` (the backend may differ: the same tasks).
+
+    Raises
+    ------
+    ConfigError
+        If `run_dir` holds no results, no emulated run, or one of another config.
+    """
+    from orchestrator.results.db import ResultsDB
+
+    if not (run_dir / "results.db").exists():
+        raise ConfigError(f"{run_dir} holds no results.db")
+    with ResultsDB(run_dir / "results.db") as db:
+        last = queries.last_completed_run(db.conn, "emulation")
+        if last is None:
+            raise ConfigError(f"{run_dir} holds no completed emulated run")
+        run = db.run(last)
+    want = _comparable(cfg.to_dict())
+    got = _comparable(dict(run["config"]))
+    if want != got:
+        diff = sorted(k for k in set(want) | set(got) if want.get(k) != got.get(k))
+        raise ConfigError(f"{run_dir} is a run of another config (differs in: {', '.join(diff)})")
+    return int(run["id"])
+
+
+def _comparable(raw: dict[str, Any]) -> dict[str, Any]:
+    """A config's dict without what does not change its tasks or network (the backend, the name)."""
+    out = {k: v for k, v in raw.items() if k not in ("name", "engine", "simulation")}
+    emulation = dict(out.get("emulation") or {})
+    emulation.pop("backend", None)
+    out["emulation"] = emulation
+    return out
+
+
+def replace_backend(cfg: ExperimentConfig, backend: str) -> ExperimentConfig:
+    """`cfg` with another emulation backend (re-validated)."""
+    return parse_config(replace(cfg, emulation=replace(cfg.emulation, backend=backend)).to_dict(), where=cfg.name)

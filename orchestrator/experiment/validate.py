@@ -1,0 +1,147 @@
+"""`netai validate CONFIG`: run a config both ways, emulated and simulated, on the same tasks, and
+say how far apart they are (docs/architecture.md, "Flow-level simulation", validation).
+
+Both runs take their tasks from the config's seed (`runs.task_sets`), in the same order under the
+same schedulers, so every task is compared with itself (`orchestrator.results.agreement`). The
+simulated twin is the config with ``engine: simulation`` at the emulated link rates, with this
+host's calibration (`experiment.simulated.apply_calibration`; none: it says it is uncalibrated).
+The emulated half may be an earlier emulated run of the same config (`emulated_run`): it is the
+expensive half, and the same tasks make it the same measurement.
+
+Everything lands in one folder: the two run folders, ``validation.json`` (every figure printed)
+and ``sim_vs_emu.png``/``.svg`` (simulated against emulated, per task).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.calibrate import replace_backend, same_config_run
+from orchestrator.experiment.config import ExperimentConfig, parse_config
+from orchestrator.results import agreement_report as out
+from orchestrator.results.agreement import (
+    ClaimAgreement,
+    PointAgreement,
+    claim_agreement,
+    paired_tasks,
+    point_agreement,
+)
+from orchestrator.results.db import ResultsDB
+from orchestrator.results.summary import RunSummary, run_summary
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class Validation:
+    out_dir: Path
+    points: list[PointAgreement]
+    claims: list[ClaimAgreement]
+    figure: tuple[Path, ...]
+    calibrated: bool
+
+
+def check_validatable(cfg: ExperimentConfig) -> None:
+    """Refuse what the simulation cannot stand for, before anything starts.
+
+    Raises
+    ------
+    ConfigError
+        For the online mode, fault events, or a remote cluster.
+    """
+    if cfg.mode != "sequential":
+        raise ConfigError("netai validate compares the sequential mode (the simulation runs no other)")
+    if cfg.events:
+        raise ConfigError("netai validate takes a config without fault events (the simulation models none)")
+    if cfg.emulation.cluster is not None or cfg.remote_servers:
+        raise ConfigError("netai validate runs on one machine: the config has a cluster or remote servers")
+
+
+def simulated_twin(cfg: ExperimentConfig, *, propagation: bool) -> ExperimentConfig:
+    """`cfg` on the flow-level model at the emulated rates, with propagation delay as the emulated
+    run had it (its other settings unchanged)."""
+    raw = cfg.to_dict()
+    raw.update(engine="simulation", name=cfg.name, simulation={"rates": "emulated", "propagation": propagation})
+    return parse_config(raw, where=f"{cfg.name} (simulated twin)")
+
+
+def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = None, emulated_run: Path | None = None,
+             calibration_store: Path | None = None, say: Say = print) -> Validation:
+    """Run `cfg` both ways and compare (see the module docstring).
+
+    Raises
+    ------
+    ConfigError
+        Bad input (checked before anything starts), or an emulated run that completed no task.
+    """
+    if cfg.engine != "emulation":
+        raise ConfigError("netai validate takes an emulated config (engine: emulation); it simulates it itself")
+    check_validatable(cfg)
+    if backend:
+        cfg = replace_backend(cfg, backend)
+    emu_id = same_config_run(emulated_run, cfg) if emulated_run is not None else None
+    folder = out_root / f"{cfg.name}-validate-{time.strftime('%Y%m%d-%H%M%S')}"
+    folder.mkdir(parents=True, exist_ok=False)
+    if emulated_run is None:
+        from orchestrator.experiment.runner import run_experiment
+
+        say(f"[1/3] emulated run of {cfg.name} ({cfg.emulation.backend} backend) ...")
+        outcome = run_experiment(cfg, out_root=folder, progress=False)
+        if outcome.status != "completed":
+            raise ConfigError(f"the emulated run {outcome.run_dir} ended {outcome.status}: nothing to compare")
+        emu_dir, emu_id = outcome.run_dir, outcome.run_id
+    else:
+        say(f"[1/3] emulated run: {emulated_run} (run {emu_id}, the same config)")
+        emu_dir = emulated_run
+    with ResultsDB(emu_dir / "results.db") as db:
+        delay = bool(db.run(int(emu_id or 0))["environment"].get("delay_emulated", False))
+    twin = simulated_twin(cfg, propagation=delay)
+    say(f"[2/3] simulated run of {cfg.name} (the same tasks; propagation {'on' if delay else 'off'}, "
+        "as the emulated links had it) ...")
+    from orchestrator.experiment.simulated import run_simulated
+
+    sim = run_simulated(twin, out_root=folder, calibration_store=calibration_store)
+    say("[3/3] comparing ...")
+    emu_summary, sim_summary = _summary(emu_dir, int(emu_id or 0)), _summary(sim.run_dir, sim.run_id)
+    return _compare(folder, cfg, emu_dir, emu_summary, sim.run_dir, sim_summary, say)
+
+
+def _summary(run_dir: Path, run_id: int) -> RunSummary:
+    with ResultsDB(run_dir / "results.db") as db:
+        return run_summary(db, run_id)
+
+
+def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary, sim_dir: Path, sim: RunSummary,
+             say: Say) -> Validation:
+    """The agreement tables printed and written, and the figure drawn."""
+    pairs = paired_tasks(emu.tasks, sim.tasks)
+    if not pairs:
+        raise ConfigError("no task completed in both runs: nothing to compare")
+    points = point_agreement(emu.tasks, sim.tasks)
+    claims = claim_agreement(emu.tasks, sim.tasks)
+    env = sim.environment
+    calibrated = env.get("calibrated") is True
+    head = (f"calibrated: {env.get('calibration_summary')}" if calibrated else
+            "UNCALIBRATED: " + str(env.get("uncalibrated_reason", "no calibration of this host")))
+    figure = out.draw_tasks(pairs, folder, f"{cfg.name}: simulated vs emulated, per task")
+    lines = [f"validate {cfg.name}: emulated {emu_dir} (run {emu.run_id}), simulated {sim_dir} (run {sim.run_id})",
+             f"simulation {head}; propagation {'on' if env.get('delay_emulated') else 'off'}, emulated delay "
+             f"{'on' if emu.environment.get('delay_emulated') else 'off'}",
+             f"tasks compared: {len(pairs)} (emulated done {sum(t.state == 'done' for t in emu.tasks)}, "
+             f"simulated done {sum(t.state == 'done' for t in sim.tasks)})", "",
+             *out.point_lines(points), "", *out.claim_lines(claims), "", out.carried_line(points),
+             f"figure: {figure[0]}"]
+    for line in lines:
+        say(line)
+    doc: dict[str, Any] = {"config": cfg.name, "emulated_run": str(emu_dir), "simulated_run": str(sim_dir),
+                           "calibrated": calibrated, "calibration": env.get("calibration_summary"),
+                           "tasks_compared": len(pairs), "figure": [str(p) for p in figure]}
+    (folder / "validation.json").write_text(json.dumps(out.as_json(points, claims, doc), indent=1, default=str))
+    (folder / "validation.txt").write_text("\n".join(lines) + "\n")
+    return Validation(folder, points, claims, figure, calibrated)

@@ -1,0 +1,94 @@
+"""`netai validate`'s output: the agreement tables (text) and the figure of simulated against
+emulated mean round latency per task. Readers of `orchestrator.results.agreement`'s figures: the
+numbers printed, written to ``validation.json`` and drawn come from one computation."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from orchestrator.results.agreement import ClaimAgreement, PointAgreement
+from orchestrator.results.figures import pyplot, scheduler_colours
+from orchestrator.results.summary import TaskSummary
+
+#: The targets the validation is read against (docs/architecture.md, "Flow-level simulation").
+LATENCY_TOLERANCE = 0.10
+CARRIED_TOLERANCE = 0.02
+
+
+def _ms(x: float) -> str:
+    return f"{x * 1e3:.1f}"
+
+
+def point_lines(points: Sequence[PointAgreement]) -> list[str]:
+    """One line per (scheduler, locals): means, sim/emu with its 95 % interval, carried bytes."""
+    out = [f"{'point':<22}{'emulated ms':>12}{'simulated ms':>13}{'sim/emu':>9}{'95 % interval':>18}"
+           f"{'tasks':>7}{'carried sim/emu':>17}  within 10 %"]
+    for p in points:
+        carried = "-" if p.carried_ratio is None else f"{p.carried_ratio:.4f}"
+        out.append(f"{p.scheduler + ', ' + str(p.n_locals) + ' locals':<22}{_ms(p.emulated_s):>12}"
+                   f"{_ms(p.simulated_s):>13}{p.latency.ratio:>9.3f}"
+                   f"{f'[{p.latency.low:.3f}, {p.latency.high:.3f}]':>18}{p.latency.tasks:>7}{carried:>17}  "
+                   f"{'yes' if p.latency.within(LATENCY_TOLERANCE) else 'NO'}")
+    return out
+
+
+def claim_lines(claims: Sequence[ClaimAgreement]) -> list[str]:
+    """One line per claim ratio: each engine's paired ratio and interval, and whether they overlap."""
+    out = [f"{'claim (mean round latency)':<30}{'emulated':>26}{'simulated':>26}  overlap"]
+    for c in claims:
+        def fmt(r: Any) -> str:
+            return "-" if r is None else f"{r.mean:.3f} [{r.low:.3f}, {r.high:.3f}]"
+        overlap = "-" if c.overlap is None else ("yes" if c.overlap else "NO")
+        out.append(f"{f'{c.numerator}/{c.denominator} at {c.n_locals} locals':<30}{fmt(c.emulated):>26}"
+                   f"{fmt(c.simulated):>26}  {overlap}")
+    return out
+
+
+def carried_line(points: Sequence[PointAgreement]) -> str:
+    ratios = [p.carried_ratio for p in points if p.carried_ratio is not None]
+    if not ratios:
+        return "carried bytes: not recorded in both runs"
+    worst = max(abs(r - 1) for r in ratios)
+    return (f"carried bytes (sim/emu per point): {min(ratios):.4f} to {max(ratios):.4f}, worst {worst:.2%} "
+            f"({'within' if worst <= CARRIED_TOLERANCE else 'NOT within'} {CARRIED_TOLERANCE:.0%})")
+
+
+def as_json(points: Sequence[PointAgreement], claims: Sequence[ClaimAgreement], extra: dict[str, Any]
+            ) -> dict[str, Any]:
+    return {**extra, "points": [asdict(p) for p in points],
+            "claims": [{**asdict(c), "overlap": c.overlap} for c in claims]}
+
+
+def draw_tasks(pairs: Sequence[tuple[TaskSummary, TaskSummary]], out_dir: Path, title: str) -> tuple[Path, ...]:
+    """Simulated against emulated mean round latency, one marker per task (colour: scheduler,
+    marker: locals), with the diagonal and the 10 % band; ``sim_vs_emu.png`` and ``.svg``."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    colours = scheduler_colours(sorted({e.scheduler for e, _ in pairs}))
+    markers = dict(zip(sorted({e.n_locals for e, _ in pairs}), "os^Dv<>ph", strict=False))
+    top = 0.0
+    for e, s in pairs:
+        x, y = float(e.mean_latency_s or 0.0) * 1e3, float(s.mean_latency_s or 0.0) * 1e3
+        top = max(top, x, y)
+        ax.scatter([x], [y], color=colours[e.scheduler], marker=markers.get(e.n_locals, "o"), s=36)
+    top *= 1.08
+    ax.plot([0, top], [0, top], color="black", lw=1)
+    ax.fill_between([0, top], [0, top * (1 - LATENCY_TOLERANCE)], [0, top * (1 + LATENCY_TOLERANCE)],
+                    color="grey", alpha=0.15, label="within 10 %")
+    for sched, colour in colours.items():
+        ax.scatter([], [], color=colour, marker="o", label=sched)
+    for n, marker in markers.items():
+        ax.scatter([], [], color="grey", marker=marker, label=f"{n} locals")
+    ax.set(xlim=(0, top), ylim=(0, top), xlabel="emulated mean round latency per task (ms)",
+           ylabel="simulated mean round latency per task (ms)", title=title)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = (out_dir / "sim_vs_emu.png", out_dir / "sim_vs_emu.svg")
+    fig.savefig(paths[0], dpi=120)
+    fig.savefig(paths[1])
+    plt.close(fig)
+    return paths

@@ -1,0 +1,208 @@
+"""The simulation's calibrations: parameters fitted on one host, stored with the host's identity and
+the project's version (docs/architecture.md, "Flow-level simulation", calibration).
+
+A calibration (`Calibration`) holds the `SimParams` fields that `netai calibrate` measured or fitted
+on this host (`orchestrator.experiment.calibrate`), whether the emulation it stands for had link
+delay, and how far the uncalibrated model was from the emulation on the calibration's own points.
+The store is one JSON file (`default_path`, or `$NETAI_CALIBRATION`, or a path the caller gives)
+holding a list of calibrations; a simulated run uses the newest one whose host identity
+(`HostIdentity`: hostname, machine id, CPU model, cores, kernel) and project version both match
+this host's (`find`). A calibration of another host or version is never used: `find` says why
+none matched (`CalibrationMismatch`).
+
+This module only reads and writes that file; it runs nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator import __version__
+
+#: Environment variable naming the calibration store (else `default_path`).
+ENV_PATH = "NETAI_CALIBRATION"
+#: The store's format version.
+FORMAT = 1
+#: The SimParams fields a calibration may set.
+PARAMS = ("tcp_efficiency", "cpu_cores", "cpu_s_per_byte", "cpu_s_per_chunk", "cpu_s_per_byte_hop",
+          "per_hop_latency_ms", "alpha_s", "wire_bytes_factor", "train_cpu_factor")
+
+
+class CalibrationMismatch(LookupError):
+    """No stored calibration fits this host and version (the message says what differed)."""
+
+
+@dataclass(frozen=True)
+class HostIdentity:
+    """What makes a host's calibration its own: where the emulation ran and on what."""
+
+    hostname: str
+    machine_id: str
+    cpu_model: str
+    cores: int
+    kernel: str
+
+    @classmethod
+    def here(cls) -> HostIdentity:
+        """This host's identity (a field that cannot be read is "unknown")."""
+        return cls(hostname=socket.gethostname(), machine_id=_read_first(Path("/etc/machine-id")),
+                   cpu_model=_cpu_model(), cores=len(os.sched_getaffinity(0)), kernel=platform.release())
+
+    def differences(self, other: HostIdentity) -> list[str]:
+        """The fields that differ, as ``name: ours != theirs``."""
+        mine, theirs = asdict(self), asdict(other)
+        return [f"{k}: {mine[k]!r} != {theirs[k]!r}" for k in mine if mine[k] != theirs[k]]
+
+
+def _read_first(path: Path) -> str:
+    try:
+        return path.read_text().strip().splitlines()[0]
+    except (OSError, IndexError):
+        return "unknown"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One calibration: its parameters and where, when and how they were obtained."""
+
+    id: str
+    created: str
+    host: HostIdentity
+    version: str
+    #: SimParams fields (a subset of `PARAMS`).
+    params: dict[str, float]
+    #: Whether the calibration's emulation had link delay (netem): simulated runs put propagation
+    #: on only if it did.
+    delay_emulated: bool
+    #: Per point of the calibration run: emulated mean round time, simulated before and after.
+    points: list[dict[str, Any]] = field(default_factory=list)
+    #: The uncalibrated model's worst |sim/emu - 1| over the calibration's points.
+    uncalibrated_off_by: float = 0.0
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Calibration:
+        params = {k: float(v) for k, v in dict(d["params"]).items() if k in PARAMS}
+        return cls(id=str(d["id"]), created=str(d["created"]), host=HostIdentity(**d["host"]),
+                   version=str(d["version"]), params=params, delay_emulated=bool(d["delay_emulated"]),
+                   points=list(d.get("points", [])), uncalibrated_off_by=float(d.get("uncalibrated_off_by", 0.0)),
+                   note=str(d.get("note", "")))
+
+    def summary(self) -> str:
+        """One line for a report: which calibration, when, where."""
+        return (f"calibration {self.id} of {self.created} on host {self.host.hostname} "
+                f"({self.host.cores} cores, {self.host.cpu_model}), version {self.version}")
+
+
+def default_path() -> Path:
+    """Where calibrations are kept: `$NETAI_CALIBRATION`, else ``$XDG_STATE_HOME/netai`` (default
+    ``~/.local/state/netai``) ``/calibration.json``."""
+    env = os.environ.get(ENV_PATH)
+    if env:
+        return Path(env)
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "netai" / "calibration.json"
+
+
+def load_all(path: Path) -> list[Calibration]:
+    """Every calibration in `path` (none if it does not exist).
+
+    Raises
+    ------
+    ValueError
+        If the file is not a calibration store (with its path).
+    """
+    if not path.exists():
+        return []
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") != FORMAT:
+            raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT}")
+        return [Calibration.from_dict(c) for c in doc["calibrations"]]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise ValueError(f"{path} is not a calibration store: {e}") from e
+
+
+def save(cal: Calibration, path: Path) -> None:
+    """Add `cal` to the store at `path` (created with its folder), written atomically."""
+    cals = [c for c in load_all(path) if c.id != cal.id] + [cal]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({"format": FORMAT, "calibrations": [c.to_dict() for c in cals]}, indent=1))
+    tmp.replace(path)
+
+
+def find(path: Path, host: HostIdentity | None = None, version: str = __version__) -> Calibration:
+    """The newest calibration in `path` made on `host` (default: this one) with `version`.
+
+    Raises
+    ------
+    CalibrationMismatch
+        If there is none, saying whether the store is empty or what differed (host fields, version).
+    """
+    host = host or HostIdentity.here()
+    cals = load_all(path)
+    if not cals:
+        raise CalibrationMismatch(f"no calibration in {path}: run `netai calibrate` on this host")
+    same_host = [c for c in cals if not c.host.differences(host)]
+    good = [c for c in same_host if c.version == version]
+    if good:
+        return max(good, key=lambda c: c.created)
+    if same_host:
+        versions = sorted({c.version for c in same_host})
+        raise CalibrationMismatch(f"the calibrations of this host in {path} are for version(s) "
+                                  f"{', '.join(versions)}, not {version}: run `netai calibrate` again")
+    diff = host.differences(cals[-1].host)
+    raise CalibrationMismatch(f"no calibration of this host in {path} (the newest differs in "
+                              f"{'; '.join(diff)}): run `netai calibrate` on this host")
+
+
+def new_id(host: HostIdentity) -> tuple[str, str]:
+    """A new calibration's id and creation time (UTC, ISO 8601)."""
+    now = time.gmtime()
+    return f"{host.hostname}-{time.strftime('%Y%m%dT%H%M%SZ', now)}", time.strftime("%Y-%m-%dT%H:%M:%SZ", now)
+
+
+#: How far the uncalibrated model was measured to be, when no calibration in the store says it:
+#: sim/emu mean round latency per point of experiments/quick.yaml with the default parameters
+#: (`netai validate`, no calibration) ranged 0.455 to 0.831 (measured 2026-11-25 on a 2-core
+#: host; docs/architecture.md, "Flow-level simulation").
+UNCALIBRATED_OFF_BY = 0.55
+UNCALIBRATED_WHERE = "experiments/quick.yaml, measured 2026-11-25 (docs/architecture.md, \"Flow-level simulation\")"
+
+
+def uncalibrated_note(path: Path, reason: str) -> dict[str, Any]:
+    """What an uncalibrated run records: why, and how far off the defaults were measured to be
+    (on a calibration's own points if the store has one, else `UNCALIBRATED_OFF_BY`)."""
+    try:
+        cals = load_all(path)
+    except ValueError:
+        cals = []
+    if cals:
+        worst = max(cals, key=lambda c: c.uncalibrated_off_by)
+        where = f"the points of {worst.id} ({worst.host.hostname})"
+        return {"calibrated": False, "uncalibrated_reason": reason, "uncalibrated_off_by": worst.uncalibrated_off_by,
+                "uncalibrated_where": where}
+    return {"calibrated": False, "uncalibrated_reason": reason, "uncalibrated_off_by": UNCALIBRATED_OFF_BY,
+            "uncalibrated_where": UNCALIBRATED_WHERE}

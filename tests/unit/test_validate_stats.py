@@ -1,0 +1,87 @@
+"""`netai validate`'s statistics: paired sim/emu ratios with intervals, claim overlap, carried bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.config import parse_config
+from orchestrator.results.agreement import claim_agreement, paired_tasks, point_agreement, ratio_of_means
+from orchestrator.results.agreement_report import carried_line, claim_lines, draw_tasks, point_lines
+from orchestrator.results.summary import TaskSummary
+
+
+def task(sched: str, tid: int, n: int, latency: float, carried: int = 1000, state: str = "done") -> TaskSummary:
+    return TaskSummary(scheduler=sched, task_id=tid, n_locals=n, state=state, reserved_mbps=1.0, carried_bytes=carried,
+                       rounds=3, mean_latency_s=latency, mean_ratio_to_bound=None, final_accuracy=None)
+
+
+def test_ratio_of_means_is_paired_and_its_interval_holds_it() -> None:
+    iv = ratio_of_means([1.1, 2.2, 3.3], [1.0, 2.0, 3.0])
+    assert iv.ratio == pytest.approx(1.1)
+    assert iv.low == pytest.approx(1.1) and iv.high == pytest.approx(1.1)  # every resample has the same ratio
+    spread = ratio_of_means([1.0, 2.4, 2.7], [1.0, 2.0, 3.0])
+    assert spread.ratio == pytest.approx(6.1 / 6.0)
+    assert spread.low < spread.ratio < spread.high and spread.tasks == 3
+    assert spread.within(0.10) and not ratio_of_means([1.3], [1.0]).within(0.10)
+
+
+def test_ratio_of_means_refuses_unpaired_input() -> None:
+    with pytest.raises(ValueError, match="paired"):
+        ratio_of_means([1.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="not positive"):
+        ratio_of_means([1.0], [0.0])
+
+
+def test_points_pair_tasks_by_scheduler_and_id_and_compare_carried_bytes() -> None:
+    emu = [task("spff", 1, 2, 1.0, 1000), task("spff", 2, 2, 3.0, 3000), task("mst", 1, 2, 0.5, 800),
+           task("mst", 2, 2, 0.9, 1200, state="failed")]
+    sim = [task("spff", 1, 2, 1.05, 1000), task("spff", 2, 2, 3.15, 3030), task("mst", 1, 2, 0.55, 800),
+           task("mst", 2, 2, 0.8, 1200)]
+
+    points = point_agreement(emu, sim)
+    pairs = paired_tasks(emu, sim)
+
+    assert len(pairs) == 3  # the task that failed in one engine is not compared
+    by = {(p.scheduler, p.n_locals): p for p in points}
+    assert by[("spff", 2)].latency.ratio == pytest.approx(4.2 / 4.0)
+    assert by[("spff", 2)].carried_ratio == pytest.approx(4030 / 4000)
+    assert by[("mst", 2)].latency.tasks == 1 and by[("mst", 2)].carried_ratio == pytest.approx(1.0)
+    assert "worst 0.75%" in carried_line(points) and "within 2%" in carried_line(points)
+    assert any("spff, 2 locals" in line and "1.050" in line and line.endswith("yes") for line in point_lines(points))
+
+
+def test_claims_compare_each_engines_paired_ratio_and_their_overlap() -> None:
+    emu = [task("spff", i, 8, 2.0) for i in range(3)] + [task("mst", i, 8, x) for i, x in enumerate((1.0, 1.2, 1.1))]
+    close = [task("spff", i, 8, 2.0) for i in range(3)] + [task("mst", i, 8, x) for i, x in enumerate((1.1, 1.2, 1.0))]
+    far = [task("spff", i, 8, 2.0) for i in range(3)] + [task("mst", i, 8, x) for i, x in enumerate((0.6, 0.6, 0.6))]
+
+    near_claims, far_claims = claim_agreement(emu, close), claim_agreement(emu, far)
+
+    assert [(c.numerator, c.denominator, c.n_locals) for c in near_claims] == [("mst", "spff", 8)]
+    assert near_claims[0].emulated is not None and near_claims[0].emulated.mean == pytest.approx(0.55)
+    assert near_claims[0].overlap is True and far_claims[0].overlap is False
+    assert "NO" in claim_lines(far_claims)[1] and "yes" in claim_lines(near_claims)[1]
+
+
+def test_the_figure_plots_every_compared_task(tmp_path: Path) -> None:
+    pairs = [(task("spff", 1, 2, 1.0), task("spff", 1, 2, 1.05)), (task("mst", 1, 8, 0.5), task("mst", 1, 8, 0.45))]
+    files = draw_tasks(pairs, tmp_path, "t")
+    assert [f.name for f in files] == ["sim_vs_emu.png", "sim_vs_emu.svg"] and all(f.stat().st_size > 0 for f in files)
+
+
+def test_validate_refuses_what_the_simulation_cannot_stand_for_before_starting(tmp_path: Path) -> None:
+    from orchestrator.experiment.validate import validate
+
+    online = parse_config({"name": "o", "topology": "triangle", "mode": "online", "locals": [2]})
+    with pytest.raises(ConfigError, match="sequential"):
+        validate(online, out_root=tmp_path)
+    simulated = parse_config({"name": "s", "topology": "triangle", "engine": "simulation", "locals": [2]})
+    with pytest.raises(ConfigError, match="engine: emulation"):
+        validate(simulated, out_root=tmp_path)
+    cfg = parse_config({"name": "q", "topology": "triangle", "locals": [2]})
+    with pytest.raises(ConfigError, match=r"no results\.db"):
+        validate(cfg, out_root=tmp_path, emulated_run=tmp_path / "nothing")
+    assert list(tmp_path.iterdir()) == []  # nothing started, no folder made
