@@ -37,6 +37,10 @@ ARRIVALS = ("poisson", "all")
 #: ``emulation``: Mininet, real workers; ``simulation``: the flow-level model on SimGrid
 #: (`orchestrator.simulation`; docs/architecture.md, "Flow-level simulation").
 ENGINES = ("emulation", "simulation")
+#: ``emulation.time_dilation: auto``: K chosen by a calibration before the run.
+AUTO = "auto"
+#: The most a time dilation may be (a fixed K, or the calibration's cap).
+MAX_TIME_DILATION = 1000.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +89,13 @@ class EmulationConfig:
     #: training allowance multiplied by K, and every recorded duration divided by K, so a small host
     #: emulates a large network faithfully at K times the wall time (docs/architecture.md, "Fidelity").
     time_dilation: float = 1.0
+    #: ``time_dilation: auto``: K is the smallest of 1, 2, 4, ... up to `max_time_dilation` at which a
+    #: short calibration before the run shows no fidelity violation (`orchestrator.experiment.calibration`);
+    #: `time_dilation` is then the K the calibration chose.
+    time_dilation_auto: bool = False
+    #: The largest K the calibration tries (only with ``time_dilation: auto``); when none up to it is
+    #: faithful the run goes on at this K and its verdict says so.
+    max_time_dilation: float = 64.0
     #: Cluster mode: the servers the sites are spread over (`orchestrator.emulation.cluster`); runs
     #: with the process backend.
     cluster: ClusterSpec | None = None
@@ -172,6 +183,11 @@ class ExperimentConfig:
         if self.engine != "simulation":
             del d["simulation"]  # only allowed with engine: simulation
         del d["remote_servers"]
+        if self.emulation.time_dilation_auto:
+            d["emulation"]["time_dilation"] = AUTO
+        else:
+            del d["emulation"]["max_time_dilation"]
+        del d["emulation"]["time_dilation_auto"]
         if self.emulation.cluster is None:
             del d["emulation"]["cluster"]
         else:
@@ -239,6 +255,13 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
+def _dilation(key: str, v: Any) -> float:
+    """A fixed K (a number in 1..`MAX_TIME_DILATION`); ``auto`` is taken out before (`_emulation`)."""
+    if isinstance(v, str):
+        raise ConfigError(f"{key} must be a number >= 1 and <= {MAX_TIME_DILATION:g} or {AUTO}, got {v!r}")
+    return _num(1, MAX_TIME_DILATION)(key, v)
+
+
 def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -254,7 +277,14 @@ def _emulation(raw: Any, base_dir: Path | None) -> EmulationConfig:
     """The emulation section; its ``cluster`` entry names files relative to the config's folder."""
     rest = dict(raw) if isinstance(raw, Mapping) else raw
     cluster = rest.pop("cluster", None) if isinstance(rest, dict) else None
+    auto = isinstance(rest, dict) and rest.get("time_dilation") == AUTO
+    if auto:
+        rest = {k: v for k, v in rest.items() if k != "time_dilation"}
+    elif isinstance(rest, dict) and "max_time_dilation" in rest:
+        raise ConfigError("emulation.max_time_dilation is the calibration's cap: it needs time_dilation: auto")
     cfg = EmulationConfig(**_section("emulation", rest, EMULATION_SCHEMA))
+    if auto:
+        cfg = replace(cfg, time_dilation_auto=True)
     spec = parse_cluster(cluster, base_dir=base_dir)
     if spec is not None and cfg.backend == "docker":
         raise ConfigError("emulation.cluster runs the process backend (plain Mininet hosts), not docker")
@@ -296,7 +326,8 @@ def _task(raw: Any) -> TaskConfig:
 
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),
-    "connectivity": _choice(CONNECTIVITY_MODES), "time_dilation": _num(1, 1000),
+    "connectivity": _choice(CONNECTIVITY_MODES), "time_dilation": _dilation,
+    "max_time_dilation": _num(2, MAX_TIME_DILATION),
 }
 BACKGROUND_SCHEMA: dict[str, Check] = {
     "enabled": _bool, "pattern": _choice(PATTERNS), "load": _num(0, 1), "pairs": _int(1, 1000),
@@ -387,6 +418,8 @@ def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentCon
         raise ConfigError("engine: simulation runs mode: sequential only")
     if engine == "simulation" and cfg.emulation.cluster is not None:
         raise ConfigError("emulation.cluster needs engine: emulation")
+    if engine == "simulation" and cfg.emulation.time_dilation_auto:
+        raise ConfigError("emulation.time_dilation: auto calibrates the emulation: it needs engine: emulation")
     return replace(cfg, engine=engine,
                    simulation=SimulationConfig(**_section("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
 
