@@ -19,6 +19,7 @@ from orchestrator.emulation.background import BackgroundConfig
 from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
+from orchestrator.experiment.sweep_entries import parse_sweep
 from orchestrator.runtime.remote import RemoteServer, parse_servers
 from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
@@ -153,6 +154,10 @@ class ExperimentConfig:
     #: The resolved `schedulers` entries (`orchestrator.scheduling.plugins`) by which the labels of
     #: `schedulers` are built; a label without one is a registered name (a config built in code).
     scheduler_specs: tuple[SchedulerSpec, ...] = ()
+    #: A sweep (``sweep``: a list of settings each run overrides, e.g. the model's size): the runs, one
+    #: per entry, each a full config validated before anything starts; and the entries as written.
+    sweep: tuple[ExperimentConfig, ...] = ()
+    sweep_overrides: tuple[Mapping[str, Any], ...] = ()
 
     def scheduler(self, label: str) -> Scheduler:
         """A new instance of the scheduler labelled `label` (its schedules carry the label)."""
@@ -171,7 +176,10 @@ class ExperimentConfig:
         d["task"] = self.task.section()
         specs = {s.label: s for s in self.scheduler_specs}  # a label without one: a registered name
         d["schedulers"] = [specs[x].to_entry() if x in specs else x for x in self.schedulers]
-        del d["scheduler_specs"]
+        del d["scheduler_specs"], d["sweep"]
+        overrides = d.pop("sweep_overrides")
+        if overrides:
+            d["sweep"] = [dict(o) for o in overrides]
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
         if self.mode != "online":
@@ -347,7 +355,9 @@ SIMULATION_SCHEMA: dict[str, Check] = {
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation",
-            "compute")
+            "compute", "sweep")
+#: What an entry of ``sweep`` may override (a sweep's runs are named after it: ``name-1``, ...).
+SWEEP_KEYS = tuple(k for k in TOP_KEYS if k not in ("name", "sweep"))
 
 
 def parse_config(raw: Any, *, where: str = "config", base_dir: str | Path | None = None) -> ExperimentConfig:
@@ -406,7 +416,14 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         raise ConfigError("an online section needs mode: online")
     cfg = _with_engine(cfg, raw)
     cfg = _with_servers(cfg, raw, files_dir)
-    return _on_topology(cfg, raw)
+    return _with_sweep(_on_topology(cfg, raw), raw, where, base_dir)
+
+
+def _with_sweep(cfg: ExperimentConfig, raw: Mapping[str, Any], where: str,
+                base_dir: str | Path | None) -> ExperimentConfig:
+    """`cfg` with its sweep's runs (`orchestrator.experiment.sweep_entries`), each validated whole."""
+    runs, entries = parse_sweep(raw, name=cfg.name, keys=SWEEP_KEYS, parse=lambda r: _parse(r, where, base_dir))
+    return replace(cfg, sweep=runs, sweep_overrides=entries) if runs else cfg
 
 
 def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentConfig:

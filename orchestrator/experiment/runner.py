@@ -189,6 +189,11 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     A config with ``engine: simulation`` runs on the flow-level model instead (no root, no network:
     `orchestrator.experiment.simulated`).
     """
+    if cfg.sweep:  # one run per entry, then the sweep's report (orchestrator.experiment.sweep)
+        from orchestrator.experiment.sweep import run_sweep
+
+        return run_sweep(cfg, run_one=run_experiment, out_root=out_root, progress=progress,
+                         dashboard_port=dashboard_port)
     if cfg.engine == "simulation":
         from orchestrator.experiment.simulated import run_simulated
 
