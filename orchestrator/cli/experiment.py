@@ -30,6 +30,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         cfg = parse_config(cfg.to_dict(), where=str(args.config))  # re-validate the trimmed copy
     outcome = run_experiment(cfg, out_root=Path(args.out), progress=not args.no_progress,
                              dashboard_port=args.dashboard_port if args.dashboard else None)
+    if cfg.sweep:  # the sweep printed each run's summary and its own table
+        print(f"report: {outcome.report}")
+        return 0 if outcome.status == "completed" else 1
     summary = outcome.summary
     if summary is None:  # writing the results failed (logged): summarise what the database holds
         from orchestrator.results.db import ResultsDB

@@ -18,6 +18,7 @@ from controller.flows import CONNECTIVITY_MODES, STRICT
 from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
+from orchestrator.experiment.sweep_entries import parse_sweep
 from orchestrator.runtime.remote import RemoteServer, parse_servers
 from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
@@ -37,6 +38,10 @@ ARRIVALS = ("poisson", "all")
 #: ``emulation``: Mininet, real workers; ``simulation``: the flow-level model on SimGrid
 #: (`orchestrator.simulation`; docs/architecture.md, "Flow-level simulation").
 ENGINES = ("emulation", "simulation")
+#: ``emulation.time_dilation: auto``: K chosen by a calibration before the run.
+AUTO = "auto"
+#: The most a time dilation may be (a fixed K, or the calibration's cap).
+MAX_TIME_DILATION = 1000.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -85,6 +90,13 @@ class EmulationConfig:
     #: training allowance multiplied by K, and every recorded duration divided by K, so a small host
     #: emulates a large network faithfully at K times the wall time (docs/architecture.md, "Fidelity").
     time_dilation: float = 1.0
+    #: ``time_dilation: auto``: K is the smallest of 1, 2, 4, ... up to `max_time_dilation` at which a
+    #: short calibration before the run shows no fidelity violation (`orchestrator.experiment.calibration`);
+    #: `time_dilation` is then the K the calibration chose.
+    time_dilation_auto: bool = False
+    #: The largest K the calibration tries (only with ``time_dilation: auto``); when none up to it is
+    #: faithful the run goes on at this K and its verdict says so.
+    max_time_dilation: float = 64.0
     #: Cluster mode: the servers the sites are spread over (`orchestrator.emulation.cluster`); runs
     #: with the process backend.
     cluster: ClusterSpec | None = None
@@ -142,6 +154,10 @@ class ExperimentConfig:
     #: The resolved `schedulers` entries (`orchestrator.scheduling.plugins`) by which the labels of
     #: `schedulers` are built; a label without one is a registered name (a config built in code).
     scheduler_specs: tuple[SchedulerSpec, ...] = ()
+    #: A sweep (``sweep``: a list of settings each run overrides, e.g. the model's size): the runs, one
+    #: per entry, each a full config validated before anything starts; and the entries as written.
+    sweep: tuple[ExperimentConfig, ...] = ()
+    sweep_overrides: tuple[Mapping[str, Any], ...] = ()
 
     def scheduler(self, label: str) -> Scheduler:
         """A new instance of the scheduler labelled `label` (its schedules carry the label)."""
@@ -160,7 +176,10 @@ class ExperimentConfig:
         d["task"] = self.task.section()
         specs = {s.label: s for s in self.scheduler_specs}  # a label without one: a registered name
         d["schedulers"] = [specs[x].to_entry() if x in specs else x for x in self.schedulers]
-        del d["scheduler_specs"]
+        del d["scheduler_specs"], d["sweep"]
+        overrides = d.pop("sweep_overrides")
+        if overrides:
+            d["sweep"] = [dict(o) for o in overrides]
         d["locals"] = list(self.locals)
         d["compute_sites"] = list(self.compute_sites) if self.compute_sites else None
         if self.mode != "online":
@@ -172,6 +191,11 @@ class ExperimentConfig:
         if self.engine != "simulation":
             del d["simulation"]  # only allowed with engine: simulation
         del d["remote_servers"]
+        if self.emulation.time_dilation_auto:
+            d["emulation"]["time_dilation"] = AUTO
+        else:
+            del d["emulation"]["max_time_dilation"]
+        del d["emulation"]["time_dilation_auto"]
         if self.emulation.cluster is None:
             del d["emulation"]["cluster"]
         else:
@@ -239,6 +263,13 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
+def _dilation(key: str, v: Any) -> float:
+    """A fixed K (a number in 1..`MAX_TIME_DILATION`); ``auto`` is taken out before (`_emulation`)."""
+    if isinstance(v, str):
+        raise ConfigError(f"{key} must be a number >= 1 and <= {MAX_TIME_DILATION:g} or {AUTO}, got {v!r}")
+    return _num(1, MAX_TIME_DILATION)(key, v)
+
+
 def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
     if raw is None:
         return {}
@@ -254,7 +285,14 @@ def _emulation(raw: Any, base_dir: Path | None) -> EmulationConfig:
     """The emulation section; its ``cluster`` entry names files relative to the config's folder."""
     rest = dict(raw) if isinstance(raw, Mapping) else raw
     cluster = rest.pop("cluster", None) if isinstance(rest, dict) else None
+    auto = isinstance(rest, dict) and rest.get("time_dilation") == AUTO
+    if auto:
+        rest = {k: v for k, v in rest.items() if k != "time_dilation"}
+    elif isinstance(rest, dict) and "max_time_dilation" in rest:
+        raise ConfigError("emulation.max_time_dilation is the calibration's cap: it needs time_dilation: auto")
     cfg = EmulationConfig(**_section("emulation", rest, EMULATION_SCHEMA))
+    if auto:
+        cfg = replace(cfg, time_dilation_auto=True)
     spec = parse_cluster(cluster, base_dir=base_dir)
     if spec is not None and cfg.backend == "docker":
         raise ConfigError("emulation.cluster runs the process backend (plain Mininet hosts), not docker")
@@ -296,7 +334,8 @@ def _task(raw: Any) -> TaskConfig:
 
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),
-    "connectivity": _choice(CONNECTIVITY_MODES), "time_dilation": _num(1, 1000),
+    "connectivity": _choice(CONNECTIVITY_MODES), "time_dilation": _dilation,
+    "max_time_dilation": _num(2, MAX_TIME_DILATION),
 }
 BACKGROUND_SCHEMA: dict[str, Check] = {
     "enabled": _bool, "pattern": _choice(PATTERNS), "load": _num(0, 1), "pairs": _int(1, 1000),
@@ -317,7 +356,9 @@ SIMULATION_SCHEMA: dict[str, Check] = {
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation",
-            "compute")
+            "compute", "sweep")
+#: What an entry of ``sweep`` may override (a sweep's runs are named after it: ``name-1``, ...).
+SWEEP_KEYS = tuple(k for k in TOP_KEYS if k not in ("name", "sweep"))
 
 
 def parse_config(raw: Any, *, where: str = "config", base_dir: str | Path | None = None) -> ExperimentConfig:
@@ -376,7 +417,14 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         raise ConfigError("an online section needs mode: online")
     cfg = _with_engine(cfg, raw)
     cfg = _with_servers(cfg, raw, files_dir)
-    return _on_topology(cfg, raw)
+    return _with_sweep(_on_topology(cfg, raw), raw, where, base_dir)
+
+
+def _with_sweep(cfg: ExperimentConfig, raw: Mapping[str, Any], where: str,
+                base_dir: str | Path | None) -> ExperimentConfig:
+    """`cfg` with its sweep's runs (`orchestrator.experiment.sweep_entries`), each validated whole."""
+    runs, entries = parse_sweep(raw, name=cfg.name, keys=SWEEP_KEYS, parse=lambda r: _parse(r, where, base_dir))
+    return replace(cfg, sweep=runs, sweep_overrides=entries) if runs else cfg
 
 
 def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentConfig:
@@ -388,6 +436,8 @@ def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentCon
         raise ConfigError("engine: simulation runs mode: sequential only")
     if engine == "simulation" and cfg.emulation.cluster is not None:
         raise ConfigError("emulation.cluster needs engine: emulation")
+    if engine == "simulation" and cfg.emulation.time_dilation_auto:
+        raise ConfigError("emulation.time_dilation: auto calibrates the emulation: it needs engine: emulation")
     return replace(cfg, engine=engine,
                    simulation=SimulationConfig(**_section("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
 

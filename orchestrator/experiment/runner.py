@@ -39,6 +39,7 @@ from typing import Any
 from orchestrator import interrupts
 from orchestrator.dashboard.server import Dashboard
 from orchestrator.errors import ConfigError
+from orchestrator.experiment.calibration import Calibration, Trial, calibration_config, judge, search
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.link_recorder import LinkRecorder
 from orchestrator.experiment.online import run_online
@@ -188,6 +189,11 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     A config with ``engine: simulation`` runs on the flow-level model instead (no root, no network:
     `orchestrator.experiment.simulated`).
     """
+    if cfg.sweep:  # one run per entry, then the sweep's report (orchestrator.experiment.sweep)
+        from orchestrator.experiment.sweep import run_sweep
+
+        return run_sweep(cfg, run_one=run_experiment, out_root=out_root, progress=progress,
+                         dashboard_port=dashboard_port)
     if cfg.engine == "simulation":
         from orchestrator.experiment.simulated import run_simulated
 
@@ -230,19 +236,27 @@ def remote_clients(cfg: ExperimentConfig, plan: EmulationPlan, backend_kind: str
 
 
 def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any, backend_kind: str,
-                  model_bytes: int, remote: dict[str, Any], dashboard_port: int | None, progress: bool) -> RunOutcome:
+                  model_bytes: int, remote: dict[str, Any], dashboard_port: int | None, progress: bool, *,
+                  figures: bool = True) -> RunOutcome:
     from orchestrator.emulation.network import Emulation
     from orchestrator.runtime.backends import emulation_options, open_compute
 
+    started = time.monotonic()
     run_dir, dash, log_handler, db, run_id = _open_run(cfg, out_root, plan, model, dashboard_port)
     status, note = "failed", ""
     tm = None
     try:
+        calibration = None
+        if cfg.emulation.time_dilation_auto:  # K from trials of the run's own workload, before it starts
+            calibration = _calibrate(cfg, run_dir / "calibration", plan, model, backend_kind, model_bytes, remote)
+            plan = _record_plan(db, run_id, model, plan.dilated(calibration.k))
         hosting = emulation_options(backend_kind, log_dir=run_dir / "workers", clients=remote)
         with Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
                        cluster=cfg.emulation.cluster, **hosting) as emu, \
                 open_compute(backend_kind, emu, log_root=run_dir / "workers") as compute:
             _record_environment(db, run_id, cfg, plan, backend_kind, emu, compute)
+            if calibration is not None:
+                db.update_environment(run_id, time_dilation_calibration=calibration.to_dict())
             background = _Background(cfg, plan, model, emu, run_dir / "background")
             run = lifecycle_for(cfg, emu, compute, db=db, run_id=run_id, plan=plan, model=model, run_dir=run_dir)
             run.background_step = background.step
@@ -274,8 +288,9 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
     finally:
         if dash is not None:
             dash.close()
+        db.update_environment(run_id, run_wall_s=round(time.monotonic() - started, 3))
         db.finish_run(run_id, status, note)
-        report, summary = _write_results(db, run_id, run_dir)
+        report, summary = _write_results(db, run_id, run_dir, figures=figures)
         db.close()
         logging.getLogger().removeHandler(log_handler)
         log_handler.close()
@@ -406,9 +421,39 @@ def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> 
         bar.close()
 
 
-def _write_results(db: ResultsDB, run_id: int, run_dir: Path) -> tuple[Path | None, RunSummary | None]:
+def _record_plan(db: ResultsDB, run_id: int, model: Any, plan: EmulationPlan) -> EmulationPlan:
+    """`plan` recorded as the run's (replacing the undilated one recorded before the calibration)."""
+    db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    return plan
+
+
+def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any, backend_kind: str,
+               model_bytes: int, remote: dict[str, Any]) -> Calibration:
+    """``time_dilation: auto``: the K the run uses, from trials of its own workload at K = 1, 2, 4, ...
+    (`orchestrator.experiment.calibration`), each a short run of its own (results without figures in
+    `out_root`) on `plan` dilated by K; one line per K on the console and in the log."""
+    def say(line: str) -> None:
+        LOG.info("%s", line)
+        print(f"netai: {line}", flush=True)
+
+    def trial(k: float) -> Trial:
+        t0 = time.monotonic()
+        outcome = _run_emulated(calibration_config(cfg, k), out_root, plan.dilated(k), model, backend_kind,
+                                model_bytes, remote, None, False, figures=False)
+        return judge(k, time.monotonic() - t0, outcome.summary)
+
+    trial_cfg = calibration_config(cfg, 1)
+    say(f"time dilation auto: calibrating on 1 task of {trial_cfg.locals[0]} locals, {trial_cfg.task.rounds} "
+        f"rounds, under {', '.join(cfg.schedulers)}, K up to {cfg.emulation.max_time_dilation:g}")
+    return search(trial, cfg.emulation.max_time_dilation, say=say)
+
+
+def _write_results(db: ResultsDB, run_id: int, run_dir: Path, *,
+                   figures: bool = True) -> tuple[Path | None, RunSummary | None]:
+    """The run folder's results (`write_results`); without `figures` (a calibration trial), the CSVs and
+    the report only."""
     try:
-        return write_results(db, run_id, run_dir)  # CSVs, every figure, report.md and report.html
+        return write_results(db, run_id, run_dir, figures=figures)  # CSVs, figures, report.md and report.html
     except Exception:
         LOG.exception("writing the results failed")
         return None, None

@@ -277,10 +277,13 @@ class ResultsDB:
                   r.get("train_start_s"), r.get("train_end_s"), r.get("sent_s")) for r in rows])
 
     def record_fidelity(self, run_id: int, scheduler: str, task_id: int, *, hops: list[dict[str, Any]],
-                        overruns: list[dict[str, Any]]) -> None:
-        """A task's broadcast hops (`orchestrator.lifecycle.fidelity.hop_rows`) and its training overruns
-        (round, site, real_s, modelled_s)."""
+                        overruns: list[dict[str, Any]], link_rates: Sequence[dict[str, Any]] = ()) -> None:
+        """A task's broadcast hops (`orchestrator.lifecycle.fidelity.hop_rows`), its training overruns
+        (round, site, real_s, modelled_s) and its saturated links' rates (`link_rate_rows`)."""
         with self._tx() as c:
+            c.executemany("INSERT OR REPLACE INTO link_rates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                          [(run_id, scheduler, task_id, int(r["round"]), r["a"], r["b"], int(r["bytes"]),
+                            float(r["expected_s"]), float(r["measured_s"])) for r in link_rates])
             c.executemany("INSERT OR REPLACE INTO hops VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                           [(run_id, scheduler, task_id, int(h["round"]), h["parent"], h["child"], h["hop_s"],
                             h["chunk_s"], h["floor_s"], h["overhead_s"]) for h in hops])

@@ -291,6 +291,14 @@ def point_overruns(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]
                        "WHERE o.run_id = ?", (run_id,))
 
 
+def point_link_rates(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every saturated link-round of the run's tasks (expected over measured time: ``rate_share``),
+    with the task's scheduler and number of locals."""
+    return _rows(conn, "SELECT l.scheduler, t.n_locals, l.expected_s / l.measured_s AS rate_share FROM link_rates l "
+                       "JOIN tasks t ON t.run_id = l.run_id AND t.scheduler = l.scheduler AND t.task_id = l.task_id "
+                       "WHERE l.run_id = ?", (run_id,))
+
+
 def point_trainings(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
     """Per point, how many node-rounds trained (a local's training in a round that it logged)."""
     return _rows(conn, "SELECT n.scheduler, t.n_locals, COUNT(*) AS trained FROM node_rounds n "

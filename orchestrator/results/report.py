@@ -40,13 +40,14 @@ def fmt(x: float | None, scale: float = 1.0, digits: int = 2) -> str:
     return "-" if x is None else f"{x * scale:.{digits}f}"
 
 
-def write_results(db: ResultsDB, run_id: int, out_dir: Path) -> tuple[Path, RunSummary]:
-    """The run folder's CSVs, figures, ``report.md`` and ``report.html``, from one summary.
+def write_results(db: ResultsDB, run_id: int, out_dir: Path, *, figures: bool = True) -> tuple[Path, RunSummary]:
+    """The run folder's CSVs, figures (unless not `figures`), ``report.md`` and ``report.html``, from
+    one summary.
 
     Returns the path of ``report.md`` and the summary (for the driver to print)."""
     summary = run_summary(db, run_id)
     write_csvs(db, run_id, out_dir, summary=summary)
-    return write_report(db, run_id, out_dir, summary=summary), summary
+    return write_report(db, run_id, out_dir, summary=summary, figures=None if figures else ()), summary
 
 
 # -- the terminal -----------------------------------------------------------------------------------
@@ -67,6 +68,7 @@ def summary_lines(summary: RunSummary, run_dir: Path) -> list[str]:
     for key in ("bandwidth", "latency"):
         if c is not None and c[f"{key}_ratio"] is not None:
             lines.append(f"{key} mst/spff at {c['n_locals']} locals: {c[f'{key}_ratio']:.3f}")
+    lines += dilation_lines(summary.environment)[:1]
     for v in summary.verdicts:
         lines.append(f"fidelity {v.scheduler} at {v.n_locals} locals: {v.word}"
                      + (f" ({'; '.join(v.reasons)})" if v.reasons else ""))
@@ -95,7 +97,8 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
     if figures is None:
         figures = draw_figures(db, run_id, out_dir, summary=summary)
     env = summary.environment
-    lines = _head(summary) + summary_table(summary) + fidelity_section(summary) + _claims_section(summary)
+    lines = _head(summary) + summary_table(summary) + fidelity_section(summary) + dilation_section(env)
+    lines += _claims_section(summary)
     lines += _paired_section(summary.tasks, summary.locals_seen)
     lines += _time_section(summary.tasks, env.get("clock_end_s"))
     if env.get("mode") == "online":
@@ -157,15 +160,43 @@ def fidelity_section(summary: RunSummary) -> list[str]:
         return []
     lines = ["", "## Fidelity", "",
              "| scheduler | locals | hops | median hop ms | one chunk ms | instrument ms/hop | overruns / trained "
-             "| verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| link rate / configured (link-rounds) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in summary.verdicts:
         lines.append(f"| {v.scheduler} | {v.n_locals} | {v.hops} | {fmt(v.hop_median_s, 1e3)} "
                      f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {v.overruns} / {v.trained} "
-                     f"| {v.word} |")
+                     f"| {fmt(v.rate_share_median, 1, 3)} ({v.link_rounds}) | {v.word} |")
     lines += [""] + [f"- {v.scheduler} at {v.n_locals} locals: {r}" for v in summary.verdicts for r in v.reasons]
     if summary.host_saturated is not None:
         lines.append(f"- host CPU saturated (both cores over 95 % busy) in {summary.host_saturated:.0%} of its samples")
     return lines
+
+
+def dilation_lines(env: Mapping[str, Any]) -> list[str]:
+    """The run's time dilation K, how it was set, and its wall-time cost (the run's wall time, the
+    calibration's included, over the emulated time it recorded); then one line per K a calibration
+    tried. Empty for a run in real time (K 1, not calibrated)."""
+    k, cal = env.get("time_dilation", 1.0), env.get("time_dilation_calibration")
+    if k == 1 and not cal:
+        return []
+    how = "set in the config" if not cal else (
+        f"chosen by calibration, the smallest faithful K of those tried up to {cal['cap']:g}" if cal["faithful"]
+        else f"NO K up to the calibration's cap {cal['cap']:g} was faithful: the run used the cap")
+    wall, emulated = env.get("run_wall_s"), env.get("clock_end_s")
+    cost = (f"; wall time {wall:.1f} s" + (f" (calibration {cal['wall_s']:.1f} s)" if cal else "")
+            + (f" for {emulated:.2f} s emulated: {wall / emulated:.0f} x" if emulated else "")) if wall else ""
+    lines = [f"time dilation K={k:g} ({how}){cost}"]
+    for t in (cal or {}).get("trials", []):
+        word = "faithful" if t["faithful"] else "NOT faithful: " + "; ".join(t["reasons"])
+        lines.append(f"calibration K={t['k']:g}: {word} (trial {t['wall_s']:.1f} s wall, "
+                     f"{fmt(t.get('emulated_s'), 1, 2)} s emulated, host saturated in "
+                     f"{fmt(t.get('host_saturated'), 100, 0)} % of samples)")
+    return lines
+
+
+def dilation_section(env: Mapping[str, Any]) -> list[str]:
+    """The report's "Time dilation" section (`dilation_lines`); none for a run in real time."""
+    lines = dilation_lines(env)
+    return ["", "## Time dilation", ""] + [f"- {x}" for x in lines] if lines else []
 
 
 def _claims_section(summary: RunSummary) -> list[str]:

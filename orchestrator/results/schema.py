@@ -229,6 +229,20 @@ CREATE TABLE IF NOT EXISTS hops (
     overhead_s REAL NOT NULL,
     PRIMARY KEY (run_id, scheduler, task_id, round, child)
 );
+-- Per round of a task, each directed link its broadcast saturated from the round's start: the bytes of
+-- its copies, their time at the link's configured rate (expected_s) and the time they took (measured_s).
+CREATE TABLE IF NOT EXISTS link_rates (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    a TEXT NOT NULL,
+    b TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    expected_s REAL NOT NULL,
+    measured_s REAL NOT NULL,
+    PRIMARY KEY (run_id, scheduler, task_id, round, a, b)
+);
 -- Node-rounds whose real training ran past the emulated site's modelled time (workers.compute).
 CREATE TABLE IF NOT EXISTS overruns (
     run_id INTEGER NOT NULL,

@@ -382,6 +382,7 @@ class FakeRecorder:
         self.carried: list[tuple[str, int, int]] = []
         self.hops: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.overruns: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        self.link_rates: dict[tuple[str, int], list[dict[str, Any]]] = {}
 
     def task(self, label: str, task: Task, *, arrival_s: float) -> None:
         self.arrivals[(label, task.id)] = arrival_s
@@ -421,9 +422,10 @@ class FakeRecorder:
         self.carried.append((label, task_id, carried))
 
     def fidelity(self, label: str, task_id: int, *, hops: list[dict[str, Any]],
-                 overruns: list[dict[str, Any]]) -> None:
+                 overruns: list[dict[str, Any]], link_rates: list[dict[str, Any]]) -> None:
         self.hops[(label, task_id)] = hops
         self.overruns[(label, task_id)] = overruns
+        self.link_rates[(label, task_id)] = link_rates
 
     # -- reading -----------------------------------------------------------------------------------
     def states_of(self, label: str, task_id: int) -> list[str]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.lifecycle.fidelity import hop_rows
+from orchestrator.lifecycle.fidelity import SATURATING_BYTES, hop_rows, link_rate_rows
+from orchestrator.scheduling import Schedule
+from orchestrator.scheduling.schedule import OverlayEdge
 from tests.unit.controller_fakes import handmade_schedule
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
@@ -57,3 +59,36 @@ def test_a_node_that_logged_nothing_gives_no_hop_and_store_and_forward_counts_th
                     chunk_bytes=0, model_bytes=125_000, rate=lambda a, b: MBPS, propagation=False)
     assert [(r["round"], r["child"]) for r in rows] == [(1, "B")]
     assert rows[0]["chunk_s"] == pytest.approx(0.010)  # no chunks: the whole model is one
+
+
+def _unicast_schedule() -> Schedule:
+    """spff-like on the triangle: G=A sends to B directly and to C through B, both copies on A->B."""
+    edges = (OverlayEdge("broadcast", "A", "B", ("A", "B")), OverlayEdge("broadcast", "A", "C", ("A", "B", "C")),
+             OverlayEdge("upload", "B", "A", ("B", "A")), OverlayEdge("upload", "C", "A", ("C", "A")))
+    return Schedule(task_id=7, scheduler="handmade", global_site="A", local_sites=("B", "C"), demand_mbps=10.0,
+                    broadcast_parent={"B": "A", "C": "A"}, upload_parent={"B": "A", "C": "A"}, edges=edges)
+
+
+def test_a_saturated_link_rate_is_its_copies_at_the_configured_rate_over_the_time_they_took() -> None:
+    model = load("triangle")
+    whole = 125_000  # 10 ms at 100 Mbit/s; two copies share A -> B: 250 KB, 20 ms
+    # round 1: the last child behind A -> B holds the model 25 ms after the start: 0.8 of the rate
+    received = {("A", 1): 1.0, ("B", 1): 1.012, ("C", 1): 1.025, ("A", 2): 2.0, ("B", 2): 2.010, ("C", 2): 2.021}
+    rows = link_rate_rows(model, _unicast_schedule(), _rows(received), model_bytes=whole,
+                          rate=lambda a, b: MBPS, propagation=False)
+    assert [(r["round"], r["a"], r["b"], r["bytes"]) for r in rows] == [(1, "A", "B", 2 * whole), (2, "A", "B", 2 * whole)]
+    assert rows[0]["expected_s"] == pytest.approx(0.020)
+    assert rows[0]["measured_s"] == pytest.approx(0.025) and rows[0]["rate_share"] == pytest.approx(0.8)
+    assert rows[1]["rate_share"] == pytest.approx(0.020 / 0.021)
+
+
+def test_a_link_carrying_less_than_the_saturating_bytes_gives_no_rate() -> None:
+    model = load("triangle")
+    schedule = handmade_schedule(EmulationPlan.from_model(model))  # one copy on A -> B
+    received = {("A", 1): 0.0, ("B", 1): 0.002, ("C", 1): 0.004}
+    assert link_rate_rows(model, schedule, _rows(received), model_bytes=SATURATING_BYTES - 1,
+                          rate=lambda a, b: MBPS, propagation=False) == []
+    rows = link_rate_rows(model, schedule, _rows(received | {("B", 1): 0.0125}), model_bytes=SATURATING_BYTES,
+                          rate=lambda a, b: MBPS, propagation=False)
+    assert [(r["a"], r["b"]) for r in rows] == [("A", "B")]  # only G's edges: B -> C is a relay's
+    assert rows[0]["rate_share"] == pytest.approx(0.012 / 0.0125)

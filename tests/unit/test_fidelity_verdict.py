@@ -54,6 +54,18 @@ def test_an_overrun_or_measured_training_flips_the_verdict() -> None:
     assert not measured.faithful and "measured on this host" in measured.reasons[0]
 
 
+@pytest.mark.parametrize("shares, faithful", [((0.95, 0.9, 0.97), True), ((0.6, 0.7, 0.97), False),
+                                              ((1.5, 2.5, 0.9), False), ((), True)])
+def test_a_shaped_link_off_its_configured_rate_flips_the_verdict(shares: tuple[float, ...], faithful: bool) -> None:
+    v = verdict("spff", 8, [_hop(1e-3)], [], 24, compute_modelled=True,
+                link_rates=[{"rate_share": s} for s in shares])
+    assert v.faithful is faithful and v.link_rounds == len(shares)
+    assert v.rate_share_median == (sorted(shares)[1] if shares else None)
+    if not faithful:
+        assert v.reasons[0].startswith(f"shaped-link rate: saturated links delivered {sorted(shares)[1]:.2f} of their "
+                                       "configured rate (median of 3 link-rounds")
+
+
 def _run(tmp_path: Path, hop_s: float) -> tuple[ResultsDB, int]:
     db = ResultsDB(tmp_path / "results.db")
     run_id = db.start_run("t", {}, {"mode": "sequential", "compute_timing": "modeled"})
@@ -63,7 +75,8 @@ def _run(tmp_path: Path, hop_s: float) -> tuple[ResultsDB, int]:
                     accuracy=0.5, lower_bound_s=0.008)
     db.record_node_rounds(run_id, "mst", 5, [{"round": 1, "site": s, "role": "local", "train_start_s": 0.0,
                                                "train_end_s": 0.004} for s in ("B", "C")])
-    db.record_fidelity(run_id, "mst", 5, hops=[_hop(hop_s), _hop(hop_s, child="C")], overruns=[])
+    db.record_fidelity(run_id, "mst", 5, hops=[_hop(hop_s), _hop(hop_s, child="C")], overruns=[], link_rates=[
+        {"round": 1, "a": "A", "b": "B", "bytes": 300_000, "expected_s": 0.0024, "measured_s": 0.0025}])
     db.set_task_state(run_id, "mst", 5, "done")
     db.finish_run(run_id, "completed")
     return db, run_id
@@ -77,6 +90,7 @@ def test_the_report_and_the_printed_summary_carry_the_verdict(tmp_path: Path, ho
     report = write_report(db, run_id, tmp_path, summary=summary, figures=[]).read_text()
     printed = "\n".join(summary_lines(summary, tmp_path))
     assert "## Fidelity" in report
+    assert f"| {summary.verdicts[0].word} |" in report and "| 0.960 (1) |" in report  # the link's rate, recorded
     assert ("**Not faithful:**" in report.splitlines()[2]) is not faithful  # the report's first line says so
     assert (f"fidelity mst at 2 locals: {'faithful' if faithful else 'NOT faithful'}") in printed
     assert ("netai: warning:" in printed) is not faithful

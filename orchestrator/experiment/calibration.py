@@ -1,0 +1,132 @@
+"""Time dilation chosen by a calibration before the run (``emulation.time_dilation: auto``).
+
+The host decides how much dilation a run needs: how much of a hop its software adds, how far its
+cores fall behind the sites' modelled training. So the run measures it on itself, before it starts:
+a *trial* at a dilation K is a short run of the config's own workload (`calibration_config`: one task
+of its largest number of locals, where the most locals train at once and the trees are deepest, for
+`CALIBRATION_ROUNDS` rounds, under every scheduler of the run, on the run's topology, plan, backend
+and background), judged by the same verdict rules as the report (`orchestrator.results.fidelity`).
+
+`search` tries K = 1, 2, 4, ... up to the cap (`ladder`) and takes the first faithful one. Doubling
+is cheap because a trial's wall time grows with K: the whole calibration costs about twice the
+chosen K's trial plus one emulation bring-up per K tried. When no K up to the cap is faithful the
+run goes on at the cap, the most faithful K allowed (the instrument's share of a hop and the
+overruns shrink as K grows), and its verdict says what is still violated: a researcher gets figures
+with their limits named rather than nothing after paying for the calibration.
+
+This module chooses K and says so; it does not run the emulation (the runner's trial does) and
+records nothing itself (the runner puts `Calibration.to_dict` in the run's environment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.faults import RescheduleConfig
+
+#: Rounds of a trial's task: enough for medians of hops and overruns, few enough to be cheap.
+CALIBRATION_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class Trial:
+    """One K tried: whether every point of the trial was faithful, and if not, why."""
+
+    k: float
+    faithful: bool
+    #: What was violated, each prefixed by its point ("mst at 8 locals: ...").
+    reasons: tuple[str, ...]
+    #: The trial's wall time, bring-up included, seconds.
+    wall_s: float
+    #: The trial's emulated time after bring-up (its run clock's end), seconds; None when not recorded.
+    emulated_s: float | None = None
+    #: The share of the host's CPU samples with both cores saturated during the trial.
+    host_saturated: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "faithful": self.faithful, "reasons": list(self.reasons), "wall_s": round(self.wall_s, 3),
+                "emulated_s": self.emulated_s, "host_saturated": self.host_saturated}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The K chosen and the trials that chose it."""
+
+    k: float
+    #: Whether the calibration found K faithful (False: no K up to `cap` was, the run uses the cap).
+    faithful: bool
+    cap: float
+    trials: tuple[Trial, ...]
+
+    @property
+    def wall_s(self) -> float:
+        """What the calibration cost in wall time (every trial, bring-ups included), seconds."""
+        return sum(t.wall_s for t in self.trials)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"k": self.k, "faithful": self.faithful, "cap": self.cap, "wall_s": round(self.wall_s, 3),
+                "trials": [t.to_dict() for t in self.trials]}
+
+
+def ladder(cap: float) -> tuple[float, ...]:
+    """The dilations a calibration tries: 1, 2, 4, ... below `cap`, then `cap`.
+
+    Raises
+    ------
+    ValueError
+        `cap` below 1.
+    """
+    if cap < 1:
+        raise ValueError(f"the calibration's cap must be >= 1, got {cap}")
+    ks, k = [], 1.0
+    while k < cap:
+        ks.append(k)
+        k *= 2
+    return (*ks, float(cap))
+
+
+def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], None]) -> Calibration:
+    """The smallest K of `ladder(cap)` whose trial (`try_k`) is faithful, else the cap.
+
+    `say` gets one line per K tried (K, faithful or what was violated, the trial's wall time) and one
+    for the choice, for the console and the log."""
+    trials: list[Trial] = []
+    for k in ladder(cap):
+        trial = try_k(k)
+        trials.append(trial)
+        word = "faithful" if trial.faithful else "NOT faithful: " + "; ".join(trial.reasons)
+        say(f"time dilation auto: K={k:g} {word} (trial {trial.wall_s:.0f} s)")
+        if trial.faithful:
+            cal = Calibration(k=k, faithful=True, cap=cap, trials=tuple(trials))
+            say(f"time dilation auto: K={k:g} chosen (the calibration took {cal.wall_s:.0f} s)")
+            return cal
+    cal = Calibration(k=float(cap), faithful=False, cap=cap, trials=tuple(trials))
+    say(f"warning: time dilation auto: no K up to {cap:g} was faithful; the run goes on at K={cap:g} and its "
+        f"verdict says what is violated (the calibration took {cal.wall_s:.0f} s)")
+    return cal
+
+
+def calibration_config(cfg: ExperimentConfig, k: float) -> ExperimentConfig:
+    """The trial of `cfg` at dilation `k`: one task of its largest number of locals, at most
+    `CALIBRATION_ROUNDS` rounds, every scheduler, run one task at a time (no faults)."""
+    return replace(cfg, name=f"k{k:g}", locals=(max(cfg.locals),), tasks_per_point=1, mode="sequential", events=(),
+                   reschedule=RescheduleConfig(), task=replace(cfg.task, rounds=min(cfg.task.rounds, CALIBRATION_ROUNDS)),
+                   emulation=replace(cfg.emulation, time_dilation=k, time_dilation_auto=False))
+
+
+def judge(k: float, wall_s: float, summary: Any) -> Trial:
+    """A trial from its run's summary (`orchestrator.results.summary.RunSummary`, None when its results
+    could not be written): faithful when some task ran, none failed and every point that ran is."""
+    if summary is None:
+        return Trial(k=k, faithful=False, reasons=("the trial's results could not be read",), wall_s=wall_s)
+    reasons: list[str] = [f"{t.scheduler} task {t.task_id} failed: {t.reason or 'no reason recorded'}"
+                          for t in summary.tasks if t.state == "failed"]
+    verdicts: Sequence[Any] = summary.verdicts
+    if not verdicts:
+        reasons.append("no calibration task ran a round")
+    reasons += [f"{v.scheduler} at {v.n_locals} locals: {r}" for v in verdicts for r in v.reasons]
+    return Trial(k=k, faithful=not reasons, reasons=tuple(reasons), wall_s=wall_s,
+                 emulated_s=summary.environment.get("clock_end_s"), host_saturated=summary.host_saturated)

@@ -1,0 +1,155 @@
+"""``emulation.time_dilation: auto``: the config accepts it and rejects bad values before anything
+starts; the search takes the smallest faithful K of 1, 2, 4, ... up to the cap (else the cap, and
+says so); a trial is judged by the report's verdict rules; the report gives K, how it was chosen and
+the wall-time cost (`orchestrator.experiment.calibration`, fakes for the trials)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.calibration import (
+    CALIBRATION_ROUNDS,
+    Calibration,
+    Trial,
+    calibration_config,
+    judge,
+    ladder,
+    search,
+)
+from orchestrator.experiment.config import parse_config
+from orchestrator.results.fidelity import verdict
+from orchestrator.results.report import dilation_lines, dilation_section
+
+
+def _cfg(**emulation: Any) -> Any:
+    return parse_config({"name": "x", "locals": [2, 8], "schedulers": ["spff", "mst"], "task": {"rounds": 5},
+                         "emulation": emulation})
+
+
+def test_auto_is_parsed_kept_in_the_saved_config_and_parsed_again() -> None:
+    cfg = _cfg(time_dilation="auto", max_time_dilation=16)
+    assert cfg.emulation.time_dilation_auto and cfg.emulation.max_time_dilation == 16.0
+    saved = cfg.to_dict()
+    assert saved["emulation"]["time_dilation"] == "auto" and "time_dilation_auto" not in saved["emulation"]
+    assert parse_config(saved).emulation == cfg.emulation
+    fixed = _cfg(time_dilation=4)
+    assert not fixed.emulation.time_dilation_auto and fixed.emulation.time_dilation == 4.0
+    assert "max_time_dilation" not in fixed.to_dict()["emulation"]
+    assert parse_config(fixed.to_dict()).emulation == fixed.emulation
+
+
+@pytest.mark.parametrize(("emulation", "message"), [
+    ({"time_dilation": "fast"}, "emulation.time_dilation must be a number >= 1 and <= 1000 or auto"),
+    ({"time_dilation": 0.5}, "emulation.time_dilation must be a number >= 1"),
+    ({"time_dilation": True}, "emulation.time_dilation must be a number"),
+    ({"time_dilation": "auto", "max_time_dilation": 1}, "emulation.max_time_dilation must be a number >= 2"),
+    ({"time_dilation": "auto", "max_time_dilation": 5000}, "emulation.max_time_dilation must be a number"),
+    ({"time_dilation": 4, "max_time_dilation": 8}, "max_time_dilation is the calibration's cap: it needs"),
+    ({"max_time_dilation": 8}, "max_time_dilation is the calibration's cap: it needs"),
+])
+def test_bad_dilation_settings_are_rejected_naming_the_key(emulation: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        _cfg(**emulation)
+
+
+def test_auto_needs_the_emulation() -> None:
+    with pytest.raises(ConfigError, match="time_dilation: auto calibrates the emulation"):
+        parse_config({"name": "x", "engine": "simulation", "emulation": {"time_dilation": "auto"}})
+
+
+def test_the_ladder_doubles_up_to_the_cap() -> None:
+    assert ladder(64) == (1, 2, 4, 8, 16, 32, 64)
+    assert ladder(10) == (1, 2, 4, 8, 10)
+    assert ladder(2) == (1, 2)
+    with pytest.raises(ValueError):
+        ladder(0.5)
+
+
+def _trials_faithful_from(k_min: float, tried: list[float]) -> Any:
+    def try_k(k: float) -> Trial:
+        tried.append(k)
+        ok = k >= k_min
+        return Trial(k=k, faithful=ok, reasons=() if ok else (f"mst at 8 locals: overran at {k:g}",), wall_s=10 * k)
+    return try_k
+
+
+def test_search_takes_the_smallest_faithful_k_and_says_what_each_k_violated() -> None:
+    tried: list[float] = []
+    said: list[str] = []
+    cal = search(_trials_faithful_from(5, tried), 64, say=said.append)
+    assert tried == [1, 2, 4, 8]  # stops at the first faithful K
+    assert cal.k == 8 and cal.faithful and cal.cap == 64
+    assert cal.wall_s == pytest.approx(10 + 20 + 40 + 80)
+    assert said[0] == "time dilation auto: K=1 NOT faithful: mst at 8 locals: overran at 1 (trial 10 s)"
+    assert said[3] == "time dilation auto: K=8 faithful (trial 80 s)"
+    assert said[-1] == "time dilation auto: K=8 chosen (the calibration took 150 s)"
+    record = cal.to_dict()
+    assert [t["k"] for t in record["trials"]] == [1, 2, 4, 8] and record["k"] == 8 and record["wall_s"] == 150
+
+
+def test_search_with_no_faithful_k_runs_at_the_cap_and_warns() -> None:
+    tried: list[float] = []
+    said: list[str] = []
+    cal = search(_trials_faithful_from(1000, tried), 6, say=said.append)
+    assert tried == [1, 2, 4, 6]
+    assert cal.k == 6 and not cal.faithful
+    assert said[-1].startswith("warning: time dilation auto: no K up to 6 was faithful; the run goes on at K=6")
+
+
+def test_the_trial_is_the_runs_largest_point_for_a_few_rounds_at_k() -> None:
+    cfg = _cfg(time_dilation="auto")
+    trial = calibration_config(cfg, 4)
+    assert trial.locals == (8,) and trial.tasks_per_point == 1 and trial.schedulers == cfg.schedulers
+    assert trial.task.rounds == min(5, CALIBRATION_ROUNDS) and trial.task.model == cfg.task.model
+    assert trial.emulation.time_dilation == 4 and not trial.emulation.time_dilation_auto
+    assert trial.mode == "sequential" and trial.events == () and trial.topology == cfg.topology
+
+
+def _summary(verdicts: list[Any], states: tuple[str, ...] = ("done", "done")) -> Any:
+    tasks = [SimpleNamespace(scheduler="mst", task_id=801, state=s, reason="round 1 timed out") for s in states]
+    return SimpleNamespace(tasks=tasks, verdicts=verdicts, environment={"clock_end_s": 1.5}, host_saturated=0.25)
+
+
+def _hop(hop_s: float) -> dict[str, Any]:
+    return {"round": 1, "parent": "A", "child": "B", "hop_s": hop_s, "chunk_s": 1e-3, "floor_s": 1e-3,
+            "overhead_s": hop_s - 1e-3}
+
+
+def test_a_trial_is_judged_by_the_reports_verdicts() -> None:
+    good = verdict("mst", 8, [_hop(1.2e-3)], [], 16, compute_modelled=True)
+    slow = verdict("spff", 8, [_hop(9e-3)], [], 16, compute_modelled=True)
+    over = verdict("mst", 8, [_hop(1.2e-3)], [{"real_s": 0.02, "modelled_s": 0.01}], 16, compute_modelled=True)
+
+    ok = judge(2, 30.0, _summary([good]))
+    assert ok.faithful and ok.reasons == () and ok.emulated_s == 1.5 and ok.host_saturated == 0.25
+    bad = judge(2, 30.0, _summary([good, slow]))
+    assert not bad.faithful and bad.reasons[0].startswith("spff at 8 locals: per-hop time: the instrument adds")
+    assert judge(2, 30.0, _summary([over])).reasons[0].startswith("mst at 8 locals: training: 1 of 16 node-rounds")
+    failed = judge(2, 30.0, _summary([good], ("done", "failed")))
+    assert failed.reasons == ("mst task 801 failed: round 1 timed out",)
+    assert judge(2, 30.0, _summary([])).reasons == ("no calibration task ran a round",)
+    assert not judge(2, 30.0, None).faithful
+
+
+def test_the_report_gives_k_how_it_was_chosen_and_the_wall_time() -> None:
+    cal = Calibration(k=4, faithful=True, cap=64, trials=(
+        Trial(k=1, faithful=False, reasons=("mst at 8 locals: overran",), wall_s=20, emulated_s=1.0, host_saturated=0.5),
+        Trial(k=2, faithful=False, reasons=("spff at 8 locals: slow hop",), wall_s=25, emulated_s=1.0),
+        Trial(k=4, faithful=True, reasons=(), wall_s=35, emulated_s=0.9, host_saturated=0.1)))
+    env = {"time_dilation": 4.0, "time_dilation_calibration": cal.to_dict(), "run_wall_s": 200.0, "clock_end_s": 5.0}
+    lines = dilation_lines(env)
+    assert lines[0] == ("time dilation K=4 (chosen by calibration, the smallest faithful K of those tried up to 64); "
+                        "wall time 200.0 s (calibration 80.0 s) for 5.00 s emulated: 40 x")
+    assert lines[1] == ("calibration K=1: NOT faithful: mst at 8 locals: overran (trial 20.0 s wall, 1.00 s emulated, "
+                        "host saturated in 50 % of samples)")
+    assert len(lines) == 4 and lines[3].startswith("calibration K=4: faithful")
+    assert dilation_section(env)[1] == "## Time dilation"
+    capped = env | {"time_dilation_calibration": Calibration(k=4, faithful=False, cap=4, trials=()).to_dict()}
+    assert "NO K up to the calibration's cap 4 was faithful" in dilation_lines(capped)[0]
+    assert dilation_lines({"time_dilation": 20.0, "run_wall_s": 50.0, "clock_end_s": 2.0})[0] == (
+        "time dilation K=20 (set in the config); wall time 50.0 s for 2.00 s emulated: 25 x")
+    assert dilation_lines({"time_dilation": 1.0}) == [] and dilation_section({}) == []
