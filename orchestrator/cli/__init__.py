@@ -27,6 +27,7 @@ SUBCOMMAND_MODULES = (
     "orchestrator.cli.task",
     "orchestrator.cli.experiment",
     "orchestrator.cli.dashboard",
+    "orchestrator.cli.cluster",
 )
 
 USAGE_ERRORS: tuple[type[Exception], ...] = (ConfigError, TopologyError)

@@ -81,6 +81,11 @@ class ClusterServer:
     def local(self) -> bool:
         return self.name == LOCAL
 
+    @property
+    def far(self) -> bool:
+        """On another machine (reached at an address outside loopback)."""
+        return not self.local and not ipaddress.IPv4Address(self.host).is_loopback
+
     def to_dict(self) -> Any:
         """The config's form of this entry (`parse_cluster` reads it back)."""
         if self.local:
@@ -98,8 +103,9 @@ class ClusterSpec:
         return {"servers": [s.to_dict() for s in self.servers]}
 
 
-def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | None:
-    """``emulation.cluster`` of a config, checked; None when absent.
+def parse_cluster(raw: Any, *, base_dir: Path | None = None, far_ok: bool = False) -> ClusterSpec | None:
+    """``emulation.cluster`` of a config, checked; None when absent. `far_ok`: servers on other
+    machines are accepted (``netai cluster`` checks and prepares them).
 
     Raises
     ------
@@ -118,7 +124,7 @@ def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | No
                           "orchestrator run there")
     servers = [ClusterServer(LOCAL)]
     for i, entry in enumerate(entries[1:], start=1):
-        servers.append(_parse_server(f"emulation.cluster.servers[{i}]", entry, base))
+        servers.append(_parse_server(f"emulation.cluster.servers[{i}]", entry, base, far_ok))
     names = [s.name for s in servers]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -126,7 +132,7 @@ def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | No
     return ClusterSpec(tuple(servers))
 
 
-def _parse_server(where: str, entry: Any, base: Path) -> ClusterServer:
+def _parse_server(where: str, entry: Any, base: Path, far_ok: bool) -> ClusterServer:
     entry = config_entry(where, entry, SERVER_KEYS, "ssh, key and known_hosts")
     target = entry.get("ssh")
     m = _SSH_TARGET.match(target) if isinstance(target, str) else None
@@ -136,11 +142,13 @@ def _parse_server(where: str, entry: Any, base: Path) -> ClusterServer:
         ip = ipaddress.IPv4Address(m["host"])
     except ValueError as e:
         raise ConfigError(f"{where}.ssh: {m['host']!r} is not an IPv4 address") from e
-    if not ip.is_loopback:
+    if not ip.is_loopback and not far_ok:
         raise ConfigError(
             f"{where}.ssh: {ip} is not a loopback address; this version runs cluster servers reached over "
             "SSH on this machine only (another machine would need the controller and the tunnels on an "
             "address outside loopback: docs/architecture.md, 'The emulation across servers')")
+    if ip.is_unspecified or ip.is_multicast:
+        raise ConfigError(f"{where}.ssh: {ip} is not a server's address")
     port = int(m["port"] or 22)
     if not 1 <= port <= 65535:
         raise ConfigError(f"{where}.ssh: port {port} is out of range")
@@ -326,3 +334,51 @@ def remote_command(cmd: Sequence[str], *, run_id: str, env: Mapping[str, str] | 
             extra[k] = v
     pre += [f"{k}={v}" for k, v in sorted(extra.items())]
     return shlex.join([*(["sudo", "-n", "-E"] if sudo else []), *pre, *[str(c) for c in cmd]])
+
+
+@dataclass(frozen=True)
+class SshResult:
+    """What a command run over SSH gave: its status, output, and ssh's own reason for a failure."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def why(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else f"exit status {self.returncode}"
+
+    @property
+    def host_key_refused(self) -> bool:
+        return self.returncode == 255 and ("host key" in self.stderr.lower()
+                                           or "REMOTE HOST IDENTIFICATION HAS CHANGED" in self.stderr)
+
+
+def ssh_run(server: ClusterServer, control_dir: Path, argv: Sequence[str], *, input: bytes | None = None,
+            timeout: float = 3 * SSH_CONNECT_TIMEOUT_S) -> SshResult:
+    """Run `argv` on `server` (quoted with `shlex.join`, no terminal), `input` on its stdin; a timeout
+    is exit status 255 with the reason, as ssh reports a connection it could not make."""
+    cmd = [*ssh_argv(server, control_dir), ssh_target(server), shlex.join([str(a) for a in argv])]
+    cmd.remove("-q")  # keep ssh's own reason for a failure
+    try:
+        res = subprocess.run(cmd, input=input, capture_output=True, timeout=timeout, check=False,
+                             stdin=subprocess.DEVNULL if input is None else None)
+    except subprocess.TimeoutExpired:
+        return SshResult(255, "", f"no answer over SSH in {timeout:.0f} s")
+    return SshResult(res.returncode, res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace"))
+
+
+def local_underlay(far_host: str) -> tuple[str, str]:
+    """(this machine's address, its interface) on the route to `far_host`: the underlay's near end.
+
+    Raises
+    ------
+    ConfigError
+        No route to `far_host`.
+    """
+    res = subprocess.run(["ip", "-o", "route", "get", far_host], capture_output=True, text=True, check=False)
+    words = res.stdout.split()
+    if res.returncode != 0 or "src" not in words or "dev" not in words:
+        raise ConfigError(f"no route from this machine to {far_host}: {res.stderr.strip() or res.stdout.strip()}")
+    return words[words.index("src") + 1], words[words.index("dev") + 1]
