@@ -15,12 +15,13 @@ import argparse
 import json
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
+from orchestrator.emulation.cluster import ClusterServer, ClusterSpec, parse_cluster
 from orchestrator.errors import ConfigError
 
 
@@ -34,7 +35,7 @@ def _cluster(path: str) -> ClusterSpec:
         raise ConfigError(f"{p}: malformed YAML: {str(e).splitlines()[0]}") from None
     emulation = raw.get("emulation") if isinstance(raw, dict) else None
     spec = parse_cluster(emulation.get("cluster") if isinstance(emulation, dict) else None,
-                         base_dir=p.resolve().parent, far_ok=True)
+                         base_dir=p.resolve().parent)
     if spec is None:
         raise ConfigError(f"{p}: no emulation.cluster servers")
     return spec
@@ -61,18 +62,20 @@ def _run(args: argparse.Namespace, prepare: bool) -> int:
 
     spec = _cluster(args.config)
     control_dir = Path(tempfile.mkdtemp(prefix="netai-ssh-"))
-    try:
-        reports = []
-        for server in spec.servers:
-            if server.local:
-                continue
-            if prepare:
-                report = prepare_server(server, control_dir)
-                if report.ok:
-                    report = check_server(server, control_dir)
-            else:
-                report = check_server(server, control_dir)
-            reports.append(report)
+
+    def one(server: ClusterServer) -> Any:
+        if not prepare:
+            return check_server(server, control_dir)
+        report = prepare_server(server, control_dir)  # its versions checked by the installed code
+        if not report.ok:
+            return report
+        checked = check_server(server, control_dir, versions=False)
+        checked.project, checked.python, checked.packages = report.project, report.python, report.packages
+        return checked
+
+    try:  # the servers at once: each is its own SSH connection
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            reports = list(pool.map(one, [s for s in spec.servers if not s.local]))
     finally:
         shutil.rmtree(control_dir, ignore_errors=True)
     _print(reports, args.json)

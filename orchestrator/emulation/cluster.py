@@ -26,11 +26,10 @@ the placement and the SSH commands; the Mininet classes are in `orchestrator.emu
   and numbers. Mininet's `ClusterCleanup` hook (``mn -c`` on every server) is never called: the
   project cleans by its marks only.
 
-What this version runs: servers reached over SSH on this machine's loopback (as the integration
-test does with an sshd bound to 127.0.0.1). A server on another machine is refused when the config
-is read: its switches would need the controller on an address outside loopback, its tunnels an
-underlay between machines, and the site servers' control sockets a channel over SSH; none is built
-(docs/architecture.md, "The emulation across servers").
+Servers on this machine's loopback (the integration test's sshd on 127.0.0.1) and servers on other
+machines (`ClusterServer.far`) are both run; a far server's controller channel, tunnels over the
+underlay and shaping are in `orchestrator.emulation.cluster_far` (docs/cluster.md). Site servers run
+on this machine only.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ from orchestrator.errors import ConfigError, config_entry, readable_file
 from topologies.plan import EmulationPlan
 
 LOCAL = "localhost"
-SERVER_KEYS = ("ssh", "key", "known_hosts")
+SERVER_KEYS = ("ssh", "key", "known_hosts", "sites")
 CLUSTER_KEYS = ("servers",)
 #: How long one SSH connection attempt may take.
 SSH_CONNECT_TIMEOUT_S = 10
@@ -76,6 +75,8 @@ class ClusterServer:
     port: int = 22
     key: str = ""
     known_hosts: str = ""
+    #: The sites placed on this server when the config says (else `place_sites` chooses).
+    sites: tuple[str, ...] = ()
 
     @property
     def local(self) -> bool:
@@ -90,7 +91,8 @@ class ClusterServer:
         """The config's form of this entry (`parse_cluster` reads it back)."""
         if self.local:
             return LOCAL
-        return {"ssh": self.name, "key": self.key, "known_hosts": self.known_hosts}
+        out: dict[str, Any] = {"ssh": self.name, "key": self.key, "known_hosts": self.known_hosts}
+        return out | ({"sites": list(self.sites)} if self.sites else {})
 
 
 @dataclass(frozen=True)
@@ -102,10 +104,21 @@ class ClusterSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"servers": [s.to_dict() for s in self.servers]}
 
+    def given_placement(self, sites: Sequence[str]) -> dict[str, str] | None:
+        """{site: server} when a server lists its ``sites`` (the others stay on localhost), else None."""
+        if not any(s.sites for s in self.servers):
+            return None
+        out = dict.fromkeys(sites, LOCAL)
+        for server in self.servers:
+            for site in server.sites:
+                if site not in out:
+                    raise ConfigError(f"emulation.cluster: {server.name} lists {site!r}, which is not a site")
+                out[site] = server.name
+        return out
 
-def parse_cluster(raw: Any, *, base_dir: Path | None = None, far_ok: bool = False) -> ClusterSpec | None:
-    """``emulation.cluster`` of a config, checked; None when absent. `far_ok`: servers on other
-    machines are accepted (``netai cluster`` checks and prepares them).
+
+def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | None:
+    """``emulation.cluster`` of a config, checked; None when absent.
 
     Raises
     ------
@@ -124,7 +137,7 @@ def parse_cluster(raw: Any, *, base_dir: Path | None = None, far_ok: bool = Fals
                           "orchestrator run there")
     servers = [ClusterServer(LOCAL)]
     for i, entry in enumerate(entries[1:], start=1):
-        servers.append(_parse_server(f"emulation.cluster.servers[{i}]", entry, base, far_ok))
+        servers.append(_parse_server(f"emulation.cluster.servers[{i}]", entry, base))
     names = [s.name for s in servers]
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
@@ -132,8 +145,11 @@ def parse_cluster(raw: Any, *, base_dir: Path | None = None, far_ok: bool = Fals
     return ClusterSpec(tuple(servers))
 
 
-def _parse_server(where: str, entry: Any, base: Path, far_ok: bool) -> ClusterServer:
-    entry = config_entry(where, entry, SERVER_KEYS, "ssh, key and known_hosts")
+def _parse_server(where: str, entry: Any, base: Path) -> ClusterServer:
+    entry = config_entry(where, entry, SERVER_KEYS, "ssh, key, known_hosts and sites")
+    listed = entry.get("sites", [])
+    if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
+        raise ConfigError(f"{where}.sites must be a list of site names, got {listed!r}")
     target = entry.get("ssh")
     m = _SSH_TARGET.match(target) if isinstance(target, str) else None
     if m is None:
@@ -142,11 +158,6 @@ def _parse_server(where: str, entry: Any, base: Path, far_ok: bool) -> ClusterSe
         ip = ipaddress.IPv4Address(m["host"])
     except ValueError as e:
         raise ConfigError(f"{where}.ssh: {m['host']!r} is not an IPv4 address") from e
-    if not ip.is_loopback and not far_ok:
-        raise ConfigError(
-            f"{where}.ssh: {ip} is not a loopback address; this version runs cluster servers reached over "
-            "SSH on this machine only (another machine would need the controller and the tunnels on an "
-            "address outside loopback: docs/architecture.md, 'The emulation across servers')")
     if ip.is_unspecified or ip.is_multicast:
         raise ConfigError(f"{where}.ssh: {ip} is not a server's address")
     port = int(m["port"] or 22)
@@ -160,7 +171,7 @@ def _parse_server(where: str, entry: Any, base: Path, far_ok: bool) -> ClusterSe
         if any(c.isspace() or c in "%\"'" for c in path):
             raise ConfigError(f"{where}.{k}: ssh cannot take a path with spaces, quotes or '%' ({path!r})")
     return ClusterServer(name=f"{m['user']}@{ip}:{port}", user=m["user"], host=str(ip), port=port,
-                         key=files["key"], known_hosts=files["known_hosts"])
+                         key=files["key"], known_hosts=files["known_hosts"], sites=tuple(listed))
 
 
 # -- placement --------------------------------------------------------------------------------------
@@ -252,6 +263,7 @@ def checked_placement(plan: EmulationPlan, cluster: ClusterSpec | None, given: M
     if host_cls is not None:
         raise ConfigError("cluster mode runs plain Mininet hosts (the process backend), not containers")
     names = [s.name for s in cluster.servers]
+    given = given or cluster.given_placement([sw.site for sw in plan.switches])
     placement = dict(given) if given else place_sites(plan, names)
     sites = {sw.site for sw in plan.switches}
     if set(placement) != sites:

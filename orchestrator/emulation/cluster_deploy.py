@@ -22,6 +22,7 @@ quoted with `shlex.join`, strict host keys, the config's key only).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -108,6 +109,12 @@ def probe() -> dict[str, Any]:
     return {"project": project_version(), "python": ".".join(map(str, sys.version_info[:3])), "packages": versions}
 
 
+@functools.lru_cache(maxsize=1)
+def _here() -> dict[str, Any]:
+    """This checkout's `probe` (once per process: it imports torch)."""
+    return probe()
+
+
 # -- per server -----------------------------------------------------------------------------------
 @dataclass
 class ServerReport:
@@ -174,7 +181,7 @@ def _versions(server: ClusterServer, control_dir: Path, home: str, report: Serve
         report.problems.append("the project is not installed there (netai cluster prepare)")
         return
     far = json.loads(res.stdout.strip().splitlines()[-1])
-    here = probe()
+    here = _here()
     report.project, report.python, report.packages = far["project"], far["python"], far["packages"]
     if far["project"] != here["project"]:
         report.problems.append(f"project {far['project']} there, {here['project']} here (netai cluster prepare)")

@@ -15,6 +15,7 @@ removed afterwards, whatever happens (also when starting one of them failed).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
@@ -126,28 +127,36 @@ def _remove(prefix: str, network: str) -> None:
     subprocess.run(["docker", "network", "rm", network], capture_output=True, check=False)
 
 
-@pytest.fixture(scope="module")
-def machines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machines]:
+@contextlib.contextmanager
+def started_machines(count: int, workdir: Path) -> Iterator[Machines]:
+    """`count` machines on a new internal network (keys in `workdir`); all removed on exit, whatever
+    happens. Raises RuntimeError when Docker or the image is missing or a machine does not start."""
     if shutil.which("ssh-keygen") is None:
-        pytest.fail("openssh is not installed: run `sudo make setup`")
+        raise RuntimeError("openssh is not installed: run `sudo make setup`")
     if subprocess.run(["docker", "image", "inspect", IMAGE], capture_output=True).returncode != 0:
-        pytest.fail(f"no {IMAGE} image: run scripts/build_machine_image.sh (make test builds it)")
+        raise RuntimeError(f"no {IMAGE} image: run scripts/build_machine_image.sh (make test builds it)")
     prefix = f"netai-machine-{os.getpid()}"
     network = f"{prefix}-net"
-    d = tmp_path_factory.mktemp("machines")
-    d.chmod(0o700)
-    client_pub = _keygen(d / "client_key")
+    workdir.mkdir(parents=True, exist_ok=True)
+    workdir.chmod(0o700)
+    client_pub = _keygen(workdir / "client_key")
     try:
         _docker("network", "create", "--internal", "--label", "org.netai.role=test-network", network)
         net = json.loads(_docker("network", "inspect", network))[0]
         ipam = net["IPAM"]["Config"][0]
         subnet = ipam["Subnet"]
         gateway = ipam.get("Gateway") or str(next(ipaddress.IPv4Network(subnet).hosts()))
-        found = tuple(_start(f"{prefix}-m{i + 1}", network, d, client_pub) for i in range(MACHINE_COUNT))
+        found = tuple(_start(f"{prefix}-m{i + 1}", network, workdir, client_pub) for i in range(count))
         _wait_ssh(found)
         yield Machines(network, gateway, subnet, found)
     finally:
         _remove(prefix, network)
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Machines]:
+    with started_machines(MACHINE_COUNT, tmp_path_factory.mktemp("machines")) as found:
+        yield found
 
 
 def _wait_ssh(found: tuple[Machine, ...]) -> None:
