@@ -42,6 +42,7 @@ benchmark:
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_servers.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_faults.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_hop.py
+	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_cluster.py
 	$(PY) benchmarks/bench_simulation.py
 
 clean:

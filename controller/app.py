@@ -56,7 +56,7 @@ from controller.rest import RestApi
 from controller.shaping import ENV_LINK_DELAY, TcShaper
 from controller.southbound import FlowStat, PortStat
 from controller.state_store import ENV_STATE_DB, StateStore
-from controller.tc import SubprocessTc
+from controller.tc import runner_from_env
 from topologies.plan import EmulationPlan
 
 ENV_PLAN_FILE = "NETAI_PLAN_FILE"
@@ -161,7 +161,7 @@ class NetaiController(BaseApp):
         connectivity = os.environ.get(ENV_CONNECTIVITY) or BEST_EFFORT
         if connectivity not in CONNECTIVITY_MODES:
             raise RuntimeError(f"{ENV_CONNECTIVITY} must be one of {', '.join(CONNECTIVITY_MODES)}, got {connectivity!r}")
-        shaper = TcShaper(self.plan, SubprocessTc(), delay=os.environ.get(ENV_LINK_DELAY) == "1")
+        shaper = TcShaper(self.plan, runner_from_env(), delay=os.environ.get(ENV_LINK_DELAY) == "1")
         state_db = os.environ.get(ENV_STATE_DB)
         store = StateStore(Path(state_db)) if state_db else None
         self.core = ControllerCore(self.plan, self, shaper=shaper, connectivity=connectivity, store=store)

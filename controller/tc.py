@@ -102,3 +102,72 @@ def layout_problem(devices: Sequence[str], qdiscs: Iterable[Mapping[str, Any]]) 
     shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
     return (f"{len(bad)} of {len(devices)} switch-to-switch interfaces lack the htb layout "
             f"(root {ROOT_MAJOR}: default {BACKGROUND_CLASS:x}): {shown}")
+
+
+#: Names a JSON file that places switch interfaces on other servers (cluster mode): ``{"servers":
+#: {name: [ssh argument list ending with the target]}, "devices": {interface: name}}``.
+ENV_TC_SERVERS = "NETAI_TC_SERVERS"
+
+
+class ClusterTc:
+    """`TcRunner` for interfaces spread over servers: those of this machine through `local`, each
+    other server's through ``tc`` run there over its SSH connection (the same argument list, the
+    batch on stdin). A batch is split by the device each command names, keeping its order."""
+
+    def __init__(self, local: TcRunner, servers: Mapping[str, Sequence[str]], devices: Mapping[str, str], *,
+                 timeout_s: float = 30.0) -> None:
+        self.local, self.servers, self.devices, self.timeout_s = local, dict(servers), dict(devices), timeout_s
+
+    def _by_server(self, devices: Iterable[str]) -> dict[str | None, list[str]]:
+        out: dict[str | None, list[str]] = {}
+        for dev in devices:
+            out.setdefault(self.devices.get(dev), []).append(dev)
+        return out
+
+    def _remote(self, server: str, argv: Sequence[str], text: str = "") -> subprocess.CompletedProcess[str]:
+        import shlex
+
+        try:
+            return subprocess.run([*self.servers[server], shlex.join(argv)], input=text, capture_output=True,
+                                  text=True, timeout=self.timeout_s, check=False)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise ShapingError(f"tc on {server} failed: {e}") from e
+
+    def check(self, devices: Sequence[str]) -> str | None:
+        for server, devs in self._by_server(devices).items():
+            if server is None:
+                problem = self.local.check(devs)
+            else:
+                try:
+                    res = self._remote(server, ["tc", "-j", "qdisc", "show"])
+                    problem = (layout_problem(devs, json.loads(res.stdout or "[]")) if res.returncode == 0
+                               else f"tc qdisc show on {server} failed: {res.stderr.strip()[:200]}")
+                except (ShapingError, ValueError) as e:
+                    problem = str(e)
+            if problem:
+                return problem
+        return None
+
+    def run(self, commands: Sequence[Sequence[str]], *, force: bool = False) -> None:
+        groups: dict[str | None, list[Sequence[str]]] = {}
+        for cmd in commands:
+            dev = cmd[list(cmd).index("dev") + 1] if "dev" in cmd else None
+            groups.setdefault(self.devices.get(dev or ""), []).append(cmd)
+        for server, cmds in groups.items():
+            if server is None:
+                self.local.run(cmds, force=force)
+                continue
+            res = self._remote(server, ["tc", *(["-force"] if force else []), "-batch", "-"], batch_text(cmds))
+            if res.returncode != 0:
+                raise ShapingError(f"tc -batch on {server} exited {res.returncode}: "
+                                   f"{(res.stderr or res.stdout).strip()[:500]}")
+
+
+def runner_from_env() -> TcRunner:
+    """`SubprocessTc`, or a `ClusterTc` when `ENV_TC_SERVERS` names a file of far interfaces."""
+    path = os.environ.get(ENV_TC_SERVERS)
+    if not path:
+        return SubprocessTc()
+    with open(path) as f:
+        spec = json.load(f)
+    return ClusterTc(SubprocessTc(), spec["servers"], spec["devices"])

@@ -143,9 +143,13 @@ else
     log "venv up to date"
 fi
 
-# 5. The worker image (when a Docker daemon runs) -------------------------------------------------
+# 5. The worker image and the test machines' image (when a Docker daemon runs) ------------------
 if [ -z "${NETAI_NO_SYSTEM:-}" ] && [ -z "${NETAI_SKIP_DOCKER:-}" ] && [ -z "${NETAI_SKIP_IMAGE:-}" ] && docker info >/dev/null 2>&1 \
         && [ -x scripts/build_worker_image.sh ]; then
     bash scripts/build_worker_image.sh --if-stale
+    # what the cluster tests start as a lab's servers (tests/integration/machines.py)
+    bash scripts/build_machine_image.sh --if-stale
+elif [ -z "${NETAI_NO_SYSTEM:-}" ]; then
+    log "the worker and machine images are not built (no Docker daemon, or NETAI_SKIP_DOCKER/NETAI_SKIP_IMAGE): the docker tests skip"
 fi
 log "done"

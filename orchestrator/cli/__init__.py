@@ -28,6 +28,7 @@ SUBCOMMAND_MODULES = (
     "orchestrator.cli.experiment",
     "orchestrator.cli.dashboard",
     "orchestrator.cli.simulation",
+    "orchestrator.cli.cluster",
 )
 
 USAGE_ERRORS: tuple[type[Exception], ...] = (ConfigError, TopologyError)

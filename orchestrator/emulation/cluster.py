@@ -26,11 +26,10 @@ the placement and the SSH commands; the Mininet classes are in `orchestrator.emu
   and numbers. Mininet's `ClusterCleanup` hook (``mn -c`` on every server) is never called: the
   project cleans by its marks only.
 
-What this version runs: servers reached over SSH on this machine's loopback (as the integration
-test does with an sshd bound to 127.0.0.1). A server on another machine is refused when the config
-is read: its switches would need the controller on an address outside loopback, its tunnels an
-underlay between machines, and the site servers' control sockets a channel over SSH; none is built
-(docs/architecture.md, "The emulation across servers").
+Servers on this machine's loopback (the integration test's sshd on 127.0.0.1) and servers on other
+machines (`ClusterServer.far`) are both run; a far server's controller channel, tunnels over the
+underlay and shaping are in `orchestrator.emulation.cluster_far` (docs/cluster.md). Site servers run
+on this machine only.
 """
 
 from __future__ import annotations
@@ -52,7 +51,7 @@ from orchestrator.errors import ConfigError, config_entry, readable_file
 from topologies.plan import EmulationPlan
 
 LOCAL = "localhost"
-SERVER_KEYS = ("ssh", "key", "known_hosts")
+SERVER_KEYS = ("ssh", "key", "known_hosts", "sites")
 CLUSTER_KEYS = ("servers",)
 #: How long one SSH connection attempt may take.
 SSH_CONNECT_TIMEOUT_S = 10
@@ -76,16 +75,24 @@ class ClusterServer:
     port: int = 22
     key: str = ""
     known_hosts: str = ""
+    #: The sites placed on this server when the config says (else `place_sites` chooses).
+    sites: tuple[str, ...] = ()
 
     @property
     def local(self) -> bool:
         return self.name == LOCAL
 
+    @property
+    def far(self) -> bool:
+        """On another machine (reached at an address outside loopback)."""
+        return not self.local and not ipaddress.IPv4Address(self.host).is_loopback
+
     def to_dict(self) -> Any:
         """The config's form of this entry (`parse_cluster` reads it back)."""
         if self.local:
             return LOCAL
-        return {"ssh": self.name, "key": self.key, "known_hosts": self.known_hosts}
+        out: dict[str, Any] = {"ssh": self.name, "key": self.key, "known_hosts": self.known_hosts}
+        return out | ({"sites": list(self.sites)} if self.sites else {})
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,18 @@ class ClusterSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {"servers": [s.to_dict() for s in self.servers]}
+
+    def given_placement(self, sites: Sequence[str]) -> dict[str, str] | None:
+        """{site: server} when a server lists its ``sites`` (the others stay on localhost), else None."""
+        if not any(s.sites for s in self.servers):
+            return None
+        out = dict.fromkeys(sites, LOCAL)
+        for server in self.servers:
+            for site in server.sites:
+                if site not in out:
+                    raise ConfigError(f"emulation.cluster: {server.name} lists {site!r}, which is not a site")
+                out[site] = server.name
+        return out
 
 
 def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | None:
@@ -127,7 +146,10 @@ def parse_cluster(raw: Any, *, base_dir: Path | None = None) -> ClusterSpec | No
 
 
 def _parse_server(where: str, entry: Any, base: Path) -> ClusterServer:
-    entry = config_entry(where, entry, SERVER_KEYS, "ssh, key and known_hosts")
+    entry = config_entry(where, entry, SERVER_KEYS, "ssh, key, known_hosts and sites")
+    listed = entry.get("sites", [])
+    if not isinstance(listed, list) or not all(isinstance(x, str) for x in listed):
+        raise ConfigError(f"{where}.sites must be a list of site names, got {listed!r}")
     target = entry.get("ssh")
     m = _SSH_TARGET.match(target) if isinstance(target, str) else None
     if m is None:
@@ -136,11 +158,8 @@ def _parse_server(where: str, entry: Any, base: Path) -> ClusterServer:
         ip = ipaddress.IPv4Address(m["host"])
     except ValueError as e:
         raise ConfigError(f"{where}.ssh: {m['host']!r} is not an IPv4 address") from e
-    if not ip.is_loopback:
-        raise ConfigError(
-            f"{where}.ssh: {ip} is not a loopback address; this version runs cluster servers reached over "
-            "SSH on this machine only (another machine would need the controller and the tunnels on an "
-            "address outside loopback: docs/architecture.md, 'The emulation across servers')")
+    if ip.is_unspecified or ip.is_multicast:
+        raise ConfigError(f"{where}.ssh: {ip} is not a server's address")
     port = int(m["port"] or 22)
     if not 1 <= port <= 65535:
         raise ConfigError(f"{where}.ssh: port {port} is out of range")
@@ -152,7 +171,7 @@ def _parse_server(where: str, entry: Any, base: Path) -> ClusterServer:
         if any(c.isspace() or c in "%\"'" for c in path):
             raise ConfigError(f"{where}.{k}: ssh cannot take a path with spaces, quotes or '%' ({path!r})")
     return ClusterServer(name=f"{m['user']}@{ip}:{port}", user=m["user"], host=str(ip), port=port,
-                         key=files["key"], known_hosts=files["known_hosts"])
+                         key=files["key"], known_hosts=files["known_hosts"], sites=tuple(listed))
 
 
 # -- placement --------------------------------------------------------------------------------------
@@ -244,6 +263,7 @@ def checked_placement(plan: EmulationPlan, cluster: ClusterSpec | None, given: M
     if host_cls is not None:
         raise ConfigError("cluster mode runs plain Mininet hosts (the process backend), not containers")
     names = [s.name for s in cluster.servers]
+    given = given or cluster.given_placement([sw.site for sw in plan.switches])
     placement = dict(given) if given else place_sites(plan, names)
     sites = {sw.site for sw in plan.switches}
     if set(placement) != sites:
@@ -326,3 +346,51 @@ def remote_command(cmd: Sequence[str], *, run_id: str, env: Mapping[str, str] | 
             extra[k] = v
     pre += [f"{k}={v}" for k, v in sorted(extra.items())]
     return shlex.join([*(["sudo", "-n", "-E"] if sudo else []), *pre, *[str(c) for c in cmd]])
+
+
+@dataclass(frozen=True)
+class SshResult:
+    """What a command run over SSH gave: its status, output, and ssh's own reason for a failure."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def why(self) -> str:
+        lines = self.stderr.strip().splitlines()
+        return lines[-1] if lines else f"exit status {self.returncode}"
+
+    @property
+    def host_key_refused(self) -> bool:
+        return self.returncode == 255 and ("host key" in self.stderr.lower()
+                                           or "REMOTE HOST IDENTIFICATION HAS CHANGED" in self.stderr)
+
+
+def ssh_run(server: ClusterServer, control_dir: Path, argv: Sequence[str], *, input: bytes | None = None,
+            timeout: float = 3 * SSH_CONNECT_TIMEOUT_S) -> SshResult:
+    """Run `argv` on `server` (quoted with `shlex.join`, no terminal), `input` on its stdin; a timeout
+    is exit status 255 with the reason, as ssh reports a connection it could not make."""
+    cmd = [*ssh_argv(server, control_dir), ssh_target(server), shlex.join([str(a) for a in argv])]
+    cmd.remove("-q")  # keep ssh's own reason for a failure
+    try:
+        res = subprocess.run(cmd, input=input, capture_output=True, timeout=timeout, check=False,
+                             stdin=subprocess.DEVNULL if input is None else None)
+    except subprocess.TimeoutExpired:
+        return SshResult(255, "", f"no answer over SSH in {timeout:.0f} s")
+    return SshResult(res.returncode, res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace"))
+
+
+def local_underlay(far_host: str) -> tuple[str, str]:
+    """(this machine's address, its interface) on the route to `far_host`: the underlay's near end.
+
+    Raises
+    ------
+    ConfigError
+        No route to `far_host`.
+    """
+    res = subprocess.run(["ip", "-o", "route", "get", far_host], capture_output=True, text=True, check=False)
+    words = res.stdout.split()
+    if res.returncode != 0 or "src" not in words or "dev" not in words:
+        raise ConfigError(f"no route from this machine to {far_host}: {res.stderr.strip() or res.stdout.strip()}")
+    return words[words.index("src") + 1], words[words.index("dev") + 1]

@@ -28,15 +28,18 @@ from orchestrator.emulation.cluster import (
     ssh_argv,
     ssh_target,
 )
+from orchestrator.emulation.cluster_far import FarSide
 from topologies.plan import EmulationPlan
 
 
 def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str], plan: EmulationPlan,
-                    control_dir: Path, switch_cls: Any, link_cls: Any) -> tuple[Any, Any, Any]:
+                    control_dir: Path, switch_cls: Any, link_cls: Any,
+                    far: FarSide | None = None) -> tuple[Any, Any, Any]:
     """(host, switch, link) constructors for Mininet that put each node on its site's server.
 
     `switch_cls` is the run's switch class (its bridges tagged), `link_cls` the shaped link class;
-    both are extended, not replaced.
+    both are extended, not replaced. With `far` (servers on other machines), tunnels run over its
+    underlay (`orchestrator.emulation.cluster_far`).
     """
     servers = {s.name: s for s in spec.servers}
     node_server = {sw.name: placement[sw.site] for sw in plan.switches}
@@ -60,7 +63,7 @@ def cluster_classes(run_id: str, spec: ClusterSpec, placement: Mapping[str, str]
     def switch(name: str, *args: Any, **params: Any) -> Any:
         return cluster_switch(name, *args, **_where(name), **params)
 
-    return host, switch, _link_class(run_id, link_cls)
+    return host, switch, _link_class(run_id, link_cls, far)
 
 
 def _ssh_node_class(run_id: str, server_of: Callable[[str], ClusterServer], control_dir: Path) -> Any:
@@ -145,7 +148,7 @@ def _switch_class(ssh_node: Any, switch_cls: Any) -> Any:
     return ClusterSwitch
 
 
-def _link_class(run_id: str, link_cls: Any) -> type:
+def _link_class(run_id: str, link_cls: Any, far: FarSide | None) -> type:
     """The shaped link class `link_cls` (a class or a `functools.partial` of one), as a veth pair
     within a server and a VXLAN tunnel between two servers."""
     from mininet.link import Link
@@ -169,6 +172,11 @@ def _link_class(run_id: str, link_cls: Any) -> type:
             if node1.inNamespace or node2.inNamespace:
                 raise RuntimeError(f"{node1}-{node2}: only links between switches may cross servers")
             vni, p1, p2 = next(vnis), next(ports), next(ports)
+            if far is not None:
+                ends = (far.underlay[s1], far.underlay[s2])
+                _vxlan_underlay(node1, intfname1, vni, (p1, p2), ends, addr1, far.inner_mtu)
+                _vxlan_underlay(node2, intfname2, vni, (p2, p1), ends[::-1], addr2, far.inner_mtu)
+                return None
             _vxlan(node1, intfname1, vni, p1, p2, addr1, run_id)
             _vxlan(node2, intfname2, vni, p2, p1, addr2, run_id)
             return None
@@ -198,6 +206,26 @@ def _vxlan(node: Any, name: str, vni: int, port: int, peer_port: int, mac: str |
         ["ip", "-n", ns, "link", "set", name, "netns", "1"],
         ["bridge", "fdb", "append", "00:00:00:00:00:00", "dev", name, "dst", "127.0.0.1", "port", str(peer_port)],
         ["ip", "link", "set", name, "mtu", "1500"],
+    ]
+    if mac:
+        steps.append(["ip", "link", "set", name, "address", str(mac)])
+    steps.append(["ip", "link", "set", name, "up"])
+    for argv in steps:
+        out = node.rcmd(argv).strip()
+        if out:
+            raise RuntimeError(f"tunnel end {name} on {node.server}: {shlex.join(argv)}: {out}")
+
+
+def _vxlan_underlay(node: Any, name: str, vni: int, ports: tuple[int, int], ends: tuple[str, str],
+                    mac: str | None, mtu: int) -> None:
+    """One end of a tunnel between machines, made by `node`'s server in its root namespace: ``name``
+    sends from the underlay address ``ends[0]`` to the peer's ``ends[1]`` (UDP port ``ports[1]``) and
+    receives on ``ports[0]``; its MTU is the underlay's less the encapsulation."""
+    steps: list[list[str]] = [
+        ["ip", "link", "add", name, "type", "vxlan", "id", str(vni), "local", ends[0], "dstport", str(ports[0]),
+         "nolearning"],
+        ["bridge", "fdb", "append", "00:00:00:00:00:00", "dev", name, "dst", ends[1], "port", str(ports[1])],
+        ["ip", "link", "set", name, "mtu", str(mtu)],
     ]
     if mac:
         steps.append(["ip", "link", "set", name, "address", str(mac)])

@@ -50,6 +50,7 @@ from typing import Any
 
 from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
 from controller.shaping import ENV_LINK_DELAY
+from controller.tc import ENV_TC_SERVERS
 from orchestrator.emulation import cluster as clustering
 from orchestrator.emulation import datapath_priority, ovs_socket
 from orchestrator.emulation.cleanup import (
@@ -65,6 +66,7 @@ from orchestrator.emulation.cleanup import (
     underlay_exists,
     underlay_netns,
 )
+from orchestrator.emulation.cluster_far import FarSide, far_side, tc_servers_file
 from orchestrator.emulation.cluster_nodes import cluster_classes, create_underlay
 from orchestrator.emulation.controller_client import ControllerClient
 from orchestrator.emulation.controller_process import ControllerProcess
@@ -185,6 +187,7 @@ class Emulation:
         self.cluster = cluster
         self.placement = clustering.checked_placement(plan, cluster, placement, host_cls)
         self._ssh_dir: Path | None = None
+        self._far: FarSide | None = None
         self.net: Any = None
         self.controller: ControllerProcess | None = None
         self.state: RunState | None = None
@@ -320,21 +323,28 @@ class Emulation:
         """Servers checked (host keys, keys, tools) before anything is started on them; the underlay made."""
         self._ssh_dir = Path(tempfile.mkdtemp(prefix="netai-ssh-"))
         clustering.check_servers(cluster, self._ssh_dir)
-        create_underlay(self.run_id)
+        self._far = far_side(cluster, self._ssh_dir)  # servers on other machines: the underlay's addresses, MTU
+        if self._far is None:
+            create_underlay(self.run_id)
+        elif self.info is not None:
+            self.info.cluster["far"] = self._far.to_dict()
 
     def _start_controller(self, delay_emulated: bool) -> ControllerProcess:
         """Start the controller, record its pid and REST address in the run's state, wait for its /health."""
         assert self.state is not None
-        controller = ControllerProcess(
-            self.plan, self.log_dir,
-            env={ENV_LINK_DELAY: "1" if delay_emulated else "0", ENV_CONNECTIVITY: self.connectivity},
-        )
+        env = {ENV_LINK_DELAY: "1" if delay_emulated else "0", ENV_CONNECTIVITY: self.connectivity}
+        if self._far is not None:  # the far switches' interfaces are shaped over SSH
+            env[ENV_TC_SERVERS] = str(tc_servers_file(self.log_dir / "tc-servers.json", self._far, self.plan,
+                                                      self.placement))
+        controller = ControllerProcess(self.plan, self.log_dir, env=env)
         self.controller = controller  # stop() stops it whatever happens next
         controller.start()
         self.state.controller_pid = controller.pid
         self.state.rest_url = controller.client.base_url
         self.state.save()
         controller.wait_ready(self.connect_timeout_s)
+        if self._far is not None:
+            self._far.forward_controller(controller.of_port, self.run_id)
         return controller
 
     def _clear_the_way(self) -> None:
@@ -366,7 +376,7 @@ class Emulation:
         if self.cluster is not None:
             assert self._ssh_dir is not None
             host, switch_cls, link_cls = cluster_classes(
-                self.run_id, self.cluster, self.placement, self.plan, self._ssh_dir, switch_cls, link_cls)
+                self.run_id, self.cluster, self.placement, self.plan, self._ssh_dir, switch_cls, link_cls, self._far)
             extra = {"host": host}
         switch = partial(
             switch_cls,
@@ -398,6 +408,8 @@ class Emulation:
         self.net.staticArp()
         for h in self.net.hosts:
             tune_host(h)
+            if self._far is not None:  # no frame larger than a tunnel carries
+                h.cmd("ip", "link", "set", "dev", h.intf().name, "mtu", str(self._far.inner_mtu))
 
     def _record_hosts(self) -> None:
         """Record the connectivity mode and every host's pid in the run's state (for attaching processes)."""
@@ -425,6 +437,8 @@ class Emulation:
                     print(f"netai: Mininet stop failed: {e}; cleaning up by run marks", file=sys.stderr)
             if self.controller is not None:
                 self.controller.stop()
+            if self._far is not None:
+                self._far.stop()
             if self.state is not None:
                 clean_run(self.state)
             if self._ssh_dir is not None:

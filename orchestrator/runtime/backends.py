@@ -414,4 +414,11 @@ def open_compute(kind: str, emu: Any, *, log_root: Path) -> Any:
     """A `ComputeManager` (not yet started) with one site server per compute site of `emu`."""
     from orchestrator.runtime.compute import ComputeManager
 
+    cluster = getattr(emu, "cluster", None)
+    far = {s.name for s in cluster.servers if s.far} if cluster is not None else set()
+    placed_far = sorted(h.site for h in emu.plan.hosts if emu.placement.get(h.site) in far)
+    if placed_far:  # docs/cluster.md, "What runs where"
+        raise ConfigError(f"compute site {placed_far[0]!r} is placed on {emu.placement[placed_far[0]]}, another "
+                          "machine: site servers run on this machine only; list it in compute_sites only if it "
+                          "is placed on localhost")
     return ComputeManager(open_backend(kind, emu, log_root=log_root), [h.site for h in emu.plan.hosts])

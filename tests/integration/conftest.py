@@ -5,6 +5,7 @@
 - `figures` collects measured figures (bring-up seconds, iperf ratios); they are printed in the
   terminal summary of every run, passing or not.
 - `sshd` (from `tests.integration.sshd`): an sshd on 127.0.0.1 with keys made for the test.
+- `machines` (from `tests.integration.machines`): test machines, containers on an internal network.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.integration.machines import machines  # noqa: F401 - a fixture for the tests of this folder
 from tests.integration.sshd import sshd  # noqa: F401 - a fixture for the tests of this folder
 
 _FIGURES: list[str] = []

@@ -63,7 +63,7 @@ def test_a_cluster_entry_is_read_with_its_files(files: dict[str, str]) -> None:
 
 
 @pytest.mark.parametrize(("change", "message"), [
-    ({"ssh": "root@10.1.2.3"}, "not a loopback address"),
+    ({"ssh": "root@0.0.0.0"}, "not a server's address"),
     ({"ssh": "root:secret@127.0.0.1"}, "user@ip"),
     ({"ssh": "root@example.org"}, "user@ip"),
     ({"ssh": "root@127.0.0.1:70000"}, "out of range"),

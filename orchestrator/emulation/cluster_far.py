@@ -1,0 +1,161 @@
+"""Cluster servers on other machines: the controller reached over SSH, tunnels over the underlay.
+
+A far server (`ClusterServer.far`: reached at an address outside loopback) needs three things a
+server on this machine does not (docs/cluster.md):
+
+- **The controller, with no new open door.** The controller listens on this machine's loopback
+  only. For each far server an ``ssh -N -R 127.0.0.1:P:127.0.0.1:P`` (its own connection, the
+  server's key and host key, `ExitOnForwardFailure`) makes port P (the controller's OpenFlow port)
+  listen on the far machine's loopback, so its switches' ``tcp:127.0.0.1:P`` is the same string as
+  here; the forward ends with the run (and with the machine).
+- **Tunnels over the underlay.** A link between two machines is a VXLAN tunnel between the
+  machines' underlay addresses (a far server's SSH address; this machine's source address towards
+  them), its inner MTU the underlay's MTU less the 50 bytes of VXLAN over IPv4; the hosts'
+  interfaces take that MTU too, so that no frame is larger than a tunnel carries.
+- **Shaping there.** The controller's tc commands for a far switch's interfaces run on that server
+  over its SSH connection (`controller.tc.ClusterTc`, from the file `tc_servers_file` writes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.emulation.cluster import (
+    LOCAL,
+    ClusterServer,
+    ClusterSpec,
+    local_underlay,
+    ssh_argv,
+    ssh_run,
+    ssh_target,
+)
+from orchestrator.emulation.cluster_deploy import underlay_mtu
+from orchestrator.errors import ConfigError
+from topologies.mininet_topo import switch_interfaces
+from topologies.plan import EmulationPlan
+
+#: The bytes VXLAN over IPv4 adds to a frame: outer IPv4 (20), UDP (8), VXLAN (8), inner Ethernet (14).
+VXLAN_OVERHEAD = 50
+#: How long the controller's forward may take to listen on a far machine.
+FORWARD_TIMEOUT_S = 15.0
+
+
+@dataclass
+class FarSide:
+    """What a run with far servers adds: underlay addresses, the inner MTU, the controller's forwards."""
+
+    spec: ClusterSpec
+    control_dir: Path
+    underlay: dict[str, str]
+    underlay_mtu: int
+    forwards: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    @property
+    def inner_mtu(self) -> int:
+        return self.underlay_mtu - VXLAN_OVERHEAD
+
+    @property
+    def far_servers(self) -> list[ClusterServer]:
+        return [s for s in self.spec.servers if s.far]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"underlay": self.underlay, "underlay_mtu": self.underlay_mtu, "inner_mtu": self.inner_mtu,
+                "controller_forwards": sorted(self.forwards)}
+
+    def forward_controller(self, of_port: int, run_id: str) -> None:
+        """On every far server, the controller's port on its loopback (see the module docstring).
+
+        Raises
+        ------
+        RuntimeError
+            A forward that ended or did not listen in `FORWARD_TIMEOUT_S`, with ssh's reason.
+        """
+        for server in self.far_servers:
+            argv = [a if a != "ControlMaster=auto" else "ControlMaster=no" for a in ssh_argv(server, self.control_dir)]
+            argv = [a if not a.startswith("ControlPath=") else "ControlPath=none" for a in argv]
+            argv.remove("-q")
+            argv += ["-N", "-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{of_port}:127.0.0.1:{of_port}",
+                     ssh_target(server)]
+            self.forwards[server.name] = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                env={**os.environ, "NETAI_RUN": run_id}, start_new_session=True)
+        for server in self.far_servers:
+            self._wait_listening(server, of_port)
+
+    def _wait_listening(self, server: ClusterServer, port: int) -> None:
+        proc = self.forwards[server.name]
+        deadline = time.monotonic() + FORWARD_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
+                raise RuntimeError(f"the controller's forward to {server.name} ended: {err or proc.returncode}")
+            res = ssh_run(server, self.control_dir, ["ss", "-ltnH", f"sport = :{port}"])
+            if f"127.0.0.1:{port}" in res.stdout:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the controller's forward to {server.name} did not listen in "
+                                   f"{FORWARD_TIMEOUT_S:.0f} s")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        """End the forwards (idempotent)."""
+        for proc in self.forwards.values():
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=5)
+
+
+def far_side(spec: ClusterSpec, control_dir: Path) -> FarSide | None:
+    """The underlay of a cluster with far servers (None without any): each server's address on it
+    and the smallest MTU between this machine and a far server.
+
+    Raises
+    ------
+    ConfigError
+        A cluster that mixes far servers with servers on this machine's loopback (a tunnel between
+        them would have no underlay), or a far server with no route from here.
+    """
+    far = [s for s in spec.servers if s.far]
+    if not far:
+        return None
+    if any(not s.local and not s.far for s in spec.servers):
+        raise ConfigError("emulation.cluster mixes servers on other machines with servers on this machine's "
+                          "loopback: use one kind")
+    underlay = {LOCAL: local_underlay(far[0].host)[0]}
+    mtus = []
+    for server in far:
+        addr = local_underlay(server.host)[0]
+        if addr != underlay[LOCAL]:
+            raise ConfigError(f"{server.name} is reached from {addr}, {far[0].name} from {underlay[LOCAL]}: "
+                              "the far servers must share one underlay network with this machine")
+        underlay[server.name] = server.host
+        try:
+            mtus.append(underlay_mtu(server, control_dir))
+        except (RuntimeError, ValueError, OSError) as e:
+            raise ConfigError(f"cluster server {server.name}: the underlay's MTU: {e}") from e
+    return FarSide(spec, control_dir, underlay, min(mtus))
+
+
+def tc_servers_file(path: Path, far: FarSide, plan: EmulationPlan, placement: Mapping[str, str]) -> Path:
+    """Write where each far switch interface is, and how to reach its server (`controller.tc.ClusterTc`)."""
+    servers = {s.name: s for s in far.far_servers}
+    site_of = {sw.name: sw.site for sw in plan.switches}
+    devices = {}
+    for dev in switch_interfaces(plan):
+        server = placement[site_of[dev.rsplit("-eth", 1)[0]]]
+        if server in servers:
+            devices[dev] = server
+    argv = {name: [*ssh_argv(s, far.control_dir), ssh_target(s)] for name, s in servers.items()}
+    path.write_text(json.dumps({"servers": argv, "devices": devices}, indent=1))
+    return path

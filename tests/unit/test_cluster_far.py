@@ -1,0 +1,84 @@
+"""Far servers' pure parts: the given placement, where the controller shapes each interface, the tc split."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from controller.tc import ClusterTc, ShapingError
+from orchestrator.emulation.cluster import LOCAL, ClusterServer, ClusterSpec, checked_placement
+from orchestrator.emulation.cluster_far import FarSide, far_side, tc_servers_file
+from orchestrator.errors import ConfigError
+from topologies.loaders import load
+from topologies.plan import EmulationPlan
+
+FAR = ClusterServer(name="root@10.9.0.2:22", user="root", host="10.9.0.2", key="/k", known_hosts="/kh",
+                    sites=("r2",))
+
+
+class _Local:
+    def __init__(self) -> None:
+        self.batches: list[list[Sequence[str]]] = []
+
+    def check(self, devices: Sequence[str]) -> str | None:
+        return None
+
+    def run(self, commands: Sequence[Sequence[str]], *, force: bool = False) -> None:
+        self.batches.append(list(commands))
+
+
+def test_a_server_listing_its_sites_places_them_and_the_rest_stay_here() -> None:
+    plan = EmulationPlan.from_model(load("ring:4"))
+    spec = ClusterSpec((ClusterServer(LOCAL), FAR))
+
+    placement = checked_placement(plan, spec, None, None)
+
+    assert placement == {"r1": LOCAL, "r2": FAR.name, "r3": LOCAL, "r4": LOCAL}
+    bad = ClusterSpec((ClusterServer(LOCAL), ClusterServer(**{**FAR.__dict__, "sites": ("nowhere",)})))
+    with pytest.raises(ConfigError, match="'nowhere', which is not a site"):
+        checked_placement(plan, bad, None, None)
+
+
+def test_the_far_interfaces_are_shaped_over_their_servers_ssh(tmp_path: Path) -> None:
+    plan = EmulationPlan.from_model(load("ring:4"))
+    placement = {"r1": LOCAL, "r2": FAR.name, "r3": LOCAL, "r4": LOCAL}
+    far = FarSide(ClusterSpec((ClusterServer(LOCAL), FAR)), tmp_path, {LOCAL: "10.9.0.1", FAR.name: "10.9.0.2"}, 1500)
+
+    spec = json.loads(tc_servers_file(tmp_path / "tc.json", far, plan, placement).read_text())
+
+    s2 = plan.switch("r2").name
+    assert spec["devices"] and all(d.startswith(s2 + "-eth") for d in spec["devices"])
+    assert set(spec["devices"].values()) == {FAR.name}
+    argv = spec["servers"][FAR.name]
+    assert argv[0] == "ssh" and argv[-1] == "root@10.9.0.2" and "StrictHostKeyChecking=yes" in argv
+    assert far.inner_mtu == 1450
+
+
+def test_a_tc_batch_is_split_by_the_server_of_each_device(tmp_path: Path) -> None:
+    record = tmp_path / "far.txt"
+    # stands for `ssh ... target`: records the command line it was given and the batch on stdin
+    fake_ssh = [sys.executable, "-c", "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text("
+                "sys.argv[2] + '|' + sys.stdin.read())", str(record)]
+    local = _Local()
+    tc = ClusterTc(local, {"m1": fake_ssh}, {"s2-eth1": "m1"})
+
+    tc.run([["qdisc", "add", "dev", "s1-eth1", "root", "handle", "1:", "htb"],
+            ["qdisc", "add", "dev", "s2-eth1", "root", "handle", "1:", "htb"]])
+
+    assert local.batches == [[["qdisc", "add", "dev", "s1-eth1", "root", "handle", "1:", "htb"]]]
+    assert record.read_text() == "tc -batch -|qdisc add dev s2-eth1 root handle 1: htb\n"
+    failing = ClusterTc(local, {"m1": [sys.executable, "-c", "import sys; sys.exit(2)"]}, {"s2-eth1": "m1"})
+    with pytest.raises(ShapingError, match="tc -batch on m1 exited 2"):
+        failing.run([["qdisc", "del", "dev", "s2-eth1", "root"]])
+
+
+def test_far_and_loopback_servers_do_not_mix(tmp_path: Path) -> None:
+    here = ClusterServer(name="root@127.0.0.1:2222", user="root", host="127.0.0.1", port=2222, key="/k",
+                         known_hosts="/kh")
+    with pytest.raises(ConfigError, match="mixes servers on other machines"):
+        far_side(ClusterSpec((ClusterServer(LOCAL), here, FAR)), tmp_path)
+    assert far_side(ClusterSpec((ClusterServer(LOCAL), here)), tmp_path) is None
