@@ -106,6 +106,8 @@ def plot_regimes(points: Sequence[RegimePoint], out_dir: Path) -> Figure:
             ax.errorbar([b], [r.mean], yerr=[[r.mean - r.low], [r.high - r.mean]], fmt="o", color=colours[s],
                         mfc=colours[s] if ok else "white", capsize=3)
     ax.axhline(1.0, color="0.5", lw=0.8)
+    highs = [h for pts in drawn.values() for _b, _m, _lo, h in pts]
+    ax.set_ylim(0, max(1.15, *highs) * 1.05)  # the line at 1 (spff) always in view
     start = pays_from([(p.model_bytes, p.ratios.get(FLEXIBLE)) for p in points])
     if start is not None:
         ax.axvline(start, color=colours.get(FLEXIBLE, "k"), ls="--", lw=1)
@@ -137,6 +139,10 @@ def sweep_lines(points: Sequence[RegimePoint]) -> list[str]:
     start = pays_from([(p.model_bytes, p.ratios.get(FLEXIBLE)) for p in points])
     pay = (f"mst starts to pay from {start} bytes (its interval below 1 from there on)." if start
            else "mst does not pay at any size measured (its interval is not below 1 up to the largest).")
+    unfaithful = [p.name for p in points if FLEXIBLE in p.ratios and not p.faithful(FLEXIBLE)]
+    if unfaithful:
+        pay += (f" Not faithful (mst or spff): {', '.join(unfaithful)}; these ratios are the instrument's too "
+                "(see each run's Fidelity section).")
     return [*lines, "", pay]
 
 

@@ -54,10 +54,10 @@ def test_mst_pays_from_the_smallest_size_whose_interval_stays_below_one() -> Non
     assert pays_from(points[:3]) is None and pays_from([]) is None
 
 
-def _run(folder: Path, model_bytes: int, latency: dict[str, float]) -> Path:
+def _run(folder: Path, model_bytes: int, latency: dict[str, float], timing: str = "modeled") -> Path:
     """A sweep run's folder with one database: 3 tasks of 8 locals, each scheduler at `latency` (x task)."""
     db = ResultsDB(folder / "results.db")
-    run_id = db.start_run(folder.name, {}, {"mode": "sequential", "compute_timing": "modeled", "time_dilation": 4.0,
+    run_id = db.start_run(folder.name, {}, {"mode": "sequential", "compute_timing": timing, "time_dilation": 4.0,
                                              "run_wall_s": 90.0})
     locals_ = tuple(f"L{i}" for i in range(8))
     for task_id in (1, 2, 3):
@@ -84,7 +84,12 @@ def test_the_sweep_report_tables_the_ratios_and_draws_the_regimes(tmp_path: Path
     assert large is not None and large.mean == pytest.approx(0.6) and large.high < 1
     assert "| r-1-x | 19240 | 8 | 4 | 90 | mst | 1.200 |" in report
     assert "mst starts to pay from 2800000 bytes" in report
+    assert "Not faithful (mst or spff)" not in report  # no hop, overrun or link rate recorded: nothing violated
     assert (tmp_path / "regimes.png").stat().st_size > 0 and "![regimes](regimes.svg)" in report
     assert (tmp_path / "report.html").is_file()
     one = write_sweep_report(tmp_path / "one", runs[:1], name="r").read_text()
     assert "`regimes` not drawn: the runs do not differ in model size" in one
+    measured = _run(tmp_path / "r-3-x", 40_000_000, {"spff": 10.0, "mst": 5.0}, timing="measured")
+    caveat = write_sweep_report(tmp_path / "three", [*runs, measured], name="r").read_text()
+    assert "Not faithful (mst or spff): r-3-x; these ratios are the instrument's too" in caveat
+    assert "- r-3-x mst: training: measured on this host" in caveat
