@@ -8,6 +8,7 @@ the probe.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -25,13 +26,21 @@ class KernelFeatures:
 
 
 def _netem_available() -> bool:
-    """Try a netem qdisc on a veth inside a throwaway network namespace."""
-    probe = "ip link add netai-p0 type veth peer name netai-p1 && tc qdisc add dev netai-p0 root netem delay 1ms"
+    """Try a netem qdisc on a veth inside a throwaway network namespace of this process's own
+    (``netai-probe-<pid>``), made, used and deleted with argument lists."""
+    ns = f"netai-probe-{os.getpid()}"
+    steps = (["ip", "-n", ns, "link", "add", "netai-p0", "type", "veth", "peer", "name", "netai-p1"],
+             ["tc", "-n", ns, "qdisc", "add", "dev", "netai-p0", "root", "netem", "delay", "1ms"])
     try:
-        res = subprocess.run(["unshare", "--net", "sh", "-c", probe], capture_output=True, timeout=10, check=False)
+        if subprocess.run(["ip", "netns", "add", ns], capture_output=True, timeout=10, check=False).returncode:
+            return False
+        try:
+            return all(subprocess.run(argv, capture_output=True, timeout=10, check=False).returncode == 0
+                       for argv in steps)
+        finally:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return res.returncode == 0
 
 
 def probe_kernel() -> KernelFeatures:
