@@ -107,8 +107,9 @@ class SimulationConfig(SimParams):
     """The flow-level model's parameters (`engine: simulation`; each documented in
     `orchestrator.simulation.spec.SimParams`), and how they were set."""
 
-    #: How the parameters were set (free text, shown in the report's "Simulation model"), e.g. what
-    #: `benchmarks/bench_simulation.py --calibrate` prints.
+    #: How the parameters were set by hand (free text, shown in the report's "Simulation model");
+    #: when set, the config's parameters stand and this host's calibration (`netai calibrate`) is
+    #: not applied.
     calibration: str = ""
 
 

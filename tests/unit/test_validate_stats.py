@@ -85,3 +85,26 @@ def test_validate_refuses_what_the_simulation_cannot_stand_for_before_starting(t
     with pytest.raises(ConfigError, match=r"no results\.db"):
         validate(cfg, out_root=tmp_path, emulated_run=tmp_path / "nothing")
     assert list(tmp_path.iterdir()) == []  # nothing started, no folder made
+
+
+def test_an_earlier_emulated_run_is_reused_only_for_the_same_config(tmp_path: Path) -> None:
+    from orchestrator.experiment.calibrate import same_config_run
+    from orchestrator.experiment.validate import simulated_twin
+    from orchestrator.results.db import ResultsDB
+
+    # Prepare: an emulated run of a config with the process backend, completed.
+    cfg = parse_config({"name": "q", "topology": "triangle", "locals": [2], "seed": 4,
+                        "emulation": {"backend": "process"}})
+    with ResultsDB(tmp_path / "results.db") as db:
+        run_id = db.start_run(cfg.name, cfg.to_dict(), engine="emulation")
+        db.finish_run(run_id, "completed", "")
+
+    # The same config with another backend is the same tasks; another seed is not.
+    auto = parse_config({**cfg.to_dict(), "emulation": {**cfg.to_dict()["emulation"], "backend": "auto"}})
+    assert same_config_run(tmp_path, auto) == run_id
+    with pytest.raises(ConfigError, match=r"another config .*seed"):
+        same_config_run(tmp_path, parse_config({**cfg.to_dict(), "seed": 5}))
+    # The simulated twin keeps the tasks and mirrors the emulated run's delay.
+    twin = simulated_twin(cfg, propagation=False)
+    assert twin.engine == "simulation" and twin.simulation.rates == "emulated" and not twin.simulation.propagation
+    assert (twin.seed, twin.locals, twin.schedulers, twin.task) == (cfg.seed, cfg.locals, cfg.schedulers, cfg.task)
