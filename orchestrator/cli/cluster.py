@@ -19,20 +19,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from orchestrator.emulation.cluster import ClusterServer, ClusterSpec, parse_cluster
 from orchestrator.errors import ConfigError
+from orchestrator.experiment.config import read_config_file
 
 
 def _cluster(path: str) -> ClusterSpec:
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: no such config file")
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError as e:
-        raise ConfigError(f"{p}: malformed YAML: {str(e).splitlines()[0]}") from None
+    raw = read_config_file(p)
     emulation = raw.get("emulation") if isinstance(raw, dict) else None
     spec = parse_cluster(emulation.get("cluster") if isinstance(emulation, dict) else None,
                          base_dir=p.resolve().parent)

@@ -476,14 +476,19 @@ def _on_topology(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentCon
     return cfg
 
 
-def load_config(path: str | Path) -> ExperimentConfig:
-    """Read and validate an experiment config file (YAML)."""
+def read_config_file(path: str | Path) -> Any:
+    """The parsed YAML of a config file; a `ConfigError` naming the file if it is missing or malformed."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: no such config file")
     try:
-        raw = yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text())
     except yaml.YAMLError as e:
         first = str(e).splitlines()[0] if str(e) else "YAML error"
         raise ConfigError(f"{p}: malformed YAML: {first}") from None
-    return parse_config(raw, where=str(p), base_dir=p.resolve().parent)
+
+
+def load_config(path: str | Path) -> ExperimentConfig:
+    """Read and validate an experiment config file (YAML)."""
+    p = Path(path)
+    return parse_config(read_config_file(p), where=str(p), base_dir=p.resolve().parent)
