@@ -180,6 +180,10 @@ def test_nsfnet_experiment_over_three_machines_then_on_one(tmp_path: Path, machi
     tunnels = {tuple(sorted(c)) for c in cluster["cut"]}
     assert ("Houston", "San-Diego") in tunnels and ("Pittsburgh", "Princeton") in tunnels, tunnels
     assert cluster["far"]["inner_mtu"] == 1450
+    carried = db.query("SELECT a, b, MAX(ai_mbps) AS ai, MAX(background_mbps) AS bg FROM link_stats GROUP BY a, b")
+    over_tunnels = [r for r in carried if tuple(sorted((r["a"], r["b"]))) in tunnels]
+    assert max(r["ai"] for r in over_tunnels) > 0, "the tasks' traffic crossed tunnels"
+    assert max(r["bg"] for r in over_tunnels) > 0, "so did the background's"
     three = _ratios(db)
     for m in machines.machines:
         assert m.exec("ovs-vsctl", "list-br").split() == [], "nothing of the run is left on a machine"
@@ -192,4 +196,8 @@ def test_nsfnet_experiment_over_three_machines_then_on_one(tmp_path: Path, machi
         assert a is not None and b is not None
         figures.append(f"mst/spff {fig} (NSFNET, 8 locals, 2 tasks x 3 rounds, background on): three machines "
                        f"{a.mean:.3f} [{a.low:.3f}, {a.high:.3f}], one machine {b.mean:.3f} [{b.low:.3f}, {b.high:.3f}]")
-        assert a.low <= b.high and b.low <= a.high, "the 95 % intervals overlap"
+    # the schedulers decide alike wherever the switches run: the reserved bandwidth's ratio is the same
+    bw3, bw1 = three["reserved_mbps"], one["reserved_mbps"]
+    assert bw3 is not None and bw1 is not None and bw3.low <= bw1.high and bw1.low <= bw3.high
+    # the latency ratio is measured and printed, not asserted: tunnels between machines add time per
+    # hop that the trees cross unequally (docs/cluster.md, "Measured on the test machines")
