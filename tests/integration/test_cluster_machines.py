@@ -2,7 +2,9 @@
 (`tests.integration.machines`, containers on an internal Docker network) as a lab's servers.
 
 One module-scoped set of machines serves every test here: `netai cluster check` before and after
-`netai cluster prepare`, and a wrong host key refused.
+`netai cluster prepare`; a wrong host key reported; NSFNET brought up over this machine and two
+machines (tunnels over the underlay with its MTU, shaped there, only sshd listening beyond
+loopback, nothing left afterwards); and an experiment over the three machines, then on one.
 """
 
 from __future__ import annotations
