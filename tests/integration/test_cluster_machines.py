@@ -203,3 +203,23 @@ def test_nsfnet_experiment_over_three_machines_then_on_one(tmp_path: Path, machi
     assert bw3 is not None and bw1 is not None and bw3.low <= bw1.high and bw1.low <= bw3.high
     # the latency ratio is measured and printed, not asserted: two tasks give intervals narrower than
     # its run-to-run spread on a shared host (docs/cluster.md, "Measured on the test machines")
+
+
+def test_a_machine_lost_mid_run_is_reported_and_the_others_are_left_clean(tmp_path: Path,
+                                                                          machines: Machines) -> None:
+    """Last in the module: it kills the second machine."""
+    m1, m2 = machines.machines[:2]
+    spec = parse_cluster({"servers": ["localhost", m1.server_entry() | {"sites": ["r2"]},
+                                      m2.server_entry() | {"sites": ["r4"]}]})
+    emu = Emulation(EmulationPlan.from_model(load("ring:6")), log_dir=tmp_path / "emulation",
+                    connectivity=BEST_EFFORT, cluster=spec)
+    with emu:
+        assert emu.net.pingAll(timeout=1) == 0.0
+        subprocess.run(["docker", "kill", m2.name], check=True, capture_output=True)
+
+    assert emu.info is not None
+    assert emu.info.cluster["far"]["lost"] == [f"{m2.ssh}:22"]
+    assert emu.info.teardown_clean is False, "what is left on the lost machine was not checked"
+    assert _far_leftovers(m1, emu.run_id) == {"bridges": [], "vxlan": [], "processes": []}
+    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+    assert emu.leftovers() == {"processes": [], "bridges": [], "interfaces": []}
