@@ -45,6 +45,8 @@ from topologies.plan import EmulationPlan
 VXLAN_OVERHEAD = 50
 #: How long the controller's forward may take to listen on a far machine.
 FORWARD_TIMEOUT_S = 15.0
+#: How long a far server may take to answer at teardown before it counts as lost.
+LOST_TIMEOUT_S = 8.0
 
 
 @dataclass
@@ -56,6 +58,8 @@ class FarSide:
     underlay: dict[str, str]
     underlay_mtu: int
     forwards: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: Far servers found lost at teardown (their remains there are not removed: `netai clean` there).
+    lost: list[str] = field(default_factory=list)
 
     @property
     def inner_mtu(self) -> int:
@@ -67,7 +71,7 @@ class FarSide:
 
     def to_dict(self) -> dict[str, Any]:
         return {"underlay": self.underlay, "underlay_mtu": self.underlay_mtu, "inner_mtu": self.inner_mtu,
-                "controller_forwards": sorted(self.forwards)}
+                "controller_forwards": sorted(self.forwards), "lost": self.lost}
 
     def forward_controller(self, of_port: int, run_id: str) -> None:
         """On every far server, the controller's port on its loopback (see the module docstring).
@@ -103,6 +107,16 @@ class FarSide:
                 raise RuntimeError(f"the controller's forward to {server.name} did not listen in "
                                    f"{FORWARD_TIMEOUT_S:.0f} s")
             time.sleep(0.2)
+
+    def mark_lost(self, net: Any) -> list[str]:
+        """The far servers that no longer answer over SSH (a machine lost mid-run); their nodes are
+        marked so that teardown does not wait on their shells. Recorded in `lost`."""
+        self.lost = [s.name for s in self.far_servers
+                     if ssh_run(s, self.control_dir, ["true"], timeout=LOST_TIMEOUT_S).returncode != 0]
+        for node in [*net.hosts, *net.switches]:
+            if getattr(node, "server", None) in self.lost:
+                node.lost = True
+        return self.lost
 
     def stop(self) -> None:
         """End the forwards (idempotent)."""

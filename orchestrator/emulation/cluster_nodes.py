@@ -78,6 +78,15 @@ def _ssh_node_class(run_id: str, server_of: Callable[[str], ClusterServer], cont
         server: str
         name: str
         pid: int
+        #: Its server was lost (`orchestrator.emulation.cluster_far.FarSide.mark_lost`): its shell is
+        #: gone, and Mininet would wait on it forever; what teardown sends it is dropped.
+        lost: bool = False
+
+        def cmd(self, *args: Any, **kwargs: Any) -> str:
+            return "" if self.lost else str(super().cmd(*args, **kwargs))  # type: ignore[misc]
+
+        def rcmd(self, *args: Any, **kwargs: Any) -> str:
+            return "" if self.lost else str(super().rcmd(*args, **kwargs))  # type: ignore[misc]
 
         def _popen(self, cmd: Any, sudo: bool = True, tt: bool = True, **params: Any) -> Any:
             if isinstance(cmd, str):

@@ -429,6 +429,8 @@ class Emulation:
         try:
             if self.net is not None:
                 try:
+                    if self._far is not None and self._far.mark_lost(self.net) and self.info is not None:
+                        self.info.cluster["far"] = self._far.to_dict()  # what is left there is not checked
                     self.net.stop()
                     # A remote controller's stop() leaves its (interactive, SIGTERM-proof) shell.
                     for c in self.net.controllers:
@@ -451,7 +453,7 @@ class Emulation:
             if self.info is not None:
                 self.info.teardown_s = round(time.monotonic() - t0, 3)
                 self.info.leftovers = leftovers
-                self.info.teardown_clean = not any(leftovers.values())
+                self.info.teardown_clean = not any(leftovers.values()) and not (self._far and self._far.lost)
         finally:
             restore_signals(ignored)
         return self.info

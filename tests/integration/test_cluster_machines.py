@@ -2,7 +2,9 @@
 (`tests.integration.machines`, containers on an internal Docker network) as a lab's servers.
 
 One module-scoped set of machines serves every test here: `netai cluster check` before and after
-`netai cluster prepare`, and a wrong host key refused.
+`netai cluster prepare`; a wrong host key reported; NSFNET brought up over this machine and two
+machines (tunnels over the underlay with its MTU, shaped there, only sshd listening beyond
+loopback, nothing left afterwards); and an experiment over the three machines, then on one.
 """
 
 from __future__ import annotations
@@ -180,6 +182,10 @@ def test_nsfnet_experiment_over_three_machines_then_on_one(tmp_path: Path, machi
     tunnels = {tuple(sorted(c)) for c in cluster["cut"]}
     assert ("Houston", "San-Diego") in tunnels and ("Pittsburgh", "Princeton") in tunnels, tunnels
     assert cluster["far"]["inner_mtu"] == 1450
+    carried = db.query("SELECT a, b, MAX(ai_mbps) AS ai, MAX(background_mbps) AS bg FROM link_stats GROUP BY a, b")
+    over_tunnels = [r for r in carried if tuple(sorted((r["a"], r["b"]))) in tunnels]
+    assert max(r["ai"] for r in over_tunnels) > 0, "the tasks' traffic crossed tunnels"
+    assert max(r["bg"] for r in over_tunnels) > 0, "so did the background's"
     three = _ratios(db)
     for m in machines.machines:
         assert m.exec("ovs-vsctl", "list-br").split() == [], "nothing of the run is left on a machine"
@@ -192,4 +198,28 @@ def test_nsfnet_experiment_over_three_machines_then_on_one(tmp_path: Path, machi
         assert a is not None and b is not None
         figures.append(f"mst/spff {fig} (NSFNET, 8 locals, 2 tasks x 3 rounds, background on): three machines "
                        f"{a.mean:.3f} [{a.low:.3f}, {a.high:.3f}], one machine {b.mean:.3f} [{b.low:.3f}, {b.high:.3f}]")
-        assert a.low <= b.high and b.low <= a.high, "the 95 % intervals overlap"
+    # the schedulers decide alike wherever the switches run: the reserved bandwidth's ratio is the same
+    bw3, bw1 = three["reserved_mbps"], one["reserved_mbps"]
+    assert bw3 is not None and bw1 is not None and bw3.low <= bw1.high and bw1.low <= bw3.high
+    # the latency ratio is measured and printed, not asserted: two tasks give intervals narrower than
+    # its run-to-run spread on a shared host (docs/cluster.md, "Measured on the test machines")
+
+
+def test_a_machine_lost_mid_run_is_reported_and_the_others_are_left_clean(tmp_path: Path,
+                                                                          machines: Machines) -> None:
+    """Last in the module: it kills the second machine."""
+    m1, m2 = machines.machines[:2]
+    spec = parse_cluster({"servers": ["localhost", m1.server_entry() | {"sites": ["r2"]},
+                                      m2.server_entry() | {"sites": ["r4"]}]})
+    emu = Emulation(EmulationPlan.from_model(load("ring:6")), log_dir=tmp_path / "emulation",
+                    connectivity=BEST_EFFORT, cluster=spec)
+    with emu:
+        assert emu.net.pingAll(timeout=1) == 0.0
+        subprocess.run(["docker", "kill", m2.name], check=True, capture_output=True)
+
+    assert emu.info is not None
+    assert emu.info.cluster["far"]["lost"] == [f"{m2.ssh}:22"]
+    assert emu.info.teardown_clean is False, "what is left on the lost machine was not checked"
+    assert _far_leftovers(m1, emu.run_id) == {"bridges": [], "vxlan": [], "processes": []}
+    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+    assert emu.leftovers() == {"processes": [], "bridges": [], "interfaces": []}

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from controller.tc import ClusterTc, ShapingError
-from orchestrator.emulation.cluster import LOCAL, ClusterServer, ClusterSpec, checked_placement
+from orchestrator.emulation.cluster import LOCAL, ClusterServer, ClusterSpec, SshResult, checked_placement
 from orchestrator.emulation.cluster_far import FarSide, far_side, tc_servers_file
 from orchestrator.errors import ConfigError
 from topologies.loaders import load
@@ -82,3 +82,23 @@ def test_far_and_loopback_servers_do_not_mix(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="mixes servers on other machines"):
         far_side(ClusterSpec((ClusterServer(LOCAL), here, FAR)), tmp_path)
     assert far_side(ClusterSpec((ClusterServer(LOCAL), here)), tmp_path) is None
+
+
+def test_a_far_server_that_no_longer_answers_is_lost_and_its_nodes_marked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    other = ClusterServer(name="root@10.9.0.3:22", user="root", host="10.9.0.3", key="/k", known_hosts="/kh")
+    far = FarSide(ClusterSpec((ClusterServer(LOCAL), FAR, other)), tmp_path, {}, 1500)
+    answers = {FAR.host: SshResult(0, "", ""), other.host: SshResult(255, "", "No route to host")}
+    monkeypatch.setattr("orchestrator.emulation.cluster_far.ssh_run",
+                        lambda server, _dir, _argv, **_kw: answers[server.host])
+
+    class Node:
+        def __init__(self, server: str) -> None:
+            self.server, self.lost = server, False
+
+    here, near, gone = Node(LOCAL), Node(FAR.name), Node(other.name)
+    net = type("Net", (), {"hosts": [here, gone], "switches": [near]})()
+
+    assert far.mark_lost(net) == [other.name]
+    assert (here.lost, near.lost, gone.lost) == (False, False, True)
+    assert far.to_dict()["lost"] == [other.name]
