@@ -216,6 +216,12 @@ def _vxlan(node: Any, name: str, vni: int, port: int, peer_port: int, mac: str |
         ["bridge", "fdb", "append", "00:00:00:00:00:00", "dev", name, "dst", "127.0.0.1", "port", str(peer_port)],
         ["ip", "link", "set", name, "mtu", "1500"],
     ]
+    _finish_tunnel_end(node, name, steps, mac)
+
+
+def _finish_tunnel_end(node: Any, name: str, steps: list[list[str]], mac: str | None) -> None:
+    """Run a tunnel end's `steps` on `node`'s server, then give it `mac` and bring it up; any output
+    of a step is its error."""
     if mac:
         steps.append(["ip", "link", "set", name, "address", str(mac)])
     steps.append(["ip", "link", "set", name, "up"])
@@ -236,13 +242,7 @@ def _vxlan_underlay(node: Any, name: str, vni: int, ports: tuple[int, int], ends
         ["bridge", "fdb", "append", "00:00:00:00:00:00", "dev", name, "dst", ends[1], "port", str(ports[1])],
         ["ip", "link", "set", name, "mtu", str(mtu)],
     ]
-    if mac:
-        steps.append(["ip", "link", "set", name, "address", str(mac)])
-    steps.append(["ip", "link", "set", name, "up"])
-    for argv in steps:
-        out = node.rcmd(argv).strip()
-        if out:
-            raise RuntimeError(f"tunnel end {name} on {node.server}: {shlex.join(argv)}: {out}")
+    _finish_tunnel_end(node, name, steps, mac)
 
 
 def create_underlay(run_id: str) -> str:
