@@ -24,7 +24,7 @@ typecheck:
 test: setup
 	$(MAKE) lint
 	$(MAKE) typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
 
 unit:
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
