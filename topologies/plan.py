@@ -120,20 +120,7 @@ class EmulationPlan:
         TopologyError
             If a scaled rate would exceed `MAX_EMULATED_MBPS` or be non-positive.
         """
-        max_cap = max(ln.capacity_mbps for ln in model.iter_links()) if model.links else 1.0
-        if bw_scale is None:
-            if not 0 < max_link_mbps <= MAX_EMULATED_MBPS:
-                raise TopologyError(
-                    f"max_link_mbps must be in (0, {MAX_EMULATED_MBPS:g}], got {max_link_mbps}"
-                )
-            bw_scale = max_link_mbps / max_cap
-        if bw_scale <= 0:
-            raise TopologyError(f"bw_scale must be positive, got {bw_scale}")
-        if max_cap * bw_scale > MAX_EMULATED_MBPS * (1 + 1e-9):
-            raise TopologyError(
-                f"bw_scale {bw_scale:g} emulates {max_cap * bw_scale:g} Mbit/s on the largest link; "
-                f"at most {MAX_EMULATED_MBPS:g} Mbit/s can be emulated"
-            )
+        bw_scale = _checked_bw_scale(model, bw_scale, max_link_mbps)
         index = {s: i for i, s in enumerate(model.site_names)}
         switches = tuple(SwitchPlan(site=s, name=f"s{i + 1}", dpid=i + 1) for s, i in index.items())
         hosts = tuple(
@@ -221,3 +208,23 @@ class EmulationPlan:
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TopologyError(f"malformed emulation plan: {e}") from e
+
+
+def _checked_bw_scale(model: NetworkModel, bw_scale: float | None, max_link_mbps: float) -> float:
+    """`bw_scale`, or the one that emulates the largest link at `max_link_mbps`; a `TopologyError`
+    if it is not positive or would emulate more than `MAX_EMULATED_MBPS` (`EmulationPlan.from_model`)."""
+    max_cap = max(ln.capacity_mbps for ln in model.iter_links()) if model.links else 1.0
+    if bw_scale is None:
+        if not 0 < max_link_mbps <= MAX_EMULATED_MBPS:
+            raise TopologyError(
+                f"max_link_mbps must be in (0, {MAX_EMULATED_MBPS:g}], got {max_link_mbps}"
+            )
+        bw_scale = max_link_mbps / max_cap
+    if bw_scale <= 0:
+        raise TopologyError(f"bw_scale must be positive, got {bw_scale}")
+    if max_cap * bw_scale > MAX_EMULATED_MBPS * (1 + 1e-9):
+        raise TopologyError(
+            f"bw_scale {bw_scale:g} emulates {max_cap * bw_scale:g} Mbit/s on the largest link; "
+            f"at most {MAX_EMULATED_MBPS:g} Mbit/s can be emulated"
+        )
+    return bw_scale
