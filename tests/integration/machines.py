@@ -110,9 +110,9 @@ def _start(name: str, network: str, d: Path, client_pub: str) -> Machine:
     host_pub = _keygen(d / f"{name}-host_key")
     (d / f"{name}-authorized_keys").write_text(client_pub + "\n")
     _docker("cp", str(d / f"{name}-host_key"), f"{name}:/etc/ssh/ssh_host_ed25519_key")
-    _docker("cp", str(d / f"{name}-authorized_keys"), f"{name}:/root/authorized_keys")
-    _docker("exec", name, "sh", "-c", "mkdir -p /root/.ssh && chmod 700 /root/.ssh && "
-            "mv /root/authorized_keys /root/.ssh/authorized_keys && chmod 600 /etc/ssh/ssh_host_ed25519_key")
+    _docker("exec", name, "install", "-d", "-m", "700", "/root/.ssh")
+    _docker("cp", str(d / f"{name}-authorized_keys"), f"{name}:/root/.ssh/authorized_keys")
+    _docker("exec", name, "chmod", "600", "/etc/ssh/ssh_host_ed25519_key")
     _docker("exec", name, "sh", "-c", _BOOT, "boot", address)
     known_hosts = d / f"{name}-known_hosts"
     known_hosts.write_text(f"{address} {host_pub}\n")

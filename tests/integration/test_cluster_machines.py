@@ -91,7 +91,9 @@ def _ss_here() -> str:
 
 def _far_leftovers(m: Machine, run_id: str) -> dict[str, list[str]]:
     """What a run left on a machine: bridges, vxlan devices, processes carrying its mark."""
-    marked = m.exec("sh", "-c", f"grep -l NETAI_RUN={run_id} /proc/[0-9]*/environ 2>/dev/null || true").split()
+    # the glob needs a shell; the run id reaches grep as an argument, not inside the script
+    marked = m.exec("sh", "-c", 'grep -l "NETAI_RUN=$1" /proc/[0-9]*/environ 2>/dev/null || true', "marked",
+                    run_id).split()
     return {"bridges": m.exec("ovs-vsctl", "list-br").split(),
             "vxlan": m.exec("ip", "-o", "link", "show", "type", "vxlan").splitlines(),
             "processes": [p for p in marked if not p.startswith("/proc/self")]}
