@@ -351,7 +351,7 @@ def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m workers.site_server", description=__doc__.split("\n")[0])
     parser.add_argument("--site", required=True, help="the site's name (data: any text)")
     parser.add_argument("--address", required=True, help="the site's own IPv4 address; roles bind to it only")
@@ -360,24 +360,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-roles", type=int, default=DEFAULT_MAX_ROLES)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (intra-op) of the process")
     parser.add_argument("--log-file", type=Path, help="write the server's own output to this file")
-    args = parser.parse_args(argv)
-    if args.log_file:
-        sys.stdout = sys.stderr = open(args.log_file, "a", encoding="utf-8", buffering=1)
-    if args.address in ("", "0.0.0.0", "::"):
-        print("site server: --address must be the site's own address, not a wildcard", file=sys.stderr)
-        return 2
-    import torch  # once, before any role: roles then start in milliseconds
+    return parser
+
+
+def warm(threads: int) -> None:
+    """Import torch and the agent's modules and pay their first-use costs, once per process: roles
+    then start in milliseconds (the fork server does this once for every server it forks)."""
+    import torch
 
     import workers.agent  # noqa: F401 -- the agent's modules, loaded once too
     from workers.learning import tune_process, warm_process
 
     tune_process()
-    torch.set_num_threads(max(1, args.threads))
+    torch.set_num_threads(max(1, threads))
     warm_process()
+
+
+def serve_warm(argv: list[str]) -> int:
+    """Parse `argv` and serve, in a process that has already run `warm` (this one, or the fork server
+    this process was forked from)."""
+    args = _parser().parse_args(argv)
+    if args.log_file:
+        sys.stdout = sys.stderr = open(args.log_file, "a", encoding="utf-8", buffering=1)
+    if args.address in ("", "0.0.0.0", "::"):
+        print("site server: --address must be the site's own address, not a wildcard", file=sys.stderr)
+        return 2
+    import torch
+
+    torch.set_num_threads(max(1, args.threads))
     with tempfile.TemporaryDirectory(prefix="netai-models-") as cache:
         server = SiteServer(site=args.site, address=args.address, log_root=args.log_root, cache_dir=Path(cache),
                             max_roles=args.max_roles)
         return serve(server, args.socket, out=sys.stdout)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # a bad argument fails before torch is imported
+    if args.address not in ("", "0.0.0.0", "::"):
+        warm(args.threads)
+    return serve_warm(sys.argv[1:] if argv is None else argv)
 
 
 if __name__ == "__main__":

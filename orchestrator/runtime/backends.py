@@ -24,6 +24,7 @@ container or process behind on any exit path (the computing manager stops every 
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -46,6 +47,11 @@ from orchestrator.runtime.containers import (
 from orchestrator.runtime.containers import RUN_LABEL as RUN_LABEL  # re-exported: the callers' names stay
 from orchestrator.runtime.containers import SITE_LABEL as SITE_LABEL
 from orchestrator.runtime.containers import remove_containers as remove_containers
+from orchestrator.runtime.forked import ForkedHandle, ForkServerClient, ForkServerError
+
+LOG = logging.getLogger("netai.compute")
+#: ``0`` turns the fork server off: every local site server imports torch on its own.
+ENV_FORKSERVER = "NETAI_FORKSERVER"
 
 BACKENDS = ("loopback", "process", "docker")
 
@@ -81,27 +87,66 @@ class ProcessHandle:
 
 
 class _LocalServers:
-    """What the loopback and process backends share: a server is a process of the project's venv
-    on this machine's file system (paths are the same inside). Subclasses say where it runs."""
+    """What the loopback, process and attached backends share: a server is a process of the
+    project's venv on this machine's file system (paths are the same inside), forked from one
+    warmed fork server (`orchestrator.runtime.forked`) when it starts, else started on its own.
+    Subclasses say where it runs."""
 
     name: str
     log_root: Path
     ctl_dir: Path
     _python: str
+    _forks: ForkServerClient | None = None
+    _fork_failed: str | None = None
 
     def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         raise NotImplementedError
 
+    def _netns_pid(self, site: str) -> int | None:
+        """The process whose network namespace `site`'s server runs in (None: this one)."""
+        return None
+
+    def _fork_env(self) -> dict[str, str]:
+        return _server_env()
+
     def inside(self, path: Path) -> str:
         return str(path.resolve())
 
-    def launch_server(self, site: str, argv: list[str], *, out_name: str) -> ProcessHandle:
+    def launch_server(self, site: str, argv: list[str], *, out_name: str) -> ProcessHandle | ForkedHandle:
         out_dir = self.log_root / "servers"
         out_dir.mkdir(parents=True, exist_ok=True)
+        forks = self._fork_server(out_dir)
+        if forks is not None:
+            try:
+                return forks.spawn(argv, netns_pid=self._netns_pid(site), log_file=out_dir / out_name)
+            except ForkServerError as e:
+                LOG.warning("forking the site server of %r failed (%s): it starts on its own", site, e)
         with open(out_dir / out_name, "ab") as out:
             popen = self._popen(site, [self._python, "-m", "workers.site_server", *argv], stdout=out,
                                 stderr=subprocess.STDOUT, cwd=str(_ROOT), env=_server_env())
         return ProcessHandle(popen)
+
+    def _fork_server(self, out_dir: Path) -> ForkServerClient | None:
+        """The fork server, started on first use; None where it cannot start (then each server starts
+        on its own, as ``NETAI_FORKSERVER=0`` asks)."""
+        if self._forks is None and self._fork_failed is None:
+            if os.environ.get(ENV_FORKSERVER, "1") == "0":
+                self._fork_failed = f"{ENV_FORKSERVER}=0"
+                return None
+            try:
+                self._forks = ForkServerClient.start(
+                    [self._python, "-m", "workers.forkserver"], sock_path=self.ctl_dir / "fork.sock",
+                    log_file=out_dir / "forkserver.out.txt", cwd=str(_ROOT), env=self._fork_env())
+            except ForkServerError as e:
+                self._fork_failed = str(e)
+                LOG.warning("no fork server (%s): each site server imports torch on its own", e)
+        return self._forks
+
+    def close(self) -> None:
+        """Stop the fork server (and any server it forked that still runs)."""
+        if self._forks is not None:
+            self._forks.close()
+            self._forks = None
 
 
 class LoopbackBackend(_LocalServers):
@@ -190,6 +235,9 @@ class ProcessBackend(_EmulatedHosts, _LocalServers):
         popen: subprocess.Popen[bytes] = self._hosts[site].popen(cmd, **kw)
         return popen
 
+    def _netns_pid(self, site: str) -> int | None:
+        return int(self._hosts[site].pid)
+
 
 def enter_net_namespace(pid: int) -> list[str]:
     """The argument list prefix that runs a command in process `pid`'s network namespace (and no
@@ -243,6 +291,12 @@ class NamespaceBackend(_EmulatedHosts, _LocalServers):
         env = dict(kw.pop("env", None) or os.environ)
         env[ENV_RUN] = self.run_id
         return subprocess.Popen([*enter_net_namespace(host.pid), *cmd], env=env, **kw)
+
+    def _netns_pid(self, site: str) -> int | None:
+        return int(self._hosts[site].pid)
+
+    def _fork_env(self) -> dict[str, str]:
+        return _server_env() | {ENV_RUN: self.run_id}
 
 
 class _NamespaceHost:
@@ -354,6 +408,9 @@ class DockerBackend(_EmulatedHosts):
                 rel = real.relative_to(host_dir)
                 return mount if str(rel) == "." else f"{mount}/{rel}"
         raise ConfigError(f"{path} is not under a directory the worker containers mount")
+
+    def close(self) -> None:
+        """Nothing to stop here: each server runs in its container (the emulation removes them)."""
 
     def launch_server(self, site: str, argv: list[str], *, out_name: str) -> ExecHandle:
         return ExecHandle(self._hosts[site], self._hosts[site].exec_server(argv))

@@ -96,6 +96,9 @@ class SiteBackend(Protocol):
     def inside(self, path: Path) -> str:
         """`path` (under `log_root` or `ctl_dir`) as the site's server sees it."""
 
+    def close(self) -> None:
+        """Stop what the backend started beside the servers (the local backends' fork server)."""
+
 
 @dataclass
 class _Server:
@@ -271,6 +274,10 @@ class ComputeManager:
             except Exception as e:  # noqa: BLE001 -- one server's stop failing must not spare the others
                 LOG.warning("stopping the site server of %r: %s", srv.site, e)
         self.servers.clear()
+        try:
+            self.backend.close()
+        except Exception as e:  # noqa: BLE001 -- the control directory still goes
+            LOG.warning("stopping the %s backend: %s", self.name, e)
         shutil.rmtree(self.backend.ctl_dir, ignore_errors=True)
 
     # -- requests ------------------------------------------------------------------------------------

@@ -29,9 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
-def trimmed_quick(tmp_path: Path, **changes: object) -> Path:
+def trimmed_quick(tmp_path: Path, backend: str | None = None, **changes: object) -> Path:
+    """quick.yaml with `changes`; `backend` replaces its ``emulation.backend`` (``auto``: Docker when
+    the worker image exists). Tests of paths the backend does not change take ``process``, whose
+    servers fork from one warmed process; the Docker backend's own paths are tests/docker's."""
     cfg = yaml.safe_load((ROOT / "experiments" / "quick.yaml").read_text())
     cfg.update(changes)
+    if backend is not None:
+        cfg["emulation"] = dict(cfg["emulation"], backend=backend)
     path = tmp_path / "trimmed.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -125,7 +130,7 @@ def test_trimmed_quick_experiment_end_to_end(tmp_path: Path, figures: list[str])
 
 
 def test_ctrl_c_tears_down_and_keeps_finished_rounds(tmp_path: Path) -> None:
-    config = trimmed_quick(tmp_path, locals=[2], tasks_per_point=3, task={"model": "mlp", "rounds": 6})
+    config = trimmed_quick(tmp_path, "process", locals=[2], tasks_per_point=3, task={"model": "mlp", "rounds": 6})
     out = tmp_path / "runs"
     proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
     db_path = None
@@ -206,7 +211,7 @@ def test_online_mode_with_a_user_model(tmp_path: Path) -> None:
         "locals": [2, 4], "online": {"tasks": 6, "arrival": "poisson", "mean_interarrival_s": 0.3, "seed": 3,
                                      "sample_s": 0.5},
         "task": {"model": f"{model}:make", "model_args": {"width": 24}, "rounds": ONLINE_ROUNDS},
-        "background": {"enabled": True, "pairs": 4}}))
+        "background": {"enabled": True, "pairs": 4}, "emulation": {"backend": "process"}}))
     status, stdout, run_dir, db = run_config(config, tmp_path / "runs", timeout=1200)
 
     assert status == 0, stdout[-3000:]
@@ -265,7 +270,7 @@ def test_every_task_failing_exits_nonzero(tmp_path: Path) -> None:
                    "    def forward(self, x):\n        raise RuntimeError('forward is broken')\n\n"
                    "def make(*, input_shape, num_classes):\n    return Broken(64, num_classes)\n")
     # training as measured: modelled compute would profile the model first and refuse it (status 2)
-    config = trimmed_quick(tmp_path, locals=[2], tasks_per_point=1, schedulers=["spff", "mst"],
+    config = trimmed_quick(tmp_path, "process", locals=[2], tasks_per_point=1, schedulers=["spff", "mst"],
                            task={"model": f"{model}:make", "rounds": 1, "compute_timing": "measured"})
     status, stdout, run_dir, db = run_config(config, tmp_path / "runs", timeout=600)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from pathlib import Path
 
@@ -53,6 +54,12 @@ def test_task_runs_in_mininet_hosts(tmp_path: Path, scheduler: str) -> None:
             open_compute("process", emu, log_root=tmp_path / "workers") as manager:
         emu.install_task(schedule)
         log_dir = manager.task_dir("task")
+        # each server (forked from the warmed fork server) runs in its own host's network namespace
+        for site, srv in manager.servers.items():
+            host = emu.net.get(plan.host(site).name)
+            assert os.stat(f"/proc/{srv.pid}/ns/net").st_ino == os.stat(f"/proc/{host.pid}/ns/net").st_ino, site
+        assert len({os.stat(f"/proc/{srv.pid}/ns/net").st_ino for srv in manager.servers.values()}) == \
+            len(manager.servers)
 
         result = run_task(schedule, manager=manager, options=FLOptions(rounds=2), log_dir=log_dir)
 

@@ -1,0 +1,174 @@
+"""Site servers forked from one warmed process (`workers.forkserver`), for the local backends.
+
+Torch is imported and warmed once per run instead of once per site: the local backends (loopback,
+process, attached) start a fork server beside the first site server they launch, then ask it for
+each server, in the site's network namespace. A server so started behaves as one started with
+``python -m workers.site_server``: same arguments, same control socket, same output file.
+
+`ForkServerClient.start` runs ``python -m workers.forkserver`` with the servers' environment and
+connects to it; `spawn` returns a `ForkedHandle`, which polls, kills and stops its server through the
+fork server (the servers are its children, so it reaps them and knows their exit status). `close`
+ends the connection: the fork server then stops whatever it forked that still runs, and exits.
+
+What this module must not do: leave the fork server running (`close` on every exit path of the
+backend's user; the fork server also exits when its connection closes or the manager never comes),
+or send anything across it but JSON (`workers.control`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from workers.control import ProtocolError, recv_message, send_message
+
+#: How long the fork server may take to import torch, warm up and listen.
+START_TIMEOUT_S = 180.0
+#: One request's answer (a fork takes milliseconds).
+REQUEST_TIMEOUT_S = 30.0
+
+
+class ForkServerError(RuntimeError):
+    """The fork server did not start, or stopped answering."""
+
+
+class ForkServerClient:
+    """One fork server and its connection (see the module's doc)."""
+
+    def __init__(self, popen: subprocess.Popen[bytes], sock_path: Path, log_file: Path) -> None:
+        self.popen = popen
+        self.sock_path = sock_path
+        self.log_file = log_file
+        self.conn: socket.socket | None = None
+        self._lock = threading.Lock()
+
+    @classmethod
+    def start(cls, cmd: list[str], *, sock_path: Path, log_file: Path, **popen_kw: Any) -> ForkServerClient:
+        """Run `cmd` (``python -m workers.forkserver --socket sock_path``) and connect to it.
+
+        Raises
+        ------
+        ForkServerError
+            It exited, or did not listen within `START_TIMEOUT_S` (it is stopped then).
+        """
+        with open(log_file, "ab") as out:
+            popen = subprocess.Popen([*cmd, f"--socket={sock_path}"], stdout=out, stderr=subprocess.STDOUT,
+                                     **popen_kw)
+        client = cls(popen, sock_path, log_file)
+        try:
+            client._connect(time.monotonic() + START_TIMEOUT_S)
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def _connect(self, deadline: float) -> None:
+        while True:
+            status = self.popen.poll()
+            if status is not None:
+                raise ForkServerError(f"the fork server exited with status {status}: {self._last_words()}")
+            if self.sock_path.exists():
+                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                try:
+                    s.connect(str(self.sock_path))
+                except OSError:
+                    s.close()
+                else:
+                    s.settimeout(REQUEST_TIMEOUT_S)
+                    self.conn = s
+                    return
+            if time.monotonic() > deadline:
+                raise ForkServerError(f"the fork server did not listen within {START_TIMEOUT_S:.0f} s: "
+                                      f"{self._last_words()}")
+            time.sleep(0.05)  # it imports torch, then listens; bounded by the deadline
+
+    def _last_words(self) -> str:
+        lines = self.log_file.read_text(errors="replace").strip().splitlines() if self.log_file.exists() else []
+        return lines[-1] if lines else f"no output (see {self.log_file})"
+
+    def request(self, msg: dict[str, Any]) -> dict[str, Any]:
+        """One request and its reply.
+
+        Raises
+        ------
+        ForkServerError
+            The connection is closed or broke, or the fork server refused the request.
+        """
+        with self._lock:
+            if self.conn is None:
+                raise ForkServerError("the fork server's connection is closed")
+            try:
+                send_message(self.conn, msg)
+                reply = recv_message(self.conn)
+            except (OSError, ConnectionError, ProtocolError) as e:
+                raise ForkServerError(f"the fork server stopped answering: {e}") from e
+        if reply is None:
+            raise ForkServerError("the fork server closed its connection")
+        if not reply.get("ok"):
+            raise ForkServerError(f"the fork server refused {msg.get('op')}: {reply.get('error')}")
+        return reply
+
+    def spawn(self, argv: list[str], *, netns_pid: int | None, log_file: Path) -> ForkedHandle:
+        """A site server forked with `argv`, in the network namespace of `netns_pid` (None: this one)."""
+        reply = self.request({"op": "spawn", "argv": list(argv), "netns_pid": netns_pid,
+                              "log_file": str(log_file.resolve())})
+        return ForkedHandle(self, int(reply["pid"]))
+
+    def close(self) -> None:
+        """Close the connection (the fork server stops its servers and exits); wait for it."""
+        with self._lock:
+            if self.conn is not None:
+                with contextlib.suppress(OSError):
+                    self.conn.close()
+                self.conn = None
+        try:
+            self.popen.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait(timeout=5)
+
+
+class ForkedHandle:
+    """A site server forked by a `ForkServerClient` (what `ProcessHandle` is for a process of ours)."""
+
+    def __init__(self, client: ForkServerClient, pid: int) -> None:
+        self.client = client
+        self.pid = pid
+        self._status: int | None = None
+
+    def poll(self) -> int | None:
+        if self._status is None:
+            try:
+                status = self.client.request({"op": "status", "pid": self.pid})["status"]
+            except ForkServerError:
+                status = -int(signal.SIGKILL)  # the fork server is gone: it took its servers with it
+            self._status = None if status is None else int(status)
+        return self._status
+
+    def _signal(self, sig: int) -> None:
+        with contextlib.suppress(ForkServerError):
+            self.client.request({"op": "signal", "pid": self.pid, "signal": int(sig)})
+
+    def kill(self) -> None:
+        """SIGKILL (a crash, for fault injection)."""
+        if self.poll() is None:
+            self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        if self.poll() is not None:
+            return
+        self._signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        while self.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)  # it stops its roles and exits; bounded
+        if self.poll() is None:
+            self._signal(signal.SIGKILL)
+            deadline = time.monotonic() + 5.0
+            while self.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)

@@ -1,0 +1,120 @@
+"""The site servers' fork server: what it forks, what it refuses, and that nothing outlives it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.runtime.backends import ENV_FORKSERVER, LoopbackBackend, ProcessHandle, new_ctl_dir
+from orchestrator.runtime.compute import ComputeManager
+from orchestrator.runtime.forked import ForkedHandle, ForkServerClient, ForkServerError
+from workers.control import recv_message, send_message
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServerClient]:
+    d = tmp_path_factory.mktemp("forks")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    client = ForkServerClient.start([sys.executable, "-m", "workers.forkserver"], sock_path=new_ctl_dir() / "f.sock",
+                                    log_file=d / "forkserver.out.txt", cwd=str(ROOT), env=env)
+    yield client
+    client.close()
+
+
+def _server_argv(root: Path, sock: Path, address: str = "127.0.0.91") -> list[str]:
+    return [f"--site=s {address}", f"--address={address}", f"--socket={sock}", f"--log-root={root}"]
+
+
+def _connect(sock: Path) -> tuple[socket.socket, dict[str, object]]:
+    """The manager's side of a server's control connection (open: the server exits when it closes)
+    and its reply to ``hello``."""
+    deadline = time.monotonic() + 30
+    while not sock.exists():
+        assert time.monotonic() < deadline, "the forked server never listened"
+        time.sleep(0.02)
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(str(sock))
+    send_message(s, {"op": "hello"})
+    reply = recv_message(s)
+    assert reply is not None
+    return s, reply
+
+
+def test_a_forked_server_answers_from_its_own_pid_and_is_reaped_after_a_kill(
+        forks: ForkServerClient, tmp_path: Path) -> None:
+    sock = new_ctl_dir() / "s.sock"
+    handle = forks.spawn(_server_argv(tmp_path, sock), netns_pid=os.getpid(), log_file=tmp_path / "out.txt")
+    conn, reply = _connect(sock)
+    assert reply["ok"] and reply["pid"] == handle.pid != forks.popen.pid
+    assert handle.poll() is None
+    handle.kill()
+    conn.close()
+    deadline = time.monotonic() + 10
+    while handle.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert handle.poll() == -signal.SIGKILL
+    assert not Path(f"/proc/{handle.pid}").exists(), "reaped, not a zombie"
+    assert "site server of 's 127.0.0.91'" in (tmp_path / "out.txt").read_text()
+
+
+@pytest.mark.parametrize("msg, error", [
+    ({"op": "spawn", "argv": "--site=x", "netns_pid": None, "log_file": "/tmp/x"}, "argv must be a list"),
+    ({"op": "spawn", "argv": ["--site=x", 3], "netns_pid": None, "log_file": "/tmp/x"}, "argv must be a list"),
+    ({"op": "spawn", "argv": [], "netns_pid": True, "log_file": "/tmp/x"}, "netns_pid must be"),
+    ({"op": "spawn", "argv": [], "netns_pid": -4, "log_file": "/tmp/x"}, "netns_pid must be"),
+    ({"op": "spawn", "argv": [], "netns_pid": None, "log_file": "out.txt"}, "absolute path"),
+    ({"op": "status", "pid": 1}, "was not forked by this server"),
+    ({"op": "signal", "pid": 1, "signal": 9}, "was not forked by this server"),
+    ({"op": "signal", "pid": 1, "signal": 19}, "SIGTERM or SIGKILL"),
+    ({"op": "status", "pid": "1"}, "pid must be an integer"),
+    ({"op": "exec", "pid": 1}, "unknown op"),
+])
+def test_bad_requests_are_refused_and_the_server_goes_on(forks: ForkServerClient, msg: dict[str, object],
+                                                          error: str) -> None:
+    with pytest.raises(ForkServerError, match=error):
+        forks.request(msg)
+    assert forks.popen.poll() is None
+
+
+def test_closing_the_connection_stops_every_server_it_forked(tmp_path: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    client = ForkServerClient.start([sys.executable, "-m", "workers.forkserver"], sock_path=new_ctl_dir() / "f.sock",
+                                    log_file=tmp_path / "forkserver.out.txt", cwd=str(ROOT), env=env)
+    try:
+        socks = [new_ctl_dir() / f"s{i}.sock" for i in range(2)]
+        pids = [client.spawn(_server_argv(tmp_path, s, f"127.0.0.{92 + i}"), netns_pid=None,
+                             log_file=tmp_path / f"s{i}.txt").pid for i, s in enumerate(socks)]
+        conns = [_connect(s)[0] for s in socks]
+        assert all(Path(f"/proc/{p}").exists() for p in pids)
+    finally:
+        client.close()
+    assert client.popen.returncode == 0
+    assert [p for p in pids if Path(f"/proc/{p}").exists()] == [], "SIGTERM'd though their managers stayed"
+    for c in conns:
+        c.close()
+
+
+def test_the_local_backends_fork_their_servers_unless_told_not_to(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    sites = ["a", "b"]
+    for setting, kind in (("1", ForkedHandle), ("0", ProcessHandle)):
+        monkeypatch.setenv(ENV_FORKSERVER, setting)
+        backend = LoopbackBackend(sites, log_root=tmp_path / setting, first_octet=96)
+        with ComputeManager(backend, sites) as cm:
+            assert {type(s.proc) for s in cm.servers.values()} == {kind}
+            pids = {s.pid for s in cm.servers.values()}
+            forker = backend._forks.popen.pid if backend._forks else None
+        assert (forker is None) == (setting == "0")
+        assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
+        if forker is not None:
+            assert not Path(f"/proc/{forker}").exists(), "the fork server is gone with its manager"
