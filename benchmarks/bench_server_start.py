@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.runtime.backends import ENV_FORKSERVER, LoopbackBackend  # noqa: E402
-from orchestrator.runtime.compute import ComputeManager  # noqa: E402
+from orchestrator.runtime.backends import ENV_FORKSERVER, LoopbackBackend
+from orchestrator.runtime.compute import ComputeManager
 
 
 def start_once(n: int, forked: bool) -> float:
