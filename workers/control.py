@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import socket
 import struct
@@ -66,6 +67,21 @@ def send_message(sock: socket.socket, msg: Mapping[str, Any]) -> None:
     if len(data) > MAX_MESSAGE_BYTES:
         raise ProtocolError(f"message of {len(data)} bytes exceeds {MAX_MESSAGE_BYTES}")
     sock.sendall(_LEN.pack(len(data)) + data)
+
+
+def connect_unix(path: str, timeout: float) -> socket.socket | None:
+    """A connection to the Unix socket at `path` (requests time out after `timeout` s), or None while
+    nothing listens there yet (no file, or refused)."""
+    if not os.path.exists(path):
+        return None
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.connect(path)
+    except OSError:
+        s.close()
+        return None
+    s.settimeout(timeout)
+    return s
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes | None:

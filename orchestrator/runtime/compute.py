@@ -30,7 +30,14 @@ from typing import Any, Protocol
 
 from orchestrator.errors import ConfigError
 from workers.config import AgentConfig, file_stem
-from workers.control import ProtocolError, module_digest, recv_message, send_message, shipped_spec
+from workers.control import (
+    ProtocolError,
+    connect_unix,
+    module_digest,
+    recv_message,
+    send_message,
+    shipped_spec,
+)
 from workers.spec import DEFAULTS
 
 LOG = logging.getLogger("netai.compute")
@@ -189,18 +196,11 @@ class ComputeManager:
             if status is not None:
                 raise RuntimeError(f"the site server of {srv.site!r} exited with status {status} before it "
                                    f"answered: {self.last_words(srv.site)}")
-            if srv.sock_path.exists():
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    s.connect(str(srv.sock_path))
-                except OSError:
-                    s.close()
-                else:
-                    s.settimeout(REQUEST_TIMEOUT_S)
-                    srv.conn = s
-                    reply = self._request(srv.site, {"op": "hello"})
-                    srv.pid = int(reply.get("pid", 0))
-                    return
+            srv.conn = connect_unix(str(srv.sock_path), REQUEST_TIMEOUT_S)
+            if srv.conn is not None:
+                reply = self._request(srv.site, {"op": "hello"})
+                srv.pid = int(reply.get("pid", 0))
+                return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the site server of {srv.site!r} did not answer within "
                                    f"{self.start_timeout_s:.0f} s: {self.last_words(srv.site)}")

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workers.control import ProtocolError, recv_message, send_message
+from workers.control import ProtocolError, connect_unix, recv_message, send_message
 
 #: How long the fork server may take to import torch, warm up and listen.
 START_TIMEOUT_S = 180.0
@@ -73,16 +73,9 @@ class ForkServerClient:
             status = self.popen.poll()
             if status is not None:
                 raise ForkServerError(f"the fork server exited with status {status}: {self._last_words()}")
-            if self.sock_path.exists():
-                s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                try:
-                    s.connect(str(self.sock_path))
-                except OSError:
-                    s.close()
-                else:
-                    s.settimeout(REQUEST_TIMEOUT_S)
-                    self.conn = s
-                    return
+            self.conn = connect_unix(str(self.sock_path), REQUEST_TIMEOUT_S)
+            if self.conn is not None:
+                return
             if time.monotonic() > deadline:
                 raise ForkServerError(f"the fork server did not listen within {START_TIMEOUT_S:.0f} s: "
                                       f"{self._last_words()}")
