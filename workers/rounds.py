@@ -440,9 +440,12 @@ class RoundEngine:
                 update_norm=None if start is None else update_norm(own, start),
                 loss_before=loss_before, loss_after=self.learner.train_loss() if "loss" in measures else None)
         cfg = self.cfg  # the emulated site's training time (`workers.compute`): hold, or log an overrun
-        hold(started, modelled_s(cfg.train_s_per_example, n, cfg.local_epochs, site_speed=cfg.site_speed,
-                                 time_dilation=cfg.time_dilation), emit=self.log.emit, round_=st.number)
-        self.log.emit("train_end", round=st.number, num_examples=n,
+        modelled = modelled_s(cfg.train_s_per_example, n, cfg.local_epochs, site_speed=cfg.site_speed,
+                              time_dilation=cfg.time_dilation)
+        real = time.monotonic() - started
+        hold(started, modelled, emit=self.log.emit, round_=st.number)
+        timing = {} if modelled is None else {"real_s": real, "modelled_s": modelled}
+        self.log.emit("train_end", round=st.number, num_examples=n, **timing,
                       **({"fingerprint": fingerprint(own)} if self.cfg.fingerprints else {}))
         if self.codec is not None:  # updates carry the change over the round's global model
             own = self.codec.delta(own, self._g_base if self.cfg.is_global else self._incoming)

@@ -35,7 +35,7 @@ from orchestrator import interrupts
 from orchestrator.errors import ConfigError
 from orchestrator.lifecycle import states as st
 from orchestrator.lifecycle.dilation import undilate_overruns, undilate_round, undilate_setup
-from orchestrator.lifecycle.fidelity import hop_rows, link_rate_rows, overrun_rows
+from orchestrator.lifecycle.fidelity import hop_rows, link_rate_rows, overrun_rows, training_rows
 from orchestrator.lifecycle.ports import Clock, ComputePort, Events, Execution, Link, NetworkPort, Recorder
 from orchestrator.lifecycle.recorder import round_bound, round_policy, round_reference_s
 from orchestrator.scheduling import NetworkState, Schedule
@@ -405,6 +405,7 @@ class Lifecycle:
         rate, delay = self.network.rate, self.network.delay_emulated
         self.recorder.fidelity(
             label, task.id, overruns=undilate_overruns(overrun_rows(events), self.dilation),
+            trainings=undilate_overruns(training_rows(events), self.dilation),
             hops=hop_rows(self.model, live.schedule, node_rows, chunk_bytes=result.chunk_bytes,
                           model_bytes=task.model_bytes, rate=rate, propagation=delay),
             link_rates=link_rate_rows(self.model, live.schedule, node_rows, model_bytes=task.model_bytes, rate=rate,

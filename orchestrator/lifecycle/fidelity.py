@@ -104,6 +104,17 @@ def link_rate_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[
     return sorted(out, key=lambda r: (r["round"], r["a"], r["b"]))
 
 
+def training_rows(events: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """Every modelled training of a task's roles (``train_end`` with its real and modelled seconds,
+    `workers.rounds`): round, site, real_s, modelled_s. Real over modelled is how much of its emulated
+    time the host's training used: above 1 an overrun, near 1 a margin too thin to trust."""
+    return sorted(({"round": int(e["round"]), "site": site, "real_s": float(e["real_s"]),
+                    "modelled_s": float(e["modelled_s"])}
+                   for site, evs in events.items() for e in evs
+                   if e.get("event") == "train_end" and "real_s" in e and "modelled_s" in e),
+                  key=lambda r: (r["round"], r["site"]))
+
+
 def overrun_rows(events: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
     """The ``train_overrun`` events of a task's roles (`workers.compute`): round, site, real_s, modelled_s."""
     return sorted(({"round": int(e["round"]), "site": site, "real_s": float(e["real_s"]),

@@ -82,8 +82,10 @@ class DbRecorder:
         self.db.add_carried_bytes(self.run_id, label, task_id, carried)
 
     def fidelity(self, label: str, task_id: int, *, hops: list[dict[str, Any]],
-                 overruns: list[dict[str, Any]], link_rates: list[dict[str, Any]]) -> None:
-        self.db.record_fidelity(self.run_id, label, task_id, hops=hops, overruns=overruns, link_rates=link_rates)
+                 overruns: list[dict[str, Any]], link_rates: list[dict[str, Any]],
+                 trainings: list[dict[str, Any]]) -> None:
+        self.db.record_fidelity(self.run_id, label, task_id, hops=hops, overruns=overruns, link_rates=link_rates,
+                                trainings=trainings)
 
 
 class NullRecorder:

@@ -277,9 +277,11 @@ class ResultsDB:
                   r.get("train_start_s"), r.get("train_end_s"), r.get("sent_s")) for r in rows])
 
     def record_fidelity(self, run_id: int, scheduler: str, task_id: int, *, hops: list[dict[str, Any]],
-                        overruns: list[dict[str, Any]], link_rates: Sequence[dict[str, Any]] = ()) -> None:
+                        overruns: list[dict[str, Any]], link_rates: Sequence[dict[str, Any]] = (),
+                        trainings: Sequence[dict[str, Any]] = ()) -> None:
         """A task's broadcast hops (`orchestrator.lifecycle.fidelity.hop_rows`), its training overruns
-        (round, site, real_s, modelled_s) and its saturated links' rates (`link_rate_rows`)."""
+        and its modelled trainings (round, site, real_s, modelled_s; `training_rows`), and its saturated
+        links' rates (`link_rate_rows`)."""
         with self._tx() as c:
             c.executemany("INSERT OR REPLACE INTO link_rates VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                           [(run_id, scheduler, task_id, int(r["round"]), r["a"], r["b"], int(r["bytes"]),
@@ -287,9 +289,10 @@ class ResultsDB:
             c.executemany("INSERT OR REPLACE INTO hops VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                           [(run_id, scheduler, task_id, int(h["round"]), h["parent"], h["child"], h["hop_s"],
                             h["chunk_s"], h["floor_s"], h["overhead_s"]) for h in hops])
-            c.executemany("INSERT OR REPLACE INTO overruns VALUES (?, ?, ?, ?, ?, ?, ?)",
-                          [(run_id, scheduler, task_id, int(o["round"]), o["site"], float(o["real_s"]),
-                            float(o["modelled_s"])) for o in overruns])
+            for table, rows in (("overruns", overruns), ("trainings", trainings)):
+                c.executemany(f"INSERT OR REPLACE INTO {table} VALUES (?, ?, ?, ?, ?, ?, ?)",
+                              [(run_id, scheduler, task_id, int(o["round"]), o["site"], float(o["real_s"]),
+                                float(o["modelled_s"])) for o in rows])
 
     def record_host_sample(self, run_id: int, t_s: float, cpu_busy: float) -> None:
         self.conn.execute("INSERT INTO host_samples VALUES (?, ?, ?)", (run_id, t_s, cpu_busy))

@@ -56,6 +56,9 @@ class Verdict:
     #: Saturated link-rounds and the median share of the configured rate they got (None: none).
     link_rounds: int = 0
     rate_share_median: float | None = None
+    #: The largest share of its modelled time a node-round's real training used (None: not modelled).
+    #: Not part of the verdict (an overrun is), but the margin `time_dilation: auto` asks of a trial.
+    training_use_max: float | None = None
 
     @property
     def faithful(self) -> bool:
@@ -71,7 +74,8 @@ def _median(xs: Sequence[float]) -> float | None:
 
 
 def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overruns: Sequence[dict[str, Any]],
-            trained: int, *, compute_modelled: bool, link_rates: Sequence[dict[str, Any]] = ()) -> Verdict:
+            trained: int, *, compute_modelled: bool, link_rates: Sequence[dict[str, Any]] = (),
+            training_use_max: float | None = None) -> Verdict:
     """The verdict of one point from its hop rows, its overrun rows, its trained node-rounds and its
     saturated links' ``rate_share`` rows."""
     share = _median([r["rate_share"] for r in link_rates])
@@ -95,7 +99,7 @@ def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overr
     return Verdict(scheduler=scheduler, n_locals=n_locals, hops=len(hops), hop_median_s=hop, chunk_median_s=chunk,
                    overhead_median_s=over, trained=trained, overruns=len(overruns), overrun_median_s=late,
                    compute_modelled=compute_modelled, reasons=tuple(reasons), link_rounds=len(link_rates),
-                   rate_share_median=share)
+                   rate_share_median=share, training_use_max=training_use_max)
 
 
 def run_verdicts(db: ResultsDB, run_id: int, points: Sequence[tuple[str, int]], *,
@@ -105,11 +109,13 @@ def run_verdicts(db: ResultsDB, run_id: int, points: Sequence[tuple[str, int]], 
     overruns = queries.point_overruns(db.conn, run_id)
     rates = queries.point_link_rates(db.conn, run_id)
     trained = {(r["scheduler"], r["n_locals"]): int(r["trained"]) for r in queries.point_trainings(db.conn, run_id)}
+    use = {(r["scheduler"], r["n_locals"]): float(r["use"]) for r in queries.point_training_use(db.conn, run_id)}
     return tuple(
         verdict(s, n, [h for h in hops if (h["scheduler"], h["n_locals"]) == (s, n)],
                 [o for o in overruns if (o["scheduler"], o["n_locals"]) == (s, n)], trained.get((s, n), 0),
                 compute_modelled=compute_modelled,
-                link_rates=[r for r in rates if (r["scheduler"], r["n_locals"]) == (s, n)])
+                link_rates=[r for r in rates if (r["scheduler"], r["n_locals"]) == (s, n)],
+                training_use_max=use.get((s, n)))
         for s, n in points)
 
 

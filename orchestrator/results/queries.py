@@ -299,6 +299,13 @@ def point_link_rates(conn: sqlite3.Connection, run_id: int) -> list[dict[str, An
                        "WHERE l.run_id = ?", (run_id,))
 
 
+def point_training_use(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Per point, the largest share of its modelled time a node-round's real training used (``use``)."""
+    return _rows(conn, "SELECT r.scheduler, t.n_locals, MAX(r.real_s / r.modelled_s) AS use FROM trainings r "
+                       "JOIN tasks t ON t.run_id = r.run_id AND t.scheduler = r.scheduler AND t.task_id = r.task_id "
+                       "WHERE r.run_id = ? AND r.modelled_s > 0 GROUP BY r.scheduler, t.n_locals", (run_id,))
+
+
 def point_trainings(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
     """Per point, how many node-rounds trained (a local's training in a round that it logged)."""
     return _rows(conn, "SELECT n.scheduler, t.n_locals, COUNT(*) AS trained FROM node_rounds n "

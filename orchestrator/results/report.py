@@ -160,11 +160,13 @@ def fidelity_section(summary: RunSummary) -> list[str]:
         return []
     lines = ["", "## Fidelity", "",
              "| scheduler | locals | hops | median hop ms | one chunk ms | instrument ms/hop | overruns / trained "
-             "| link rate / configured (link-rounds) | verdict |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| most training / modelled | link rate / configured (link-rounds) | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in summary.verdicts:
         lines.append(f"| {v.scheduler} | {v.n_locals} | {v.hops} | {fmt(v.hop_median_s, 1e3)} "
                      f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {v.overruns} / {v.trained} "
-                     f"| {fmt(v.rate_share_median, 1, 3)} ({v.link_rounds}) | {v.word} |")
+                     f"| {fmt(v.training_use_max, 1, 2)} | {fmt(v.rate_share_median, 1, 3)} ({v.link_rounds}) "
+                     f"| {v.word} |")
     lines += [""] + [f"- {v.scheduler} at {v.n_locals} locals: {r}" for v in summary.verdicts for r in v.reasons]
     if summary.host_saturated is not None:
         lines.append(f"- host CPU saturated (both cores over 95 % busy) in {summary.host_saturated:.0%} of its samples")

@@ -254,6 +254,18 @@ CREATE TABLE IF NOT EXISTS overruns (
     modelled_s REAL NOT NULL,
     PRIMARY KEY (run_id, scheduler, task_id, round, site)
 );
+-- Every modelled node-round training: the host's real training time against the emulated site's
+-- modelled time (both undilated). real_s / modelled_s near 1 is a margin too thin to trust.
+CREATE TABLE IF NOT EXISTS trainings (
+    run_id INTEGER NOT NULL,
+    scheduler TEXT NOT NULL,
+    task_id INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    site TEXT NOT NULL,
+    real_s REAL NOT NULL,
+    modelled_s REAL NOT NULL,
+    PRIMARY KEY (run_id, scheduler, task_id, round, site)
+);
 -- The host's CPU while the run lasts (the share of both cores busy, from /proc/stat), on the run's clock.
 CREATE TABLE IF NOT EXISTS host_samples (
     run_id INTEGER NOT NULL,

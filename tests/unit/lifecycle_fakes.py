@@ -422,7 +422,8 @@ class FakeRecorder:
         self.carried.append((label, task_id, carried))
 
     def fidelity(self, label: str, task_id: int, *, hops: list[dict[str, Any]],
-                 overruns: list[dict[str, Any]], link_rates: list[dict[str, Any]]) -> None:
+                 overruns: list[dict[str, Any]], link_rates: list[dict[str, Any]],
+                 trainings: list[dict[str, Any]]) -> None:
         self.hops[(label, task_id)] = hops
         self.overruns[(label, task_id)] = overruns
         self.link_rates[(label, task_id)] = link_rates

@@ -13,6 +13,7 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.calibration import (
     CALIBRATION_ROUNDS,
+    TRIAL_TRAINING_USE,
     Calibration,
     Trial,
     calibration_config,
@@ -133,6 +134,19 @@ def test_a_trial_is_judged_by_the_reports_verdicts() -> None:
     assert failed.reasons == ("mst task 801 failed: round 1 timed out",)
     assert judge(2, 30.0, _summary([])).reasons == ("no calibration task ran a round",)
     assert not judge(2, 30.0, None).faithful
+
+
+def test_a_trial_without_overruns_still_needs_a_margin_below_the_modelled_time() -> None:
+    def point(use: float | None) -> Any:
+        return verdict("spff", 8, [_hop(1.2e-3)], [], 24, compute_modelled=True, training_use_max=use)
+
+    assert point(0.93).faithful, "the report's verdict: no overrun is faithful"
+    thin = judge(16, 30.0, _summary([point(0.93)]))
+    assert not thin.faithful
+    assert thin.reasons == ("spff at 8 locals: training used up to 0.93 of its modelled time (a trial needs at most "
+                            f"{TRIAL_TRAINING_USE:g}: its margin for the run's longer variation)",)
+    assert judge(16, 30.0, _summary([point(TRIAL_TRAINING_USE)])).faithful
+    assert judge(16, 30.0, _summary([point(None)])).faithful, "measured compute has no margin to ask"
 
 
 def test_the_report_gives_k_how_it_was_chosen_and_the_wall_time() -> None:

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from orchestrator.lifecycle.fidelity import training_rows
 from orchestrator.runtime.backends import LoopbackBackend
 from orchestrator.runtime.compute import ComputeManager
 from orchestrator.runtime.compute_port import ServerCompute
@@ -101,6 +102,9 @@ def test_real_roles_hold_their_update_to_the_modelled_time(servers: ComputeManag
         assert configs[site].train_s_per_example == 5e-4 and configs[site].site_speed == 1.0
         assert all(t >= modelled for t in _train_times(events[site]).values()), events[site]
         assert not [e for e in events[site] if e["event"] == "train_overrun"]
+        # train_end says how much of the modelled time the real training used (held: at most all of it)
+        ends = [e for e in events[site] if e["event"] == "train_end"]
+        assert all(0 < e["real_s"] <= e["modelled_s"] == pytest.approx(modelled, rel=1e-3) for e in ends), ends
     assert configs["A"].train_s_per_example == 0.0  # G trains nothing
 
 
@@ -110,3 +114,6 @@ def test_a_host_slower_than_the_site_logs_an_overrun_every_round(servers: Comput
         overruns = [e for e in events[site] if e["event"] == "train_overrun"]
         assert [e["round"] for e in overruns] == [1, 2]
         assert all(e["real_s"] > e["modelled_s"] > 0 for e in overruns)
+    rows = training_rows(events)
+    assert [(r["round"], r["site"]) for r in rows] == [(1, "B"), (1, "C"), (2, "B"), (2, "C")]
+    assert all(r["real_s"] > r["modelled_s"] > 0 for r in rows)

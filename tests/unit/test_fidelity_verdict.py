@@ -76,7 +76,9 @@ def _run(tmp_path: Path, hop_s: float) -> tuple[ResultsDB, int]:
     db.record_node_rounds(run_id, "mst", 5, [{"round": 1, "site": s, "role": "local", "train_start_s": 0.0,
                                                "train_end_s": 0.004} for s in ("B", "C")])
     db.record_fidelity(run_id, "mst", 5, hops=[_hop(hop_s), _hop(hop_s, child="C")], overruns=[], link_rates=[
-        {"round": 1, "a": "A", "b": "B", "bytes": 300_000, "expected_s": 0.0024, "measured_s": 0.0025}])
+        {"round": 1, "a": "A", "b": "B", "bytes": 300_000, "expected_s": 0.0024, "measured_s": 0.0025}],
+        trainings=[{"round": 1, "site": "B", "real_s": 0.003, "modelled_s": 0.004},
+                   {"round": 1, "site": "C", "real_s": 0.001, "modelled_s": 0.004}])
     db.set_task_state(run_id, "mst", 5, "done")
     db.finish_run(run_id, "completed")
     return db, run_id
@@ -87,10 +89,12 @@ def test_the_report_and_the_printed_summary_carry_the_verdict(tmp_path: Path, ho
     db, run_id = _run(tmp_path, hop_s)
     summary = run_summary(db, run_id)
     assert [(v.scheduler, v.n_locals, v.faithful, v.trained) for v in summary.verdicts] == [("mst", 2, faithful, 2)]
+    assert summary.verdicts[0].training_use_max == pytest.approx(0.75)  # the larger of B's 0.75 and C's 0.25
     report = write_report(db, run_id, tmp_path, summary=summary, figures=[]).read_text()
     printed = "\n".join(summary_lines(summary, tmp_path))
     assert "## Fidelity" in report
     assert f"| {summary.verdicts[0].word} |" in report and "| 0.960 (1) |" in report  # the link's rate, recorded
+    assert "| 0 / 2 | 0.75 | 0.960 (1) |" in report  # the most of its modelled time a training used
     assert ("**Not faithful:**" in report.splitlines()[2]) is not faithful  # the report's first line says so
     assert (f"fidelity mst at 2 locals: {'faithful' if faithful else 'NOT faithful'}") in printed
     assert ("netai: warning:" in printed) is not faithful
