@@ -35,6 +35,25 @@ def point_lines(points: Sequence[PointAgreement]) -> list[str]:
     return out
 
 
+PARTS = (("broadcast_s", "broadcast"), ("train_s", "training"), ("upload_s", "upload"),
+         ("training_span_s", "every training"))
+
+
+def parts_lines(emulated: dict[tuple[str, int], dict[str, float]], simulated: dict[tuple[str, int], dict[str, float]]
+                ) -> list[str]:
+    """Where each point's round goes, emulated / simulated ms (`queries.point_parts`): the parts of
+    the critical path (broadcast to the local that trained last, its training, the upload after it)
+    and the mean span of every local's training."""
+    out = [f"{'round parts, emulated / simulated ms':<22}" + "".join(f"{name:>20}" for _, name in PARTS)]
+    for key in sorted(set(emulated) & set(simulated), key=lambda k: (k[1], k[0])):
+        cells = []
+        for col, _ in PARTS:
+            e, s = emulated[key].get(col), simulated[key].get(col)
+            cells.append("-" if e is None or s is None else f"{_ms(e)} / {_ms(s)}")
+        out.append(f"{key[0] + ', ' + str(key[1]) + ' locals':<22}" + "".join(f"{c:>20}" for c in cells))
+    return out
+
+
 def claim_lines(claims: Sequence[ClaimAgreement]) -> list[str]:
     """One line per claim ratio: each engine's paired ratio and interval, and whether they overlap."""
     out = [f"{'claim (mean round latency)':<30}{'emulated':>26}{'simulated':>26}  overlap"]

@@ -108,3 +108,19 @@ def test_an_earlier_emulated_run_is_reused_only_for_the_same_config(tmp_path: Pa
     twin = simulated_twin(cfg, propagation=False)
     assert twin.engine == "simulation" and twin.simulation.rates == "emulated" and not twin.simulation.propagation
     assert (twin.seed, twin.locals, twin.schedulers, twin.task) == (cfg.seed, cfg.locals, cfg.schedulers, cfg.task)
+
+
+def test_the_round_parts_table_lists_each_common_point_emulated_over_simulated() -> None:
+    from orchestrator.results.agreement_report import parts_lines
+
+    emu = {("mst", 8): {"broadcast_s": 0.5153, "train_s": 0.2956, "upload_s": 0.4823, "training_span_s": 0.2155},
+           ("spff", 2): {"broadcast_s": 0.25, "train_s": 0.28, "upload_s": 0.24}}
+    sim = {("mst", 8): {"broadcast_s": 0.5179, "train_s": 0.1528, "upload_s": 0.3763, "training_span_s": 0.1626},
+           ("steiner", 8): {"broadcast_s": 0.6, "train_s": 0.1, "upload_s": 0.4}}
+
+    lines = parts_lines(emu, sim)
+
+    assert len(lines) == 2  # the header and the one point both runs have
+    assert lines[1].startswith("mst, 8 locals")
+    assert "515.3 / 517.9" in lines[1] and "295.6 / 152.8" in lines[1] and "215.5 / 162.6" in lines[1]
+    assert "every training" in lines[0]
