@@ -124,3 +124,24 @@ def test_the_round_parts_table_lists_each_common_point_emulated_over_simulated()
     assert lines[1].startswith("mst, 8 locals")
     assert "515.3 / 517.9" in lines[1] and "295.6 / 152.8" in lines[1] and "215.5 / 162.6" in lines[1]
     assert "every training" in lines[0]
+
+
+def test_the_validation_names_the_emulated_points_that_measured_the_host(tmp_path: Path) -> None:
+    from orchestrator.experiment.validate import fidelity_lines
+    from orchestrator.results.db import ResultsDB
+
+    # Prepare: an emulated run with two points; mst's training overran, spff's held.
+    with ResultsDB(tmp_path / "results.db") as db:
+        run = db.start_run("v", {"name": "v"})
+        for sched, tid in (("mst", 1), ("spff", 2)):
+            db.conn.execute("INSERT INTO tasks (run_id, scheduler, task_id, n_locals, global_site, local_sites_json, "
+                            "model, rounds, demand_mbps, model_bytes, state) VALUES (?, ?, ?, 2, 'G', '[]', 'mlp', 1, "
+                            "1.0, 1, 'done')", (run, sched, tid))
+        db.record_fidelity(run, "mst", 1, hops=[], overruns=[{"round": 1, "site": "A", "real_s": 0.3,
+                                                              "modelled_s": 0.1}])
+        db.conn.commit()
+
+    lines = fidelity_lines(tmp_path, run, [("mst", 2), ("spff", 2)], compute_modelled=True)
+
+    assert lines[0].startswith("emulated reference: 1 of 2 points NOT faithful")
+    assert lines[1:] == ["  mst, 2 locals: training"]
