@@ -265,7 +265,7 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
     say(f"  {per_byte:.3g} s per byte")
     say(f"[2/3] emulated run of the fixed set ({len(cfg.schedulers)} schedulers x {len(cfg.locals)} points x "
         f"{cfg.tasks_per_point} tasks, {cfg.task.rounds} rounds) ...")
-    run_dir, run_id, delay = _emulated(cfg, out_root, emulated_run)
+    run_dir, run_id, delay = _emulated(cfg, out_root, emulated_run, say)
     emu = point_means(run_dir, run_id)
     say("  " + ", ".join(f"{s} {n} locals {v * 1e3:.1f} ms" for (s, n), v in sorted(emu.items())))
     train = round(training_factor(run_dir, run_id), 3)
@@ -309,8 +309,10 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
     return cal
 
 
-def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None) -> tuple[Path, int, bool]:
-    """The fixed set's emulated run (run now, or an earlier one given): folder, run id, delay."""
+def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None, say: Say = print
+              ) -> tuple[Path, int, bool]:
+    """The fixed set's emulated run (run now, or an earlier one given): folder, run id, delay; its
+    fidelity verdict said (a point that measured the host fits the model to the host)."""
     from orchestrator.results.db import ResultsDB
 
     if emulated_run is None:
@@ -325,6 +327,11 @@ def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None) 
         run_id = same_config_run(run_dir, cfg)
     with ResultsDB(run_dir / "results.db") as db:
         env = db.run(run_id)["environment"]
+    from orchestrator.experiment.validate import fidelity_lines
+
+    for line in fidelity_lines(run_dir, run_id, [(s, n) for s in cfg.schedulers for n in cfg.locals],
+                               compute_modelled=cfg.task.compute_timing == "modeled"):
+        say("  " + line)
     return run_dir, run_id, bool(env.get("delay_emulated", False))
 
 
