@@ -327,7 +327,7 @@ def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None, 
         run_id = same_config_run(run_dir, cfg)
     with ResultsDB(run_dir / "results.db") as db:
         env = db.run(run_id)["environment"]
-    from orchestrator.experiment.validate import fidelity_lines
+    from orchestrator.results.agreement_report import fidelity_lines
 
     for line in fidelity_lines(run_dir, run_id, [(s, n) for s in cfg.schedulers for n in cfg.locals],
                                compute_modelled=cfg.task.compute_timing == "modeled"):

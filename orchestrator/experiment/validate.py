@@ -117,22 +117,6 @@ def _summary(run_dir: Path, run_id: int) -> RunSummary:
         return run_summary(db, run_id)
 
 
-def fidelity_lines(run_dir: Path, run_id: int, points: list[tuple[str, int]], *, compute_modelled: bool) -> list[str]:
-    """The emulated reference's own fidelity verdict per point (`results.fidelity`): a ratio to a
-    point that measured the host (slow hops, overrun trainings, links not fed) is a ratio to the
-    host as much as to the emulated network, which the simulation does not model."""
-    from orchestrator.results.fidelity import run_verdicts
-
-    with ResultsDB(run_dir / "results.db") as db:
-        verdicts = run_verdicts(db, run_id, points, compute_modelled=compute_modelled)
-    bad = [v for v in verdicts if not v.faithful]
-    out = [f"emulated reference: {len(bad)} of {len(verdicts)} points NOT faithful (its report's \"Fidelity\")"]
-    for v in bad:
-        why = "; ".join(r.split(":")[0] for r in v.reasons)
-        out.append(f"  {v.scheduler}, {v.n_locals} locals: {why}")
-    return out
-
-
 def _parts(run_dir: Path, run_id: int) -> dict[tuple[str, int], dict[str, float]]:
     from orchestrator.results.queries import point_parts
 
@@ -159,7 +143,7 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
              f"tasks compared: {len(pairs)} (emulated done {sum(t.state == 'done' for t in emu.tasks)}, "
              f"simulated done {sum(t.state == 'done' for t in sim.tasks)})", "",
              *out.point_lines(points), "",
-             *fidelity_lines(emu_dir, emu.run_id, [(p.scheduler, p.n_locals) for p in points],
+             *out.fidelity_lines(emu_dir, emu.run_id, [(p.scheduler, p.n_locals) for p in points],
                              compute_modelled=cfg.task.compute_timing == "modeled"), "",
              *out.claim_lines(claims), "",
              *out.parts_lines(_parts(emu_dir, emu.run_id), _parts(sim_dir, sim.run_id)), "", out.carried_line(points),

@@ -54,6 +54,23 @@ def parts_lines(emulated: dict[tuple[str, int], dict[str, float]], simulated: di
     return out
 
 
+def fidelity_lines(run_dir: Path, run_id: int, points: list[tuple[str, int]], *, compute_modelled: bool) -> list[str]:
+    """The emulated reference's own fidelity verdict per point (`results.fidelity`): a ratio to a
+    point that measured the host (slow hops, overrun trainings, links not fed) is a ratio to the
+    host as much as to the emulated network, which the simulation does not model."""
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.fidelity import run_verdicts
+
+    with ResultsDB(run_dir / "results.db") as db:
+        verdicts = run_verdicts(db, run_id, points, compute_modelled=compute_modelled)
+    bad = [v for v in verdicts if not v.faithful]
+    out = [f"emulated reference: {len(bad)} of {len(verdicts)} points NOT faithful (its report's \"Fidelity\")"]
+    for v in bad:
+        why = "; ".join(r.split(":")[0] for r in v.reasons)
+        out.append(f"  {v.scheduler}, {v.n_locals} locals: {why}")
+    return out
+
+
 def claim_lines(claims: Sequence[ClaimAgreement]) -> list[str]:
     """One line per claim ratio: each engine's paired ratio and interval, and whether they overlap."""
     out = [f"{'claim (mean round latency)':<30}{'emulated':>26}{'simulated':>26}  overlap"]

@@ -127,7 +127,7 @@ def test_the_round_parts_table_lists_each_common_point_emulated_over_simulated()
 
 
 def test_the_validation_names_the_emulated_points_that_measured_the_host(tmp_path: Path) -> None:
-    from orchestrator.experiment.validate import fidelity_lines
+    from orchestrator.results.agreement_report import fidelity_lines
     from orchestrator.results.db import ResultsDB
 
     # Prepare: an emulated run with two points; mst's training overran, spff's held.
