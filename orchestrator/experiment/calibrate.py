@@ -168,17 +168,34 @@ def wire_factor(emu: dict[tuple[str, int], int], sim: dict[tuple[str, int], int]
     return sim_factor * sum(emu[k] for k in keys) / sum(sim[k] for k in keys)
 
 
-def training_factor(run_dir: Path, run_id: int, n_locals: int = 2) -> float:
-    """The host's real training time over the modelled one: the median over the trainings of the
-    `n_locals`-locals tasks (where the task's own trainings do not outnumber the cores) of real /
-    modelled, counting a training that held (no overrun recorded) as 1."""
+def training_factor(run_dir: Path, run_id: int) -> float:
+    """The host's real training time over the modelled one, on trainings that ran alone: the median
+    over the run's node-rounds whose training overlapped no other training of its task's round
+    (`lone_ratios`) of real / modelled, counting a training that held (no overrun) as 1. The
+    simulation adds the sharing of the cores itself, so a training that shared them would count it
+    twice (at 2 locals both locals train at once)."""
     from orchestrator.results.db import ResultsDB
 
     with ResultsDB(run_dir / "results.db") as db:
-        trained = queries.trainings_at(db.conn, run_id, n_locals)
-        over = queries.overrun_ratios(db.conn, run_id, n_locals)
-    ratios = sorted(over + [1.0] * max(0, trained - len(over)))
+        spans = queries.training_spans(db.conn, run_id)
+    ratios = sorted(lone_ratios(spans))
     return ratios[len(ratios) // 2] if ratios else 1.0
+
+
+def lone_ratios(spans: list[dict[str, Any]]) -> list[float]:
+    """Real / modelled of each training in `spans` (`queries.training_spans`) that overlapped no
+    other of its task and round (real time: its overrun's, else its span, which held: ratio 1)."""
+    by: dict[tuple[Any, ...], list[tuple[float, float, float]]] = {}
+    for s in spans:
+        real = float(s["real_s"]) if s["real_s"] is not None else float(s["end_s"]) - float(s["start"])
+        ratio = real / float(s["modelled_s"]) if s["real_s"] is not None and s["modelled_s"] else 1.0
+        by.setdefault((s["scheduler"], s["task_id"], s["round"]), []).append((float(s["start"]), real, ratio))
+    out = []
+    for group in by.values():
+        for i, (start, real, ratio) in enumerate(group):
+            if not any(j != i and s0 < start + real and s0 + r0 > start for j, (s0, r0, _) in enumerate(group)):
+                out.append(ratio)
+    return out
 
 
 def switch_cpu_per_byte_hop(run_dir: Path, run_id: int, worker_s_per_byte: float) -> float:
@@ -248,11 +265,11 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
     say(f"  {per_byte:.3g} s per byte")
     say(f"[2/3] emulated run of the fixed set ({len(cfg.schedulers)} schedulers x {len(cfg.locals)} points x "
         f"{cfg.tasks_per_point} tasks, {cfg.task.rounds} rounds) ...")
-    run_dir, run_id, delay = _emulated(cfg, out_root, emulated_run)
+    run_dir, run_id, delay = _emulated(cfg, out_root, emulated_run, say)
     emu = point_means(run_dir, run_id)
     say("  " + ", ".join(f"{s} {n} locals {v * 1e3:.1f} ms" for (s, n), v in sorted(emu.items())))
     train = round(training_factor(run_dir, run_id), 3)
-    say(f"  real training over modelled at 2 locals (median): {train:.3f}")
+    say(f"  real training over modelled, trainings that ran alone (median): {train:.3f}")
     per_hop_byte = float(f"{switch_cpu_per_byte_hop(run_dir, run_id, per_byte):.3g}")
     say(f"  CPU per byte and link besides training and the workers (the switch): {per_hop_byte:.3g} s")
     base = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4), "cpu_cores": len(os.sched_getaffinity(0)),
@@ -292,8 +309,10 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
     return cal
 
 
-def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None) -> tuple[Path, int, bool]:
-    """The fixed set's emulated run (run now, or an earlier one given): folder, run id, delay."""
+def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None, say: Say = print
+              ) -> tuple[Path, int, bool]:
+    """The fixed set's emulated run (run now, or an earlier one given): folder, run id, delay; its
+    fidelity verdict said (a point that measured the host fits the model to the host)."""
     from orchestrator.results.db import ResultsDB
 
     if emulated_run is None:
@@ -308,6 +327,11 @@ def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None) 
         run_id = same_config_run(run_dir, cfg)
     with ResultsDB(run_dir / "results.db") as db:
         env = db.run(run_id)["environment"]
+    from orchestrator.results.agreement_report import fidelity_lines
+
+    for line in fidelity_lines(run_dir, run_id, [(s, n) for s in cfg.schedulers for n in cfg.locals],
+                               compute_modelled=cfg.task.compute_timing == "modeled"):
+        say("  " + line)
     return run_dir, run_id, bool(env.get("delay_emulated", False))
 
 

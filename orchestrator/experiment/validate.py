@@ -117,6 +117,13 @@ def _summary(run_dir: Path, run_id: int) -> RunSummary:
         return run_summary(db, run_id)
 
 
+def _parts(run_dir: Path, run_id: int) -> dict[tuple[str, int], dict[str, float]]:
+    from orchestrator.results.queries import point_parts
+
+    with ResultsDB(run_dir / "results.db") as db:
+        return point_parts(db.conn, run_id)
+
+
 def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary, sim_dir: Path, sim: RunSummary,
              say: Say) -> Validation:
     """The agreement tables printed and written, and the figure drawn."""
@@ -135,7 +142,11 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
              f"{'on' if emu.environment.get('delay_emulated') else 'off'}",
              f"tasks compared: {len(pairs)} (emulated done {sum(t.state == 'done' for t in emu.tasks)}, "
              f"simulated done {sum(t.state == 'done' for t in sim.tasks)})", "",
-             *out.point_lines(points), "", *out.claim_lines(claims), "", out.carried_line(points),
+             *out.point_lines(points), "",
+             *out.fidelity_lines(emu_dir, emu.run_id, [(p.scheduler, p.n_locals) for p in points],
+                             compute_modelled=cfg.task.compute_timing == "modeled"), "",
+             *out.claim_lines(claims), "",
+             *out.parts_lines(_parts(emu_dir, emu.run_id), _parts(sim_dir, sim.run_id)), "", out.carried_line(points),
              f"figure: {figure[0]}"]
     for line in lines:
         say(line)

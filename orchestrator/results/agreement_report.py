@@ -35,6 +35,42 @@ def point_lines(points: Sequence[PointAgreement]) -> list[str]:
     return out
 
 
+PARTS = (("broadcast_s", "broadcast"), ("train_s", "training"), ("upload_s", "upload"),
+         ("training_span_s", "every training"))
+
+
+def parts_lines(emulated: dict[tuple[str, int], dict[str, float]], simulated: dict[tuple[str, int], dict[str, float]]
+                ) -> list[str]:
+    """Where each point's round goes, emulated / simulated ms (`queries.point_parts`): the parts of
+    the critical path (broadcast to the local that trained last, its training, the upload after it)
+    and the mean span of every local's training."""
+    out = [f"{'round parts, emulated / simulated ms':<22}" + "".join(f"{name:>20}" for _, name in PARTS)]
+    for key in sorted(set(emulated) & set(simulated), key=lambda k: (k[1], k[0])):
+        cells = []
+        for col, _ in PARTS:
+            e, s = emulated[key].get(col), simulated[key].get(col)
+            cells.append("-" if e is None or s is None else f"{_ms(e)} / {_ms(s)}")
+        out.append(f"{key[0] + ', ' + str(key[1]) + ' locals':<22}" + "".join(f"{c:>20}" for c in cells))
+    return out
+
+
+def fidelity_lines(run_dir: Path, run_id: int, points: list[tuple[str, int]], *, compute_modelled: bool) -> list[str]:
+    """The emulated reference's own fidelity verdict per point (`results.fidelity`): a ratio to a
+    point that measured the host (slow hops, overrun trainings, links not fed) is a ratio to the
+    host as much as to the emulated network, which the simulation does not model."""
+    from orchestrator.results.db import ResultsDB
+    from orchestrator.results.fidelity import run_verdicts
+
+    with ResultsDB(run_dir / "results.db") as db:
+        verdicts = run_verdicts(db, run_id, points, compute_modelled=compute_modelled)
+    bad = [v for v in verdicts if not v.faithful]
+    out = [f"emulated reference: {len(bad)} of {len(verdicts)} points NOT faithful (its report's \"Fidelity\")"]
+    for v in bad:
+        why = "; ".join(r.split(":")[0] for r in v.reasons)
+        out.append(f"  {v.scheduler}, {v.n_locals} locals: {why}")
+    return out
+
+
 def claim_lines(claims: Sequence[ClaimAgreement]) -> list[str]:
     """One line per claim ratio: each engine's paired ratio and interval, and whether they overlap."""
     out = [f"{'claim (mean round latency)':<30}{'emulated':>26}{'simulated':>26}  overlap"]

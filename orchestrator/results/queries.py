@@ -350,3 +350,30 @@ def cpu_figures(conn: sqlite3.Connection, run_id: int) -> dict[str, float | None
                         "AND train_start_s IS NOT NULL AND train_end_s IS NOT NULL", (run_id,))[0]["s"]
     carried = _rows(conn, "SELECT SUM(carried_bytes) AS b FROM tasks WHERE run_id = ?", (run_id,))[0]["b"]
     return {"busy": busy["busy"], "span_s": busy["span"], "train_s": train, "carried_bytes": carried}
+
+
+def training_spans(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every node-round's training: its task and round, start, real seconds (its overrun's, else
+    None: it held until the modelled end) and modelled seconds (None when it held: not recorded)."""
+    return _rows(conn, "SELECT nr.scheduler, nr.task_id, nr.round, nr.site, nr.train_start_s AS start, "
+                       "nr.train_end_s AS end_s, o.real_s AS real_s, o.modelled_s AS modelled_s FROM node_rounds nr "
+                       "LEFT JOIN overruns o USING (run_id, scheduler, task_id, round, site) "
+                       "WHERE nr.run_id = ? AND nr.train_start_s IS NOT NULL AND nr.train_end_s IS NOT NULL",
+                 (run_id,))
+
+
+def point_parts(conn: sqlite3.Connection, run_id: int) -> dict[tuple[str, int], dict[str, float]]:
+    """Per (scheduler, locals), the mean over the done tasks' rounds of each part of the round's
+    critical path (`summaries.summarize`: broadcast to the local whose training ended last, its
+    training, the upload after it), and of the trainings' own spans over every local."""
+    out: dict[tuple[str, int], dict[str, float]] = {}
+    for r in _rows(conn, "SELECT r.scheduler, t.n_locals, AVG(r.broadcast_s) AS broadcast_s, AVG(r.train_s) AS "
+                         "train_s, AVG(r.upload_s) AS upload_s FROM rounds r JOIN tasks t USING (run_id, scheduler, "
+                         "task_id) WHERE r.run_id = ? AND t.state = 'done' GROUP BY r.scheduler, t.n_locals", (run_id,)):
+        out[(str(r["scheduler"]), int(r["n_locals"]))] = {k: float(r[k]) for k in ("broadcast_s", "train_s", "upload_s")}
+    for r in _rows(conn, "SELECT n.scheduler, t.n_locals, AVG(n.train_end_s - n.train_start_s) AS s FROM node_rounds n "
+                         "JOIN tasks t USING (run_id, scheduler, task_id) WHERE n.run_id = ? AND t.state = 'done' "
+                         "AND n.train_start_s IS NOT NULL AND n.train_end_s IS NOT NULL "
+                         "GROUP BY n.scheduler, t.n_locals", (run_id,)):
+        out.setdefault((str(r["scheduler"]), int(r["n_locals"])), {})["training_span_s"] = float(r["s"])
+    return out

@@ -143,3 +143,20 @@ def test_the_wire_factor_is_the_emulated_over_the_simulated_carried_bytes() -> N
 
     assert wire_factor(emu, sim, 1.0) == pytest.approx(1.07)
     assert wire_factor(emu, {k: 2 * v for k, v in sim.items()}, 2.0) == pytest.approx(1.07)
+
+
+def test_the_training_factor_counts_only_trainings_that_ran_alone() -> None:
+    from orchestrator.experiment.calibrate import lone_ratios
+
+    def span(site: str, start: float, real: float | None, modelled: float | None = 0.1, rnd: int = 1,
+             end: float | None = None) -> dict[str, object]:
+        return {"scheduler": "spff", "task_id": 1, "round": rnd, "site": site, "start": start,
+                "end_s": end if end is not None else start + (real or 0.1), "real_s": real, "modelled_s": modelled}
+
+    # Round 1: A and B overlap (both left out); C trains alone after them, 1.5x its modelled time.
+    # Round 2: D held until its modelled end (no overrun): ratio 1; E overran 3x, overlapping nothing.
+    spans = [span("A", 0.0, 0.3), span("B", 0.2, 0.3), span("C", 1.0, 0.15),
+             span("D", 0.0, None, None, rnd=2, end=0.1), span("E", 0.5, 0.3, rnd=2)]
+
+    assert sorted(lone_ratios(spans)) == pytest.approx([1.0, 1.5, 3.0])
+    assert lone_ratios([span("A", 0.0, 0.3), span("B", 0.1, 0.3)]) == []

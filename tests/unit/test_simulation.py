@@ -10,6 +10,7 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import parse_config
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.queries import point_parts
 from orchestrator.runtime.timing import pipelined_time_s
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.cost import capacity_rate, pipelined_bound_s
@@ -186,7 +187,15 @@ def test_a_simulated_run_is_recorded_and_marked_simulated(tmp_path: Path) -> Non
         run = db.run(outcome.run_id)
         rounds = db.query("SELECT * FROM rounds WHERE run_id = ?", (outcome.run_id,))
         tasks = db.query("SELECT state, carried_bytes FROM tasks WHERE run_id = ?", (outcome.run_id,))
+        parts = point_parts(db.conn, outcome.run_id)
     assert run["engine"] == "simulation"
+    # where each point's round goes (netai validate's table): the critical path's parts add up to
+    # the point's mean round latency, and every local's training has a span
+    assert set(parts) == {("spff", 2), ("mst", 2)}
+    for (sched, _), p in parts.items():
+        mean = sum(r["latency_s"] for r in rounds if r["scheduler"] == sched) / 2
+        assert p["broadcast_s"] + p["train_s"] + p["upload_s"] == pytest.approx(mean, rel=1e-9)
+        assert p["broadcast_s"] > 0 and p["upload_s"] > 0 and p["training_span_s"] > 0
     assert len(rounds) == 4 and all(r["latency_s"] > 0 and r["accuracy"] is None for r in rounds)
     assert all(r["latency_s"] >= r["lower_bound_s"] * (1 - 1e-9) for r in rounds)
     assert [t["state"] for t in tasks] == ["done", "done"] and all(t["carried_bytes"] > 0 for t in tasks)

@@ -108,3 +108,40 @@ def test_an_earlier_emulated_run_is_reused_only_for_the_same_config(tmp_path: Pa
     twin = simulated_twin(cfg, propagation=False)
     assert twin.engine == "simulation" and twin.simulation.rates == "emulated" and not twin.simulation.propagation
     assert (twin.seed, twin.locals, twin.schedulers, twin.task) == (cfg.seed, cfg.locals, cfg.schedulers, cfg.task)
+
+
+def test_the_round_parts_table_lists_each_common_point_emulated_over_simulated() -> None:
+    from orchestrator.results.agreement_report import parts_lines
+
+    emu = {("mst", 8): {"broadcast_s": 0.5153, "train_s": 0.2956, "upload_s": 0.4823, "training_span_s": 0.2155},
+           ("spff", 2): {"broadcast_s": 0.25, "train_s": 0.28, "upload_s": 0.24}}
+    sim = {("mst", 8): {"broadcast_s": 0.5179, "train_s": 0.1528, "upload_s": 0.3763, "training_span_s": 0.1626},
+           ("steiner", 8): {"broadcast_s": 0.6, "train_s": 0.1, "upload_s": 0.4}}
+
+    lines = parts_lines(emu, sim)
+
+    assert len(lines) == 2  # the header and the one point both runs have
+    assert lines[1].startswith("mst, 8 locals")
+    assert "515.3 / 517.9" in lines[1] and "295.6 / 152.8" in lines[1] and "215.5 / 162.6" in lines[1]
+    assert "every training" in lines[0]
+
+
+def test_the_validation_names_the_emulated_points_that_measured_the_host(tmp_path: Path) -> None:
+    from orchestrator.results.agreement_report import fidelity_lines
+    from orchestrator.results.db import ResultsDB
+
+    # Prepare: an emulated run with two points; mst's training overran, spff's held.
+    with ResultsDB(tmp_path / "results.db") as db:
+        run = db.start_run("v", {"name": "v"})
+        for sched, tid in (("mst", 1), ("spff", 2)):
+            db.conn.execute("INSERT INTO tasks (run_id, scheduler, task_id, n_locals, global_site, local_sites_json, "
+                            "model, rounds, demand_mbps, model_bytes, state) VALUES (?, ?, ?, 2, 'G', '[]', 'mlp', 1, "
+                            "1.0, 1, 'done')", (run, sched, tid))
+        db.record_fidelity(run, "mst", 1, hops=[], overruns=[{"round": 1, "site": "A", "real_s": 0.3,
+                                                              "modelled_s": 0.1}])
+        db.conn.commit()
+
+    lines = fidelity_lines(tmp_path, run, [("mst", 2), ("spff", 2)], compute_modelled=True)
+
+    assert lines[0].startswith("emulated reference: 1 of 2 points NOT faithful")
+    assert lines[1:] == ["  mst, 2 locals: training"]
