@@ -117,8 +117,8 @@ def test_a_machine_killed_mid_experiment(tmp_path: Path, machines: Machines, fig
     assert first["state"] == "failed" and "went down" in first["reason"], (first, second)
     assert second["state"] == "done", (first, second)
     schedules = {r["task_id"]: json.loads(r["schedule_json"]) for r in db.query("SELECT * FROM schedules")}
-    assert "r4" in json.dumps(schedules[first["task_id"]]["edges"]), "the first task crossed the machine"
-    assert "r4" not in json.dumps(schedules[second["task_id"]]["edges"]), "the second went around it"
+    assert "r4" in json.dumps(schedules[first["task_id"]]["paths"]), "the first task crossed the machine"
+    assert "r4" not in json.dumps(schedules[second["task_id"]]["paths"]), "the second went around it"
     (fault,) = db.query("SELECT action, target, detail FROM faults")
     assert fault["action"] == "machine_lost" and fault["target"] == f"{m2.ssh}:22", fault
     figures.append(f"machine killed mid-run: exit status {status}, first task {first['state']} "
