@@ -285,6 +285,9 @@ class ComputeManager:
                 LOG.warning("stopping the site server of %r: %s", srv.site, e)
         self.servers.clear()
         shutil.rmtree(self.backend.ctl_dir, ignore_errors=True)
+        close = getattr(self.backend, "close", None)  # a backend with connections of its own (far servers)
+        if close is not None:
+            close()
 
     # -- requests ------------------------------------------------------------------------------------
     def _request(self, site: str, msg: Mapping[str, Any]) -> dict[str, Any]:

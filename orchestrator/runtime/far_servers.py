@@ -20,6 +20,7 @@ in its Mininet host's network namespace, like the process backend's here:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -104,8 +105,9 @@ class FarBackend:
             res = ssh_run(server, self.ssh_dir, ["printenv", "HOME"])
             if res.returncode != 0:
                 raise ConfigError(f"cluster server {server.name}: no SSH session: {res.why}")
-            paths = remote_paths(res.stdout.strip() or "/root")
-            run = f"{paths['base']}/runs/{self.run_id}"
+            home = res.stdout.strip().rstrip("/") or "/root"
+            paths = remote_paths(home)
+            run = f"{home}/.netai/runs/{self.run_id}"
             paths |= {"log": f"{run}/workers", "ctl": f"{run}/ctl"}
             for argv in (["install", "-d", "-m", "700", paths["ctl"]],
                          ["install", "-d", f"{paths['log']}/servers", f"{paths['log']}/tasks"]):
@@ -148,6 +150,11 @@ class FarBackend:
         return FarHandle(popen, fwd, far_sock, server, self.ssh_dir)
 
     def close(self) -> None:
+        """End this backend's multiplexed SSH connections and remove their directory."""
+        for server in {s.name: s for s in self.servers.values()}.values():
+            with contextlib.suppress(OSError, subprocess.SubprocessError):  # no master, or it is gone
+                subprocess.run([*ssh_argv(server, self.ssh_dir), "-O", "exit", ssh_target(server)],
+                               capture_output=True, timeout=5, check=False)
         shutil.rmtree(self.ssh_dir, ignore_errors=True)
 
 
@@ -180,3 +187,6 @@ class SplitBackend:
 
     def launch_server(self, site: str, argv: list[str], *, out_name: str) -> Any:
         return self._of(site).launch_server(site, argv, out_name=out_name)
+
+    def close(self) -> None:
+        self.far.close()

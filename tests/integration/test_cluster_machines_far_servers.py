@@ -13,6 +13,7 @@ listens beyond loopback on the machine.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -70,6 +71,15 @@ def test_a_site_server_on_a_machine_with_a_skewed_clock(tmp_path: Path, machines
     figures.append(f"site server on a test machine with a {SKEW_S:g} s clock skew: measured offset "
                    f"{measured:+.4f} s; rounds (latency / broadcast / upload, s): "
                    + "; ".join(f"{r['latency_s']:.3f} / {r['broadcast_s']:.3f} / {r['upload_s']:.3f}" for r in rounds))
+    # the events there are on the machine's skewed clock, their copies here on this one
+    (far_file,) = [f for f in m1.exec("sh", "-c", "ls /root/.netai/runs/*/workers/tasks/*/*.events.jsonl").split()]
+    here_file = next((tmp_path / "runs").glob(f"*/workers/tasks/*/{Path(far_file).name}"))
+    far_t = [json.loads(x)["t"] for x in m1.exec("cat", far_file).splitlines()]
+    here_t = [json.loads(x)["t"] for x in here_file.read_text().splitlines()]
+    assert len(far_t) == len(here_t) > 0
+    assert all(abs(a - b - measured) < 1e-3 for a, b in zip(far_t, here_t, strict=True)), (far_t[:2], here_t[:2])
+    marked = m1.exec("sh", "-c", 'grep -l "NETAI_RUN=" /proc/[0-9]*/environ 2>/dev/null || true').split()
+    assert [p for p in marked if not p.startswith("/proc/self")] == [], "the far site server ended with the run"
     assert set(beyond_loopback(listeners(m1.exec("ss", "-ltnH")))) == before
     assert m1.exec("ovs-vsctl", "list-br").split() == []
     assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
