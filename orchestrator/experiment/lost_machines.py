@@ -38,16 +38,23 @@ class MachineWatch:
     """The links of the sites on far machines lost so far (see the module docstring).
 
     `record` is called once per lost machine with the fault's fields (``at_s`` on the run's clock,
-    from `clock`); `label` is the label its row is recorded under (the driver sets it).
+    from `clock`); `label` is the label its row is recorded under (the driver sets it). `on_lost`,
+    when given, is told the machine's sites and why (the site servers there are lost with it).
     """
 
     def __init__(self, emu: Any, plan: EmulationPlan, record: Callable[..., None], clock: Callable[[], float],
-                 *, period_s: float = PERIOD_S) -> None:
+                 *, period_s: float = PERIOD_S, on_lost: Callable[[list[str], str], None] | None = None) -> None:
         self.emu, self.plan, self.record, self.clock, self.period_s = emu, plan, record, clock, period_s
+        self.on_lost = on_lost
         self.label = ""
         #: Lost server -> its sites.
         self.servers: dict[str, list[str]] = {}
         self._links: set[Link] = set()
+        self._read = -math.inf
+
+    def refresh(self) -> None:
+        """Look at the machines again on the next `links` (before a task is admitted: a site server
+        there may have been found gone before the machine was)."""
         self._read = -math.inf
 
     def links(self) -> set[Link]:
@@ -64,17 +71,19 @@ class MachineWatch:
             LOG.error("machine %s lost: its sites %s are gone, %d links down", server, ", ".join(sites), len(cut))
             self.record(self.label, at_s=self.clock(), action="machine_lost", target=server, ok=True,
                         detail=f"sites {', '.join(sites)}; {len(cut)} links down")
+            if self.on_lost is not None:
+                self.on_lost(sites, f"its machine {server} was lost")
         self._links = links_of(self.plan, lost)
         return set(self._links)
 
 
-def machine_watch(emu: Any, plan: EmulationPlan, record: Callable[..., None],
-                  clock: Callable[[], float]) -> MachineWatch | None:
+def machine_watch(emu: Any, plan: EmulationPlan, record: Callable[..., None], clock: Callable[[], float],
+                  on_lost: Callable[[list[str], str], None] | None = None) -> MachineWatch | None:
     """A `MachineWatch` for an emulation with servers on other machines; None otherwise."""
     info = getattr(emu, "info", None)
     if info is None or "far" not in getattr(info, "cluster", {}):
         return None
-    return MachineWatch(emu, plan, record, clock)
+    return MachineWatch(emu, plan, record, clock, on_lost=on_lost)
 
 
 def lost_note(emu: Any) -> str:

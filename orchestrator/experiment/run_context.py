@@ -82,6 +82,7 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
                      dilation=k,
                      schedulers=cfg.scheduler, release_on_end=cfg.mode == "online",
                      whole_updates=cfg.task.compression == "none", faults=faults)
-    machines = machine_watch(emu, plan, lambda label, **fault: db.record_fault(run_id, label, **fault), clock.now)
+    machines = machine_watch(emu, plan, lambda label, **fault: db.record_fault(run_id, label, **fault), clock.now,
+                             on_lost=getattr(manager, "lose", None))
     return ExperimentRun(core=core, cfg=cfg, emu=emu, compute=compute, db=db, run_id=run_id, plan=plan, model=model,
                          machines=machines)

@@ -420,8 +420,10 @@ def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> 
         for n in cfg.locals:
             for task in tasks[n]:
                 for name in cfg.schedulers:
-                    if run.machines is not None:
+                    if watcher is not None and run.machines is not None:
                         run.machines.label = name
+                        run.machines.refresh()
+                        follow_links(core, watcher, [])  # a machine lost since: scheduled without it
                     core.arrive(name, task)
                     live = core.admit(name, task, states[(name, n)])
                     if not live.ended:

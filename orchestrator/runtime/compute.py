@@ -230,6 +230,13 @@ class ComputeManager:
         if site not in self.lost:
             self._mark_lost(srv, "killed")
 
+    def lose(self, sites: Iterable[str], why: str) -> None:
+        """Mark the servers of `sites` lost at once (their machine is gone): no request waits on them."""
+        for site in sites:
+            srv = self.servers.get(site)
+            if srv is not None and site not in self.lost:
+                self._mark_lost(srv, why)
+
     def restart_server(self, site: str) -> float:
         """Start `site`'s server again after it was lost (same arguments); the seconds it took.
 

@@ -80,6 +80,12 @@ def _far_leftovers(m: Machine, run_marks: set[str]) -> dict[str, list[str]]:
             "runs": sorted(run_marks)}
 
 
+def _here() -> dict[str, list[str]]:
+    """What a run leaves here (`leftovers`), but worker containers: the process backend starts none,
+    and those of another run on this host are not this test's."""
+    return {k: v for k, v in leftovers().items() if k != "containers"}
+
+
 def _run_and_kill(config: Path, out: Path, victim: Machine) -> tuple[int, str, float]:
     """Run the experiment, kill `victim` once task 1 has completed two rounds; exit status, output,
     and how long the run took from the kill to its end."""
@@ -127,7 +133,7 @@ def test_a_machine_killed_mid_experiment(tmp_path: Path, machines: Machines, fig
 
     # nothing left on the surviving machine, nor here
     assert _far_leftovers(m1, set()) == {"bridges": [], "vxlan": [], "namespaces": [], "processes": [], "runs": []}
-    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+    assert _here() == {"bridges": [], "veths": [], "controller": []}
     assert marked_processes() == {} and underlay_runs() == []
 
     # the lost machine back: the run's bridges are still in its database, until `netai cluster clean`
@@ -144,3 +150,29 @@ def test_a_machine_killed_mid_experiment(tmp_path: Path, machines: Machines, fig
     again = json.loads(_cli("cluster", "clean", str(config), "--json").stdout)
     assert all(not r["removed"]["bridges"] and not r["removed"]["processes"] for r in again), again
     figures.append(f"the lost machine back: `netai cluster clean` removed its {len(left)} bridge(s) of the run")
+
+
+def test_a_machine_with_a_site_server_killed_mid_experiment(tmp_path: Path, machines: Machines) -> None:
+    """After the test above (its machine back): the compute site r2 on the first machine, so one of
+    each task's G and local is a site server there; that machine is killed during the first task.
+    The run ends by itself, no task is reported done that was not, and the other machine and this
+    one are left clean."""
+    m1, m2 = machines.machines[:2]
+    config = _config(tmp_path / "lost2.yaml", machines)
+    raw = yaml.safe_load(config.read_text())
+    raw["compute_sites"] = ["r2", "r3"]
+    config.write_text(yaml.safe_dump(raw))
+
+    status, stdout, after_kill_s = _run_and_kill(config, tmp_path / "runs", m1)
+
+    assert status == 1, stdout[-3000:]
+    db = ResultsDB(next((tmp_path / "runs").glob("*/results.db")))
+    assert db.run(1)["status"] == "failed" and f"{m1.ssh}:22" in db.run(1)["note"]
+    first, second = db.query("SELECT task_id, state, reason FROM tasks ORDER BY task_id")
+    assert first["state"] == "failed", (first, second)
+    assert second["state"] == "blocked" and "separate" in second["reason"], (first, second)  # r2 is gone
+    assert _far_leftovers(m2, set()) == {"bridges": [], "vxlan": [], "namespaces": [], "processes": [], "runs": []}
+    assert _here() == {"bridges": [], "veths": [], "controller": []}
+    assert marked_processes() == {} and underlay_runs() == []
+    print(f"site server's machine killed: exit {status}, first task {first['state']} ({first['reason']}), "
+          f"second {second['state']} ({second['reason']}); ended {after_kill_s:.1f} s after the kill")
