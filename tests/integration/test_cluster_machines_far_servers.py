@@ -82,4 +82,6 @@ def test_a_site_server_on_a_machine_with_a_skewed_clock(tmp_path: Path, machines
     assert [p for p in marked if not p.startswith("/proc/self")] == [], "the far site server ended with the run"
     assert set(beyond_loopback(listeners(m1.exec("ss", "-ltnH")))) == before
     assert m1.exec("ovs-vsctl", "list-br").split() == []
-    assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+    # worker containers are not looked at: the process backend starts none (another run's may exist)
+    assert {k: v for k, v in leftovers().items() if k != "containers"} == {"bridges": [], "veths": [],
+                                                                            "controller": []}
