@@ -153,14 +153,21 @@ class ClusterTc:
         for cmd in commands:
             dev = cmd[list(cmd).index("dev") + 1] if "dev" in cmd else None
             groups.setdefault(self.devices.get(dev or ""), []).append(cmd)
+        errors: list[str] = []  # every server's batch is run: a lost server does not stop the others'
         for server, cmds in groups.items():
-            if server is None:
-                self.local.run(cmds, force=force)
+            try:
+                if server is None:
+                    self.local.run(cmds, force=force)
+                    continue
+                res = self._remote(server, ["tc", *(["-force"] if force else []), "-batch", "-"], batch_text(cmds))
+            except ShapingError as e:
+                errors.append(str(e))
                 continue
-            res = self._remote(server, ["tc", *(["-force"] if force else []), "-batch", "-"], batch_text(cmds))
             if res.returncode != 0:
-                raise ShapingError(f"tc -batch on {server} exited {res.returncode}: "
-                                   f"{(res.stderr or res.stdout).strip()[:500]}")
+                errors.append(f"tc -batch on {server} exited {res.returncode}: "
+                              f"{(res.stderr or res.stdout).strip()[:500]}")
+        if errors:
+            raise ShapingError("; ".join(errors))
 
 
 def runner_from_env() -> TcRunner:

@@ -17,6 +17,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from workers.events import now as events_clock
+
 
 def modelled_s(train_s_per_example: float, examples: int, epochs: int, *, site_speed: float,
                time_dilation: float) -> float | None:
@@ -27,9 +29,10 @@ def modelled_s(train_s_per_example: float, examples: int, epochs: int, *, site_s
 
 
 def hold(started_t: float, modelled: float | None, *, emit: Callable[..., float], round_: int,
-         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic) -> float:
+         sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = events_clock) -> float:
     """Wait until `started_t` + `modelled` (the modelled end of training), or log ``train_overrun``
-    when training already ran past it; the overrun in seconds (0 when none or not modelled)."""
+    when training already ran past it; the overrun in seconds (0 when none or not modelled).
+    `started_t` and `clock` are the event clock's (`workers.events.now`)."""
     if modelled is None:
         return 0.0
     now = clock()

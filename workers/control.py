@@ -7,7 +7,8 @@ ever pickled; every request is checked here, field by field, before the server a
 
 Requests (``op`` and its fields; every reply has ``ok`` and, when not ok, ``error``):
 
-- ``hello``: the server's site, address, pid and protocol version.
+- ``hello``: the server's site, address, pid, protocol version and its event clock
+  (``clock``: `workers.events.now`, from which the manager measures a far machine's offset).
 - ``put_module`` ``digest`` ``source``: store a model file's text under its SHA-256 (checked).
 - ``start`` ``config`` ``events``: start a role of a task from an `AgentConfig` (JSON) whose model
   may name a stored module as ``@sha256:<digest>:<factory>``; ``events`` is the role's events file,
@@ -17,6 +18,8 @@ Requests (``op`` and its fields; every reply has ``ok`` and, when not ok, ``erro
   page tables).
 - ``stop`` ``task``: cancel a task's role; ``forget`` ``task``: drop a finished role's record.
 - ``shutdown``: stop every role and exit. Closing the connection does the same.
+- ``read`` ``path``, ``offset``: whole lines of an events file under the log root from that byte
+  (at most 1 MiB): how the events of a server on another machine come back.
 
 The socket is a file in a directory only root can enter; the server binds no network address for
 its control (the roles bind their task ports on the site's own address only).
@@ -50,6 +53,7 @@ OPS: dict[str, dict[str, type]] = {
     "stop": {"task": int},
     "forget": {"task": int},
     "shutdown": {},
+    "read": {"path": str, "offset": int},
 }
 #: Fields a request may leave out. ``start``: ``checkpoint`` (G writes its global model after every
 #: round, beside its events file) and ``init_model`` (G starts from that file, relative to the log root).

@@ -1,14 +1,30 @@
 """The agent's timing events: JSON lines on CLOCK_MONOTONIC (system-wide, so events of agents on
-one machine compare), one flushed line per event; thread-safe. No torch imported here."""
+one machine compare), one flushed line per event; thread-safe. No torch imported here.
+
+Events of a site server on another machine are on that machine's clock; the orchestrator maps them
+onto its own by an offset it measures against `now` (the ``hello`` reply's ``clock``). For tests
+only, ``NETAI_TEST_CLOCK_SKEW_S`` (seconds, read at start) is added to every time `now` gives: an
+explicit skew that stands for a machine whose clock differs (test machines share one kernel clock).
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from typing import IO, Any
 
 from workers.config import AgentConfig
+
+#: The environment variable of the tests' clock skew (see the module docstring).
+CLOCK_SKEW_ENV = "NETAI_TEST_CLOCK_SKEW_S"
+_SKEW_S = float(os.environ.get(CLOCK_SKEW_ENV) or 0.0)
+
+
+def now() -> float:
+    """This process's event clock: CLOCK_MONOTONIC, plus the tests' skew if one is set."""
+    return time.monotonic() + _SKEW_S
 
 
 class EventLog:
@@ -20,7 +36,7 @@ class EventLog:
         self._lock = threading.Lock()
 
     def emit(self, event: str, round: int | None = None, **extra: Any) -> float:
-        t = time.monotonic()
+        t = now()
         rec = {"t": t, "wall": time.time(), "event": event, "task": self._cfg.task, "site": self._cfg.site}
         if round is not None:
             rec["round"] = round

@@ -44,10 +44,13 @@ from workers.control import (
     send_message,
 )
 from workers.events import EventLog
+from workers.events import now as events_clock
 
 DEFAULT_MAX_ROLES = 64
 #: How long a server waits for its manager to connect before it gives up and exits.
 ACCEPT_TIMEOUT_S = 600.0
+#: The most a ``read`` reply carries (well under the protocol's 4 MiB message limit).
+READ_BYTES = 1 << 20
 
 
 class _RoleLog(EventLog):
@@ -178,7 +181,22 @@ class SiteServer:
             return {"ok": False, "error": f"{type(e).__name__}: {e}"[:2000]}
 
     def _op_hello(self, msg: Mapping[str, Any]) -> dict[str, Any]:
-        return {"site": self.site, "address": self.address, "pid": os.getpid(), "version": PROTOCOL_VERSION}
+        return {"site": self.site, "address": self.address, "pid": os.getpid(), "version": PROTOCOL_VERSION,
+                "clock": events_clock()}
+
+    def _op_read(self, msg: Mapping[str, Any]) -> dict[str, Any]:
+        """Whole lines of an events file under the log root from byte `offset` (at most `READ_BYTES`):
+        how the events of a server on another machine reach the orchestrator."""
+        path = self._events_path(msg["path"])
+        if msg["offset"] < 0:
+            raise ValueError("read: offset must be >= 0")
+        if not path.exists():
+            return {"data": "", "size": 0}
+        with open(path, "rb") as f:
+            f.seek(msg["offset"])
+            chunk = f.read(READ_BYTES)
+        whole = chunk[:chunk.rfind(b"\n") + 1]
+        return {"data": whole.decode("utf-8", errors="replace"), "size": len(whole)}
 
     def _op_put_module(self, msg: Mapping[str, Any]) -> dict[str, Any]:
         path = self.cache_dir / f"{msg['digest']}.py"

@@ -5,6 +5,10 @@
   missing tool is reported with its package. Exit status 1 when a server is not ready.
 - ``check CONFIG``: per server, reachability, host key, prerequisites, the project's version there,
   the clock offset and the underlay MTU (`check_server`). Exit status 1 when a server has a problem.
+- ``clean CONFIG``: ``netai clean`` on every server by the project installed there (`clean_server`):
+  what runs left there (a machine lost mid-run and back). Refused while a run is live on this
+  machine (its parts on the servers carry no state file there and would be removed). Needs root
+  there (the SSH user, or ``sudo -n``).
 
 ``--json`` prints the reports as one JSON list. Neither command needs root.
 """
@@ -76,8 +80,33 @@ def _run(args: argparse.Namespace, prepare: bool) -> int:
     return 0 if all(r.ok for r in reports) else 1
 
 
+def _clean(args: argparse.Namespace) -> int:
+    from orchestrator.emulation.cleanup import run_states
+    from orchestrator.emulation.cluster_deploy import clean_server
+
+    live = sorted(s.run_id for s in run_states() if s.live)
+    if live:
+        raise ConfigError(f"run(s) {', '.join(live)} still running here: their parts on the servers would be "
+                          "removed too; clean once they have ended")
+    spec = _cluster(args.config)
+    control_dir = Path(tempfile.mkdtemp(prefix="netai-ssh-"))
+    try:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            reports = list(pool.map(lambda s: clean_server(s, control_dir), [s for s in spec.servers if not s.local]))
+    finally:
+        shutil.rmtree(control_dir, ignore_errors=True)
+    if args.json:
+        print(json.dumps(reports, indent=1))
+    for r in [] if args.json else reports:
+        got = r["removed"] or {}
+        print(f"{r['server']}: " + (r["error"] or f"removed {len(got.get('processes', []))} processes, "
+                                    f"{len(got.get('bridges', []))} bridges, {len(got.get('interfaces', []))} "
+                                    f"interfaces of run(s) {', '.join(got.get('runs', [])) or '-'}"))
+    return 0 if all(r["ok"] for r in reports) else 1
+
+
 def register(subparsers: Any) -> None:
-    cluster = subparsers.add_parser("cluster", help="the servers of a config's emulation.cluster: prepare, check")
+    cluster = subparsers.add_parser("cluster", help="the servers of a config's emulation.cluster: prepare, check, clean")
     sub = cluster.add_subparsers(dest="cluster_command", metavar="ACTION")
     sub.required = True
     for name, help_text, prepare in (
@@ -87,3 +116,8 @@ def register(subparsers: Any) -> None:
         p.add_argument("config", help="an experiment config with emulation.cluster.servers")
         p.add_argument("--json", action="store_true", help="print the reports as JSON")
         p.set_defaults(func=lambda args, prepare=prepare: _run(args, prepare))
+    p = sub.add_parser("clean", help="netai clean on every server (what runs left there, e.g. a machine lost "
+                                     "mid-run and back); not while a run is live here")
+    p.add_argument("config", help="an experiment config with emulation.cluster.servers")
+    p.add_argument("--json", action="store_true", help="print the reports as JSON")
+    p.set_defaults(func=_clean)

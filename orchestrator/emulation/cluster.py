@@ -28,8 +28,8 @@ the placement and the SSH commands; the Mininet classes are in `orchestrator.emu
 
 Servers on this machine's loopback (the integration test's sshd on 127.0.0.1) and servers on other
 machines (`ClusterServer.far`) are both run; a far server's controller channel, tunnels over the
-underlay and shaping are in `orchestrator.emulation.cluster_far` (docs/cluster.md). Site servers run
-on this machine only.
+underlay and shaping are in `orchestrator.emulation.cluster_far` (docs/cluster.md). The site
+servers of compute sites on far servers run there (`orchestrator.runtime.far_servers`).
 """
 
 from __future__ import annotations

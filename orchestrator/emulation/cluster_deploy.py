@@ -242,6 +242,28 @@ def check_server(server: ClusterServer, control_dir: Path, *, versions: bool = T
     return report
 
 
+def clean_server(server: ClusterServer, control_dir: Path) -> dict[str, Any]:
+    """``netai clean`` run on `server` by the project installed there (`prepare`): what it removed
+    (its JSON report) or why it could not run."""
+    out: dict[str, Any] = {"server": server.name, "ok": False, "error": "", "removed": None}
+    res = ssh_run(server, control_dir, ["printenv", "HOME"])
+    if res.returncode != 0:
+        out["error"] = f"no SSH session: {res.why}"
+        return out
+    argv = [remote_paths(res.stdout.strip() or "/root")["python"], "-m", "orchestrator.cli", "clean", "--json"]
+    res = ssh_run(server, control_dir, argv if server.user == "root" else ["sudo", "-n", *argv], timeout=120)
+    lines = res.stdout.splitlines()
+    try:  # its log lines ("netai clean: ..."), then the report
+        out["removed"] = json.loads("\n".join(lines[lines.index("{"):]))
+    except ValueError:
+        out["error"] = f"netai clean there: {res.why if res.returncode else 'no report'}"
+        return out
+    out["ok"] = res.returncode == 0
+    if not out["ok"]:
+        out["error"] = f"netai clean there exited {res.returncode}: {res.stderr.strip()[-300:]}"
+    return out
+
+
 def prepare_server(server: ClusterServer, control_dir: Path) -> ServerReport:
     """Ship, install and check the project on one server; nothing is installed when a prerequisite lacks."""
     report = ServerReport(server.name)

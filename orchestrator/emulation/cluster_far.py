@@ -19,6 +19,7 @@ server on this machine does not (docs/cluster.md):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import time
@@ -41,12 +42,18 @@ from orchestrator.errors import ConfigError
 from topologies.mininet_topo import switch_interfaces
 from topologies.plan import EmulationPlan
 
+LOG = logging.getLogger("netai.cluster")
 #: The bytes VXLAN over IPv4 adds to a frame: outer IPv4 (20), UDP (8), VXLAN (8), inner Ethernet (14).
 VXLAN_OVERHEAD = 50
 #: How long the controller's forward may take to listen on a far machine.
 FORWARD_TIMEOUT_S = 15.0
 #: How long a far server may take to answer at teardown before it counts as lost.
 LOST_TIMEOUT_S = 8.0
+#: The controller's forward sends an SSH keepalive every second and ends after this many unanswered:
+#: a machine lost mid-run ends its forward within a few seconds, which `FarSide.poll_lost` notices.
+KEEPALIVE_COUNT = 3
+#: How long a far server whose forward ended may take to answer a fresh connection before it counts as lost.
+PROBE_TIMEOUT_S = 6.0
 
 
 @dataclass
@@ -58,8 +65,12 @@ class FarSide:
     underlay: dict[str, str]
     underlay_mtu: int
     forwards: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    #: Far servers found lost at teardown (their remains there are not removed: `netai clean` there).
+    #: Far servers found lost, mid-run or at teardown (their remains there are not removed: `netai clean`
+    #: there once the machine is back); when each was found lost mid-run (`time.monotonic`).
     lost: list[str] = field(default_factory=list)
+    lost_at: dict[str, float] = field(default_factory=dict)
+    #: The controller's OpenFlow port and the run's id, once forwarded (a forward that ends is made again).
+    forwarded: tuple[int, str] | None = None
 
     @property
     def inner_mtu(self) -> int:
@@ -81,17 +92,59 @@ class FarSide:
         RuntimeError
             A forward that ended or did not listen in `FORWARD_TIMEOUT_S`, with ssh's reason.
         """
+        self.forwarded = (of_port, run_id)
         for server in self.far_servers:
-            argv = [a if a != "ControlMaster=auto" else "ControlMaster=no" for a in ssh_argv(server, self.control_dir)]
-            argv = [a if not a.startswith("ControlPath=") else "ControlPath=none" for a in argv]
-            argv.remove("-q")
-            argv += ["-N", "-o", "ExitOnForwardFailure=yes", "-R", f"127.0.0.1:{of_port}:127.0.0.1:{of_port}",
-                     ssh_target(server)]
-            self.forwards[server.name] = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                env={**os.environ, "NETAI_RUN": run_id}, start_new_session=True)
+            self._start_forward(server)
         for server in self.far_servers:
             self._wait_listening(server, of_port)
+
+    def _fresh_argv(self, server: ClusterServer) -> list[str]:
+        """`ssh_argv` on a connection of its own (not the multiplexed one, which a lost machine leaves
+        hanging until its keepalives run out), keeping ssh's reason for a failure."""
+        argv = [a if a != "ControlMaster=auto" else "ControlMaster=no" for a in ssh_argv(server, self.control_dir)]
+        argv = [a if not a.startswith("ControlPath=") else "ControlPath=none" for a in argv]
+        argv.remove("-q")
+        return argv
+
+    def _start_forward(self, server: ClusterServer) -> None:
+        assert self.forwarded is not None
+        of_port, run_id = self.forwarded
+        argv = [a if a != "ServerAliveInterval=5" else "ServerAliveInterval=1" for a in self._fresh_argv(server)]
+        argv += ["-N", "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}", "-o", "ExitOnForwardFailure=yes",
+                 "-R", f"127.0.0.1:{of_port}:127.0.0.1:{of_port}", ssh_target(server)]
+        self.forwards[server.name] = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            env={**os.environ, "NETAI_RUN": run_id}, start_new_session=True)
+
+    def poll_lost(self, net: Any) -> list[str]:
+        """The far servers lost so far. Cheap while every forward runs (no SSH at all): a server whose
+        controller forward ended and which does not answer a fresh connection in `PROBE_TIMEOUT_S` is
+        lost from now on (its nodes marked, so that nothing waits on their shells); one that answers
+        gets its forward again."""
+        for server in self.far_servers:
+            proc = self.forwards.get(server.name)
+            if server.name in self.lost or proc is None or proc.poll() is None:
+                continue
+            try:
+                answered = subprocess.run([*self._fresh_argv(server), ssh_target(server), "true"],
+                                          stdin=subprocess.DEVNULL, capture_output=True,
+                                          timeout=PROBE_TIMEOUT_S, check=False).returncode == 0
+            except subprocess.TimeoutExpired:
+                answered = False
+            if answered:
+                LOG.warning("the controller's forward to %s ended; the server answers: forwarding again", server.name)
+                self._start_forward(server)
+                continue
+            LOG.error("cluster server %s is lost: it no longer answers over SSH", server.name)
+            self.lost.append(server.name)
+            self.lost_at[server.name] = time.monotonic()
+            self._mark_nodes(net)
+        return list(self.lost)
+
+    def _mark_nodes(self, net: Any) -> None:
+        for node in [*net.hosts, *net.switches]:
+            if getattr(node, "server", None) in self.lost:
+                node.lost = True
 
     def _wait_listening(self, server: ClusterServer, port: int) -> None:
         proc = self.forwards[server.name]
@@ -109,13 +162,12 @@ class FarSide:
             time.sleep(0.2)
 
     def mark_lost(self, net: Any) -> list[str]:
-        """The far servers that no longer answer over SSH (a machine lost mid-run); their nodes are
-        marked so that teardown does not wait on their shells. Recorded in `lost`."""
-        self.lost = [s.name for s in self.far_servers
-                     if ssh_run(s, self.control_dir, ["true"], timeout=LOST_TIMEOUT_S).returncode != 0]
-        for node in [*net.hosts, *net.switches]:
-            if getattr(node, "server", None) in self.lost:
-                node.lost = True
+        """The far servers lost mid-run, and those that no longer answer over SSH now (at teardown);
+        their nodes are marked so that teardown does not wait on their shells. Recorded in `lost`."""
+        gone = [s.name for s in self.far_servers if s.name not in self.lost
+                and ssh_run(s, self.control_dir, ["true"], timeout=LOST_TIMEOUT_S).returncode != 0]
+        self.lost += gone
+        self._mark_nodes(net)
         return self.lost
 
     def stop(self) -> None:

@@ -308,16 +308,15 @@ class Emulation:
 
     def _new_state(self) -> RunState:
         """The run's state file, saved before anything starts (cleanup finds a crashed run by it)."""
-        state = RunState(
-            run_id=self.run_id,
-            owner_pid=os.getpid(),
-            owner_start_ticks=proc_start_ticks(os.getpid()),
-            interfaces=switch_interfaces(self.plan),
-            topology=self.plan.topology,
-            log_dir=str(self.log_dir),
-        )
+        state = RunState(run_id=self.run_id, owner_pid=os.getpid(), owner_start_ticks=proc_start_ticks(os.getpid()),
+                         interfaces=switch_interfaces(self.plan), topology=self.plan.topology, log_dir=str(self.log_dir))
         state.save()
         return state
+
+    def lost_sites(self) -> dict[str, str]:
+        """{site: server} of the far servers lost so far (`FarSide.poll_lost`); {} without far servers."""
+        lost = self._far.poll_lost(self.net) if self._far is not None and self.net is not None else []
+        return {site: server for site, server in self.placement.items() if server in lost}
 
     def _prepare_cluster(self, cluster: clustering.ClusterSpec) -> None:
         """Servers checked (host keys, keys, tools) before anything is started on them; the underlay made."""

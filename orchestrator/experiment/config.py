@@ -207,8 +207,10 @@ class ExperimentConfig:
 
     @property
     def faults(self) -> bool:
-        """Whether tasks may move or lose a site mid-run (then G checkpoints after every round)."""
-        return bool(self.events) or "periodic" in self.reschedule.policies
+        """Whether tasks may move or lose a site mid-run (then G checkpoints after every round): with
+        events, periodic moves, or (online) servers on other machines, one of which may be lost."""
+        far = self.emulation.cluster is not None and any(s.far for s in self.emulation.cluster.servers)
+        return bool(self.events) or "periodic" in self.reschedule.policies or (far and self.mode == "online")
 
 
 Check = Callable[[str, Any], Any]

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.lifecycle.policy import Link, link_name
+from orchestrator.lifecycle.policy import Link, link_name, links_changed
 from orchestrator.results.schema import NOT_APPLIED
 from topologies.model import NetworkModel
 
@@ -390,19 +390,23 @@ class LinkWatcher:
     """The links the controller reports down (from port-status messages), polled.
 
     `poll` returns the links that went down and came up since the last call (each as a sorted
-    site pair). A controller that does not answer (restarting) changes nothing.
+    site pair). A controller that does not answer (restarting) changes nothing. `also_down`, when
+    given, adds links known down otherwise (those of a machine lost mid-run:
+    `orchestrator.experiment.lost_machines.MachineWatch.links`).
     """
 
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: Any, also_down: Callable[[], set[Link]] | None = None) -> None:
         self.client = client
+        self.also_down = also_down
         self.down: set[Link] = set()
 
     def poll(self) -> tuple[set[Link], set[Link]]:
+        extra = self.also_down() if self.also_down is not None else set()
         try:
             topo = self.client.topology()
         except Exception:  # noqa: BLE001 -- the controller is restarting: nothing new this time
             return set(), set()
-        now = links_down(topo)
+        now = links_down(topo) | extra
         went_down, came_up = now - self.down, self.down - now
         self.down = now
         return went_down, came_up
@@ -422,3 +426,14 @@ def busiest_link(schedule: Any, model: NetworkModel) -> Link | None:
     return min(usable, key=lambda link: (-count[link], link), default=None)
 
 
+
+
+def follow_links(core: Any, watcher: LinkWatcher, live: list[Any]) -> int:
+    """React to the links `watcher` reports down or up again (`policy.links_changed` on the lifecycle
+    `core`); how many of the running tasks `live` ended (they leave it)."""
+    went_down, came_up = watcher.poll()
+    if not (went_down or came_up):
+        return 0
+    n = len(live)
+    links_changed(core, went_down, came_up, live)
+    return n - len(live)

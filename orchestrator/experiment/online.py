@@ -134,7 +134,8 @@ def restore_network(run: ExperimentRun) -> None:
     traces, so each starts from the same network); failures are logged."""
     from orchestrator.experiment.faults import LinkWatcher
 
-    cut = {tuple(sorted(e.link)) for e in run.cfg.events if e.link is not None} | set(run.core.down)
+    lost = run.machines.links() if run.machines is not None else set()  # not to be restored: their machine is gone
+    cut = ({tuple(sorted(e.link)) for e in run.cfg.events if e.link is not None} | set(run.core.down)) - lost
     for a, b in sorted(cut):
         try:
             run.emu.set_link(a, b, True)
@@ -151,17 +152,17 @@ def restore_network(run: ExperimentRun) -> None:
         except Exception as e:  # noqa: BLE001
             LOG.warning("restoring the background load: %s", e)
     if run.core.down:
-        watcher = LinkWatcher(run.emu.client)
+        watcher = LinkWatcher(run.emu.client, None if run.machines is None else run.machines.links)
         for _ in range(50):  # until the controller has seen the ports come back; bounded (~5 s)
             watcher.poll()
-            if not watcher.down:
+            if watcher.down <= lost:
                 break
             time.sleep(0.1)
         run.core.down = set(watcher.down)
 
 
 def _run_trace(run: ExperimentRun, scheduler: str, trace: list[tuple[float, Task]], state: NetworkState) -> None:
-    from orchestrator.experiment.faults import LinkWatcher
+    from orchestrator.experiment.faults import LinkWatcher, follow_links
 
     tm = run.core
     pending = deque(trace)
@@ -171,17 +172,16 @@ def _run_trace(run: ExperimentRun, scheduler: str, trace: list[tuple[float, Task
     ended = 0
     injector = _injector(run, scheduler, live)
     injector.start()
-    watcher = LinkWatcher(run.emu.client) if run.cfg.events else None
+    if run.machines is not None:
+        run.machines.label = scheduler
+    also = None if run.machines is None else run.machines.links
+    watcher = LinkWatcher(run.emu.client, also) if run.cfg.events or also else None
     resched = tm.labels.get(scheduler, (scheduler, ""))[1]
     next_look = start + run.cfg.reschedule.period_s
     while pending or live:
         injector.due()
         if watcher is not None:
-            went_down, came_up = watcher.poll()
-            if went_down or came_up:
-                n = len(live)
-                policy.links_changed(tm, went_down, came_up, live)
-                ended += n - len(live)
+            ended += follow_links(tm, watcher, live)
         if resched == "periodic" and tm.clock.now() >= next_look:
             next_look = tm.clock.now() + run.cfg.reschedule.period_s
             n = len(live)

@@ -14,6 +14,7 @@ from typing import Any
 from orchestrator.emulation.background_view import BackgroundView, settings_for
 from orchestrator.emulation.network_port import ControllerNetwork
 from orchestrator.experiment.config import ExperimentConfig, TaskConfig
+from orchestrator.experiment.lost_machines import MachineWatch, machine_watch
 from orchestrator.lifecycle.core import Lifecycle, RunClock
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results.db import ResultsDB
@@ -57,6 +58,9 @@ class ExperimentRun:
     model: NetworkModel
     #: Sets the background load to a fraction (a fault event's load step), or None.
     background_step: Callable[[float], None] | None = None
+    #: The far machines lost mid-run, as links down (`orchestrator.experiment.lost_machines`); None
+    #: without servers on other machines.
+    machines: MachineWatch | None = None
 
 
 def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsDB, run_id: int,
@@ -78,4 +82,7 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
                      dilation=k,
                      schedulers=cfg.scheduler, release_on_end=cfg.mode == "online",
                      whole_updates=cfg.task.compression == "none", faults=faults)
-    return ExperimentRun(core=core, cfg=cfg, emu=emu, compute=compute, db=db, run_id=run_id, plan=plan, model=model)
+    machines = machine_watch(emu, plan, lambda label, **fault: db.record_fault(run_id, label, **fault), clock.now,
+                             on_lost=getattr(manager, "lose", None))
+    return ExperimentRun(core=core, cfg=cfg, emu=emu, compute=compute, db=db, run_id=run_id, plan=plan, model=model,
+                         machines=machines)

@@ -41,7 +41,9 @@ from orchestrator.dashboard.server import Dashboard
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.calibration import Calibration, Trial, calibration_config, judge, search
 from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.faults import LinkWatcher, follow_links
 from orchestrator.experiment.link_recorder import LinkRecorder
+from orchestrator.experiment.lost_machines import lost_note
 from orchestrator.experiment.online import run_online
 from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
 from orchestrator.experiment.runs import RunOutcome, task_sets
@@ -272,10 +274,9 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
                     _run_sequential(run, model_bytes, progress=progress)
             finally:
                 _settle_and_record(tm, recorder, background, db, run_id, plan)
-        done = tm.outcomes["done"]
-        status = "completed" if done else "failed"
-        failed = tm.outcomes["failed"]
-        note = "no task completed" if not done else (f"{failed} task(s) failed" if failed else "")
+        status, note = _outcome(tm.outcomes, lost_note(emu))
+        if emu.info is not None and emu.info.cluster.get("far", {}).get("lost"):
+            db.update_environment(run_id, cluster=emu.info.cluster)  # with the lost machines
     except KeyboardInterrupt:
         status, note = "interrupted", "interrupted by the user (Ctrl-C)"
         raise
@@ -295,6 +296,16 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
         logging.getLogger().removeHandler(log_handler)
         log_handler.close()
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _outcome(outcomes: dict[str, int], lost: str) -> tuple[str, str]:
+    """The run's status and note: ``completed`` when a task completed, unless a machine was lost
+    (`lost`: the network measured was not the configured one from then on)."""
+    done, failed = outcomes["done"], outcomes["failed"]
+    note = "no task completed" if not done else (f"{failed} task(s) failed" if failed else "")
+    if lost:
+        return "failed", f"{lost}; {note or 'every task completed'}"
+    return ("completed" if done else "failed"), note
 
 
 def _open_run(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any,
@@ -401,16 +412,25 @@ def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> 
     bar = Progress(sum(len(ts) for ts in tasks.values()) * len(cfg.schedulers), enabled=progress)
     core.on_events = bar.follow
     states = {(s, n): NetworkState(run.model) for s in cfg.schedulers for n in cfg.locals}
+    watcher = None
+    if run.machines is not None:  # a lost machine's links are cuts: a task crossing them fails (no moves here)
+        watcher = LinkWatcher(run.emu.client, run.machines.links)
+        core.labels |= {name: (name, "never") for name in cfg.schedulers}
     try:
         for n in cfg.locals:
             for task in tasks[n]:
                 for name in cfg.schedulers:
+                    if watcher is not None and run.machines is not None:
+                        run.machines.label = name
+                        run.machines.refresh()
+                        follow_links(core, watcher, [])  # a machine lost since: scheduled without it
                     core.arrive(name, task)
                     live = core.admit(name, task, states[(name, n)])
                     if not live.ended:
                         bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
                         nodes = live.schedule.overlay_nodes
-                        while not core.check(live, run.compute.poll(nodes)):
+                        while not (watcher is not None and follow_links(core, watcher, [live])) and \
+                                not core.check(live, run.compute.poll(nodes)):
                             interrupts.check()
                             core.settle_counters()
                             time.sleep(0.05)  # poll interval of the roles' states; tasks have budgets

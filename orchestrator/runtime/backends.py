@@ -109,7 +109,7 @@ class _LocalServers:
     def _fork_env(self) -> dict[str, str]:
         return _server_env()
 
-    def inside(self, path: Path) -> str:
+    def inside(self, path: Path, site: str | None = None) -> str:
         return str(path.resolve())
 
     def launch_server(self, site: str, argv: list[str], *, out_name: str) -> ProcessHandle | ForkedHandle:
@@ -401,7 +401,7 @@ class DockerBackend(_EmulatedHosts):
         """The Docker SDK container object of a site's host."""
         return self._hosts[site].container
 
-    def inside(self, path: Path) -> str:
+    def inside(self, path: Path, site: str | None = None) -> str:
         real = path.resolve()
         for host_dir, mount in ((self.log_root, CONTAINER_LOG_DIR), (self.ctl_dir.resolve(), CONTAINER_CTL_DIR)):
             if real.is_relative_to(host_dir):
@@ -468,14 +468,20 @@ def open_backend(kind: str, emu: Any, *, log_root: Path) -> ProcessBackend | Doc
 
 
 def open_compute(kind: str, emu: Any, *, log_root: Path) -> Any:
-    """A `ComputeManager` (not yet started) with one site server per compute site of `emu`."""
+    """A `ComputeManager` (not yet started) with one site server per compute site of `emu`; those of
+    sites placed on other machines run there (`orchestrator.runtime.far_servers`, process backend)."""
     from orchestrator.runtime.compute import ComputeManager
 
     cluster = getattr(emu, "cluster", None)
-    far = {s.name for s in cluster.servers if s.far} if cluster is not None else set()
-    placed_far = sorted(h.site for h in emu.plan.hosts if emu.placement.get(h.site) in far)
+    far = {s.name: s for s in cluster.servers if s.far} if cluster is not None else {}
+    placed_far = {h.site: far[emu.placement[h.site]] for h in emu.plan.hosts if emu.placement.get(h.site) in far}
+    backend: Any = open_backend(kind, emu, log_root=log_root)
     if placed_far:  # docs/cluster.md, "What runs where"
-        raise ConfigError(f"compute site {placed_far[0]!r} is placed on {emu.placement[placed_far[0]]}, another "
-                          "machine: site servers run on this machine only; list it in compute_sites only if it "
-                          "is placed on localhost")
-    return ComputeManager(open_backend(kind, emu, log_root=log_root), [h.site for h in emu.plan.hosts])
+        from orchestrator.runtime.far_servers import FarBackend, SplitBackend
+
+        if kind != "process":
+            raise ConfigError("site servers on other machines run with the process backend")
+        hosts = {site: emu.host(site) for site in placed_far}
+        backend = SplitBackend(backend, FarBackend(hosts, placed_far, log_root=log_root, ctl_dir=backend.ctl_dir,
+                                                   run_id=emu.run_id))
+    return ComputeManager(backend, [h.site for h in emu.plan.hosts])

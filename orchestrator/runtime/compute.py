@@ -25,10 +25,12 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.errors import ConfigError
+from orchestrator.runtime.far_clock import EventMirror
 from workers.config import AgentConfig, file_stem
 from workers.control import (
     ProtocolError,
@@ -44,6 +46,8 @@ LOG = logging.getLogger("netai.compute")
 
 #: How long one control request may take before its server counts as hung.
 REQUEST_TIMEOUT_S = 30.0
+#: How often the events of a far server's running roles are brought here (`far_clock`).
+SYNC_S = 0.25
 
 
 def check_model(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULTS.dataset,
@@ -100,8 +104,8 @@ class SiteBackend(Protocol):
         """Start ``python -m workers.site_server`` + `argv` on the site; output to ``servers/<out_name>``
         under the log root."""
 
-    def inside(self, path: Path) -> str:
-        """`path` (under `log_root` or `ctl_dir`) as the site's server sees it."""
+    def inside(self, path: Path, site: str | None = None) -> str:
+        """`path` (under `log_root` or `ctl_dir`) as `site`'s server sees it."""
 
     def close(self) -> None:
         """Stop what the backend started beside the servers (the local backends' fork server)."""
@@ -137,6 +141,12 @@ class ComputeManager:
         self.generation: dict[str, int] = {}
         self._shipped: dict[str, set[str]] = {}
         self._lock = threading.Lock()
+        #: The sites whose servers run on other machines: their clocks and events (`far_clock`).
+        self.far_sites: set[str] = set(getattr(backend, "far_sites", ()))
+        self._synced: dict[str, float] = {}
+        self.mirror = EventMirror(lambda site, rel, offset: self._request(site, {"op": "read", "path": rel,
+                                                                                  "offset": offset}),
+                                  lambda site: self._request(site, {"op": "hello"}))
 
     @property
     def name(self) -> str:
@@ -177,10 +187,10 @@ class ComputeManager:
             hid = self.backend.host_id(site)
             sock = self.backend.ctl_dir / f"{hid}.sock"
             # --key=value: a value that starts with "-" (a site named "-west") stays a value
+            inside = partial(self.backend.inside, site=site)
             argv = [f"--site={site}", f"--address={self.backend.address(site)}",
-                    f"--socket={self.backend.inside(sock)}", f"--log-root={self.backend.inside(self.log_root)}",
-                    f"--max-roles={self.max_roles}",
-                    f"--log-file={self.backend.inside(self.log_root / 'servers' / f'{hid}.out.txt')}"]
+                    f"--socket={inside(sock)}", f"--log-root={inside(self.log_root)}",
+                    f"--max-roles={self.max_roles}", f"--log-file={inside(self.log_root / 'servers' / f'{hid}.out.txt')}"]
             proc = self.backend.launch_server(site, argv, out_name=f"{hid}.out.txt")
             self.servers[site] = _Server(site=site, proc=proc, sock_path=sock, argv=tuple(argv))
         deadline = t0 + self.start_timeout_s
@@ -200,6 +210,9 @@ class ComputeManager:
             if srv.conn is not None:
                 reply = self._request(srv.site, {"op": "hello"})
                 srv.pid = int(reply.get("pid", 0))
+                if srv.site in self.far_sites:
+                    offset, within = self.mirror.measure(srv.site)
+                    LOG.info("site server of %r: clock offset %+.4f s (+/- %.4f)", srv.site, offset, within)
                 return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the site server of {srv.site!r} did not answer within "
@@ -219,6 +232,13 @@ class ComputeManager:
             time.sleep(0.05)  # until the kernel has reaped it; bounded
         if site not in self.lost:
             self._mark_lost(srv, "killed")
+
+    def lose(self, sites: Iterable[str], why: str) -> None:
+        """Mark the servers of `sites` lost at once (their machine is gone): no request waits on them."""
+        for site in sites:
+            srv = self.servers.get(site)
+            if srv is not None and site not in self.lost:
+                self._mark_lost(srv, why)
 
     def restart_server(self, site: str) -> float:
         """Start `site`'s server again after it was lost (same arguments); the seconds it took.
@@ -341,6 +361,9 @@ class ComputeManager:
         G only: `checkpoint` makes it write its global model after every round (`checkpoint_of`
         its events file); `init_model` (under the log root) is the global model it starts from."""
         msg: dict[str, Any] = {"op": "start", "config": cfg.to_dict(), "events": self._relative(events_file)}
+        if site in self.far_sites:  # its events are written there, and brought back here
+            getattr(self.backend, "ensure_dir")(site, events_file.parent)  # noqa: B009 -- far backends only
+            self.mirror.add(site, msg["events"], events_file)
         if checkpoint:
             msg["checkpoint"] = True
         if init_model is not None:
@@ -357,6 +380,8 @@ class ComputeManager:
         """Cancel a task's role if it still runs and drop its record; quiet if the server is gone."""
         with contextlib.suppress(ServerLost, ConfigError):
             reply = self._request(site, {"op": "status"})
+            if site in self.far_sites:
+                self.mirror.sync([site])
             role = reply.get("roles", {}).get(str(task))
             if role is None:
                 return
@@ -381,7 +406,17 @@ class ComputeManager:
             # process or Docker query per poll, which runs every few tens of milliseconds)
             with contextlib.suppress(ServerLost):
                 out[site] = self._request(site, {"op": "status"})
+                if site in self.far_sites:  # after the status: every line of a role it reports ended is here
+                    self._sync(site, out[site])
         return out
+
+    def _sync(self, site: str, status: Mapping[str, Any]) -> None:
+        """Bring `site`'s events here (`far_clock.EventMirror`): at most every `SYNC_S` while its roles
+        run, at once when one has ended."""
+        ended = any(r.get("state") not in ("starting", "running") for r in status.get("roles", {}).values())
+        if ended or time.monotonic() - self._synced.get(site, 0.0) >= SYNC_S:
+            self._synced[site] = time.monotonic()
+            self.mirror.sync([site])
 
     def events_file(self, log_dir: Path, site: str) -> Path:
         """The events file of `site`'s role in the task directory `log_dir` (a safe file name)."""

@@ -119,6 +119,19 @@ def _start(name: str, network: str, d: Path, client_pub: str) -> Machine:
     return Machine(name, address, d / "client_key", known_hosts)
 
 
+def restart(m: Machine) -> None:
+    """Start a killed machine again, as a lab server reboots: the same container (its disk, so its
+    Open vSwitch database, kept), its services started again at the same address."""
+    _docker("start", m.name)
+    info = json.loads(_docker("inspect", m.name))[0]
+    networks = info["NetworkSettings"]["Networks"]
+    address = next(iter(networks.values()))["IPAddress"]
+    if address != m.address:  # its known_hosts entry and the config name the address
+        raise RuntimeError(f"{m.name} came back at {address}, not {m.address}")
+    _docker("exec", m.name, "sh", "-c", _BOOT, "boot", address)
+    _wait_ssh((m,))
+
+
 def _remove(prefix: str, network: str) -> None:
     names = subprocess.run(["docker", "ps", "-aq", "--filter", f"name=^{prefix}-"], capture_output=True,
                            text=True, check=False).stdout.split()
