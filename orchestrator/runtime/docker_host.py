@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import Any
+from typing import Any, ClassVar
 
 from mininet.node import Host
 
@@ -20,6 +20,7 @@ from orchestrator.runtime.containers import (
     DEFAULT_IMAGE,
     RUN_LABEL,
     SITE_LABEL,
+    remove_containers,
     shared_client,
     wait_running,
 )
@@ -32,7 +33,14 @@ class DockerWorkerHost(Host):
     ``run_id`` (container label), ``cpus`` (CPU limit, cores), ``memory_mb``, ``log_dir``
     (host directory mounted at `CONTAINER_LOG_DIR`), ``ctl_dir`` (the site servers' control
     socket directory, mounted at `CONTAINER_CTL_DIR`), ``docker_client``.
+
+    An interrupt can land inside ``containers.run``, after the daemon made the container and
+    before this host knows it: `remove_run` (the emulation's teardown calls it) removes every
+    container of a run by its label, through every Docker client a host of this class used.
     """
+
+    #: The Docker clients hosts of this class made containers through (id -> client).
+    clients: ClassVar[dict[int, Any]] = {}
 
     def __init__(
         self,
@@ -85,6 +93,7 @@ class DockerWorkerHost(Host):
             volumes[self.ctl_dir] = {"bind": CONTAINER_CTL_DIR, "mode": "rw"}
         if volumes:
             kwargs["volumes"] = volumes
+        type(self).clients[id(self.dclient)] = self.dclient  # before the daemon can have made it
         self.container = self.dclient.containers.run(self.image, **kwargs)
         cpid = wait_running(self.container, 60.0)
         # Mininet's hook for how a node's shell is spawned is startShell's `mnopts` (mnexec's
@@ -117,6 +126,17 @@ class DockerWorkerHost(Host):
             super().terminate()
         finally:
             self.remove_container()
+
+    @classmethod
+    def remove_run(cls, run_id: str) -> int:
+        """Remove every container labelled with `run_id`, through every client used; how many."""
+        removed = 0
+        for client in list(cls.clients.values()):
+            try:
+                removed += remove_containers(client, run_id=run_id)
+            except Exception:  # noqa: BLE001 -- a daemon gone (a lost server): the others still go
+                pass
+        return removed
 
     def remove_container(self) -> None:
         if self.container is not None:
