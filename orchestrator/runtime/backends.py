@@ -98,6 +98,9 @@ class _LocalServers:
     _python: str
     _forks: ForkServerClient | None = None
     _fork_failed: str | None = None
+    #: Whether this backend's servers fork from the fork server. A subclass that changes how a server
+    #: is started (its `_popen`: pinning, another namespace) starts each on its own unless it says so.
+    forked: bool = False
 
     def _popen(self, site: str, cmd: list[str], **kw: Any) -> subprocess.Popen[bytes]:
         raise NotImplementedError
@@ -115,7 +118,7 @@ class _LocalServers:
     def launch_server(self, site: str, argv: list[str], *, out_name: str) -> ProcessHandle | ForkedHandle:
         out_dir = self.log_root / "servers"
         out_dir.mkdir(parents=True, exist_ok=True)
-        forks = self._fork_server(out_dir)
+        forks = self._fork_server(out_dir) if self.forked else None
         if forks is not None:
             try:
                 return forks.spawn(argv, netns_pid=self._netns_pid(site), log_file=out_dir / out_name)
@@ -161,6 +164,7 @@ class LoopbackBackend(_LocalServers):
     """
 
     name = "loopback"
+    forked = True
 
     def __init__(self, sites: Iterable[str], *, log_root: Path, first_octet: int = 2,
                  python: str = sys.executable) -> None:
@@ -223,6 +227,7 @@ class ProcessBackend(_EmulatedHosts, _LocalServers):
     """
 
     name = "process"
+    forked = True
 
     def __init__(self, hosts: Mapping[str, Any], *, log_root: Path, python: str = sys.executable) -> None:
         self._hosts = dict(hosts)
@@ -276,6 +281,7 @@ class NamespaceBackend(_EmulatedHosts, _LocalServers):
     """
 
     name = "attached"
+    forked = True
 
     def __init__(self, hosts: Mapping[str, tuple[int, str, str]], *, log_root: Path, run_id: str,
                  python: str = sys.executable) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -118,3 +119,19 @@ def test_the_local_backends_fork_their_servers_unless_told_not_to(tmp_path: Path
         assert [p for p in pids if Path(f"/proc/{p}").exists()] == []
         if forker is not None:
             assert not Path(f"/proc/{forker}").exists(), "the fork server is gone with its manager"
+
+
+def test_a_backend_that_starts_its_servers_its_own_way_is_not_forked(tmp_path: Path) -> None:
+    started: list[list[str]] = []
+
+    class OwnWay(LoopbackBackend):  # as a benchmark's backend that pins its servers with taskset
+        forked = False
+
+        def _popen(self, site: str, cmd: list[str], **kw: object) -> subprocess.Popen[bytes]:
+            started.append(cmd)
+            return super()._popen(site, cmd, **kw)  # type: ignore[arg-type]
+
+    backend = OwnWay(["a"], log_root=tmp_path, first_octet=98)
+    with ComputeManager(backend, ["a"]) as cm:
+        assert isinstance(cm.servers["a"].proc, ProcessHandle) and backend._forks is None
+    assert len(started) == 1 and started[0][1:3] == ["-m", "workers.site_server"]
