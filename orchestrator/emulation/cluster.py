@@ -24,7 +24,8 @@ the placement and the SSH commands; the Mininet classes are in `orchestrator.emu
   `shlex.join`, so the far shell splits them back exactly, and carry the run's mark (``NETAI_RUN``)
   for cleanup; what Mininet types into a node's shell (``node.cmd``) is its own commands, of names
   and numbers. Mininet's `ClusterCleanup` hook (``mn -c`` on every server) is never called: the
-  project cleans by its marks only.
+  project cleans by its marks only. `end_process` ends a process started here (an ssh, a forward,
+  a site server): SIGTERM, then SIGKILL after a grace period.
 
 Servers on this machine's loopback (the integration test's sshd on 127.0.0.1) and servers on other
 machines (`ClusterServer.far`) are both run; a far server's controller channel, tunnels over the
@@ -55,6 +56,8 @@ SERVER_KEYS = ("ssh", "key", "known_hosts", "sites")
 CLUSTER_KEYS = ("servers",)
 #: How long one SSH connection attempt may take.
 SSH_CONNECT_TIMEOUT_S = 10
+#: How long `end_process` gives a process after SIGTERM, and again after SIGKILL, by default.
+STOP_GRACE_S = 5.0
 #: What `check_servers` runs on a remote server: the tools the emulation runs there.
 TOOL_PROBES = (["mnexec", "-v"], ["ovs-vsctl", "--version"], ["ip", "-V"], ["bridge", "-V"])
 #: Environment variables a command started over SSH keeps (the far side's login environment has none
@@ -379,6 +382,26 @@ def ssh_run(server: ClusterServer, control_dir: Path, argv: Sequence[str], *, in
     except subprocess.TimeoutExpired:
         return SshResult(255, "", f"no answer over SSH in {timeout:.0f} s")
     return SshResult(res.returncode, res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace"))
+
+
+def end_process(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> int:
+    """End a process of ours that may still run: SIGTERM, up to `grace_s` for it to exit, then SIGKILL
+    and up to `grace_s` again. Its exit status (negative: the signal that ended it); one that had
+    already exited is only reaped. For an ssh, a forward or a site server started here.
+
+    Raises
+    ------
+    subprocess.TimeoutExpired
+        It outlived SIGKILL by `grace_s` (stuck in the kernel).
+    """
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=grace_s)
+    return int(proc.returncode)
 
 
 def local_underlay(far_host: str) -> tuple[str, str]:

@@ -32,6 +32,7 @@ from orchestrator.emulation.cluster import (
     LOCAL,
     ClusterServer,
     ClusterSpec,
+    end_process,
     local_underlay,
     ssh_argv,
     ssh_run,
@@ -173,13 +174,7 @@ class FarSide:
     def stop(self) -> None:
         """End the forwards (idempotent)."""
         for proc in self.forwards.values():
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            end_process(proc)
 
 
 def far_side(spec: ClusterSpec, control_dir: Path) -> FarSide | None:

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.emulation.cleanup import ENV_RUN
+from orchestrator.emulation.cluster import end_process
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.containers import (
     CONTAINER_CTL_DIR,
@@ -77,13 +78,7 @@ class ProcessHandle:
             self.popen.kill()
 
     def stop(self) -> None:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait(timeout=5)
+        end_process(self.popen)
 
 
 class _LocalServers:

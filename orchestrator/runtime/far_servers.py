@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.emulation.cluster import ClusterServer, ssh_argv, ssh_run, ssh_target
+from orchestrator.emulation.cluster import ClusterServer, end_process, ssh_argv, ssh_run, ssh_target
 from orchestrator.emulation.cluster_deploy import remote_paths
 from orchestrator.errors import ConfigError
 
@@ -66,13 +66,8 @@ class FarHandle:
 
     def stop(self) -> None:
         for proc in (self.forward, self.popen):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(timeout=5)
+            if proc is not None:
+                end_process(proc)
 
 
 class FarBackend:
