@@ -32,6 +32,9 @@ from workers.control import ProtocolError, connect_unix, recv_message, send_mess
 START_TIMEOUT_S = 180.0
 #: One request's answer (a fork takes milliseconds).
 REQUEST_TIMEOUT_S = 30.0
+#: How long a stopped server gets after SIGTERM, and again after SIGKILL; how often it is polled meanwhile.
+STOP_GRACE_S = 5.0
+STOP_POLL_S = 0.05
 
 
 class ForkServerError(RuntimeError):
@@ -153,15 +156,15 @@ class ForkedHandle:
         if self.poll() is None:
             self._signal(signal.SIGKILL)
 
-    def stop(self) -> None:
-        if self.poll() is not None:
-            return
-        self._signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5.0
+    def _signal_and_wait(self, sig: int, timeout_s: float) -> int | None:
+        """Send `sig`, then poll until the server has exited or `timeout_s` passed; its status."""
+        self._signal(sig)
+        deadline = time.monotonic() + timeout_s
         while self.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # it stops its roles and exits; bounded
-        if self.poll() is None:
-            self._signal(signal.SIGKILL)
-            deadline = time.monotonic() + 5.0
-            while self.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.05)
+            time.sleep(STOP_POLL_S)  # it stops its roles and exits; bounded
+        return self.poll()
+
+    def stop(self) -> None:
+        """SIGTERM, up to `STOP_GRACE_S` for the server to exit, then SIGKILL and as long again."""
+        if self.poll() is None and self._signal_and_wait(signal.SIGTERM, STOP_GRACE_S) is None:
+            self._signal_and_wait(signal.SIGKILL, STOP_GRACE_S)
