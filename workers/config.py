@@ -17,6 +17,10 @@ from typing import Any
 
 from workers.spec import LearningSpec
 
+#: The addresses the workers never bind, the wildcards: a role, and its site's server, use the site's
+#: own address only (`AgentConfig.from_json`, `workers.transport.Listener`, `workers.site_server`).
+WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::"})
+
 
 @dataclass(frozen=True, kw_only=True)
 class Peer:
@@ -125,7 +129,7 @@ class AgentConfig(LearningSpec):
         except TypeError as e:
             raise ValueError(f"bad agent config: {e}") from e
         cfg.check()  # the learning settings: one check, shared with the orchestrator (`LearningSpec.check`)
-        if cfg.host in ("", "0.0.0.0", "::"):
+        if cfg.host in WILDCARD_ADDRESSES:
             raise ValueError("the agent binds to its own host address only, not a wildcard")
         if not cfg.is_global and cfg.upload_parent is None:
             raise ValueError(f"{cfg.site}: a node other than G needs an upload parent")

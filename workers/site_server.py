@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from workers import priority
-from workers.config import CHECKPOINT_SUFFIX, AgentConfig, checkpoint_of
+from workers.config import CHECKPOINT_SUFFIX, WILDCARD_ADDRESSES, AgentConfig, checkpoint_of
 from workers.control import (
     PROTOCOL_VERSION,
     ProtocolError,
@@ -394,14 +394,22 @@ def warm(threads: int) -> None:
     warm_process()
 
 
+def address_refusal(address: str) -> str | None:
+    """Why a site server refuses `address` as its ``--address`` (a wildcard, `WILDCARD_ADDRESSES`),
+    or None: the roles may bind to it."""
+    if address in WILDCARD_ADDRESSES:
+        return "site server: --address must be the site's own address, not a wildcard"
+    return None
+
+
 def serve_warm(argv: list[str]) -> int:
     """Parse `argv` and serve, in a process that has already run `warm` (this one, or the fork server
     this process was forked from)."""
     args = _parser().parse_args(argv)
     if args.log_file:
         sys.stdout = sys.stderr = open(args.log_file, "a", encoding="utf-8", buffering=1)
-    if args.address in ("", "0.0.0.0", "::"):
-        print("site server: --address must be the site's own address, not a wildcard", file=sys.stderr)
+    if (why := address_refusal(args.address)) is not None:
+        print(why, file=sys.stderr)
         return 2
     import torch
 
@@ -414,7 +422,7 @@ def serve_warm(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)  # a bad argument fails before torch is imported
-    if args.address not in ("", "0.0.0.0", "::"):
+    if address_refusal(args.address) is None:  # a refused one fails in serve_warm, torch not imported
         warm(args.threads)
     return serve_warm(sys.argv[1:] if argv is None else argv)
 

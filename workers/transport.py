@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from workers import priority
+from workers.config import WILDCARD_ADDRESSES
 from workers.framing import (
     FIXED,
     FIXED_LEN,
@@ -302,7 +303,7 @@ class Listener:
         on_accept: Callable[[str], None],
         on_reject: Callable[[str, FrameError | OSError, str], None],
     ) -> None:
-        if host in ("", "0.0.0.0", "::"):
+        if host in WILDCARD_ADDRESSES:
             raise ValueError("an agent listens on its own host address only, not a wildcard")
         self.host, self.port, self.task, self.kind = host, port, task, kind
         self.expected = dict(expected)
