@@ -3,10 +3,13 @@ hosting several tasks at once, a shipped model file, awkward site names, and a s
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,7 +33,9 @@ from workers.control import (
     send_message,
     shipped_spec,
 )
-from workers.site_server import SiteServer, _MemoryReading, _read_memory
+from workers.site_server import SiteServer, _MemoryReading, _read_memory, address_refusal
+
+ROOT = Path(__file__).resolve().parents[2]
 
 AWKWARD = ("Kansas City", "São Paulo", "$(touch pwned);", "-west")
 
@@ -85,6 +90,40 @@ def test_server_refuses_bad_requests_and_starts_nothing(tmp_path: Path, msg: dic
     assert reply["ok"] is False and why in reply["error"], reply
     assert server.roles == {} and server.modules == set()
     assert not [t for t in threading.enumerate() if t.name.startswith("task")]
+
+
+@pytest.mark.parametrize(("address", "refused"), [
+    ("0.0.0.0", True), ("::", True), ("", True), ("127.0.0.1", False), ("10.0.1.5", False), ("fd00::5", False),
+])
+def test_a_wildcard_server_address_is_refused_and_a_sites_own_accepted(address: str, refused: bool) -> None:
+    why = address_refusal(address)
+
+    assert (why is not None) == refused
+    assert why is None or "not a wildcard" in why
+
+
+def test_a_server_given_a_wildcard_exits_2_before_it_loads_torch(tmp_path: Path) -> None:
+    # Execute in a fresh interpreter: `main` (which warms torch up for an address it accepts) and
+    # `serve_warm` (what a server forked from the fork server runs), each given a wildcard.
+    code = f"""
+import contextlib, io, json, sys
+from workers.site_server import main, serve_warm
+out = []
+for entry, address in ((main, "0.0.0.0"), (main, "::"), (serve_warm, "0.0.0.0"), (serve_warm, "")):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = entry(["--site=A", "--address=" + address, "--socket={tmp_path}/s.sock", "--log-root={tmp_path}"])
+    out.append([status, err.getvalue().strip()])
+print(json.dumps({{"out": out, "torch": "torch" in sys.modules}}))
+"""
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         check=False)
+
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["out"] == [[2, "site server: --address must be the site's own address, not a wildcard"]] * 4
+    assert got["torch"] is False
+    assert not (tmp_path / "s.sock").exists()
 
 
 def test_put_module_stores_by_content_only(tmp_path: Path) -> None:
