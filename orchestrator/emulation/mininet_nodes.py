@@ -63,6 +63,32 @@ def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
             cmds = [" ".join(["%s", *args]) for args in base_layout("%s", float(bw))]
             return cmds, f" parent {classid(BACKGROUND_CLASS)} "
 
+        def config(self, **params: Any) -> Any:
+            """Mininet's TCIntf.config, its tc commands run as one ``tc -batch`` (`tc`) where the
+            interface is on this machine: one process per interface instead of one shell round trip
+            per command (a 14-site bring-up spent 2.7 s in them)."""
+            self._tc_batch: list[str] | None = [] if not getattr(self.node, "isRemote", False) else None
+            try:
+                result = super().config(**params)
+            finally:
+                batch, self._tc_batch = self._tc_batch, None
+            if batch:
+                output = run_tc_batch(self.node, batch)
+                if output:  # what Mininet prints for a command with output
+                    from mininet.log import error
+
+                    error(f"*** Error: {output}")
+            return result
+
+        def tc(self, cmd: str, tc: str = "tc") -> str:
+            """Queue `cmd` for the interface's batch (see `config`); a ``show`` runs at once."""
+            if getattr(self, "_tc_batch", None) is None or " show " in f"{cmd} ":
+                out: str = super().tc(cmd, tc)
+                return out
+            assert self._tc_batch is not None
+            self._tc_batch.append(cmd % ("", self))
+            return ""
+
         @staticmethod
         def delayCmds(parent: str, delay: Any = None, jitter: Any = None, loss: Any = None,
                       max_queue_size: Any = None) -> tuple[list[str], str]:
@@ -79,6 +105,15 @@ def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
 
     link = partial(TCLink, cls1=ShapedIntf, cls2=ShapedIntf)
     return NetaiSwitch, NetaiController, link
+
+
+def run_tc_batch(node: Any, commands: list[str]) -> str:
+    """Run tc `commands` (each without the leading ``tc``) as one ``tc -force -batch`` in `node`'s
+    network namespace; returns what it printed (nothing when every command succeeded)."""
+    proc = node.popen(["tc", "-force", "-batch", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.STDOUT, text=True)
+    out, _ = proc.communicate("".join(c.strip() + "\n" for c in commands), timeout=60)
+    return str(out).strip()
 
 
 def tune_host(host: Any) -> None:
