@@ -29,7 +29,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
         cfg = parse_config(cfg.to_dict(), where=str(args.config))  # re-validate the trimmed copy
     outcome = run_experiment(cfg, out_root=Path(args.out), progress=not args.no_progress,
-                             dashboard_port=args.dashboard_port if args.dashboard else None)
+                             dashboard_port=args.dashboard_port if args.dashboard else None,
+                             figures=not args.no_figures)
     if cfg.sweep:  # the sweep printed each run's summary and its own table
         print(f"report: {outcome.report}")
         return 0 if outcome.status == "completed" else 1
@@ -54,5 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", type=int, help="override: tasks per point")
     p.add_argument("--rounds", type=int, help="override: rounds per task")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
+    p.add_argument("--no-figures", action="store_true",
+                   help="results, CSVs and report without the plots (faster, e.g. in scripted runs)")
     add_dashboard_args(p)
     p.set_defaults(func=cmd_experiment)

@@ -283,7 +283,7 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
         from orchestrator.experiment.simulated import run_simulated
 
         p = params if params is not None else {**base, FIT_PARAM: value}
-        outcome = run_simulated(simulated_config(cfg, p, propagation=delay), out_root=sim_dir)
+        outcome = run_simulated(simulated_config(cfg, p, propagation=delay), out_root=sim_dir, figures=False)
         last[:] = [(outcome.run_dir, outcome.run_id)]
         return point_means(outcome.run_dir, outcome.run_id)
 

@@ -182,24 +182,25 @@ def round_progress(events: Any, schedule: Schedule) -> tuple[int, int]:
 
 # -- the run --------------------------------------------------------------------------------------
 def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True,
-                   dashboard_port: int | None = None) -> RunOutcome:
+                   dashboard_port: int | None = None, figures: bool = True) -> RunOutcome:
     """Run `cfg` for real (see the module docstring); returns where the results are.
 
     The status is ``completed`` when at least one task completed, ``failed`` when none did (or the
     run broke), ``interrupted`` on Ctrl-C or SIGTERM. With `dashboard_port` the live dashboard is
     served on 127.0.0.1 while the run lasts (a port in use is a `ConfigError` before anything starts).
     A config with ``engine: simulation`` runs on the flow-level model instead (no root, no network:
-    `orchestrator.experiment.simulated`).
+    `orchestrator.experiment.simulated`). Without `figures` the run folder has the CSVs and the report
+    but no plots (``netai experiment --no-figures``).
     """
     if cfg.sweep:  # one run per entry, then the sweep's report (orchestrator.experiment.sweep)
         from orchestrator.experiment.sweep import run_sweep
 
         return run_sweep(cfg, run_one=run_experiment, out_root=out_root, progress=progress,
-                         dashboard_port=dashboard_port)
+                         dashboard_port=dashboard_port, figures=figures)
     if cfg.engine == "simulation":
         from orchestrator.experiment.simulated import run_simulated
 
-        return run_simulated(cfg, out_root=out_root)
+        return run_simulated(cfg, out_root=out_root, figures=figures)
 
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
@@ -215,7 +216,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     remote = remote_clients(cfg, plan, backend_kind)  # SSH and host keys checked: nothing started yet
     try:
         return _run_emulated(cfg, out_root, plan, model, backend_kind, model_bytes, remote, dashboard_port,
-                             progress)
+                             progress, figures=figures)
     finally:
         for client in {id(c): c for c in remote.values()}.values():
             client.close()

@@ -77,7 +77,7 @@ def apply_calibration(cfg: ExperimentConfig, params: SimParams, store: Path) -> 
 
 
 def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None,
-                  calibration_store: Path | None = None) -> RunOutcome:
+                  calibration_store: Path | None = None, figures: bool = True) -> RunOutcome:
     """Run `cfg` on the flow-level model; results in a new run folder under `out_root`.
 
     `model_bytes` skips building the model to size it (`check_model`), e.g. in a benchmark.
@@ -130,7 +130,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         db.finish_run(run_id, status, note)
         report, summary = None, None
         try:
-            report, summary = write_results(db, run_id, run_dir)
+            report, summary = write_results(db, run_id, run_dir, figures=figures)
         except Exception:
             LOG.exception("writing the results failed")
         db.close()

@@ -16,7 +16,7 @@ from orchestrator.results.regimes import read_points, sweep_lines, write_sweep_r
 
 
 def run_sweep(cfg: ExperimentConfig, *, run_one: Callable[..., RunOutcome], out_root: Path, progress: bool,
-              dashboard_port: int | None) -> RunOutcome:
+              dashboard_port: int | None, figures: bool = True) -> RunOutcome:
     """Run every entry of `cfg`'s sweep with `run_one` (the runner's `run_experiment`); the sweep's
     report is written on every exit path.
 
@@ -35,7 +35,8 @@ def run_sweep(cfg: ExperimentConfig, *, run_one: Callable[..., RunOutcome], out_
         for i, run in enumerate(cfg.sweep, 1):
             print(f"netai: sweep run {i} of {len(cfg.sweep)}: {run.name} (model {run.task.model} "
                   f"{run.task.model_args or ''})", flush=True)
-            outcome = run_one(run, out_root=sweep_dir, progress=progress, dashboard_port=dashboard_port)
+            outcome = run_one(run, out_root=sweep_dir, progress=progress, dashboard_port=dashboard_port,
+                              figures=figures)
             outcomes.append(outcome)
             if outcome.summary is not None:
                 print_summary(outcome.summary, outcome.run_dir)

@@ -52,7 +52,7 @@ def test_a_site_server_on_a_machine_with_a_skewed_clock(tmp_path: Path, machines
     m1.exec("sh", "-c", 'kill -HUP "$(cat /run/sshd.pid)"')
     before = set(beyond_loopback(listeners(m1.exec("ss", "-ltnH"))))
 
-    res = _cli("experiment", str(config), "--out", str(tmp_path / "runs"), "--no-progress")
+    res = _cli("experiment", str(config), "--out", str(tmp_path / "runs"), "--no-progress", "--no-figures")
 
     assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
     db = ResultsDB(next((tmp_path / "runs").glob("*/results.db")))

@@ -89,7 +89,7 @@ def _here() -> dict[str, list[str]]:
 def _run_and_kill(config: Path, out: Path, victim: Machine) -> tuple[int, str, float]:
     """Run the experiment, kill `victim` once task 1 has completed two rounds; exit status, output,
     and how long the run took from the kill to its end."""
-    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress", "--no-figures")
     try:
         deadline = time.monotonic() + 300
         while _rounds_of_first_task(out) < 2:

@@ -74,7 +74,7 @@ def test_live_dashboard_of_a_running_task_in_chromium(tmp_path: Path, figures: l
                             "demand_mbps": 1000},
         "emulation": {"max_link_mbps": 100, "backend": "process"}, "background": {"enabled": False}}))
     plan = EmulationPlan.from_model(load(TOPOLOGY), max_link_mbps=100)
-    proc = netai("experiment", str(config), "--out", str(tmp_path / "runs"), "--no-progress", "--dashboard",
+    proc = netai("experiment", str(config), "--out", str(tmp_path / "runs"), "--no-progress", "--no-figures", "--dashboard",
                  "--dashboard-port", str(port))
     out = Output(proc)
     browser = None

@@ -132,7 +132,7 @@ def test_trimmed_quick_experiment_end_to_end(tmp_path: Path, figures: list[str])
 def test_ctrl_c_tears_down_and_keeps_finished_rounds(tmp_path: Path) -> None:
     config = trimmed_quick(tmp_path, "process", locals=[2], tasks_per_point=3, task={"model": "mlp", "rounds": 6})
     out = tmp_path / "runs"
-    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress", "--no-figures")
     db_path = None
     deadline = time.monotonic() + 600
     rounds = 0
@@ -164,9 +164,10 @@ def test_ctrl_c_tears_down_and_keeps_finished_rounds(tmp_path: Path) -> None:
     assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
 
 
-def run_config(config: Path, out: Path, *, timeout: float) -> tuple[int, str, Path, ResultsDB]:
-    """Run an experiment config with the CLI: exit status, output, run directory, results database."""
-    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+def run_config(config: Path, out: Path, *, timeout: float, figures: bool = False) -> tuple[int, str, Path, ResultsDB]:
+    """Run an experiment config with the CLI: exit status, output, run directory, results database.
+    The plots are drawn only when the test asks (`figures`): the end-to-end tests check them."""
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress", *([] if figures else ["--no-figures"]))
     stdout, _ = proc.communicate(timeout=timeout)
     run_dir = run_dir_of(out)
     return proc.returncode, stdout, run_dir, ResultsDB(run_dir / "results.db")
@@ -212,7 +213,7 @@ def test_online_mode_with_a_user_model(tmp_path: Path) -> None:
                                      "sample_s": 0.5},
         "task": {"model": f"{model}:make", "model_args": {"width": 24}, "rounds": ONLINE_ROUNDS},
         "background": {"enabled": True, "pairs": 4}, "emulation": {"backend": "process"}}))
-    status, stdout, run_dir, db = run_config(config, tmp_path / "runs", timeout=1200)
+    status, stdout, run_dir, db = run_config(config, tmp_path / "runs", timeout=1200, figures=True)
 
     assert status == 0, stdout[-3000:]
     assert db.run(1)["status"] == "completed"
@@ -290,7 +291,7 @@ def test_a_killed_site_server_is_reported_and_the_run_ends_clean(tmp_path: Path)
     config = trimmed_quick(tmp_path, locals=[2], tasks_per_point=3, schedulers=["spff", "mst"],
                            task={"model": "mlp", "rounds": 40})
     out = tmp_path / "runs"
-    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress", "--no-figures")
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline and proc.poll() is None:
         dirs = list(out.glob("*-*"))

@@ -39,7 +39,7 @@ def faults_config(tmp_path: Path, **changes: Any) -> Path:
 
 def run(tmp_path: Path, config: Path) -> tuple[Path, sqlite3.Connection, str]:
     out = tmp_path / "runs"
-    proc = netai("experiment", str(config), "--out", str(out), "--no-progress")
+    proc = netai("experiment", str(config), "--out", str(out), "--no-progress", "--no-figures")
     stdout, _ = proc.communicate(timeout=1200)
     assert proc.returncode == 0, stdout[-4000:]
     run_dir = run_dir_of(out)

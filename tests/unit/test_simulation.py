@@ -202,6 +202,7 @@ def test_a_simulated_run_is_recorded_and_marked_simulated(tmp_path: Path) -> Non
     report = (outcome.run_dir / "report.md").read_text()
     assert "**Simulated run**" in report and "## Simulation model" in report
     assert "- CPU: not modelled" in report and "TCP efficiency factor 1.0 (default" in report
+    assert (outcome.run_dir / "latency_vs_locals.png").stat().st_size > 0
 
 
 def test_the_report_says_how_a_calibrated_models_parameters_were_set(tmp_path: Path) -> None:
@@ -213,10 +214,12 @@ def test_the_report_says_how_a_calibrated_models_parameters_were_set(tmp_path: P
                                        "cpu_s_per_byte": 1.5e-9, "cpu_s_per_chunk": 0.003,
                                        "calibration": "fitted on the 2-locals point"}})
 
-    outcome = run_simulated(cfg, out_root=tmp_path, model_bytes=200_000)
+    outcome = run_simulated(cfg, out_root=tmp_path, model_bytes=200_000, figures=False)  # --no-figures
 
     report = (outcome.run_dir / "report.md").read_text()
     assert outcome.status == "completed"
+    assert not list(outcome.run_dir.glob("*.png")) and not list(outcome.run_dir.glob("*.svg"))
+    assert (outcome.run_dir / "report.html").stat().st_size > 0 and (outcome.run_dir / "rounds.csv").exists()
     assert "TCP efficiency factor 0.9564 (set in the config (see how below)" in report
     assert "- CPU: 2 cores shared by every site's processes" in report and "0.003 s per chunk" in report
     assert "- how the parameters were set: fitted on the 2-locals point" in report
