@@ -2,6 +2,11 @@
 
 In CI (CI=true) such a test is never skipped: `make test` installs and starts what it needs,
 so a missing facility makes the test fail, as it should.
+
+The unit tests run first. When the stock-kernel tests (tests/guest) are selected, their checks start
+in the background as soon as the suite is collected (the guest's build, boot and checks take
+minutes and need no network of this host's); they overlap the unit tests, and the guest's tests,
+next in order, wait for what is left. ``NETAI_GUEST_EARLY=0`` runs them in their turn instead.
 """
 
 from __future__ import annotations
@@ -43,6 +48,31 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 reason = reasons[marker]
                 if reason and not in_ci:
                     item.add_marker(pytest.mark.skip(reason=reason))
+    items[:] = sorted(items, key=_phase)  # stable: each phase keeps its order
+
+
+def _phase(item: pytest.Item) -> int:
+    """Unit tests first, then the stock-kernel guest's (started early, see the module docstring),
+    then the rest."""
+    path = item.path.as_posix()
+    return 0 if "/tests/unit/" in path else 1 if "/tests/guest/" in path else 2
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if session.config.option.collectonly or os.environ.get("NETAI_GUEST_EARLY", "1") == "0":
+        return
+    guest = [i for i in session.items if "/tests/guest/test_stock_kernel.py" in i.path.as_posix()
+             and i.get_closest_marker("skip") is None]
+    if guest:
+        from tests.guest import driver
+
+        driver.start_early()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from tests.guest import driver
+
+    driver.stop_early()
 
 
 @pytest.fixture(autouse=True)

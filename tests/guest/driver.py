@@ -11,6 +11,7 @@ This module is test tooling: the orchestrator does not import it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -93,24 +94,75 @@ def parse(output: str) -> tuple[str | None, dict[str, dict[str, Any]], list[str]
     return accel, results, bad
 
 
+class PendingChecks:
+    """The checks started in the background (`start_checks`); `wait` collects them as a `ChecksRun`.
+
+    The suite starts them once it has collected (tests/conftest.py), so that the guest's boot and
+    checks overlap the unit tests, which need no network; the guest's tests then wait for them."""
+
+    def __init__(self, checks: list[str] | None = None, where: str | None = None) -> None:
+        self.where = where or choose_where()
+        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env.setdefault("VENV", sys.prefix)  # the guest build's pip is this venv's (scripts/guest/build.sh)
+        self.t0 = time.monotonic()
+        # A process group of its own: on a timeout QEMU (or the host's emulation) goes with the script.
+        self.proc = subprocess.Popen(command(self.where, checks or []), cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        self._run: ChecksRun | None = None
+
+    def wait(self) -> ChecksRun:
+        """The finished run (waits at most the guest's limit plus the build's, counted from the start)."""
+        if self._run is not None:
+            return self._run
+        limit = GUEST_TIMEOUT_S + BUILD_ALLOWANCE_S
+        try:
+            output, _ = self.proc.communicate(timeout=max(1.0, limit - (time.monotonic() - self.t0)))
+        except subprocess.TimeoutExpired:
+            self.stop()
+            output, _ = self.proc.communicate()
+            output += f"\n(stopped after {limit} s)"
+        elapsed_s = time.monotonic() - self.t0
+        accel, results, bad = parse(output)
+        built = re.search(r"^\[guest-build\] built guest \S+ .* in (\d+) s$", output, flags=re.M)
+        self._run = ChecksRun(where=self.where, accel=accel if self.where == "guest" else None,
+                              status=self.proc.returncode, results=results, output=output, bad_lines=bad,
+                              elapsed_s=round(elapsed_s, 1), build_s=float(built.group(1)) if built else None)
+        return self._run
+
+    def stop(self) -> None:
+        """End the run's process group (QEMU, or the host's emulation) if it still runs."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+
+
+def start_checks(checks: list[str] | None = None, where: str | None = None) -> PendingChecks:
+    """Start the named checks (all by default) on the host or in the guest, in the background."""
+    return PendingChecks(checks, where)
+
+
 def run_checks(checks: list[str] | None = None, where: str | None = None) -> ChecksRun:
     """Run the named checks (all by default) on the host or in the guest; see the module docstring."""
-    where = where or choose_where()
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.setdefault("VENV", sys.prefix)  # the guest build's pip is this venv's (scripts/guest/build.sh)
-    t0 = time.monotonic()
-    # A process group of its own: on a timeout QEMU (or the host's emulation) goes with the script.
-    proc = subprocess.Popen(command(where, checks or []), cwd=REPO, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
-    try:
-        output, _ = proc.communicate(timeout=GUEST_TIMEOUT_S + BUILD_ALLOWANCE_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGTERM)
-        output, _ = proc.communicate()
-        output += f"\n(stopped after {GUEST_TIMEOUT_S + BUILD_ALLOWANCE_S} s)"
-    elapsed_s = time.monotonic() - t0
-    accel, results, bad = parse(output)
-    built = re.search(r"^\[guest-build\] built guest \S+ .* in (\d+) s$", output, flags=re.M)
-    return ChecksRun(where=where, accel=accel if where == "guest" else None, status=proc.returncode,
-                     results=results, output=output, bad_lines=bad, elapsed_s=round(elapsed_s, 1),
-                     build_s=float(built.group(1)) if built else None)
+    return start_checks(checks, where).wait()
+
+
+#: The checks the suite started at collection (tests/conftest.py), if it did.
+_EARLY: PendingChecks | None = None
+
+
+def start_early() -> None:
+    """Start every check in the background now; `checks_run` collects them."""
+    global _EARLY
+    if _EARLY is None:
+        _EARLY = start_checks()
+
+
+def stop_early() -> None:
+    """End the early checks if nobody waited for them (an interrupted or narrowed run)."""
+    if _EARLY is not None:
+        _EARLY.stop()
+
+
+def checks_run() -> ChecksRun:
+    """Every check's results: those started early when they were, else a run started now."""
+    return _EARLY.wait() if _EARLY is not None else run_checks()

@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from tests.guest import checks
-from tests.guest.driver import ChecksRun, run_checks
+from tests.guest.driver import ChecksRun, checks_run
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ RTT_SLACK_MS = 1.0
 
 @pytest.fixture(scope="module")
 def run(figures: list[str]) -> ChecksRun:
-    result = run_checks()
+    result = checks_run()  # started at collection when the suite runs these tests (tests/conftest.py)
     figures.append(f"stock-kernel checks ran on the {result.where}"
                    + (f" (guest accelerator: {result.accel})" if result.where == "guest" else "")
                    + f", exit status {result.status}, {result.elapsed_s:.0f} s in all"
