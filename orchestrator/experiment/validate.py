@@ -65,9 +65,12 @@ def check_validatable(cfg: ExperimentConfig) -> None:
 
 def simulated_twin(cfg: ExperimentConfig, *, propagation: bool) -> ExperimentConfig:
     """`cfg` on the flow-level model at the emulated rates, with propagation delay as the emulated
-    run had it (its other settings unchanged)."""
+    run had it (its other settings unchanged). A time-dilated emulation records its durations
+    divided by K, in the emulated network's time, which is the simulation's: the twin has no K."""
     raw = cfg.to_dict()
     raw.update(engine="simulation", name=cfg.name, simulation={"rates": "emulated", "propagation": propagation})
+    raw["emulation"] = {k: v for k, v in dict(raw.get("emulation") or {}).items()
+                        if k not in ("time_dilation", "max_time_dilation")}
     return parse_config(raw, where=f"{cfg.name} (simulated twin)")
 
 

@@ -108,6 +108,12 @@ def test_an_earlier_emulated_run_is_reused_only_for_the_same_config(tmp_path: Pa
     twin = simulated_twin(cfg, propagation=False)
     assert twin.engine == "simulation" and twin.simulation.rates == "emulated" and not twin.simulation.propagation
     assert (twin.seed, twin.locals, twin.schedulers, twin.task) == (cfg.seed, cfg.locals, cfg.schedulers, cfg.task)
+    # A time-dilated config's twin (auto or a fixed K) has no K: the emulation's records are in emulated time.
+    for dilation in ("auto", 8):
+        dilated = parse_config({**cfg.to_dict(), "emulation": {"backend": "process", "time_dilation": dilation}})
+        twin = simulated_twin(dilated, propagation=False)
+        assert twin.emulation.time_dilation == 1 and not twin.emulation.time_dilation_auto
+        assert (twin.seed, twin.locals, twin.task) == (cfg.seed, cfg.locals, cfg.task)
 
 
 def test_the_round_parts_table_lists_each_common_point_emulated_over_simulated() -> None:
