@@ -62,9 +62,9 @@ from topologies.model import NetworkModel
 #: profile (`orchestrator.runtime.profiles.training_profile`) for this machine's figures.
 DEFAULT_TRAIN_CPU_S_PER_EXAMPLE = 7e-6
 #: CPU seconds a local's round of training costs whatever its examples (set-up, the partial batch's
-#: step, the training thread): `orchestrator.runtime.profiles` measured 0.69-1.05 ms (median 0.95) for
-#: the mlp on digits on a 2-core machine shared with a guest VM.
-DEFAULT_TRAIN_CPU_S_PER_ROUND = 9.5e-4
+#: step, the training thread): `orchestrator.runtime.profiles` measured mostly 0.64-1.06 ms for the
+#: mlp on digits on a 2-core machine shared with other work (docs/architecture.md, "Fidelity").
+DEFAULT_TRAIN_CPU_S_PER_ROUND = 8e-4
 #: Training examples per round of the default task: the 1,438 of ``digits``' training split,
 #: ``local_epochs`` = 2 times, split over the locals.
 DEFAULT_EXAMPLES_PER_ROUND = 2 * 1438
