@@ -44,6 +44,7 @@ benchmark:
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_faults.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_hop.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_cluster.py
+	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_bringup.py
 	$(PY) benchmarks/bench_simulation.py
 
 clean:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -297,6 +298,21 @@ class RunState:
         return cls(**json.loads(path.read_text()))
 
 
+#: Where a far machine keeps the run folders of the site servers it ran for another machine's runs
+#: (under the SSH user's home: `orchestrator.runtime.far_servers`); a run's folder comes back to
+#: the machine that ran it at the end and is removed, except from a machine lost mid-run.
+FAR_RUNS = ".netai/runs"
+
+
+def far_run_folders(home: Path | None = None) -> dict[Path, str]:
+    """{folder: run id} of the far run folders under `home` (default: this user's)."""
+    root = (home or Path.home()) / FAR_RUNS
+    try:
+        return {p: p.name for p in root.iterdir() if p.is_dir() and not p.is_symlink()}
+    except OSError:
+        return {}
+
+
 def run_states() -> list[RunState]:
     states = []
     for path in sorted(STATE_DIR.glob("run-*.json")):
@@ -316,13 +332,15 @@ class CleanReport:
     bridges: list[str] = field(default_factory=list)
     interfaces: list[str] = field(default_factory=list)
     containers: list[str] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
     @property
     def nothing(self) -> bool:
-        return not (self.runs or self.processes or self.bridges or self.interfaces or self.containers)
+        return not (self.runs or self.processes or self.bridges or self.interfaces or self.containers
+                    or self.folders)
 
 
 def clean_run(state: RunState, *, report: CleanReport | None = None) -> CleanReport:
@@ -389,6 +407,12 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
         log(f"removing {len(dead)} worker container(s) of runs that are not live")
         delete_containers(dead)
         report.containers += dead
+    # Far run folders (this machine ran site servers for another's run) of runs not live here.
+    for folder, rid in sorted(far_run_folders().items()):
+        if rid not in live:
+            log(f"removing the far run folder {folder}")
+            shutil.rmtree(folder, ignore_errors=True)
+            report.folders.append(str(folder))
     return report
 
 

@@ -21,6 +21,37 @@ from topologies.plan import IP_PREFIX_LEN
 RTO_MIN_MS = 10
 
 
+class TcBatch:
+    """Mixin for Mininet's TCIntf: its tc commands run as one ``tc -batch`` (`run_tc_batch`) where the
+    interface is on this machine, one process per interface instead of one shell round trip per
+    command (a 14-site bring-up spent 2.7 s in them); a far node's run one by one as Mininet's do."""
+
+    _tc_batch: list[str] | None = None
+
+    def config(self, **params: Any) -> Any:
+        """Mininet's TCIntf.config, its commands queued by `tc` and run at the end as one batch."""
+        self._tc_batch = [] if not getattr(self.node, "isRemote", False) else None  # type: ignore[attr-defined]
+        try:
+            result = super().config(**params)  # type: ignore[misc]
+        finally:
+            batch, self._tc_batch = self._tc_batch, None
+        if batch:
+            output = run_tc_batch(self.node, batch)  # type: ignore[attr-defined]
+            if output:  # what Mininet prints for a command with output
+                from mininet.log import error
+
+                error(f"*** Error: {output}")
+        return result
+
+    def tc(self, cmd: str, tc: str = "tc") -> str:
+        """Queue `cmd` for the interface's batch (see `config`); a ``show`` runs at once."""
+        if self._tc_batch is None or " show " in f"{cmd} ":
+            out: str = super().tc(cmd, tc)  # type: ignore[misc]
+            return out
+        self._tc_batch.append(cmd % ("", self))
+        return ""
+
+
 def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
     """(switch class, controller class, link class) for Mininet, imported only when needed."""
     from mininet.link import TCIntf, TCLink
@@ -43,7 +74,7 @@ def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
         def checkListening(self) -> None:
             return None
 
-    class ShapedIntf(TCIntf):
+    class ShapedIntf(TcBatch, TCIntf):
         """TCIntf whose htb tree leaves room for the controller's per-task classes.
 
         `controller.htb.base_layout`: root qdisc 5:0 (default 5:2), the link class 5:1 at `bw`,
@@ -62,32 +93,6 @@ def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
             # Mininet fills in the tc binary and the interface: "%s <args>" % (tc, intf).
             cmds = [" ".join(["%s", *args]) for args in base_layout("%s", float(bw))]
             return cmds, f" parent {classid(BACKGROUND_CLASS)} "
-
-        def config(self, **params: Any) -> Any:
-            """Mininet's TCIntf.config, its tc commands run as one ``tc -batch`` (`tc`) where the
-            interface is on this machine: one process per interface instead of one shell round trip
-            per command (a 14-site bring-up spent 2.7 s in them)."""
-            self._tc_batch: list[str] | None = [] if not getattr(self.node, "isRemote", False) else None
-            try:
-                result = super().config(**params)
-            finally:
-                batch, self._tc_batch = self._tc_batch, None
-            if batch:
-                output = run_tc_batch(self.node, batch)
-                if output:  # what Mininet prints for a command with output
-                    from mininet.log import error
-
-                    error(f"*** Error: {output}")
-            return result
-
-        def tc(self, cmd: str, tc: str = "tc") -> str:
-            """Queue `cmd` for the interface's batch (see `config`); a ``show`` runs at once."""
-            if getattr(self, "_tc_batch", None) is None or " show " in f"{cmd} ":
-                out: str = super().tc(cmd, tc)
-                return out
-            assert self._tc_batch is not None
-            self._tc_batch.append(cmd % ("", self))
-            return ""
 
         @staticmethod
         def delayCmds(parent: str, delay: Any = None, jitter: Any = None, loss: Any = None,

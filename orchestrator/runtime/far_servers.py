@@ -16,26 +16,48 @@ in its Mininet host's network namespace, like the process backend's here:
   address. It is made once the far server's socket exists (`FarHandle.poll`).
 - **Events and clocks.** The roles write their events there; the manager brings them back over the
   control channel with their times mapped onto this machine's clock (`orchestrator.runtime.far_clock`).
+- **At the end** (`close`), each server's run folder comes back whole, as written there (the events
+  on that machine's own clock), into ``far/<server>/`` under the log root here (`far_folder`), and is then
+  removed there: the run leaves nothing on the machine (a machine lost mid-run keeps it, for
+  ``netai clean`` there once it is back: `orchestrator.emulation.cleanup.far_run_folders`). Only regular files and folders under the
+  run folder are taken from the archive (`unpack_tree`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
+import logging
 import os
+import re
+import shlex
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.emulation.cluster import ClusterServer, end_process, ssh_argv, ssh_run, ssh_target
+from orchestrator.emulation.cleanup import FAR_RUNS
+from orchestrator.emulation.cluster import (
+    SSH_CONNECT_TIMEOUT_S,
+    ClusterServer,
+    end_process,
+    ssh_argv,
+    ssh_run,
+    ssh_target,
+)
 from orchestrator.emulation.cluster_deploy import remote_paths
 from orchestrator.errors import ConfigError
 
 #: How often a starting far server's socket is looked for (one SSH command each time).
 SOCKET_POLL_S = 0.5
+#: The most a far run folder brought back at the end may hold (its events and logs), bytes.
+MAX_FETCH_BYTES = 512 * 1024 * 1024
+
+LOG = logging.getLogger("netai.compute")
 
 
 class FarHandle:
@@ -77,8 +99,9 @@ class FarBackend:
     name = "process"
 
     def __init__(self, hosts: Mapping[str, Any], servers: Mapping[str, ClusterServer], *, log_root: Path,
-                 ctl_dir: Path, run_id: str) -> None:
+                 ctl_dir: Path, run_id: str, lost: Callable[[], Collection[str]] = frozenset) -> None:
         self._hosts, self.servers = dict(hosts), dict(servers)
+        self.lost = lost  # the names of the servers lost so far (their run folders stay there)
         self.log_root, self.ctl_dir, self.run_id = log_root, ctl_dir, run_id
         self.ssh_dir = Path(tempfile.mkdtemp(prefix="netai-ssh-"))
         self._bases: dict[str, dict[str, str]] = {}
@@ -102,8 +125,8 @@ class FarBackend:
                 raise ConfigError(f"cluster server {server.name}: no SSH session: {res.why}")
             home = res.stdout.strip().rstrip("/") or "/root"
             paths = remote_paths(home)
-            run = f"{home}/.netai/runs/{self.run_id}"
-            paths |= {"log": f"{run}/workers", "ctl": f"{run}/ctl"}
+            run = f"{home}/{FAR_RUNS}/{self.run_id}"
+            paths |= {"run": run, "log": f"{run}/workers", "ctl": f"{run}/ctl"}
             for argv in (["install", "-d", "-m", "700", paths["ctl"]],
                          ["install", "-d", f"{paths['log']}/servers", f"{paths['log']}/tasks"]):
                 res = ssh_run(server, self.ssh_dir, argv)
@@ -145,12 +168,77 @@ class FarBackend:
         return FarHandle(popen, fwd, far_sock, server, self.ssh_dir)
 
     def close(self) -> None:
-        """End this backend's multiplexed SSH connections and remove their directory."""
+        """Bring each server's run folder back and remove it there (see the module docstring), then
+        end this backend's multiplexed SSH connections and remove their directory."""
+        lost = set(self.lost())
+        for server in {s.name: s for s in self.servers.values()}.values():
+            if server.name in lost and server.name in self._bases:
+                LOG.warning("cluster server %s was lost: its run folder %s stays there (netai cluster clean, once "
+                            "it is back)", server.name, self._bases[server.name]["run"])
+            elif server.name in self._bases:
+                self._collect(server, self._bases[server.name]["run"])
         for server in {s.name: s for s in self.servers.values()}.values():
             with contextlib.suppress(OSError, subprocess.SubprocessError):  # no master, or it is gone
                 subprocess.run([*ssh_argv(server, self.ssh_dir), "-O", "exit", ssh_target(server)],
                                capture_output=True, timeout=5, check=False)
         shutil.rmtree(self.ssh_dir, ignore_errors=True)
+
+
+    def _collect(self, server: ClusterServer, run: str) -> None:
+        """`run`'s folder on `server` into ``far/<server>`` here, then removed there (best effort:
+        a lost machine's stays, for `netai cluster clean`)."""
+        dest = self.log_root / "far" / far_folder(server)
+        cmd = [*ssh_argv(server, self.ssh_dir), ssh_target(server), shlex.join(["tar", "-C", run, "-cf", "-", "."])]
+        try:
+            res = subprocess.run(cmd, capture_output=True, timeout=3 * SSH_CONNECT_TIMEOUT_S, check=False,
+                                 stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            LOG.warning("cluster server %s: its run folder %s is left there (no answer over SSH)", server.name, run)
+            return
+        if res.returncode != 0:
+            LOG.warning("cluster server %s: its run folder %s is left there (%s)", server.name, run,
+                        res.stderr.decode(errors="replace").strip()[-200:] or f"tar exit {res.returncode}")
+            return
+        try:
+            unpack_tree(res.stdout, dest)
+        except (ValueError, tarfile.TarError) as e:
+            LOG.warning("cluster server %s: its run folder was not brought back (%s); it is left there",
+                        server.name, e)
+            return
+        gone = ssh_run(server, self.ssh_dir, ["rm", "-rf", "--", run], timeout=SSH_CONNECT_TIMEOUT_S)
+        if gone.returncode != 0:
+            LOG.warning("cluster server %s: could not remove %s: %s", server.name, run, gone.why)
+
+
+def far_folder(server: ClusterServer) -> str:
+    """The folder name, under the log root's ``far/``, of `server`'s run folder brought back."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", server.name)
+
+
+def unpack_tree(archive: bytes, dest: Path) -> list[Path]:
+    """Unpack a tar `archive` of one folder into `dest`, validated member by member: only regular
+    files and folders, on relative paths that stay inside `dest`, at most `MAX_FETCH_BYTES` in all
+    (`ValueError` otherwise, before anything is written). Returns the files written."""
+    if len(archive) > MAX_FETCH_BYTES:
+        raise ValueError(f"the archive is {len(archive)} bytes, more than {MAX_FETCH_BYTES}")
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:") as tar:
+        members = tar.getmembers()
+        for m in members:
+            parts = Path(m.name).parts
+            if m.name.startswith("/") or ".." in parts or not (m.isfile() or m.isdir()):
+                raise ValueError(f"refused archive member {m.name!r} (type {m.type!r})")
+        written = []
+        for m in members:
+            target = dest.joinpath(*[p for p in Path(m.name).parts if p != "."])
+            if m.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(m)
+            assert src is not None  # a regular file
+            target.write_bytes(src.read())
+            written.append(target)
+    return written
 
 
 class SplitBackend:

@@ -71,10 +71,12 @@ def test_a_site_server_on_a_machine_with_a_skewed_clock(tmp_path: Path, machines
     figures.append(f"site server on a test machine with a {SKEW_S:g} s clock skew: measured offset "
                    f"{measured:+.4f} s; rounds (latency / broadcast / upload, s): "
                    + "; ".join(f"{r['latency_s']:.3f} / {r['broadcast_s']:.3f} / {r['upload_s']:.3f}" for r in rounds))
-    # the events there are on the machine's skewed clock, their copies here on this one
-    (far_file,) = [f for f in m1.exec("sh", "-c", "ls /root/.netai/runs/*/workers/tasks/*/*.events.jsonl").split()]
-    here_file = next((tmp_path / "runs").glob(f"*/workers/tasks/*/{Path(far_file).name}"))
-    far_t = [json.loads(x)["t"] for x in m1.exec("cat", far_file).splitlines()]
+    # the events there are on the machine's skewed clock, their copies here on this one; the machine's
+    # run folder came back whole at the end (workers/far/<server>) and was removed there
+    (far_file,) = (tmp_path / "runs").glob("*/workers/far/*/workers/tasks/*/*.events.jsonl")
+    here_file = next((tmp_path / "runs").glob(f"*/workers/tasks/*/{far_file.name}"))
+    far_t = [json.loads(x)["t"] for x in far_file.read_text().splitlines()]
+    assert m1.exec("sh", "-c", "ls -A /root/.netai/runs/ 2>/dev/null || true").split() == []
     here_t = [json.loads(x)["t"] for x in here_file.read_text().splitlines()]
     assert len(far_t) == len(here_t) > 0
     assert all(abs(a - b - measured) < 1e-3 for a, b in zip(far_t, here_t, strict=True)), (far_t[:2], here_t[:2])

@@ -12,7 +12,10 @@ second machine; it is killed (``docker kill``) while that task runs. Then:
 - nothing of the run is left on the surviving machine nor here (bridges, VXLAN devices, namespaces,
   processes carrying the run's mark, switch interfaces);
 - the lost machine, started again, still holds the run's bridges (its Open vSwitch database
-  survived); ``netai cluster clean`` removes them there, and a second one finds nothing.
+  survived); ``netai cluster clean`` removes them there, and a second one finds nothing;
+- in the online mode with ``on_failure``, the task under the killed machine moves around it and
+  completes (the run is still ``failed``: its network changed);
+- with a site server on the killed machine, its task fails and the next is blocked.
 """
 
 from __future__ import annotations
@@ -150,6 +153,48 @@ def test_a_machine_killed_mid_experiment(tmp_path: Path, machines: Machines, fig
     again = json.loads(_cli("cluster", "clean", str(config), "--json").stdout)
     assert all(not r["removed"]["bridges"] and not r["removed"]["processes"] for r in again), again
     figures.append(f"the lost machine back: `netai cluster clean` removed its {len(left)} bridge(s) of the run")
+
+
+def test_in_the_online_mode_a_task_moves_around_a_machine_killed_under_it(tmp_path: Path, machines: Machines,
+                                                                           figures: list[str]) -> None:
+    """After the first test (its machine back and cleaned): the same ring in the online mode with the
+    ``on_failure`` policy. The second machine (r4, on the task's shortest path r3 - r4 - r5) is killed
+    while the task runs: the task moves to a path around it (through r2 on the first machine) and
+    completes, the move is recorded with the lost machine as its reason, and the run still ends
+    ``failed`` with exit status 1 (the network was not the configured one from then on). The machine
+    is started again and cleaned for the next test."""
+    m1, m2 = machines.machines[:2]
+    config = _config(tmp_path / "online.yaml", machines)
+    raw = yaml.safe_load(config.read_text())
+    raw |= {"mode": "online", "online": {"tasks": 1, "arrival": "all", "seed": 1},
+            "reschedule": {"policies": ["on_failure"]}}
+    raw["task"]["rounds"] = 3 * ROUNDS  # still running when the loss is found (a few seconds)
+    config.write_text(yaml.safe_dump(raw))
+
+    try:
+        status, stdout, after_kill_s = _run_and_kill(config, tmp_path / "runs", m2)
+    finally:
+        restart(m2)
+        _cli("cluster", "clean", str(config))
+
+    assert status == 1, stdout[-3000:]
+    db = ResultsDB(next((tmp_path / "runs").glob("*/results.db")))
+    assert db.run(1)["status"] == "failed" and f"{m2.ssh}:22" in db.run(1)["note"]
+    (task,) = db.query("SELECT task_id, state, reason FROM tasks")
+    assert task["state"] == "done", task
+    (move,) = db.query("SELECT reason, old_schedule_json, new_schedule_json, resumed_round FROM moves")
+    assert "r4" in json.dumps(json.loads(move["old_schedule_json"])["paths"]), "it first crossed the machine"
+    assert "r4" not in json.dumps(json.loads(move["new_schedule_json"])["paths"]), "it moved around it"
+    rounds = db.query("SELECT round FROM rounds ORDER BY round")
+    assert [r["round"] for r in rounds] == list(range(1, 3 * ROUNDS + 1)), "every round, once"
+    faults = [f["action"] for f in db.query("SELECT action FROM faults")]
+    assert "machine_lost" in faults, faults
+    assert _far_leftovers(m1, set()) == {"bridges": [], "vxlan": [], "namespaces": [], "processes": [], "runs": []}
+    assert _here() == {"bridges": [], "veths": [], "controller": []}
+    assert m2.exec("ovs-vsctl", "list-br").split() == [], "the restarted machine was cleaned"
+    figures.append(f"online mode, machine killed under a task: exit status {status}, the task moved at round "
+                   f"{move['resumed_round']} ({move['reason']}) and completed; the run ended {after_kill_s:.1f} s "
+                   "after the kill")
 
 
 def test_a_machine_with_a_site_server_killed_mid_experiment(tmp_path: Path, machines: Machines) -> None:

@@ -144,3 +144,25 @@ def test_clean_reads_live_runs_again_after_the_marks(tmp_path: Path, monkeypatch
     monkeypatch.setattr(cleanup, "run_states", states)
     report = cleanup.clean()
     assert killed == [4343] and report.runs == ["crashed"]
+
+
+def test_clean_removes_the_far_run_folders_of_runs_not_live_here(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # A machine that ran site servers for another machine's runs (left by a run whose machine was lost):
+    # the folder of a run not live here goes, a live run's stays, and nothing outside the runs folder.
+    monkeypatch.setenv("HOME", str(tmp_path))
+    runs = tmp_path / cleanup.FAR_RUNS
+    for name in ("lost-run", "live-run"):
+        (runs / name / "workers" / "tasks").mkdir(parents=True)
+        (runs / name / "workers" / "tasks" / "r2.events.jsonl").write_text("{}\n")
+    (tmp_path / ".netai" / "deploy").mkdir()
+    me = RunState(run_id="live-run", owner_pid=os.getpid(), owner_start_ticks=proc_start_ticks(os.getpid()))
+    _fake_system(monkeypatch, marks={}, attached=set(), procs={})
+    monkeypatch.setattr(cleanup, "run_states", lambda: [me])
+
+    report = cleanup.clean()
+
+    assert report.folders == [str(runs / "lost-run")] and not report.nothing
+    assert sorted(p.name for p in runs.iterdir()) == ["live-run"]
+    assert (tmp_path / ".netai" / "deploy").is_dir()
+    assert cleanup.far_run_folders(tmp_path / "elsewhere") == {}
