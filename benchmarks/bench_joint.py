@@ -94,7 +94,8 @@ def main() -> None:
     nsfnet = load("sndlib/nobel-us")
     tasks = generate_tasks(nsfnet, count=args.tasks, locals_per_task=args.locals, seed=7,
                            model_name=args.model, model_bytes=args.model_bytes)
-    print(f"profile of {args.model} (measured on this machine): {measured.train_cpu_s_per_example * 1e6:.1f} "
+    print(f"profile of {args.model} (measured on this machine): {measured.train_cpu_s_per_round * 1e3:.2f} "
+          f"CPU ms per round + {measured.train_cpu_s_per_example * 1e6:.1f} "
           f"CPU us per example, {measured.aggregate_cpu_s_per_mb * 1e3:.2f} CPU ms per MB aggregated; "
           f"{profile.examples_per_round} examples per round, {args.model_bytes / 1e6:g} MB on the wire")
     print(f"{args.tasks} tasks with {args.locals} locals on NSFNET; ratio = joint / mst predicted round time")

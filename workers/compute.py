@@ -1,14 +1,14 @@
 """Emulated compute: a local's training lasts what its emulated site would take, not what the host does.
 
-A round's training time in the emulated timeline is ``train_s_per_example x examples x epochs /
-site_speed x time_dilation``: the task's measured profile (CPU seconds of one host core per example,
-`orchestrator.runtime.profiles`), the site's compute relative to one host core, and the emulation's
-time dilation. Real training still runs, for real accuracy: when it ends early, the local holds its
+A round's training time in the emulated timeline is ``(train_s_per_round + train_s_per_example x
+examples x epochs) / site_speed x time_dilation``: the task's measured profile (CPU seconds of one
+host core per round, whatever its examples, and per example and epoch, `orchestrator.runtime.profiles`),
+the site's compute relative to one host core, and the emulation's time dilation. Real training still runs, for real accuracy: when it ends early, the local holds its
 update until the modelled end (`hold`); when it overruns (the host is too small for what it
 emulates), the round keeps the real time and the local logs ``train_overrun``, so that the run can
 say the round did not measure the emulated site (docs/architecture.md, "Fidelity").
 
-With ``train_s_per_example`` 0 (``compute.timing: measured``) training takes what it takes.
+With both figures 0 (``compute.timing: measured``) training takes what it takes.
 This module imports no torch.
 """
 
@@ -16,16 +16,39 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from workers.config import check_cost
 from workers.events import now as events_clock
 
 
-def modelled_s(train_s_per_example: float, examples: int, epochs: int, *, site_speed: float,
-               time_dilation: float) -> float | None:
+@dataclass(frozen=True)
+class TrainingCost:
+    """A task's modelled training cost in CPU seconds of one host core: per example and epoch, and
+    per round (the fixed part). Both 0: not modelled. Raises ValueError unless finite and >= 0."""
+
+    s_per_example: float = 0.0
+    s_per_round: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name in ("s_per_example", "s_per_round"):
+            check_cost(name, getattr(self, name))
+
+    @property
+    def modelled(self) -> bool:
+        return self.s_per_example > 0 or self.s_per_round > 0
+
+
+#: No modelled compute: training takes what it takes on this host.
+NOT_MODELLED = TrainingCost()
+
+
+def modelled_s(train_s_per_example: float, examples: int, epochs: int, *, train_s_per_round: float,
+               site_speed: float, time_dilation: float) -> float | None:
     """The wall seconds one round's training lasts on the emulated site; None when not modelled."""
-    if train_s_per_example <= 0 or examples <= 0:
+    if (train_s_per_example <= 0 and train_s_per_round <= 0) or examples <= 0:
         return None
-    return train_s_per_example * examples * epochs / site_speed * time_dilation
+    return (train_s_per_round + train_s_per_example * examples * epochs) / site_speed * time_dilation
 
 
 def hold(started_t: float, modelled: float | None, *, emit: Callable[..., float], round_: int,

@@ -9,6 +9,7 @@ it inherits, never re-declares) plus this role's place in the task's trees. It c
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -20,6 +21,13 @@ from workers.spec import LearningSpec
 #: The addresses the workers never bind, the wildcards: a role, and its site's server, use the site's
 #: own address only (`AgentConfig.from_json`, `workers.transport.Listener`, `workers.site_server`).
 WILDCARD_ADDRESSES = frozenset({"", "0.0.0.0", "::"})
+
+
+def check_cost(name: str, value: object) -> None:
+    """Raise ValueError unless `value` is a finite number >= 0 (a modelled training cost's figure,
+    `workers.compute`)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,9 +74,11 @@ class AgentConfig(LearningSpec):
     #: that a moved task resumes from its last completed round. Set by the site server.
     checkpoint_path: str | None = None
     #: Emulated compute (`workers.compute`): CPU seconds of one host core per training example and epoch,
-    #: the task's measured profile (0: training takes what it takes on this host, ``compute_timing:
-    #: measured``); the site's compute relative to one host core; the emulation's time dilation.
+    #: and per round whatever its examples, the task's measured profile (both 0: training takes what it
+    #: takes on this host, ``compute_timing: measured``); the site's compute relative to one host core;
+    #: the emulation's time dilation.
     train_s_per_example: float = 0.0
+    train_s_per_round: float = 0.0
     site_speed: float = 1.0
     time_dilation: float = 1.0
     #: Log a fingerprint of each update and aggregate (two linear functionals of the weights, so that
@@ -135,9 +145,10 @@ class AgentConfig(LearningSpec):
             raise ValueError(f"{cfg.site}: a node other than G needs an upload parent")
         if cfg.is_global and not cfg.upload_children:
             raise ValueError(f"{cfg.site}: G needs at least one upload child")
-        if not (cfg.train_s_per_example >= 0 and cfg.site_speed > 0 and cfg.time_dilation >= 1):
-            raise ValueError("train_s_per_example must be >= 0, site_speed > 0 and time_dilation >= 1, got "
-                             f"{cfg.train_s_per_example}, {cfg.site_speed}, {cfg.time_dilation}")
+        for name in ("train_s_per_example", "train_s_per_round"):
+            check_cost(name, getattr(cfg, name))
+        if not (cfg.site_speed > 0 and cfg.time_dilation >= 1):
+            raise ValueError(f"site_speed must be > 0 and time_dilation >= 1, got {cfg.site_speed}, {cfg.time_dilation}")
         if not 1 <= cfg.first_round <= cfg.rounds:
             raise ValueError(f"first_round must be in 1..{cfg.rounds}, got {cfg.first_round}")
         if not cfg.is_global and (cfg.init_model is not None or cfg.checkpoint_path is not None):

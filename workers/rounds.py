@@ -440,8 +440,8 @@ class RoundEngine:
                 update_norm=None if start is None else update_norm(own, start),
                 loss_before=loss_before, loss_after=self.learner.train_loss() if "loss" in measures else None)
         cfg = self.cfg  # the emulated site's training time (`workers.compute`): hold, or log an overrun
-        modelled = modelled_s(cfg.train_s_per_example, n, cfg.local_epochs, site_speed=cfg.site_speed,
-                              time_dilation=cfg.time_dilation)
+        modelled = modelled_s(cfg.train_s_per_example, n, cfg.local_epochs, train_s_per_round=cfg.train_s_per_round,
+                              site_speed=cfg.site_speed, time_dilation=cfg.time_dilation)
         real = time.monotonic() - started
         hold(started, modelled, emit=self.log.emit, round_=st.number)
         timing = {} if modelled is None else {"real_s": real, "modelled_s": modelled}

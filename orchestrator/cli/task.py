@@ -184,7 +184,7 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
     from orchestrator.lifecycle.recorder import DbRecorder
     from orchestrator.runtime.backends import emulation_options, open_compute
     from orchestrator.runtime.compute_port import ServerCompute
-    from orchestrator.runtime.profiles import train_s_per_example
+    from orchestrator.runtime.profiles import training_cost
     from orchestrator.scheduling import NetworkState
     from topologies.plan import EmulationPlan
 
@@ -193,7 +193,7 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
 
         ensure_worker_image()  # the image carries the project's code: keep it in step with the checkout
     plan = EmulationPlan.from_model(model)
-    train_s = train_s_per_example(options)  # the modelled compute's profile, measured (once) before bring-up
+    training = training_cost(options)  # the modelled compute's profile, measured (once) before bring-up
     log_dir.mkdir(parents=True, exist_ok=True)
     run_id = ""
     emu = Emulation(plan, log_dir=log_dir / "emulation", **emulation_options(kind, log_dir=log_dir / "workers"))
@@ -209,7 +209,7 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
             with open_compute(kind, emu, log_root=log_dir / "workers") as manager:
                 compute = ServerCompute(manager, model=model, rate=network.rate, propagation=delay,
                                         train_allowance_s=train_allowance_s, options=lambda _t: options,
-                                        dir_name="agents", train_s_per_example=train_s)
+                                        dir_name="agents", training=training)
                 core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(live.db, live.run_id),
                                  clock=live.clock, model=model, schedulers=lambda _name: None,
                                  whole_updates=options.compression == "none")

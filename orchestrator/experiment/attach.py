@@ -33,7 +33,7 @@ from orchestrator.results import queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.backends import NamespaceBackend
 from orchestrator.runtime.compute_port import TaskServers
-from orchestrator.runtime.profiles import train_s_per_example
+from orchestrator.runtime.profiles import training_cost
 from orchestrator.runtime.summaries import RoundResult, TaskResult
 from orchestrator.runtime.task_runner import FLOptions
 from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
@@ -181,7 +181,7 @@ def _attached_core(net: RunningNetwork, model: Any, req: AttachRequest, hosts: d
     compute = TaskServers(hosts, lambda chosen, root: NamespaceBackend(chosen, log_root=root, run_id=run_mark),
                           log_dir, model=model, rate=network.rate, propagation=delay,
                           train_allowance_s=req.train_allowance_s, options=lambda _t: req.options,
-                          train_s_per_example=train_s_per_example(req.options))
+                          training=training_cost(req.options))
     rounds_of = req.options.rounds
     compute.on_up = lambda n: say(f"{n} site servers up in the task's hosts; running {rounds_of} rounds")
     clock = RunClock(recorder.clock_zero) if recorder else RunClock()

@@ -351,7 +351,8 @@ ONLINE_SCHEMA: dict[str, Check] = {
 SIMULATION_SCHEMA: dict[str, Check] = {
     "rates": _choice(("capacity", "emulated")), "tcp_efficiency": _num(0, 1, lo_open=True),
     "per_hop_latency_ms": _num(0), "propagation": _bool, "alpha_s": _num(0),
-    "seconds_per_example": _num(0), "local_epochs": _int(1, 1000), "train_examples": _int(1),
+    "seconds_per_example": _num(0), "seconds_per_round": _num(0), "local_epochs": _int(1, 1000),
+    "train_examples": _int(1),
     "chunk_bytes": _int(0), "max_segments": _int(0),
     "cpu_cores": _int(0, 1024), "cpu_s_per_byte": _num(0), "cpu_s_per_chunk": _num(0),
     "cpu_s_per_byte_hop": _num(0), "calibration": _text, "site_speed": _bool, "wire_bytes_factor": _num(1),

@@ -19,7 +19,7 @@ from orchestrator.lifecycle.core import Lifecycle, RunClock
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.compute_port import ServerCompute
-from orchestrator.runtime.profiles import train_s_per_example
+from orchestrator.runtime.profiles import training_cost
 from orchestrator.runtime.task_runner import FLOptions
 from orchestrator.scheduling.cost import emulated_rate
 from topologies.model import NetworkModel
@@ -77,7 +77,7 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
                             train_allowance_s=cfg.task.train_allowance_s * k, time_dilation=k,
                             options=lambda task: fl_options(cfg.task, rounds=task.rounds, seed=cfg.seed + task.id),
                             checkpoint=faults, links_dir=run_dir / "tasks",
-                            train_s_per_example=train_s_per_example(cfg.task))
+                            training=training_cost(cfg.task))
     core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(db, run_id), clock=clock, model=model,
                      dilation=k,
                      schedulers=cfg.scheduler, release_on_end=cfg.mode == "online",

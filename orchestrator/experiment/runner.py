@@ -51,7 +51,7 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.results.summary import RunSummary
 from orchestrator.runtime.compute import check_model
-from orchestrator.runtime.profiles import train_s_per_example
+from orchestrator.runtime.profiles import training_cost
 from orchestrator.scheduling import NetworkState, Schedule
 from topologies.plan import EmulationPlan
 
@@ -208,7 +208,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         plan = plan.dilated(cfg.emulation.time_dilation)
     backend_kind = preflight(cfg)
     model_bytes = check_model(cfg.task.model, cfg.task.model_args, cfg.task.dataset, cfg.task.dataset_args)  # a broken model: exit 2, nothing started
-    train_s_per_example(cfg.task)  # the modelled compute's profile, measured (once) before anything starts
+    training_cost(cfg.task)  # the modelled compute's profile, measured (once) before anything starts
     if backend_kind == "docker":
         from orchestrator.runtime.backends import ensure_worker_image
 

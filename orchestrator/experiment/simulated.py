@@ -39,15 +39,18 @@ LOG = logging.getLogger("netai.simulation")
 def sim_params(cfg: ExperimentConfig) -> SimParams:
     """The model's parameters from the config's `simulation` section. With ``compute_timing: modeled``
     and no training figure of its own, training is the emulation's compute model (`workers.compute`):
-    the task's measured profile, its epochs and its dataset's examples."""
+    the task's measured profile (per example and per round), its epochs and its dataset's examples."""
     params = SimParams(**{k: v for k, v in asdict(cfg.simulation).items() if k != "calibration"})
-    if cfg.task.compute_timing == "modeled" and params.seconds_per_example == SimulationConfig().seconds_per_example:
+    defaults = SimulationConfig()
+    if cfg.task.compute_timing == "modeled" and params.seconds_per_example == defaults.seconds_per_example \
+            and params.seconds_per_round == defaults.seconds_per_round:
         from orchestrator.runtime.profiles import load_profile
 
         task = cfg.task
         profile = load_profile(task.model, dataset=task.dataset, batch_size=task.batch_size,
                                model_args=task.model_args, dataset_args=task.dataset_args)
-        params = replace(params, seconds_per_example=profile.train_cpu_s_per_example, local_epochs=task.local_epochs,
+        params = replace(params, seconds_per_example=profile.train_cpu_s_per_example,
+                         seconds_per_round=profile.train_cpu_s_per_round, local_epochs=task.local_epochs,
                          train_examples=profile.train_examples, site_speed=True)
     return params
 
@@ -180,7 +183,8 @@ def _parameters(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
         "rates": params.rates, "bw_scale": plan.bw_scale if params.rates == "emulated" else 1.0,
         "tcp_efficiency": params.tcp_efficiency, "per_hop_latency_ms": params.per_hop_latency_ms,
         "delay_emulated": params.propagation, "alpha_s": params.alpha_s,
-        "seconds_per_example": params.seconds_per_example, "local_epochs": params.local_epochs,
+        "seconds_per_example": params.seconds_per_example, "seconds_per_round": params.seconds_per_round,
+        "local_epochs": params.local_epochs,
         "compute_timing": "modeled" if params.site_speed else "fixed", "training_from_profile": params.site_speed,
         "train_examples": params.train_examples, "max_segments": params.max_segments,
         "cpu_cores": params.cpu_cores, "cpu_s_per_byte": params.cpu_s_per_byte,

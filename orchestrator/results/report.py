@@ -412,7 +412,8 @@ def _simulation_model(env: Mapping[str, Any]) -> list[str]:
              "emulation's own figure, `orchestrator/runtime/timing.py` ALPHA_S); chunk size as the emulation "
              "chooses it unless the config fixes it",
              f"- segments per transfer: {env.get('max_segments') or 'one per chunk'} ({how('max_segments')})",
-             f"- training: {env.get('seconds_per_example', '?')} s per example and epoch, "
+             f"- training: {env.get('seconds_per_round', 0)} s per round and {env.get('seconds_per_example', '?')} "
+             "s per example and epoch, "
              f"{env.get('local_epochs', '?')} epochs, {env.get('train_examples', '?')} examples split among "
              f"the locals ("
              + ("the task's measured profile at each site's speed, as the emulation models compute"

@@ -23,6 +23,7 @@ from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.schedule import Schedule
 from orchestrator.scheduling.tasks import Task
 from topologies.model import NetworkModel
+from workers.compute import NOT_MODELLED, TrainingCost
 
 
 class EventTail:
@@ -102,10 +103,10 @@ class ServerCompute:
         How a task learns: `FLOptions` for a task (its rounds and seed are the task's).
     checkpoint
         G checkpoints after every round and lost roles other than G are tolerated (faults, moves).
-    train_s_per_example
-        The tasks' modelled training cost (`orchestrator.runtime.profiles.train_s_per_example`; 0:
-        training takes what it takes on this host). A local's site runs it at the site's ``cpu``
-        (cores, at most the role's training threads) times one host core's speed.
+    training
+        The tasks' modelled training cost, per round and per example (`orchestrator.runtime.profiles.
+        training_cost`; none: training takes what it takes on this host). A local's site runs it at
+        the site's ``cpu`` (cores, at most the role's training threads) times one host core's speed.
     time_dilation
         The emulation's time dilation: modelled durations last this many times as long.
     links_dir
@@ -116,9 +117,9 @@ class ServerCompute:
 
     def __init__(self, manager: Any, *, model: NetworkModel, rate: RateFn, propagation: bool,
                  train_allowance_s: float, options: Callable[[Task], FLOptions], checkpoint: bool = False,
-                 links_dir: Path | None = None, dir_name: str | None = None, train_s_per_example: float = 0.0,
+                 links_dir: Path | None = None, dir_name: str | None = None, training: TrainingCost = NOT_MODELLED,
                  time_dilation: float = 1.0) -> None:
-        self.train_s_per_example = train_s_per_example
+        self.training = training
         self.time_dilation = time_dilation
         self.links_dir = links_dir
         self.dir_name = dir_name
@@ -157,10 +158,11 @@ class ServerCompute:
         run = RolesRun(wire, manager=self.manager, options=options, log_dir=log_dir, timing=timing,
                        first_round=first_round, init_model=init_model, checkpoint=self.checkpoint,
                        tolerate_lost=self.checkpoint)
-        if self.train_s_per_example > 0:
+        if self.training.modelled:
             for n in wire.local_sites:
                 speed = min(float(options.threads), self.model.site(n).cpu)
-                run.configs[n] = replace(run.configs[n], train_s_per_example=self.train_s_per_example,
+                run.configs[n] = replace(run.configs[n], train_s_per_example=self.training.s_per_example,
+                                         train_s_per_round=self.training.s_per_round,
                                          site_speed=speed, time_dilation=self.time_dilation)
         return run
 

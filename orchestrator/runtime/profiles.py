@@ -1,8 +1,12 @@
 """Task profiles: what a model's training and aggregation cost in CPU, measured on this machine.
 
 `measure` trains the model for real with the workers' own code (`workers.learning.Learner`, one
-torch thread, the task's dataset and batch size) and aggregates updates with the round engine's
-accumulator (`workers.aggregate.WeightedAccumulator`), timing both in CPU seconds (training in the
+torch thread, the task's dataset and batch size), on the whole training split and on one of
+`PROFILE_PARTS` parts of it, `REPEATS` times each, and fits a round's training cost as a line
+``fixed + per_example x examples x epochs`` (`fit_training_cost`: a round pays a fixed cost too,
+its set-up, the partial batch's step, the training thread, which a per-example figure taken over
+the whole split spreads thin and a local with a small part pays in full); it aggregates updates
+with the round engine's accumulator (`workers.aggregate.WeightedAccumulator`), timing both in CPU seconds (training in the
 process's, since the workers train on a thread of their own; aggregation in the measuring
 thread's): the figure is the work, not the wait, so other processes on the machine do not inflate it. `load_profile` measures once per model and caches the result in a JSON
 file (`DEFAULT_CACHE`, or the path given); `training_profile` turns it into the
@@ -10,10 +14,11 @@ file (`DEFAULT_CACHE`, or the path given); `training_profile` turns it into the
 
 Cache file (JSON, written atomically; a file that does not parse is measured again and replaced)::
 
-    {"version": 1, "profiles": {"<key>": {"model": "mlp", "dataset": "digits", ...}}}
+    {"version": 2, "profiles": {"<key>": {"model": "mlp", "dataset": "digits", ...}}}
 
 where ``<key>`` is the canonical JSON of what was measured (model, model_args, dataset,
-dataset_args, batch_size) and of torch's version.
+dataset_args, batch_size) and of torch's version. Version 1 had no ``train_cpu_s_per_round``: its
+entries are measured again (so is any entry without it).
 """
 
 from __future__ import annotations
@@ -22,23 +27,32 @@ import json
 import logging
 import math
 import os
+import statistics
 import tempfile
 import time
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.joint import TrainingProfile
+from workers.compute import TrainingCost
 from workers.spec import DEFAULTS
 
 log = logging.getLogger(__name__)
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netai" / "profiles.json"
 #: Children whose updates `measure` folds into one aggregate.
 AGGREGATE_CHILDREN = 4
+#: The small partition `measure` also trains on: one of this many parts of the training split (a
+#: local's share when this many locals split it).
+PROFILE_PARTS = 24
+#: Trainings timed of each size, the whole split's and the small part's taking turns (so that both see
+#: the host alike); each size's figure is the median (one run is at the mercy of the host's other
+#: work; the minimum would under-model what a site pays).
+REPEATS = 9
 
 
 @dataclass(frozen=True)
@@ -48,8 +62,10 @@ class MeasuredProfile:
     model: str
     dataset: str
     batch_size: int
-    #: CPU seconds per training example (one epoch over `train_examples`, one thread).
+    #: CPU seconds per training example and epoch (one thread): the slope of `fit_training_cost`.
     train_cpu_s_per_example: float
+    #: CPU seconds a round of local training costs whatever its examples: the intercept.
+    train_cpu_s_per_round: float
     #: CPU seconds to fold one child's update of 1 MB into an aggregate.
     aggregate_cpu_s_per_mb: float
     #: Size of the dataset's training split: a task's locals share it every epoch.
@@ -72,7 +88,7 @@ class MeasuredProfile:
         if set(d) - known:
             raise ValueError(f"unknown profile keys {sorted(set(d) - known)}")
         p = cls(**dict(d))
-        for name in ("train_cpu_s_per_example", "aggregate_cpu_s_per_mb"):
+        for name in ("train_cpu_s_per_example", "train_cpu_s_per_round", "aggregate_cpu_s_per_mb"):
             value = getattr(p, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -96,13 +112,64 @@ def profile_key(
     )
 
 
+def fit_training_cost(samples: Mapping[int, Sequence[float]]) -> tuple[float, float]:
+    """``(fixed, per_example)`` of the line ``t = fixed + per_example x n`` through the median time of
+    each size: `samples` maps a number of examples (x epochs) to CPU seconds of its trainings; least
+    squares over the sizes' medians (two sizes: the line through both).
+
+    A negative intercept (the small part timed faster than the line through the whole split allows:
+    noise) is clamped at 0 and the slope then fitted through the origin, so no round is modelled
+    shorter than its examples' share of the whole split. One size alone: no intercept can be told,
+    0 and the size's own per-example figure. Raises ValueError on no samples or a size <= 0."""
+    points = [(float(n), statistics.median(ts)) for n, ts in sorted(samples.items()) if ts]
+    if not points or any(n <= 0 for n, _ in points):
+        raise ValueError(f"need trainings of a positive number of examples, got sizes {sorted(samples)}")
+    mean_n = sum(n for n, _ in points) / len(points)
+    mean_t = sum(t for _, t in points) / len(points)
+    spread = sum((n - mean_n) ** 2 for n, _ in points)
+    if spread > 0:
+        slope = sum((n - mean_n) * (t - mean_t) for n, t in points) / spread
+        fixed = mean_t - slope * mean_n
+        if fixed >= 0 and slope >= 0:
+            return fixed, slope
+        if slope < 0:  # the small part cost more than the whole split: all of it is fixed cost
+            return max(mean_t, 0.0), 0.0
+    through_origin = sum(n * t for n, t in points) / sum(n * n for n, _ in points)
+    return 0.0, max(through_origin, 0.0)
+
+
+def _train_cpu(learners: Sequence[Any], repeats: int) -> list[tuple[int, list[float]]]:
+    """Each learner's example count and the process CPU seconds of its `repeats` trainings, the
+    learners taking turns. The workers train on a thread of their own (`workers.learning`): the
+    process's CPU time counts it, the calling thread's would not (nothing else of this process runs
+    meanwhile)."""
+    out: list[tuple[int, list[float]]] = [(0, []) for _ in learners]
+    for _ in range(repeats):
+        for i, learner in enumerate(learners):
+            start = time.process_time()
+            examples = learner.train()
+            out[i] = (examples, [*out[i][1], time.process_time() - start])
+    return out
+
+
+def _learner(cfg: Any) -> Any:
+    from workers.learning import Learner
+
+    try:
+        return Learner(cfg)  # warms up: torch's one-time costs are not in the figure
+    except Exception as e:  # noqa: BLE001 -- a user's model factory may raise anything: one line
+        raise ConfigError(f"model {cfg.model!r} on {cfg.dataset!r} cannot be profiled: {type(e).__name__}: {e}") \
+            from None
+
+
 def measure(
     model: str = DEFAULTS.model, *, dataset: str = DEFAULTS.dataset, batch_size: int = DEFAULTS.batch_size,
     epochs: int = 1,
     model_args: Mapping[str, Any] | None = None, dataset_args: Mapping[str, Any] | None = None,
 ) -> MeasuredProfile:
-    """Train `model` on the whole training split of `dataset` for `epochs` epochs and aggregate
-    `AGGREGATE_CHILDREN` updates, with the workers' code, and return the CPU costs.
+    """Train `model` on the whole training split of `dataset` and on one of `PROFILE_PARTS` parts of
+    it, `epochs` epochs a training, fit the round's fixed and per-example cost (`fit_training_cost`),
+    and aggregate `AGGREGATE_CHILDREN` updates, with the workers' code; return the CPU costs.
 
     Raises
     ------
@@ -113,7 +180,6 @@ def measure(
 
     from workers.aggregate import WeightedAccumulator
     from workers.config import AgentConfig
-    from workers.learning import Learner
 
     if epochs <= 0 or batch_size <= 0:
         raise ConfigError(f"epochs and batch_size must be positive, got {epochs} and {batch_size}")
@@ -124,15 +190,14 @@ def measure(
     )
     threads = torch.get_num_threads()
     try:
-        learner = Learner(cfg)  # warms up: torch's one-time costs are not in the figure
-    except Exception as e:  # noqa: BLE001 -- a user's model factory may raise anything: one line
-        raise ConfigError(f"model {model!r} on {dataset!r} cannot be profiled: {type(e).__name__}: {e}") from None
-    try:
-        # The workers train on a thread of their own (`workers.learning`): the process's CPU time counts
-        # it, the calling thread's would not (nothing else of this process runs meanwhile).
-        start = time.process_time()
-        examples = learner.train()
-        train_cpu = time.process_time() - start
+        learner = _learner(cfg)
+        examples = learner.num_examples
+        parts = min(PROFILE_PARTS, examples)  # a local's share when `parts` locals split the training set
+        learners = [learner] + ([_learner(replace(cfg, num_parts=parts))] if parts > 1 else [])
+        samples: dict[int, list[float]] = {}
+        for n, times in _train_cpu(learners, REPEATS):
+            samples.setdefault(n * epochs, []).extend(times)
+        fixed, per_example = fit_training_cost(samples)
         update = learner.state()
         acc = WeightedAccumulator()
         start = time.thread_time()
@@ -145,7 +210,7 @@ def measure(
     mb = learner.model_bytes / 1e6
     return MeasuredProfile(
         model=model, dataset=dataset, batch_size=batch_size,
-        train_cpu_s_per_example=train_cpu / (examples * epochs),
+        train_cpu_s_per_example=per_example, train_cpu_s_per_round=fixed,
         aggregate_cpu_s_per_mb=aggregate_cpu / (AGGREGATE_CHILDREN * mb),
         train_examples=examples, model_bytes=learner.model_bytes, torch_version=str(torch.__version__),
         model_args=dict(model_args or {}), dataset_args=dict(dataset_args or {}),
@@ -210,18 +275,19 @@ def training_profile(measured: MeasuredProfile, *,
         raise ConfigError(f"local_epochs must be positive, got {local_epochs}")
     return TrainingProfile(
         train_cpu_s_per_example=measured.train_cpu_s_per_example,
+        train_cpu_s_per_round=measured.train_cpu_s_per_round,
         examples_per_round=measured.train_examples * local_epochs,
         aggregate_cpu_s_per_mb=measured.aggregate_cpu_s_per_mb,
     )
 
 
-def train_s_per_example(options: Any, cache: Path | None = None) -> float:
-    """What a task's locals model their training with (`workers.compute`): the CPU seconds per
-    example of its model's profile when its ``compute_timing`` is ``modeled`` (measured once and
-    cached), else 0 (training takes what it takes on this host). Call it before anything starts:
-    a first measurement trains the model for real."""
+def training_cost(options: Any, cache: Path | None = None) -> TrainingCost:
+    """What a task's locals model their training with (`workers.compute`): its model's profile (CPU
+    seconds per example and epoch, and per round) when its ``compute_timing`` is ``modeled``
+    (measured once and cached), else none (training takes what it takes on this host). Call it
+    before anything starts: a first measurement trains the model for real."""
     if getattr(options, "compute_timing", "measured") != "modeled":
-        return 0.0
-    return load_profile(options.model, dataset=options.dataset, batch_size=options.batch_size,
-                        model_args=options.model_args, dataset_args=options.dataset_args,
-                        cache=cache).train_cpu_s_per_example
+        return TrainingCost()
+    p = load_profile(options.model, dataset=options.dataset, batch_size=options.batch_size,
+                     model_args=options.model_args, dataset_args=options.dataset_args, cache=cache)
+    return TrainingCost(s_per_example=p.train_cpu_s_per_example, s_per_round=p.train_cpu_s_per_round)

@@ -25,10 +25,11 @@ link load slows a path. With equal training everywhere this is the slowest local
 the communication of its branch; with loaded sites, a slow local on a short branch can finish no
 later than a fast one on a long branch, which is the trade the network-only schedulers miss.
 
-Training and aggregation times come from a `TrainingProfile` (CPU seconds per example and per MB
-aggregated, measured once per model by `orchestrator.runtime.profiles`) and the sites' load
-(`NetworkState.cpu_share`, the task's own roles included): ``train(i) = cpu_s_per_example *
-examples(i) / share(i)`` with the round's examples split evenly over the locals.
+Training and aggregation times come from a `TrainingProfile` (CPU seconds per round, per example
+and per MB aggregated, measured once per model by `orchestrator.runtime.profiles`) and the sites' load
+(`NetworkState.cpu_share`, the task's own roles included): ``train(i) = (cpu_s_per_round +
+cpu_s_per_example * examples(i)) / share(i)`` with the round's examples split evenly over the
+locals, as the emulation models a site's training (`workers.compute`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ from topologies.model import NetworkModel
 #: `orchestrator.runtime.profiles` measured it on the development machine; pass a measured
 #: profile (`orchestrator.runtime.profiles.training_profile`) for this machine's figures.
 DEFAULT_TRAIN_CPU_S_PER_EXAMPLE = 7e-6
+#: CPU seconds a local's round of training costs whatever its examples (set-up, the partial batch's
+#: step, the training thread): `orchestrator.runtime.profiles` measured mostly 0.64-1.06 ms for the
+#: mlp on digits on a 2-core machine shared with other work (docs/architecture.md, "Fidelity").
+DEFAULT_TRAIN_CPU_S_PER_ROUND = 8e-4
 #: Training examples per round of the default task: the 1,438 of ``digits``' training split,
 #: ``local_epochs`` = 2 times, split over the locals.
 DEFAULT_EXAMPLES_PER_ROUND = 2 * 1438
@@ -75,6 +80,8 @@ class TrainingProfile:
     ----------
     train_cpu_s_per_example
         CPU seconds to train on one example (one core, the workers' model code).
+    train_cpu_s_per_round
+        CPU seconds a local's round of training costs whatever its examples (the fixed part).
     examples_per_round
         Examples the task trains on per round, all locals together (split evenly among them).
     aggregate_cpu_s_per_mb
@@ -82,11 +89,12 @@ class TrainingProfile:
     """
 
     train_cpu_s_per_example: float = DEFAULT_TRAIN_CPU_S_PER_EXAMPLE
+    train_cpu_s_per_round: float = DEFAULT_TRAIN_CPU_S_PER_ROUND
     examples_per_round: int = DEFAULT_EXAMPLES_PER_ROUND
     aggregate_cpu_s_per_mb: float = DEFAULT_AGGREGATE_CPU_S_PER_MB
 
     def __post_init__(self) -> None:
-        for name in ("train_cpu_s_per_example", "aggregate_cpu_s_per_mb"):
+        for name in ("train_cpu_s_per_example", "train_cpu_s_per_round", "aggregate_cpu_s_per_mb"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -95,8 +103,9 @@ class TrainingProfile:
             raise ValueError(f"examples_per_round must be a positive integer, got {self.examples_per_round!r}")
 
     def train_cpu_s(self, locals_: int) -> float:
-        """CPU seconds of one local's training per round when `locals_` locals share the examples."""
-        return self.train_cpu_s_per_example * self.examples_per_round / max(1, locals_)
+        """CPU seconds of one local's training per round when `locals_` locals share the examples:
+        the round's fixed cost and its share of the examples."""
+        return self.train_cpu_s_per_round + self.train_cpu_s_per_example * self.examples_per_round / max(1, locals_)
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   transmissions in flight sharing the processes and `cpu_cores` cores max-min) and
   b x h x `cpu_s_per_byte_hop` seconds of the switch's (on the machine's cores, shared max-min), alongside the
   transmission; a segment has left once its bytes and both works are done;
-- training: ``seconds_per_example * local_epochs * examples`` at each local, its examples being
-  its near-equal share of `train_examples` (the iid split), over the site's speed; with the CPU
+- training: ``seconds_per_round + seconds_per_example * local_epochs * examples`` at each local,
+  its examples being its near-equal share of `train_examples` (the iid split), over the site's speed; with the CPU
   model, that many CPU seconds of one host core are also worked off on the site's process and the
   machine's cores, shared with the other trainings and transfers, and training ends at the later of
   the two (the emulation trains for real and holds its update until the modelled end, or overruns).
@@ -79,9 +79,10 @@ class SimParams:
     propagation: bool = True
     #: Per-chunk work at each sender, seconds (default: the emulation's timing.ALPHA_S).
     alpha_s: float = ALPHA_S
-    #: Local training: seconds per example and epoch, epochs, and the dataset's training examples
-    #: (split near-equally among the locals).
+    #: Local training: seconds per example and epoch, seconds per round whatever its examples (the
+    #: fixed part), epochs, and the dataset's training examples (split near-equally among the locals).
     seconds_per_example: float = DEFAULT_SECONDS_PER_EXAMPLE
+    seconds_per_round: float = 0.0
     local_epochs: int = 2
     train_examples: int = DEFAULT_TRAIN_EXAMPLES
     #: Training runs at each site's speed (its ``cpu``, at most one core: one training thread), as the
@@ -130,8 +131,8 @@ def train_seconds(schedule: Schedule, params: SimParams, model: NetworkModel | N
     def speed(site: str) -> float:
         return min(1.0, model.site(site).cpu) if params.site_speed and model is not None else 1.0
 
-    return {s: params.seconds_per_example * params.local_epochs * (base + (1 if i < extra else 0)) / speed(s)
-            for i, s in enumerate(schedule.local_sites)}
+    return {s: (params.seconds_per_round + params.seconds_per_example * params.local_epochs
+                * (base + (1 if i < extra else 0))) / speed(s) for i, s in enumerate(schedule.local_sites)}
 
 
 def chunk_bytes(schedule: Schedule, model_bytes: int, rate: RateFn, params: SimParams) -> int:

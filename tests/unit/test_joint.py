@@ -3,19 +3,25 @@ prediction (checked by hand), the `joint` scheduler's choices, and the measured 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from orchestrator.errors import ConfigError
+from orchestrator.runtime import profiles
 from orchestrator.runtime.profiles import (
+    CACHE_VERSION,
     MeasuredProfile,
+    fit_training_cost,
     load_profile,
     measure,
     profile_key,
+    training_cost,
     training_profile,
 )
 from orchestrator.scheduling import SCHEDULERS, NetworkState, get_scheduler
@@ -24,6 +30,8 @@ from orchestrator.scheduling.state import AGGREGATE_CPU, TRAIN_CPU, compute_dema
 from orchestrator.scheduling.tasks import Task, generate_tasks
 from topologies.loaders import load
 from topologies.model import NetworkModel
+from workers.compute import TrainingCost
+from workers.spec import LearningSpec
 
 
 def star(rate_mbps: float = 1000.0) -> NetworkModel:
@@ -84,7 +92,8 @@ def test_a_blocked_schedule_uses_no_cpu() -> None:
 
 
 # -- the prediction ----------------------------------------------------------------------------------
-PROFILE = TrainingProfile(train_cpu_s_per_example=1e-5, examples_per_round=1000, aggregate_cpu_s_per_mb=2e-3)
+PROFILE = TrainingProfile(train_cpu_s_per_example=1e-5, train_cpu_s_per_round=2e-3, examples_per_round=1000,
+                          aggregate_cpu_s_per_mb=2e-3)
 LINE_TASK = Task(id=1, global_site="G", local_sites=("L",), model_bytes=1_000_000, demand_mbps=1000)
 
 
@@ -92,7 +101,7 @@ def test_prediction_of_one_local_by_hand() -> None:
     state = NetworkState(line())
     s = get_scheduler("spt").schedule(state, LINE_TASK)
     hop = 8e6 / 80_000e6 + 100 * 0.005e-3  # 1 MB at 80 Gbit/s (nothing else there) + 100 km of fiber
-    train = 1e-5 * 1000
+    train = 2e-3 + 1e-5 * 1000  # the round's fixed cost and its examples
     aggregate = 2e-3 * 1.0 * 1  # one child's MB at G
 
     p = predict_round(state, LINE_TASK, s, PROFILE)
@@ -196,11 +205,13 @@ def test_measured_profile_of_the_workers_mlp(tmp_path: Path) -> None:
 
     assert p.model == "mlp" and p.dataset == "digits" and p.train_examples == 1438
     assert 0 < p.train_cpu_s_per_example < 0.01 and 0 < p.aggregate_cpu_s_per_mb < 1
+    assert 0 <= p.train_cpu_s_per_round < 1
     assert p.model_bytes > 0
     doc = json.loads(cache.read_text())
-    assert doc["version"] == 1 and len(doc["profiles"]) == 1
+    assert doc["version"] == CACHE_VERSION == 2 and len(doc["profiles"]) == 1
     tp = training_profile(p, local_epochs=3)
     assert tp.examples_per_round == 3 * 1438 and tp.train_cpu_s_per_example == p.train_cpu_s_per_example
+    assert tp.train_cpu_s_per_round == p.train_cpu_s_per_round
 
 
 def test_a_cached_profile_is_used_as_it_is(tmp_path: Path) -> None:
@@ -209,15 +220,94 @@ def test_a_cached_profile_is_used_as_it_is(tmp_path: Path) -> None:
     cache = tmp_path / "profiles.json"
     key = profile_key("mlp", torch_version=str(torch.__version__))
     cached = MeasuredProfile(model="mlp", dataset="digits", batch_size=32, train_cpu_s_per_example=0.125,
-                             aggregate_cpu_s_per_mb=0.5, train_examples=1438, model_bytes=19240,
-                             torch_version=str(torch.__version__))
-    cache.write_text(json.dumps({"version": 1, "profiles": {key: cached.to_dict()}}))
+                             train_cpu_s_per_round=0.25, aggregate_cpu_s_per_mb=0.5, train_examples=1438,
+                             model_bytes=19240, torch_version=str(torch.__version__), model_args={}, dataset_args={})
+    cache.write_text(json.dumps({"version": CACHE_VERSION, "profiles": {key: cached.to_dict()}}))
 
-    assert load_profile("mlp", cache=cache).train_cpu_s_per_example == 0.125
+    assert load_profile("mlp", cache=cache) == cached
     # A broken cache is measured again and replaced, not trusted.
     cache.write_text("{not json")
     assert load_profile("mlp", cache=cache).train_cpu_s_per_example != 0.125
-    assert json.loads(cache.read_text())["version"] == 1
+    assert json.loads(cache.read_text())["version"] == CACHE_VERSION
+
+
+def _fake_measure(calls: list[str]) -> Any:
+    def measure(model: str, **_kw: Any) -> MeasuredProfile:
+        calls.append(model)
+        return MeasuredProfile(model=model, dataset="digits", batch_size=32, train_cpu_s_per_example=1e-5,
+                               train_cpu_s_per_round=1e-3, aggregate_cpu_s_per_mb=0.5, train_examples=1438,
+                               model_bytes=19240, torch_version="x")
+    return measure
+
+
+def test_a_profile_without_the_fixed_cost_is_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    calls: list[str] = []
+    monkeypatch.setattr(profiles, "measure", _fake_measure(calls))
+    cache = tmp_path / "profiles.json"
+    key = profile_key("mlp", torch_version=str(torch.__version__))
+    old = {"model": "mlp", "dataset": "digits", "batch_size": 32, "train_cpu_s_per_example": 0.125,
+           "aggregate_cpu_s_per_mb": 0.5, "train_examples": 1438, "model_bytes": 19240,
+           "torch_version": str(torch.__version__), "model_args": {}, "dataset_args": {}}
+    # a version 1 cache (no per-round cost): measured again, and rewritten as the current version
+    cache.write_text(json.dumps({"version": 1, "profiles": {key: old}}))
+    p = load_profile("mlp", cache=cache)
+    assert calls == ["mlp"] and (p.train_cpu_s_per_example, p.train_cpu_s_per_round) == (1e-5, 1e-3)
+    doc = json.loads(cache.read_text())
+    assert doc["version"] == CACHE_VERSION and doc["profiles"][key]["train_cpu_s_per_round"] == 1e-3
+    assert load_profile("mlp", cache=cache).train_cpu_s_per_round == 1e-3 and calls == ["mlp"]  # cached now
+    # an entry of the current version that lacks the field is measured again too, not read as 0
+    cache.write_text(json.dumps({"version": CACHE_VERSION, "profiles": {key: old}}))
+    assert load_profile("mlp", cache=cache).train_cpu_s_per_round == 1e-3 and calls == ["mlp", "mlp"]
+
+
+def test_the_fit_recovers_a_known_fixed_cost_and_slope() -> None:
+    fixed, slope = 1.2e-3, 1.5e-5
+    def t(n: int, noise: float = 0.0) -> float:
+        return fixed + slope * n + noise
+    # each size's median counts: the outliers (another process's work on the host) do not
+    samples = {1438: [t(1438, e) for e in (0.0, 4e-3, -1e-7, 9e-3, -2e-7)],
+               60: [t(60, e) for e in (-3e-7, 0.0, 3e-3, -1e-7, 2e-3)]}
+    assert fit_training_cost(samples) == (pytest.approx(fixed), pytest.approx(slope))
+    # more sizes: least squares through their medians
+    assert fit_training_cost({n: [t(n)] for n in (30, 60, 120, 1438)}) == (pytest.approx(fixed), pytest.approx(slope))
+
+
+def test_the_fit_never_models_a_negative_fixed_cost() -> None:
+    # the small part timed below the line through the whole split: clamped at 0, slope through the origin
+    fixed, slope = fit_training_cost({1000: [1e-2], 100: [5e-4]})
+    assert fixed == 0.0 and slope == pytest.approx((1000 * 1e-2 + 100 * 5e-4) / (1000**2 + 100**2))
+    # one size: no intercept can be told
+    assert fit_training_cost({1000: [1e-2, 3e-2, 2e-2]}) == (0.0, pytest.approx(2e-5))
+    with pytest.raises(ValueError):
+        fit_training_cost({})
+    with pytest.raises(ValueError):
+        fit_training_cost({0: [1e-3]})
+
+
+def test_the_predicted_training_includes_the_rounds_fixed_cost() -> None:
+    state = NetworkState(line())
+    s = get_scheduler("spt").schedule(state, LINE_TASK)
+    without = dataclasses.replace(PROFILE, train_cpu_s_per_round=0.0)
+    assert PROFILE.train_cpu_s(4) == pytest.approx(2e-3 + 1e-5 * 1000 / 4)
+    assert PROFILE.train_cpu_s(4) - without.train_cpu_s(4) == pytest.approx(2e-3)
+
+    idle, bare = predict_round(state, LINE_TASK, s, PROFILE), predict_round(state, LINE_TASK, s, without)
+    assert idle.round_s - bare.round_s == pytest.approx(2e-3)
+    state.set_background_cpu({"L": 1.0})  # half a core: the fixed part takes twice as long too
+    assert predict_round(state, LINE_TASK, s, PROFILE).train_s["L"] == pytest.approx(2 * (2e-3 + 1e-5 * 1000))
+    with pytest.raises(ValueError, match="train_cpu_s_per_round"):
+        TrainingProfile(train_cpu_s_per_round=-1.0)
+
+
+def test_a_modelled_tasks_training_cost_is_its_profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(profiles, "measure", _fake_measure([]))
+    options = LearningSpec()
+    assert options.compute_timing == "modeled"
+    assert training_cost(options, cache=tmp_path / "p.json") == TrainingCost(s_per_example=1e-5, s_per_round=1e-3)
+    measured = dataclasses.replace(options, compute_timing="measured")
+    assert training_cost(measured, cache=tmp_path / "p.json") == TrainingCost()
 
 
 def test_profiling_a_model_that_cannot_be_built_is_one_clear_error() -> None:

@@ -16,7 +16,7 @@ from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.cost import capacity_rate, pipelined_bound_s
 from orchestrator.scheduling.schedule import OverlayEdge, Schedule
 from orchestrator.scheduling.tasks import Task
-from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate
+from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate, train_seconds
 from topologies.model import NetworkModel
 
 pytest.importorskip("simgrid")
@@ -70,6 +70,27 @@ def test_round_on_a_three_node_chain_equals_the_pipelined_figure() -> None:
     # ... which is the analytic pipelined bound plus one chunk's fill of the pipeline per procedure.
     bound = pipelined_bound_s(model, schedule, "broadcast", size)
     assert procedure - bound == pytest.approx(chunk * 8 / (RATE_MBPS * 1e6))
+
+
+def test_a_locals_simulated_training_pays_the_rounds_fixed_cost() -> None:
+    # Prepare: the chain above, 0.25 s of examples at each local, and a fixed 0.05 s a round.
+    model, schedule = line(), chain()
+    size, chunk = 1_000_000, 100_000
+    base = SimParams(alpha_s=0.0, chunk_bytes=chunk, seconds_per_example=1e-3, local_epochs=1, train_examples=500)
+    latency = {}
+    for fixed in (0.0, 0.05):
+        params = SimParams(**{**base.to_dict(), "seconds_per_round": fixed})
+        assert train_seconds(schedule, params) == {"A": pytest.approx(fixed + 0.25), "B": pytest.approx(fixed + 0.25)}
+        run = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))["runs"][0]
+        g = {e["event"]: e["t"] for e in run["events"]["G"]}
+        latency[fixed] = g["aggregated"] - g["round_start"]
+
+    assert latency[0.05] - latency[0.0] == pytest.approx(0.05, rel=1e-9)
+    # at a site of half a core, the fixed part takes twice as long too
+    slow = NetworkModel.build("line", [{"name": "G"}, {"name": "A", "cpu": 0.5}, {"name": "B"}],
+                              [{"a": "G", "b": "A", "capacity_mbps": RATE_MBPS}, {"a": "A", "b": "B", "capacity_mbps": RATE_MBPS}])
+    at_speed = SimParams(**{**base.to_dict(), "seconds_per_round": 0.05, "site_speed": True})
+    assert train_seconds(schedule, at_speed, slow)["A"] == pytest.approx((0.05 + 0.25) / 0.5)
 
 
 def test_merged_segments_fill_the_pipeline_later_by_the_documented_bound() -> None:
@@ -223,6 +244,42 @@ def test_the_report_says_how_a_calibrated_models_parameters_were_set(tmp_path: P
     assert "TCP efficiency factor 0.9564 (set in the config (see how below)" in report
     assert "- CPU: 2 cores shared by every site's processes" in report and "0.003 s per chunk" in report
     assert "- how the parameters were set: fitted on the 2-locals point" in report
+
+
+def test_a_simulated_runs_training_and_bound_include_the_rounds_fixed_cost(tmp_path: Path) -> None:
+    from orchestrator.experiment.simulated import run_simulated
+
+    # Prepare: training of a negligible 1 us an example (2 epochs of ~718) and a fixed 0.3 s a round.
+    cfg = parse_config({"name": "simfixed", "engine": "simulation", "topology": "triangle", "schedulers": ["spff"],
+                        "locals": [2], "tasks_per_point": 1, "task": {"rounds": 1},
+                        "simulation": {"seconds_per_example": 1e-6, "seconds_per_round": 0.3}})
+
+    outcome = run_simulated(cfg, out_root=tmp_path, model_bytes=200_000, figures=False)
+
+    assert outcome.status == "completed"
+    with ResultsDB(outcome.run_dir / "results.db") as db:
+        rounds = db.query("SELECT * FROM rounds WHERE run_id = ?", (outcome.run_id,))
+    assert len(rounds) == 1
+    # the critical path's local trains its share of the 1437 examples (718 or 719), 2 epochs
+    assert 0.3 + 1e-6 * 2 * 718 - 1e-9 <= rounds[0]["train_s"] <= 0.3 + 1e-6 * 2 * 719 + 1e-9
+    assert rounds[0]["lower_bound_s"] >= 0.3 and rounds[0]["latency_s"] >= rounds[0]["lower_bound_s"] * (1 - 1e-9)
+    assert "0.3 s per round and 1e-06 s per example and epoch" in (outcome.run_dir / "report.md").read_text()
+
+
+def test_a_modelled_simulation_takes_the_profiles_fixed_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.experiment import simulated
+    from orchestrator.runtime import profiles
+
+    measured = profiles.MeasuredProfile(model="mlp", dataset="digits", batch_size=32, train_cpu_s_per_example=1e-5,
+                                        train_cpu_s_per_round=2e-3, aggregate_cpu_s_per_mb=0.5, train_examples=1438,
+                                        model_bytes=19240, torch_version="x")
+    monkeypatch.setattr(profiles, "load_profile", lambda *_a, **_kw: measured)
+    params = simulated.sim_params(parse_config({"name": "x", "engine": "simulation"}))
+    assert (params.seconds_per_example, params.seconds_per_round, params.site_speed) == (1e-5, 2e-3, True)
+    # a config's own training figures stand
+    own = simulated.sim_params(parse_config({"name": "x", "engine": "simulation",
+                                             "simulation": {"seconds_per_round": 0.5}}))
+    assert own.seconds_per_round == 0.5 and own.seconds_per_example == SimParams().seconds_per_example
 
 
 def test_runs_of_an_older_database_count_as_emulated(tmp_path: Path) -> None:

@@ -56,7 +56,10 @@ def test_bounds_use_the_undilated_rate_and_timeouts_the_dilated_one() -> None:
 def test_the_run_clock_and_modelled_compute_scale_by_k() -> None:
     clock = RunClock(100.0, dilation=K)
     assert clock.of(108.0) == pytest.approx(2.0)
-    assert modelled_s(1e-3, 100, 1, site_speed=1.0, time_dilation=K) == pytest.approx(K * 0.1)
+    assert modelled_s(1e-3, 100, 1, train_s_per_round=0.0, site_speed=1.0, time_dilation=K) == pytest.approx(K * 0.1)
+    # the round's fixed cost lasts K times as long too
+    assert modelled_s(1e-3, 100, 1, train_s_per_round=0.02, site_speed=1.0, time_dilation=K) \
+        == pytest.approx(K * 0.12)
 
 
 def _done(tmp_path: Path, dilation: float) -> Any:
