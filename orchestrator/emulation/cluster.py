@@ -358,6 +358,8 @@ class SshResult:
     returncode: int
     stdout: str
     stderr: str
+    #: The output as it came, undecoded (an archive, say).
+    raw: bytes = b""
 
     @property
     def why(self) -> str:
@@ -381,7 +383,18 @@ def ssh_run(server: ClusterServer, control_dir: Path, argv: Sequence[str], *, in
                              stdin=subprocess.DEVNULL if input is None else None)
     except subprocess.TimeoutExpired:
         return SshResult(255, "", f"no answer over SSH in {timeout:.0f} s")
-    return SshResult(res.returncode, res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace"))
+    return SshResult(res.returncode, res.stdout.decode(errors="replace"), res.stderr.decode(errors="replace"),
+                     res.stdout)
+
+
+def own_connection_argv(server: ClusterServer, control_dir: Path) -> list[str]:
+    """`ssh_argv` on a connection of its own, not the multiplexed one (a forward, or a probe of a server
+    whose multiplexed connection a lost machine leaves hanging until its keepalives run out), keeping
+    ssh's own reason for a failure (no ``-q``)."""
+    argv = [a if a != "ControlMaster=auto" else "ControlMaster=no" for a in ssh_argv(server, control_dir)]
+    argv = [a if not a.startswith("ControlPath=") else "ControlPath=none" for a in argv]
+    argv.remove("-q")
+    return argv
 
 
 def end_process(proc: subprocess.Popen[Any], grace_s: float = STOP_GRACE_S) -> int:

@@ -34,6 +34,7 @@ from orchestrator.emulation.cluster import (
     ClusterSpec,
     end_process,
     local_underlay,
+    own_connection_argv,
     ssh_argv,
     ssh_run,
     ssh_target,
@@ -99,18 +100,11 @@ class FarSide:
         for server in self.far_servers:
             self._wait_listening(server, of_port)
 
-    def _fresh_argv(self, server: ClusterServer) -> list[str]:
-        """`ssh_argv` on a connection of its own (not the multiplexed one, which a lost machine leaves
-        hanging until its keepalives run out), keeping ssh's reason for a failure."""
-        argv = [a if a != "ControlMaster=auto" else "ControlMaster=no" for a in ssh_argv(server, self.control_dir)]
-        argv = [a if not a.startswith("ControlPath=") else "ControlPath=none" for a in argv]
-        argv.remove("-q")
-        return argv
-
     def _start_forward(self, server: ClusterServer) -> None:
         assert self.forwarded is not None
         of_port, run_id = self.forwarded
-        argv = [a if a != "ServerAliveInterval=5" else "ServerAliveInterval=1" for a in self._fresh_argv(server)]
+        argv = [a if a != "ServerAliveInterval=5" else "ServerAliveInterval=1"
+                for a in own_connection_argv(server, self.control_dir)]
         argv += ["-N", "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}", "-o", "ExitOnForwardFailure=yes",
                  "-R", f"127.0.0.1:{of_port}:127.0.0.1:{of_port}", ssh_target(server)]
         self.forwards[server.name] = subprocess.Popen(
@@ -126,9 +120,9 @@ class FarSide:
             proc = self.forwards.get(server.name)
             if server.name in self.lost or proc is None or proc.poll() is None:
                 continue
+            probe = [*own_connection_argv(server, self.control_dir), ssh_target(server), "true"]
             try:
-                answered = subprocess.run([*self._fresh_argv(server), ssh_target(server), "true"],
-                                          stdin=subprocess.DEVNULL, capture_output=True,
+                answered = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True,
                                           timeout=PROBE_TIMEOUT_S, check=False).returncode == 0
             except subprocess.TimeoutExpired:
                 answered = False

@@ -19,8 +19,8 @@ in its Mininet host's network namespace, like the process backend's here:
 - **At the end** (`close`), each server's run folder comes back whole, as written there (the events
   on that machine's own clock), into ``far/<server>/`` under the log root here (`far_folder`), and is then
   removed there: the run leaves nothing on the machine (a machine lost mid-run keeps it, for
-  ``netai clean`` there once it is back: `orchestrator.emulation.cleanup.far_run_folders`). Only regular files and folders under the
-  run folder are taken from the archive (`unpack_tree`).
+  ``netai clean`` there once it is back: `orchestrator.emulation.cleanup.far_run_folders`). Only
+  regular files and folders under the run folder are taken from the archive (`unpack_tree`).
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ import io
 import logging
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import tarfile
@@ -45,6 +44,7 @@ from orchestrator.emulation.cluster import (
     SSH_CONNECT_TIMEOUT_S,
     ClusterServer,
     end_process,
+    own_connection_argv,
     ssh_argv,
     ssh_run,
     ssh_target,
@@ -161,10 +161,8 @@ class FarBackend:
         with open(out_dir / out_name, "ab") as out:
             popen = self._hosts[site].popen([base["python"], "-m", "workers.site_server", *argv], stdout=out,
                                             stderr=subprocess.STDOUT, cwd=base["src"], env=env)
-        fwd = [a if a != "ControlMaster=auto" else "ControlMaster=no" for a in ssh_argv(server, self.ssh_dir)]
-        fwd = [a if not a.startswith("ControlPath=") else "ControlPath=none" for a in fwd]
-        fwd += ["-N", "-o", "ExitOnForwardFailure=yes", "-o", "StreamLocalBindUnlink=yes",
-                "-L", f"{local_sock}:{far_sock}", ssh_target(server)]
+        fwd = [*own_connection_argv(server, self.ssh_dir), "-N", "-o", "ExitOnForwardFailure=yes",
+               "-o", "StreamLocalBindUnlink=yes", "-L", f"{local_sock}:{far_sock}", ssh_target(server)]
         return FarHandle(popen, fwd, far_sock, server, self.ssh_dir)
 
     def close(self) -> None:
@@ -172,35 +170,26 @@ class FarBackend:
         end this backend's multiplexed SSH connections and remove their directory."""
         lost = set(self.lost())
         for server in {s.name: s for s in self.servers.values()}.values():
-            if server.name in lost and server.name in self._bases:
+            run = self._bases.get(server.name, {}).get("run")
+            if run is not None and server.name in lost:
                 LOG.warning("cluster server %s was lost: its run folder %s stays there (netai cluster clean, once "
-                            "it is back)", server.name, self._bases[server.name]["run"])
-            elif server.name in self._bases:
-                self._collect(server, self._bases[server.name]["run"])
-        for server in {s.name: s for s in self.servers.values()}.values():
+                            "it is back)", server.name, run)
+            elif run is not None:
+                self._collect(server, run)
             with contextlib.suppress(OSError, subprocess.SubprocessError):  # no master, or it is gone
                 subprocess.run([*ssh_argv(server, self.ssh_dir), "-O", "exit", ssh_target(server)],
                                capture_output=True, timeout=5, check=False)
         shutil.rmtree(self.ssh_dir, ignore_errors=True)
 
-
     def _collect(self, server: ClusterServer, run: str) -> None:
         """`run`'s folder on `server` into ``far/<server>`` here, then removed there (best effort:
         a lost machine's stays, for `netai cluster clean`)."""
-        dest = self.log_root / "far" / far_folder(server)
-        cmd = [*ssh_argv(server, self.ssh_dir), ssh_target(server), shlex.join(["tar", "-C", run, "-cf", "-", "."])]
-        try:
-            res = subprocess.run(cmd, capture_output=True, timeout=3 * SSH_CONNECT_TIMEOUT_S, check=False,
-                                 stdin=subprocess.DEVNULL)
-        except subprocess.TimeoutExpired:
-            LOG.warning("cluster server %s: its run folder %s is left there (no answer over SSH)", server.name, run)
-            return
+        res = ssh_run(server, self.ssh_dir, ["tar", "-C", run, "-cf", "-", "."])
         if res.returncode != 0:
-            LOG.warning("cluster server %s: its run folder %s is left there (%s)", server.name, run,
-                        res.stderr.decode(errors="replace").strip()[-200:] or f"tar exit {res.returncode}")
+            LOG.warning("cluster server %s: its run folder %s is left there (%s)", server.name, run, res.why)
             return
         try:
-            unpack_tree(res.stdout, dest)
+            unpack_tree(res.raw, self.log_root / "far" / far_folder(server))
         except (ValueError, tarfile.TarError) as e:
             LOG.warning("cluster server %s: its run folder was not brought back (%s); it is left there",
                         server.name, e)

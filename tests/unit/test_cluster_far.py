@@ -102,3 +102,17 @@ def test_a_far_server_that_no_longer_answers_is_lost_and_its_nodes_marked(
     assert far.mark_lost(net) == [other.name]
     assert (here.lost, near.lost, gone.lost) == (False, False, True)
     assert far.to_dict()["lost"] == [other.name]
+
+
+def test_a_forward_or_probe_has_its_own_connection_and_keeps_ssh_s_reason(tmp_path: Path) -> None:
+    from orchestrator.emulation.cluster import own_connection_argv, ssh_argv
+
+    shared = ssh_argv(FAR, tmp_path)
+    own = own_connection_argv(FAR, tmp_path)
+
+    assert "ControlMaster=auto" in shared and f"ControlPath={tmp_path}/%C" in shared and "-q" in shared
+    assert "ControlMaster=no" in own and "ControlPath=none" in own and "-q" not in own
+    assert not any(a.startswith("ControlPath=") and a != "ControlPath=none" for a in own)
+    # everything else as ssh_argv has it: the key, the host key check, the timeouts
+    assert [a for a in own if not a.startswith("Control")] == [a for a in shared if not a.startswith("Control")
+                                                               and a != "-q"]
