@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import statistics
 import tempfile
@@ -38,6 +37,7 @@ from typing import Any
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.joint import TrainingProfile
 from workers.compute import TrainingCost
+from workers.config import check_cost
 from workers.spec import DEFAULTS
 
 log = logging.getLogger(__name__)
@@ -89,9 +89,7 @@ class MeasuredProfile:
             raise ValueError(f"unknown profile keys {sorted(set(d) - known)}")
         p = cls(**dict(d))
         for name in ("train_cpu_s_per_example", "train_cpu_s_per_round", "aggregate_cpu_s_per_mb"):
-            value = getattr(p, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a number >= 0, got {value!r}")
+            check_cost(name, getattr(p, name))
         for name in ("train_examples", "model_bytes", "batch_size"):
             value = getattr(p, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -143,13 +141,14 @@ def _train_cpu(learners: Sequence[Any], repeats: int) -> list[tuple[int, list[fl
     learners taking turns. The workers train on a thread of their own (`workers.learning`): the
     process's CPU time counts it, the calling thread's would not (nothing else of this process runs
     meanwhile)."""
-    out: list[tuple[int, list[float]]] = [(0, []) for _ in learners]
+    examples = [0] * len(learners)
+    times: list[list[float]] = [[] for _ in learners]
     for _ in range(repeats):
         for i, learner in enumerate(learners):
             start = time.process_time()
-            examples = learner.train()
-            out[i] = (examples, [*out[i][1], time.process_time() - start])
-    return out
+            examples[i] = learner.train()
+            times[i].append(time.process_time() - start)
+    return list(zip(examples, times, strict=True))
 
 
 def _learner(cfg: Any) -> Any:
