@@ -1,9 +1,10 @@
 """`netai calibrate` and `netai validate CONFIG`: the flow-level simulation against the emulation.
 
-`calibrate` runs a fixed set of emulated measurements on this host (needs root, a few minutes) and
-stores the fitted parameters with the host's identity and the project's version
-(`orchestrator.experiment.calibrate`). `validate` runs a config emulated and simulated on the same
-tasks and prints how far apart they are (`orchestrator.experiment.validate`). Input is checked
+`calibrate` finds this host's time dilation K (auto-dilation trials of a fixed set), runs the set
+emulated at K (needs root, minutes) and stores K and the parameters fitted on it with the host's
+identity and the project's version (`orchestrator.experiment.calibrate`). `validate` runs a config
+emulated (at the host's K when the config sets none) and simulated on the same tasks and prints how
+far apart they are (`orchestrator.experiment.validate`). Input is checked
 before anything starts; progress goes to standard output, one line per step.
 """
 
@@ -14,6 +15,7 @@ import os
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
+from orchestrator.experiment.calibrate import DEFAULT_MAX_TIME_DILATION
 
 BACKENDS = ("auto", "docker", "process")
 
@@ -52,8 +54,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         except ValueError as e:
             raise ConfigError(str(e)) from e
     cal = calibrate(out_root=Path(args.out), store=store, backend=args.backend, emulated_run=reused,
-                    say=lambda line: print(line, flush=True))
+                    max_time_dilation=args.max_time_dilation, say=lambda line: print(line, flush=True))
     print(f"stored {cal.summary()} in {store}")
+    for t in (cal.dilation or {}).get("trials", []):
+        print(f"  trial K={t['k']:g}: {'faithful' if t['faithful'] else 'NOT faithful'} ({t['wall_s']:.0f} s)")
     print("parameters: " + ", ".join(f"{k} {v:g}" for k, v in cal.params.items())
           + f"; propagation {'on' if cal.delay_emulated else 'off'} (the emulation's link delay)")
     print(f"{'point':<20}{'emulated ms':>12}{'uncalibrated':>14}{'ratio':>8}{'calibrated':>12}{'ratio':>8}")
@@ -72,9 +76,29 @@ def cmd_validate(args: argparse.Namespace) -> int:
     reused = _check_run_dir(args.emulated_run)
     _check_root(reused)
     result = validate(cfg, out_root=Path(args.out), backend=args.backend, emulated_run=reused,
-                      calibration_store=_store(args), say=lambda line: print(line, flush=True))
+                      calibration_store=_store(args), host_k=not sets_dilation(Path(args.config)),
+                      say=lambda line: print(line, flush=True))
     print(f"written: {result.out_dir / 'validation.json'}")
     return 0
+
+
+def sets_dilation(config: Path) -> bool:
+    """Whether the config file sets ``emulation.time_dilation`` itself (a number, auto or host)."""
+    import yaml
+
+    raw = yaml.safe_load(config.read_text())
+    emulation = raw.get("emulation") if isinstance(raw, dict) else None
+    return isinstance(emulation, dict) and "time_dilation" in emulation
+
+
+def _dilation_cap(v: str) -> float:
+    try:
+        k = float(v)
+    except ValueError:
+        k = 0.0
+    if not 1 <= k <= 1000:
+        raise argparse.ArgumentTypeError(f"must be a number in 1..1000, got {v!r}")
+    return k
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -90,6 +114,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="fit the simulation's parameters on this host (needs root, minutes)")
     _common(p)
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="where the emulated workers run")
+    p.add_argument("--max-time-dilation", type=_dilation_cap, default=DEFAULT_MAX_TIME_DILATION, metavar="K",
+                   help=f"the largest K the time-dilation trials try (default {DEFAULT_MAX_TIME_DILATION:g})")
     p.set_defaults(func=cmd_calibrate)
     v = sub.add_parser("validate", help="run a config emulated and simulated on the same tasks and compare")
     v.add_argument("config", help="experiment YAML (engine: emulation), e.g. experiments/quick.yaml")

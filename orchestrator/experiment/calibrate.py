@@ -1,26 +1,30 @@
-"""`netai calibrate`: fit the flow-level simulation's parameters on this host, once
-(docs/architecture.md, "Flow-level simulation", calibration).
+"""`netai calibrate`: this host's time dilation and the flow-level simulation's parameters at it,
+once per host and version (docs/architecture.md, "Flow-level simulation", calibration).
 
-A fixed set of measurements, the same on every host:
+An emulation on a small host measures the host's contention as much as the emulated network unless
+it is time-dilated to a K at which its own fidelity verdict finds it faithful. So the host's
+calibration is first that K, and the model's parameters are then fitted on an emulation at K, where
+they describe the emulated network, not the host. A fixed set of measurements, the same on every host:
 
 1. the workers' own CPU per byte of a transfer (`measure_worker_cpu`: framing, socket, check,
-   aggregation, on one core of this host);
-2. one short emulated run of a fixed config (`CALIBRATION_SET`: NSFNET, spff and mst at 2 and 4
-   locals, 2 tasks each, 3 rounds, the 2.8 MB MLP, no background), whose environment also says
-   whether the links had delay (netem);
-3. the per-hop software latency (`per_hop_latency_ms`: what a chunk waits at each link of its path
-   beyond its transmission, in the site servers' and the software switch's code) fitted by
-   bisection so that the simulated mean round latency over the set's points matches the emulated
-   one (geometric mean of the per-point ratios within 1 %);
-   `tcp_efficiency` is derived (TCP payload per Ethernet frame at MTU 1500), `cpu_cores` is the
-   cores this process may use, and the wire bytes per payload byte (`wire_bytes_factor`) are
-   measured: the emulated run's carried bytes over the simulated payload's, task by task, and so
-   is `train_cpu_factor`: the emulated trainings' real over modelled time at 2 locals (the median;
-   a training within its modelled time counts 1), where a task's trainings do not outnumber the
-   cores, and `cpu_s_per_byte_hop`: the host's busy CPU over the run less the trainings and the
-   workers' per-byte work, per byte carried on a link (`switch_cpu_per_byte_hop`).
+   aggregation, on one core of this host): a figure of the host, stored in ``host_cpu``, not applied;
+2. the host's K and the emulated reference at it: the fixed config (`CALIBRATION_SET`: NSFNET, spff
+   and mst at 2 and 4 locals, 1 task each, 3 rounds, the 2.8 MB MLP, no background) run with
+   ``time_dilation: auto`` up to the cap (`DEFAULT_MAX_TIME_DILATION`): the auto-dilation trials
+   (one task at 4 locals, 3 rounds, each scheduler, at K = 1, 2, 4, ...;
+   `orchestrator.experiment.calibration`) choose the smallest faithful K (else the cap, said and
+   stored as not faithful), then the set runs at that K; its environment also says whether the
+   links had delay (netem); the lone trainings' real over modelled time on it is stored in
+   ``host_cpu`` (1 when they held: the host kept up at K);
+3. the per-hop software latency (`per_hop_latency_ms`: what a chunk still waits at each link of its
+   path at K beyond its transmission) fitted by bisection so that the simulated mean round latency
+   over the set's points matches the emulated one (geometric mean of the per-point ratios within
+   1 %); `tcp_efficiency` is derived (TCP payload per Ethernet frame at MTU 1500), and the wire
+   bytes per payload byte (`wire_bytes_factor`) measured: the emulated run's carried bytes over the
+   simulated payload's, task by task. No CPU model is stored: at a faithful K the host's CPU does
+   not show in the emulated times, and a model of it would charge the host to the network.
 
-The result is stored with the host's identity and the project's version
+The result is stored with the host's identity and the project's version, K and its trials
 (`orchestrator.simulation.calibration`), together with the per-point ratios before and after, so
 that an uncalibrated run can say how far off the defaults were here. Nothing is stored when a step
 fails.
@@ -29,10 +33,9 @@ fails.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -42,13 +45,17 @@ from orchestrator.results import queries
 from orchestrator.simulation.calibration import Calibration, HostIdentity, new_id, save
 from orchestrator.simulation.spec import WIRE_BYTES_FACTOR
 
-#: The fixed emulated set every calibration runs (about 8 task runs of 3 rounds).
+#: The largest K the calibration's trials try (`netai calibrate --max-time-dilation`).
+DEFAULT_MAX_TIME_DILATION = 16.0
+#: The fixed emulated set every calibration runs (4 task runs of 3 rounds), at the K its trials
+#: choose (``time_dilation: auto``; the cap is set by `calibration_config`). One task a point (format 1
+#: ran 2): at K its wall time is K times its emulated time, and the fit compares each task with its twin.
 CALIBRATION_SET: dict[str, Any] = {
     "name": "calibrate", "topology": "sndlib/nobel-us", "schedulers": ["spff", "mst"], "locals": [2, 4],
-    "tasks_per_point": 2, "seed": 11,
+    "tasks_per_point": 1, "seed": 11,
     "task": {"model": "mlp", "model_args": {"hidden": 800, "layers": 2}, "rounds": 3, "demand_mbps": 1000,
              "partition": "iid"},
-    "emulation": {"max_link_mbps": 100, "backend": "auto"}, "background": {"enabled": False},
+    "emulation": {"max_link_mbps": 100, "backend": "auto", "time_dilation": "auto"}, "background": {"enabled": False},
 }
 #: TCP payload per byte htb shapes at MTU 1500: 1448 bytes of payload (1500 less the IP and TCP
 #: headers with timestamps) per 1514-byte Ethernet frame.
@@ -62,9 +69,11 @@ FIT_STEPS = 14
 Say = Callable[[str], None]
 
 
-def calibration_config(backend: str = "auto") -> ExperimentConfig:
-    """`CALIBRATION_SET` as a config (its backend may be chosen: the measurements are the same)."""
-    raw = {**CALIBRATION_SET, "emulation": {**CALIBRATION_SET["emulation"], "backend": backend}}
+def calibration_config(backend: str = "auto", max_time_dilation: float = DEFAULT_MAX_TIME_DILATION) -> ExperimentConfig:
+    """`CALIBRATION_SET` as a config (its backend may be chosen: the measurements are the same), its
+    trials up to `max_time_dilation`."""
+    raw = {**CALIBRATION_SET, "emulation": {**CALIBRATION_SET["emulation"], "backend": backend,
+                                            "max_time_dilation": max_time_dilation}}
     return parse_config(raw, where="the calibration set")
 
 
@@ -129,6 +138,7 @@ def simulated_config(cfg: ExperimentConfig, params: dict[str, Any], *, propagati
     raw = cfg.to_dict()
     for key in ("online", "events", "reschedule", "simulation"):
         raw.pop(key, None)
+    raw["emulation"] = {k: v for k, v in raw["emulation"].items() if k not in ("time_dilation", "max_time_dilation")}
     raw.update(engine="simulation", mode="sequential",
                simulation={"rates": "emulated", "propagation": propagation, **params,
                            "calibration": params.get("calibration") or "set explicitly"})
@@ -198,25 +208,6 @@ def lone_ratios(spans: list[dict[str, Any]]) -> list[float]:
     return out
 
 
-def switch_cpu_per_byte_hop(run_dir: Path, run_id: int, worker_s_per_byte: float) -> float:
-    """CPU seconds per byte and link the emulation spent besides training and the workers' own
-    transfer code: the host's busy core-seconds over the run (`host_samples`: the share of the
-    cores busy, sampled with the link load) less the trainings' time and the workers' per-byte work,
-    over the bytes the tasks carried on the links (counted once per link: byte-hops). What remains
-    is mostly the software switch (the userspace datapath) moving those bytes."""
-    from orchestrator.results.db import ResultsDB
-
-    with ResultsDB(run_dir / "results.db") as db:
-        env = db.run(run_id)["environment"]
-        fig = queries.cpu_figures(db.conn, run_id)
-    busy, span, carried = fig["busy"], fig["span_s"], fig["carried_bytes"]
-    if not busy or not span or not carried:
-        return 0.0
-    core_s = float(busy) * int(env.get("cpus") or len(os.sched_getaffinity(0))) * float(span)
-    rest = core_s - float(fig["train_s"] or 0.0) - worker_s_per_byte * float(carried)
-    return max(0.0, rest / float(carried))
-
-
 def geo_ratio(sim: dict[tuple[str, int], float], emu: dict[tuple[str, int], float]) -> float:
     """Geometric mean over the common points of sim / emu (the fit's criterion)."""
     keys = sorted(set(sim) & set(emu))
@@ -248,9 +239,21 @@ def fit(emu: dict[tuple[str, int], float], simulate_with: Callable[[float], dict
     return (lo + hi) / 2
 
 
+@dataclass(frozen=True)
+class Reference:
+    """The calibration set's emulated run: where, whether its links had delay, and its K."""
+
+    run_dir: Path
+    run_id: int
+    delay: bool
+    #: The K it ran at, and the auto-dilation search that chose it (None: a run without one).
+    k: float
+    dilation: dict[str, Any] | None
+
+
 def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_run: Path | None = None,
-              say: Say = print) -> Calibration:
-    """Run the fixed set, fit, store (see the module docstring); the stored calibration.
+              max_time_dilation: float = DEFAULT_MAX_TIME_DILATION, say: Say = print) -> Calibration:
+    """Run the fixed set at the host's K, fit, store (see the module docstring); the stored calibration.
 
     Raises
     ------
@@ -259,66 +262,71 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
     """
     host = HostIdentity.here()
     say(f"calibrate: host {host.hostname} ({host.cores} cores, {host.cpu_model}, kernel {host.kernel})")
-    cfg = calibration_config(backend)
+    cfg = calibration_config(backend, max_time_dilation)
     say("[1/3] the workers' CPU per byte of a transfer, on this host ...")
     per_byte = min(measure_worker_cpu(dict(cfg.task.model_args or {})) for _ in range(3))
     say(f"  {per_byte:.3g} s per byte")
-    say(f"[2/3] emulated run of the fixed set ({len(cfg.schedulers)} schedulers x {len(cfg.locals)} points x "
-        f"{cfg.tasks_per_point} tasks, {cfg.task.rounds} rounds) ...")
-    run_dir, run_id, delay = _emulated(cfg, out_root, emulated_run, say)
-    emu = point_means(run_dir, run_id)
-    say("  " + ", ".join(f"{s} {n} locals {v * 1e3:.1f} ms" for (s, n), v in sorted(emu.items())))
-    train = round(training_factor(run_dir, run_id), 3)
-    say(f"  real training over modelled, trainings that ran alone (median): {train:.3f}")
-    per_hop_byte = float(f"{switch_cpu_per_byte_hop(run_dir, run_id, per_byte):.3g}")
-    say(f"  CPU per byte and link besides training and the workers (the switch): {per_hop_byte:.3g} s")
-    base = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4), "cpu_cores": len(os.sched_getaffinity(0)),
-            "cpu_s_per_byte": float(f"{per_byte:.3g}"), "train_cpu_factor": train,
-            "cpu_s_per_byte_hop": per_hop_byte}
-    sim_dir = out_root / "calibration-sims"
+    say(f"[2/3] the host's time dilation (trials of 1 task at {max(cfg.locals)} locals, K up to "
+        f"{max_time_dilation:g}), then the fixed set emulated at it ({len(cfg.schedulers)} schedulers x "
+        f"{len(cfg.locals)} points x {cfg.tasks_per_point} tasks, {cfg.task.rounds} rounds) ...")
+    ref = _emulated(cfg, out_root, emulated_run, say)
+    emu = point_means(ref.run_dir, ref.run_id)
+    say(f"  at K={ref.k:g}: " + ", ".join(f"{s} {n} locals {v * 1e3:.1f} ms" for (s, n), v in sorted(emu.items())))
+    train = round(training_factor(ref.run_dir, ref.run_id), 3)
+    say(f"  real training over modelled at K={ref.k:g}, trainings that ran alone (median): {train:.3f}")
+    say(f"[3/3] fitting {FIT_PARAM} to the emulated round latency at K={ref.k:g} ...")
+    params, points, off = _fit_model(cfg, ref, emu, out_root, say)
+    cal_id, created = new_id(host)
+    from orchestrator import __version__
 
+    cal = Calibration(id=cal_id, created=created, host=host, version=__version__, params=params,
+                      delay_emulated=ref.delay, points=points, uncalibrated_off_by=off,
+                      time_dilation=ref.k, dilation=ref.dilation,
+                      host_cpu={"cpu_s_per_byte": float(f"{per_byte:.3g}"), "train_real_over_modelled": train},
+                      note=f"netai calibrate: fixed set {cfg.topology} spff/mst at 2 and 4 locals, emulated run "
+                           f"{ref.run_dir.name} at K={ref.k:g} (auto-dilation trials up to {max_time_dilation:g}); "
+                           f"tcp_efficiency derived, {FIT_PARAM} fitted and wire_bytes_factor measured at K")
+    save(cal, store)
+    return cal
+
+
+def _fit_model(cfg: ExperimentConfig, ref: Reference, emu: dict[tuple[str, int], float], out_root: Path,
+               say: Say) -> tuple[dict[str, float], list[dict[str, Any]], float]:
+    """The model's parameters fitted on the reference (`FIT_PARAM` by `fit`, the wire factor measured),
+    each point's emulated, uncalibrated and calibrated mean round time, and the defaults' worst error."""
+    base = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4)}
+    sim_dir = out_root / "calibration-sims"
     last: list[tuple[Path, int]] = []
 
     def simulate_with(value: float, params: dict[str, Any] | None = None) -> dict[tuple[str, int], float]:
         from orchestrator.experiment.simulated import run_simulated
 
         p = params if params is not None else {**base, FIT_PARAM: value}
-        outcome = run_simulated(simulated_config(cfg, p, propagation=delay), out_root=sim_dir, figures=False)
+        outcome = run_simulated(simulated_config(cfg, p, propagation=ref.delay), out_root=sim_dir, figures=False)
         last[:] = [(outcome.run_dir, outcome.run_id)]
         return point_means(outcome.run_dir, outcome.run_id)
 
-    say(f"[3/3] fitting {FIT_PARAM} to the emulated round latency ...")
     fitted = float(f"{fit(emu, simulate_with, say):.3g}")
     before, after = simulate_with(0.0, {}), simulate_with(fitted)
-    factor = wire_factor(carried_by_task(run_dir, run_id), carried_by_task(*last[0]), WIRE_BYTES_FACTOR)
+    factor = wire_factor(carried_by_task(ref.run_dir, ref.run_id), carried_by_task(*last[0]), WIRE_BYTES_FACTOR)
     say(f"  wire bytes per payload byte (carried bytes): {factor:.4f} (derived default {WIRE_BYTES_FACTOR})")
     params = {**base, FIT_PARAM: fitted, "wire_bytes_factor": round(factor, 4)}
     points: list[dict[str, Any]] = [
         {"scheduler": s, "locals": n, "emulated_s": emu[(s, n)], "uncalibrated_s": before.get((s, n)),
          "calibrated_s": after.get((s, n))} for s, n in sorted(emu)]
     off = max((abs(before[k] / emu[k] - 1) for k in emu if k in before), default=0.0)
-    cal_id, created = new_id(host)
-    from orchestrator import __version__
-
-    cal = Calibration(id=cal_id, created=created, host=host, version=__version__, params=params,
-                      delay_emulated=delay, points=points, uncalibrated_off_by=off,
-                      note=f"netai calibrate: fixed set {cfg.topology} spff/mst at 2 and 4 locals, emulated run "
-                           f"{run_dir.name}; tcp_efficiency derived, cpu_cores this host's, cpu_s_per_byte measured, "
-                           f"{FIT_PARAM} fitted, wire_bytes_factor, train_cpu_factor and cpu_s_per_byte_hop measured")
-    save(cal, store)
-    return cal
+    return params, points, off
 
 
-def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None, say: Say = print
-              ) -> tuple[Path, int, bool]:
-    """The fixed set's emulated run (run now, or an earlier one given): folder, run id, delay; its
-    fidelity verdict said (a point that measured the host fits the model to the host)."""
+def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None, say: Say = print) -> Reference:
+    """The fixed set's emulated run at the host's K (run now, its trials first, or an earlier one
+    given); its fidelity verdict said (a point that measured the host fits the model to the host)."""
     from orchestrator.results.db import ResultsDB
 
     if emulated_run is None:
         from orchestrator.experiment.runner import run_experiment
 
-        outcome = run_experiment(cfg, out_root=out_root, progress=False)
+        outcome = run_experiment(cfg, out_root=out_root, progress=False, figures=False)
         if outcome.status != "completed":
             raise ConfigError(f"the calibration's emulated run {outcome.run_dir} ended {outcome.status}")
         run_dir, run_id = outcome.run_dir, outcome.run_id
@@ -329,10 +337,14 @@ def _emulated(cfg: ExperimentConfig, out_root: Path, emulated_run: Path | None, 
         env = db.run(run_id)["environment"]
     from orchestrator.results.agreement_report import fidelity_lines
 
+    dilation = env.get("time_dilation_calibration")
+    k = float(env.get("time_dilation") or 1.0)
+    if dilation is not None and not dilation.get("faithful"):
+        say(f"  warning: no K up to {dilation.get('cap')} was faithful: K={k:g} (the cap) still measures some of the host")
     for line in fidelity_lines(run_dir, run_id, [(s, n) for s in cfg.schedulers for n in cfg.locals],
                                compute_modelled=cfg.task.compute_timing == "modeled"):
         say("  " + line)
-    return run_dir, run_id, bool(env.get("delay_emulated", False))
+    return Reference(run_dir, run_id, bool(env.get("delay_emulated", False)), k, dilation)
 
 
 def same_config_run(run_dir: Path, cfg: ExperimentConfig) -> int:

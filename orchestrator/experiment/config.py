@@ -38,8 +38,8 @@ ARRIVALS = ("poisson", "all")
 #: ``emulation``: Mininet, real workers; ``simulation``: the flow-level model on SimGrid
 #: (`orchestrator.simulation`; docs/architecture.md, "Flow-level simulation").
 ENGINES = ("emulation", "simulation")
-#: ``emulation.time_dilation: auto``: K chosen by a calibration before the run.
-AUTO = "auto"
+#: ``emulation.time_dilation``: ``auto`` (K from trials before the run), ``host`` (this host's, `netai calibrate`).
+AUTO, HOST = "auto", "host"
 #: The most a time dilation may be (a fixed K, or the calibration's cap).
 MAX_TIME_DILATION = 1000.0
 
@@ -97,6 +97,9 @@ class EmulationConfig:
     #: The largest K the calibration tries (only with ``time_dilation: auto``); when none up to it is
     #: faithful the run goes on at this K and its verdict says so.
     max_time_dilation: float = 64.0
+    #: ``time_dilation: host``: this host's K; `host_dilation.resolve` sets it and the calibration's id (`_from`).
+    time_dilation_host: bool = False
+    time_dilation_from: str = ""
     #: Cluster mode: the servers the sites are spread over (`orchestrator.emulation.cluster`); runs
     #: with the process backend.
     cluster: ClusterSpec | None = None
@@ -192,11 +195,11 @@ class ExperimentConfig:
         if self.engine != "simulation":
             del d["simulation"]  # only allowed with engine: simulation
         del d["remote_servers"]
-        if self.emulation.time_dilation_auto:
-            d["emulation"]["time_dilation"] = AUTO
-        else:
+        if self.emulation.time_dilation_auto or self.emulation.time_dilation_host:
+            d["emulation"]["time_dilation"] = AUTO if self.emulation.time_dilation_auto else HOST
+        if not self.emulation.time_dilation_auto:
             del d["emulation"]["max_time_dilation"]
-        del d["emulation"]["time_dilation_auto"]
+        del d["emulation"]["time_dilation_auto"], d["emulation"]["time_dilation_host"], d["emulation"]["time_dilation_from"]
         if self.emulation.cluster is None:
             del d["emulation"]["cluster"]
         else:
@@ -267,9 +270,9 @@ def _bool(key: str, v: Any) -> bool:
 
 
 def _dilation(key: str, v: Any) -> float:
-    """A fixed K (a number in 1..`MAX_TIME_DILATION`); ``auto`` is taken out before (`_emulation`)."""
+    """A fixed K (a number in 1..`MAX_TIME_DILATION`); ``auto`` and ``host`` are taken out before (`_emulation`)."""
     if isinstance(v, str):
-        raise ConfigError(f"{key} must be a number >= 1 and <= {MAX_TIME_DILATION:g} or {AUTO}, got {v!r}")
+        raise ConfigError(f"{key} must be a number >= 1 and <= {MAX_TIME_DILATION:g}, {AUTO} or {HOST}, got {v!r}")
     return _num(1, MAX_TIME_DILATION)(key, v)
 
 
@@ -288,14 +291,13 @@ def _emulation(raw: Any, base_dir: Path | None) -> EmulationConfig:
     """The emulation section; its ``cluster`` entry names files relative to the config's folder."""
     rest = dict(raw) if isinstance(raw, Mapping) else raw
     cluster = rest.pop("cluster", None) if isinstance(rest, dict) else None
-    auto = isinstance(rest, dict) and rest.get("time_dilation") == AUTO
-    if auto:
+    word = rest.get("time_dilation") if isinstance(rest, dict) else None
+    if word in (AUTO, HOST):
         rest = {k: v for k, v in rest.items() if k != "time_dilation"}
-    elif isinstance(rest, dict) and "max_time_dilation" in rest:
+    if word != AUTO and isinstance(rest, dict) and "max_time_dilation" in rest:
         raise ConfigError("emulation.max_time_dilation is the calibration's cap: it needs time_dilation: auto")
-    cfg = EmulationConfig(**_section("emulation", rest, EMULATION_SCHEMA))
-    if auto:
-        cfg = replace(cfg, time_dilation_auto=True)
+    cfg = replace(EmulationConfig(**_section("emulation", rest, EMULATION_SCHEMA)), time_dilation_auto=word == AUTO,
+                  time_dilation_host=word == HOST)
     spec = parse_cluster(cluster, base_dir=base_dir)
     if spec is not None and cfg.backend == "docker":
         raise ConfigError("emulation.cluster runs the process backend (plain Mininet hosts), not docker")
@@ -440,8 +442,9 @@ def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentCon
         raise ConfigError("engine: simulation runs mode: sequential only")
     if engine == "simulation" and cfg.emulation.cluster is not None:
         raise ConfigError("emulation.cluster needs engine: emulation")
-    if engine == "simulation" and cfg.emulation.time_dilation_auto:
-        raise ConfigError("emulation.time_dilation: auto calibrates the emulation: it needs engine: emulation")
+    if engine == "simulation" and (cfg.emulation.time_dilation_auto or cfg.emulation.time_dilation_host):
+        word = "auto calibrates" if cfg.emulation.time_dilation_auto else "host dilates"
+        raise ConfigError(f"emulation.time_dilation: {word} the emulation: it needs engine: emulation")
     return replace(cfg, engine=engine,
                    simulation=SimulationConfig(**_section("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
 

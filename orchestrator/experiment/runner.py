@@ -115,6 +115,7 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         "max_link_mbps": cfg.emulation.max_link_mbps,
         # emulated time runs this many times slower than the wall (1: real time); durations are emulated
         "time_dilation": plan.time_dilation,
+        "time_dilation_from": cfg.emulation.time_dilation_from or None,  # `time_dilation: host`: whose K
         # how the locals' training times were taken (workers.compute): the fidelity verdict reads it
         "compute_timing": cfg.task.compute_timing,
         "connectivity": cfg.emulation.connectivity,
@@ -192,6 +193,9 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     `orchestrator.experiment.simulated`). Without `figures` the run folder has the CSVs and the report
     but no plots (``netai experiment --no-figures``).
     """
+    from orchestrator.experiment.host_dilation import resolve
+
+    cfg = resolve(cfg)  # `time_dilation: host`: this host's K, or a ConfigError before anything starts
     if cfg.sweep:  # one run per entry, then the sweep's report (orchestrator.experiment.sweep)
         from orchestrator.experiment.sweep import run_sweep
 

@@ -8,6 +8,11 @@ host's calibration (`experiment.simulated.apply_calibration`; none: it says it i
 The emulated half may be an earlier emulated run of the same config (`emulated_run`): it is the
 expensive half, and the same tasks make it the same measurement.
 
+The emulated reference runs at this host's time dilation K (`host_dilation`, stored by `netai
+calibrate`) when the config sets no K itself (`reference_config`; ``time_dilation: host`` too), so
+that it measures the emulated network rather than the host's contention; which K and which
+calibration is printed and recorded. A host without one runs it undilated, and says so.
+
 Everything lands in one folder: the two run folders, ``validation.json`` (every figure printed)
 and ``sim_vs_emu.png``/``.svg`` (simulated against emulated, per task).
 """
@@ -74,9 +79,31 @@ def simulated_twin(cfg: ExperimentConfig, *, propagation: bool) -> ExperimentCon
     return parse_config(raw, where=f"{cfg.name} (simulated twin)")
 
 
+def reference_config(cfg: ExperimentConfig, store: Path | None, *, host_k: bool, say: Say) -> ExperimentConfig:
+    """The config the emulated reference runs: ``time_dilation: host`` resolved (a `ConfigError`
+    without the host's K); with `host_k` (the config sets no K itself) at the host's K when its
+    calibration has one, else undilated, saying so; otherwise `cfg` as it is."""
+    from orchestrator.experiment.host_dilation import host_calibration, resolve, with_k
+
+    if cfg.emulation.time_dilation_host:
+        cfg = resolve(cfg, store)
+    elif host_k:
+        try:
+            cfg = with_k(cfg, host_calibration(store))
+        except ConfigError as e:
+            say(f"emulated reference undilated (K=1), which on a small host measures the host too: {e}")
+            return cfg
+    else:
+        return cfg
+    say(f"emulated reference at this host's time dilation K={cfg.emulation.time_dilation:g} "
+        f"(calibration {cfg.emulation.time_dilation_from})")
+    return cfg
+
+
 def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = None, emulated_run: Path | None = None,
-             calibration_store: Path | None = None, say: Say = print) -> Validation:
-    """Run `cfg` both ways and compare (see the module docstring).
+             calibration_store: Path | None = None, host_k: bool = False, say: Say = print) -> Validation:
+    """Run `cfg` both ways and compare (see the module docstring); with `host_k` (the config sets no
+    K) the emulated reference runs at the host's K (`reference_config`).
 
     Raises
     ------
@@ -88,6 +115,7 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
     check_validatable(cfg)
     if backend:
         cfg = replace_backend(cfg, backend)
+    cfg = reference_config(cfg, calibration_store, host_k=host_k, say=say)
     emu_id = same_config_run(emulated_run, cfg) if emulated_run is not None else None
     folder = out_root / f"{cfg.name}-validate-{time.strftime('%Y%m%d-%H%M%S')}"
     folder.mkdir(parents=True, exist_ok=False)
@@ -141,6 +169,9 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
             "UNCALIBRATED: " + str(env.get("uncalibrated_reason", "no calibration of this host")))
     figure = out.draw_tasks(pairs, folder, f"{cfg.name}: simulated vs emulated, per task")
     lines = [f"validate {cfg.name}: emulated {emu_dir} (run {emu.run_id}), simulated {sim_dir} (run {sim.run_id})",
+             f"emulated at time dilation K={float(emu.environment.get('time_dilation') or 1.0):g} ("
+             + (f"this host's, calibration {cfg.emulation.time_dilation_from})" if cfg.emulation.time_dilation_from
+                else "chosen by its trials)" if cfg.emulation.time_dilation_auto else "the config's)"),
              f"simulation {head}; propagation {'on' if env.get('delay_emulated') else 'off'}, emulated delay "
              f"{'on' if emu.environment.get('delay_emulated') else 'off'}",
              f"tasks compared: {len(pairs)} (emulated done {sum(t.state == 'done' for t in emu.tasks)}, "
@@ -155,6 +186,8 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
         say(line)
     doc: dict[str, Any] = {"config": cfg.name, "emulated_run": str(emu_dir), "simulated_run": str(sim_dir),
                            "calibrated": calibrated, "calibration": env.get("calibration_summary"),
+                           "time_dilation": emu.environment.get("time_dilation", cfg.emulation.time_dilation),
+                           "time_dilation_from": cfg.emulation.time_dilation_from or None,
                            "tasks_compared": len(pairs), "figure": [str(p) for p in figure]}
     (folder / "validation.json").write_text(json.dumps(out.as_json(points, claims, doc), indent=1, default=str))
     (folder / "validation.txt").write_text("\n".join(lines) + "\n")

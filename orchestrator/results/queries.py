@@ -341,17 +341,6 @@ def overrun_ratios(conn: sqlite3.Connection, run_id: int, n_locals: int) -> list
               "WHERE o.run_id = ? AND t.n_locals = ? AND o.modelled_s > 0", (run_id, n_locals))]
 
 
-def cpu_figures(conn: sqlite3.Connection, run_id: int) -> dict[str, float | None]:
-    """The run's mean host CPU busy share and the span of its samples (s), the summed training
-    time of its node-rounds (s) and the bytes its tasks carried (None where nothing was recorded)."""
-    busy = _rows(conn, "SELECT AVG(cpu_busy) AS busy, MAX(t_s) - MIN(t_s) AS span FROM host_samples WHERE run_id = ?",
-                 (run_id,))[0]
-    train = _rows(conn, "SELECT SUM(train_end_s - train_start_s) AS s FROM node_rounds WHERE run_id = ? "
-                        "AND train_start_s IS NOT NULL AND train_end_s IS NOT NULL", (run_id,))[0]["s"]
-    carried = _rows(conn, "SELECT SUM(carried_bytes) AS b FROM tasks WHERE run_id = ?", (run_id,))[0]["b"]
-    return {"busy": busy["busy"], "span_s": busy["span"], "train_s": train, "carried_bytes": carried}
-
-
 def training_spans(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
     """Every node-round's training: its task and round, start, real seconds (its overrun's, else
     None: it held until the modelled end) and modelled seconds (None when it held: not recorded)."""

@@ -180,7 +180,9 @@ def dilation_lines(env: Mapping[str, Any]) -> list[str]:
     k, cal = env.get("time_dilation", 1.0), env.get("time_dilation_calibration")
     if k == 1 and not cal:
         return []
-    how = "set in the config" if not cal else (
+    fixed = (f"this host's K, from its calibration {env['time_dilation_from']} (time_dilation: host)"
+             if env.get("time_dilation_from") else "set in the config")
+    how = fixed if not cal else (
         f"chosen by calibration, the smallest faithful K of those tried up to {cal['cap']:g}" if cal["faithful"]
         else f"NO K up to the calibration's cap {cal['cap']:g} was faithful: the run used the cap")
     wall, emulated = env.get("run_wall_s"), env.get("clock_end_s")

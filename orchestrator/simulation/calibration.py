@@ -1,9 +1,14 @@
 """The simulation's calibrations: parameters fitted on one host, stored with the host's identity and
 the project's version (docs/architecture.md, "Flow-level simulation", calibration).
 
-A calibration (`Calibration`) holds the `SimParams` fields that `netai calibrate` measured or fitted
-on this host (`orchestrator.experiment.calibrate`), whether the emulation it stands for had link
-delay, and how far the uncalibrated model was from the emulation on the calibration's own points.
+A calibration (`Calibration`) holds this host's time dilation K (the smallest K of the auto-dilation
+trials at which the emulation measured the emulated network, not the host; `time_dilation`, with the
+trials in `dilation`), the `SimParams` fields that `netai calibrate` measured or fitted on the
+emulated reference run at that K (`orchestrator.experiment.calibrate`), what it measured of the
+host itself (`host_cpu`), whether the emulation it stands for had link delay, and how far the
+uncalibrated model was from the emulation on the calibration's own points. Format 1 entries (made
+before K was measured: their reference ran undilated and their parameters model the host's
+contention) still load, with no K.
 The store is one JSON file (`default_path`, or `$NETAI_CALIBRATION`, or a path the caller gives)
 holding a list of calibrations; a simulated run uses the newest one whose host identity
 (`HostIdentity`: hostname, machine id, CPU model, cores, kernel) and project version both match
@@ -29,8 +34,10 @@ from orchestrator import __version__
 
 #: Environment variable naming the calibration store (else `default_path`).
 ENV_PATH = "NETAI_CALIBRATION"
-#: The store's format version.
-FORMAT = 1
+#: The store's format version (2: the host's time dilation; 1 still loads, with none).
+FORMAT = 2
+#: The formats `load_all` reads.
+READABLE_FORMATS = (1, 2)
 #: The SimParams fields a calibration may set.
 PARAMS = ("tcp_efficiency", "cpu_cores", "cpu_s_per_byte", "cpu_s_per_chunk", "cpu_s_per_byte_hop",
           "per_hop_latency_ms", "alpha_s", "wire_bytes_factor", "train_cpu_factor")
@@ -87,16 +94,38 @@ class Calibration:
     created: str
     host: HostIdentity
     version: str
-    #: SimParams fields (a subset of `PARAMS`).
+    #: SimParams fields (a subset of `PARAMS`) a simulated run takes where its config leaves the
+    #: default. Format 2: fitted or measured on the emulated reference at `time_dilation`, so they
+    #: describe the emulated network at K (`per_hop_latency_ms` what a chunk still waits per link
+    #: there, `wire_bytes_factor` its frames per payload byte, `tcp_efficiency` derived); no CPU
+    #: model (at a faithful K the host's CPU does not show). Format 1: fitted on an undilated run,
+    #: the host's contention included (the CPU model's fields).
     params: dict[str, float]
     #: Whether the calibration's emulation had link delay (netem): simulated runs put propagation
     #: on only if it did.
     delay_emulated: bool
-    #: Per point of the calibration run: emulated mean round time, simulated before and after.
+    #: Per point of the calibration run: emulated mean round time (at `time_dilation`, emulated
+    #: seconds), simulated before (defaults) and after (`params`).
     points: list[dict[str, Any]] = field(default_factory=list)
     #: The uncalibrated model's worst |sim/emu - 1| over the calibration's points.
     uncalibrated_off_by: float = 0.0
     note: str = ""
+    #: This host's time dilation K: what ``emulation.time_dilation: host`` and `netai validate`
+    #: use; None in a format 1 entry (not measured).
+    time_dilation: float | None = None
+    #: The auto-dilation search that chose K (`orchestrator.experiment.calibration.Calibration.to_dict`:
+    #: k, faithful, cap, wall_s, each trial's K, verdict, reasons, wall and emulated seconds);
+    #: None in a format 1 entry.
+    dilation: dict[str, Any] | None = None
+    #: What was measured of the host itself, not applied to the model: ``cpu_s_per_byte`` (the
+    #: workers' code per byte on one core, wall seconds), ``train_real_over_modelled`` (lone trainings'
+    #: real over modelled time on the reference at K, 1 when they held).
+    host_cpu: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def dilation_faithful(self) -> bool | None:
+        """Whether a trial at `time_dilation` was faithful (None: no K measured)."""
+        return None if self.dilation is None else bool(self.dilation.get("faithful"))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -107,12 +136,17 @@ class Calibration:
         return cls(id=str(d["id"]), created=str(d["created"]), host=HostIdentity(**d["host"]),
                    version=str(d["version"]), params=params, delay_emulated=bool(d["delay_emulated"]),
                    points=list(d.get("points", [])), uncalibrated_off_by=float(d.get("uncalibrated_off_by", 0.0)),
-                   note=str(d.get("note", "")))
+                   note=str(d.get("note", "")),
+                   time_dilation=None if d.get("time_dilation") is None else float(d["time_dilation"]),
+                   dilation=dict(d["dilation"]) if d.get("dilation") is not None else None,
+                   host_cpu={k: float(v) for k, v in dict(d.get("host_cpu") or {}).items()})
 
     def summary(self) -> str:
-        """One line for a report: which calibration, when, where."""
+        """One line for a report: which calibration, when, where, and the host's K."""
+        k = ("no time dilation measured" if self.time_dilation is None else
+             f"host time dilation K={self.time_dilation:g} ({'faithful' if self.dilation_faithful else 'NOT faithful: the cap'})")
         return (f"calibration {self.id} of {self.created} on host {self.host.hostname} "
-                f"({self.host.cores} cores, {self.host.cpu_model}), version {self.version}")
+                f"({self.host.cores} cores, {self.host.cpu_model}), version {self.version}, {k}")
 
 
 def default_path() -> Path:
@@ -137,8 +171,8 @@ def load_all(path: Path) -> list[Calibration]:
         return []
     try:
         doc = json.loads(path.read_text())
-        if doc.get("format") != FORMAT:
-            raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT}")
+        if doc.get("format") not in READABLE_FORMATS:
+            raise ValueError(f"format {doc.get('format')!r}, expected one of {READABLE_FORMATS}")
         return [Calibration.from_dict(c) for c in doc["calibrations"]]
     except (ValueError, KeyError, TypeError, AttributeError) as e:
         raise ValueError(f"{path} is not a calibration store: {e}") from e
@@ -201,7 +235,8 @@ def uncalibrated_note(path: Path, reason: str) -> dict[str, Any]:
         cals = []
     if cals:
         worst = max(cals, key=lambda c: c.uncalibrated_off_by)
-        where = f"the points of {worst.id} ({worst.host.hostname})"
+        at = "" if worst.time_dilation is None else f", emulated at K={worst.time_dilation:g}"
+        where = f"the points of {worst.id} ({worst.host.hostname}{at})"
         return {"calibrated": False, "uncalibrated_reason": reason, "uncalibrated_off_by": worst.uncalibrated_off_by,
                 "uncalibrated_where": where}
     return {"calibrated": False, "uncalibrated_reason": reason, "uncalibrated_off_by": UNCALIBRATED_OFF_BY,

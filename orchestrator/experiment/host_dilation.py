@@ -1,0 +1,67 @@
+"""This host's time dilation K, from its calibration (``emulation.time_dilation: host``; `netai
+validate` for a config that sets no K): docs/architecture.md, "Fidelity" and "Flow-level simulation".
+
+`netai calibrate` runs the auto-dilation trials once on the calibration set's workload and stores the
+K they chose with the host's calibration (`orchestrator.simulation.calibration.Calibration.time_dilation`).
+A config that says ``time_dilation: host`` runs at that K without trials of its own; a host with no
+such calibration (none, another host's or version's, or one made before K was measured) is a
+`ConfigError` before anything starts, naming `netai calibrate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.simulation.calibration import Calibration, CalibrationMismatch, default_path, find
+
+
+def host_calibration(store: Path | None = None) -> Calibration:
+    """This host's newest calibration for this version (`calibration.find` in `store`, default
+    `default_path`), which must carry a K.
+
+    Raises
+    ------
+    ConfigError
+        No calibration of this host and version, or the newest has no K (it says `netai calibrate`).
+    """
+    path = store or default_path()
+    try:
+        cal = find(path)
+    except (CalibrationMismatch, ValueError) as e:
+        raise ConfigError(f"this host's time dilation is unknown: {e}") from None
+    if cal.time_dilation is None:
+        raise ConfigError(f"this host's time dilation is unknown: its calibration {cal.id} in {path} has none "
+                          "(made before `netai calibrate` measured it): run `netai calibrate` on this host")
+    return cal
+
+
+def with_k(cfg: ExperimentConfig, cal: Calibration) -> ExperimentConfig:
+    """`cfg` at `cal`'s K (a fixed dilation, the calibration named in ``time_dilation_from``)."""
+    if cal.time_dilation is None:
+        raise ValueError(f"calibration {cal.id} has no time dilation")
+    emulation = replace(cfg.emulation, time_dilation=cal.time_dilation, time_dilation_auto=False,
+                        time_dilation_host=False, time_dilation_from=cal.id)
+    return replace(cfg, emulation=emulation)
+
+
+def resolve(cfg: ExperimentConfig, store: Path | None = None) -> ExperimentConfig:
+    """`cfg` (and every run of its sweep) with ``time_dilation: host`` replaced by this host's K;
+    unchanged without it.
+
+    Raises
+    ------
+    ConfigError
+        ``time_dilation: host`` on a host without a calibration that has a K (`host_calibration`).
+    """
+    if cfg.sweep:
+        cfg = replace(cfg, sweep=tuple(resolve(run, store) for run in cfg.sweep))
+    if cfg.engine != "emulation" or not cfg.emulation.time_dilation_host:
+        return cfg
+    try:
+        cal = host_calibration(store)
+    except ConfigError as e:
+        raise ConfigError(f"emulation.time_dilation: host: {e}") from None
+    return with_k(cfg, cal)
