@@ -111,7 +111,7 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("calibrate", help="fit the simulation's parameters on this host (needs root, minutes)")
+    p = sub.add_parser("calibrate", help="find this host's time dilation K and fit the simulation at it (needs root, minutes)")
     _common(p)
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="where the emulated workers run")
     p.add_argument("--max-time-dilation", type=_dilation_cap, default=DEFAULT_MAX_TIME_DILATION, metavar="K",
