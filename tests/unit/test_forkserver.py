@@ -123,7 +123,7 @@ def test_closing_the_connection_stops_every_server_it_forked(tmp_path: Path) -> 
 def test_a_fork_server_stopped_before_it_listened_is_terminated_not_waited_for(tmp_path: Path) -> None:
     # Ctrl-C while it still imports torch: no connection to close, and it would wait for one
     starting = subprocess.Popen(["sleep", "600"])  # stands in for a fork server not listening yet
-    client = ForkServerClient(starting, new_ctl_dir() / "f.sock", tmp_path / "forkserver.out.txt")
+    client = ForkServerClient(starting, _ctl_dir() / "f.sock", tmp_path / "forkserver.out.txt")
 
     client.close()
 
