@@ -32,7 +32,6 @@ if [ -z "$PYTEST_ARGS" ] && [ "${NETAI_GUEST_EARLY:-1}" != 0 ] && [ "$(id -u)" =
 fi
 
 bash scripts/provision.sh
-"$VENV/bin/ruff" check .
-"$VENV/bin/mypy"
+make --no-print-directory lint typecheck VENV="$VENV"  # the Makefile's own recipes
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pytest --durations=25 $PYTEST_ARGS

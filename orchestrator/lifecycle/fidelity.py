@@ -130,6 +130,7 @@ def link_rate_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[
     g = schedule.global_site
     n_copies = link_copies(schedule, "broadcast")
     rounds = sorted(rnd for site, rnd in received if site == g)
+    logged_copies = copies or {}
     out = []
     for (a, b) in sorted(_bottlenecks(schedule, rate)):
         if n_copies[(a, b)] * model_bytes < SATURATING_BYTES:
@@ -138,9 +139,11 @@ def link_rate_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[
         delay = max(overlay_edge_s(model, e, n_copies, 0, rate=rate, propagation=propagation) for e in crossing)
         for rnd in rounds:
             start, spans, nbytes = received.get((g, rnd)), [], 0
+            if start is None:
+                continue
             for e in crossing:
-                end, logged = received.get((e.dst, rnd)), (copies or {}).get((rnd, e.dst), {})
-                if start is None or end is None:
+                end, logged = received.get((e.dst, rnd)), logged_copies.get((rnd, e.dst), {})
+                if end is None:
                     break
                 spans.append((min(float(logged.get("start_s", start)), end), end))
                 nbytes += int(logged.get("bytes", model_bytes))
