@@ -1,6 +1,6 @@
 # netai-testbed: the commands the README gives.
 #   make setup        OS packages, Open vSwitch daemons, the venv (idempotent)
-#   make test         setup, then ruff, mypy and pytest (unit, integration, docker)
+#   make test         setup, then ruff, mypy and pytest (unit, integration, docker): scripts/test.sh
 #   sudo make experiment   setup, then the quick experiment (experiments/quick.yaml)
 #   make clean        remove what a crashed run left (Mininet, OVS bridges, containers)
 
@@ -21,10 +21,8 @@ lint:
 typecheck:
 	$(VENV)/bin/mypy
 
-test: setup
-	$(MAKE) lint
-	$(MAKE) typecheck
-	$(PY) -m pytest --durations=25 $(PYTEST_ARGS)
+test:
+	VENV=$(VENV) PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh
 
 unit:
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -35,7 +35,7 @@ from orchestrator import interrupts
 from orchestrator.errors import ConfigError
 from orchestrator.lifecycle import states as st
 from orchestrator.lifecycle.dilation import undilate_overruns, undilate_round, undilate_setup
-from orchestrator.lifecycle.fidelity import hop_rows, link_rate_rows, overrun_rows, training_rows
+from orchestrator.lifecycle.fidelity import copy_rows, hop_rows, link_rate_rows, overrun_rows, training_rows
 from orchestrator.lifecycle.ports import Clock, ComputePort, Events, Execution, Link, NetworkPort, Recorder
 from orchestrator.lifecycle.recorder import round_bound, round_policy, round_reference_s
 from orchestrator.scheduling import NetworkState, Schedule
@@ -409,7 +409,7 @@ class Lifecycle:
             hops=hop_rows(self.model, live.schedule, node_rows, chunk_bytes=result.chunk_bytes,
                           model_bytes=task.model_bytes, rate=rate, propagation=delay),
             link_rates=link_rate_rows(self.model, live.schedule, node_rows, model_bytes=task.model_bytes, rate=rate,
-                                      propagation=delay))
+                                      propagation=delay, copies=copy_rows(events, self.clock.of)))
         last = result.rounds[-1] if result.rounds else None
         LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, label,
                  len(result.rounds), last.latency_s if last else float("nan"),

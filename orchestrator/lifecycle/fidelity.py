@@ -9,18 +9,28 @@ whole model has crossed the edge since the round started (G starts with the whol
 forwards as it receives). ``overhead_s = hop_s - floor_s`` is what the instrument added (software,
 CPU waits). docs/architecture.md, "Fidelity", says how the verdict reads these.
 
-A *link rate* (`link_rate_rows`) is what a shaped link delivered while the task's broadcast saturated
-it: G sends every copy from the round's start, so each directed link that is the bottleneck of G's
-broadcast edges is busy with the task's copies until the last child behind it holds the model. Its
-``rate_share`` is the time those copies take at the link's configured rate (under dilation the
-dilated one: the rate is the undilated rate and the times are emulated) over the time they took.
-Only links carrying at least `SATURATING_BYTES` count, so that the part the links' htb burst passes
-at the veth's speed is small.
+A *link rate* (`link_rate_rows`) is what a shaped link delivered while it was busy with the task's
+broadcast: for each directed link that is the bottleneck of G's broadcast edges and carries at least
+`SATURATING_BYTES` of copies, per round, the bytes the copies crossing it put on it at the link's
+configured rate (under dilation the dilated one: the rate is the undilated rate and the times are
+emulated) over the time the link was busy with them. A copy's bytes are the frame bytes its child
+received (the ``nbytes`` of its ``global_received``: the chunks with their headers, TCP/IP's not);
+it is *in flight* from its sender having written its first chunk (the sender's ``forward_first``
+naming the child, `copy_rows`) to its child holding the whole model; the link is *busy* during the
+union of its copies' flights. So the sender's own gaps between copies (host software: the link idle
+while nothing of the task is in flight on it) are not charged to the link (the per-hop overhead is
+what judges them), and neither are the chunks' headers (the task's protocol, not the link), while a
+link that delivers less while it carries the copies still shows below 1. Where an engine does not
+log a figure, the definition falls back, per copy: its start to the round's start at G, its bytes
+to the model's (the simulation logs ``forward_first`` but frames nothing: its transfers carry the
+model's bytes at the link's rate times its TCP efficiency). Only links carrying at least
+`SATURATING_BYTES` of copies (of the model's bytes) count, so that the part the links' htb burst
+passes at the veth's speed is small.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from orchestrator.scheduling import Schedule
@@ -77,28 +87,69 @@ def _bottlenecks(schedule: Schedule, rate: RateFn) -> dict[DirectedLink, list[Ov
     return out
 
 
+def copy_rows(events: Mapping[str, Sequence[Mapping[str, Any]]],
+              clock_of: Callable[[float], float] = float) -> dict[tuple[int, str], dict[str, Any]]:
+    """What the roles logged of each broadcast copy, by (round, child): ``start_s``, when its sender
+    had written its first chunk (the sender's ``forward_first`` naming the child; through `clock_of`,
+    e.g. onto the run's clock), and ``bytes``, the frame bytes the child received (its
+    ``global_received``'s ``nbytes``). Either is absent where the engine does not log it."""
+    out: dict[tuple[int, str], dict[str, Any]] = {}
+    for site, evs in events.items():
+        for e in evs:
+            r, name = e.get("round"), e.get("event")
+            if not isinstance(r, int):
+                continue
+            if name == "forward_first" and "peer" in e and "t" in e:
+                out.setdefault((r, str(e["peer"])), {}).setdefault("start_s", clock_of(float(e["t"])))
+            elif name == "global_received" and "nbytes" in e:
+                out.setdefault((r, site), {}).setdefault("bytes", int(e["nbytes"]))
+    return out
+
+
+def _busy_s(spans: Sequence[tuple[float, float]]) -> float:
+    """The length of the union of the intervals `spans`."""
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(spans):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
+
+
 def link_rate_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mapping[str, Any]], *,
-                   model_bytes: int, rate: RateFn, propagation: bool) -> list[dict[str, Any]]:
-    """One row per round and saturated directed link (see the module docstring): round, a, b, bytes,
-    expected_s (the copies at the configured rate, plus propagation where delay is emulated),
-    measured_s (the round's start to the last child behind the link holding the model) and
-    rate_share (expected over measured: 1 is the configured rate, TCP's headers alone give about 0.96)."""
+                   model_bytes: int, rate: RateFn, propagation: bool,
+                   copies: Mapping[tuple[int, str], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+    """One row per round and saturated directed link (see the module docstring): round, a, b, bytes
+    (what the copies crossing it put on it), expected_s (those bytes at the configured rate, plus the
+    longest of the copies' propagations where delay is emulated), measured_s (the time the link was
+    busy: the union of the copies' flights) and rate_share (expected over measured: 1 is the
+    configured rate; TCP/IP's headers alone give about 0.95).
+
+    `copies` is `copy_rows` of the task's events (None: every copy falls back, see the module docstring)."""
     received = {(r["site"], r["round"]): r.get("received_s") for r in node_rows}
     g = schedule.global_site
-    copies = link_copies(schedule, "broadcast")
+    n_copies = link_copies(schedule, "broadcast")
     rounds = sorted(rnd for site, rnd in received if site == g)
+    logged_copies = copies or {}
     out = []
-    for (a, b), edges in sorted(_bottlenecks(schedule, rate).items()):
-        nbytes = copies[(a, b)] * model_bytes
-        if nbytes < SATURATING_BYTES:
+    for (a, b) in sorted(_bottlenecks(schedule, rate)):
+        if n_copies[(a, b)] * model_bytes < SATURATING_BYTES:
             continue
-        expected = overlay_edge_s(model, edges[0], copies, model_bytes, rate=rate, propagation=propagation)
+        crossing = [e for e in schedule.edges_of("broadcast") if (a, b) in e.links()]
+        delay = max(overlay_edge_s(model, e, n_copies, 0, rate=rate, propagation=propagation) for e in crossing)
         for rnd in rounds:
-            start, ends = received.get((g, rnd)), [received.get((e.dst, rnd)) for e in edges]
-            if start is None or any(t is None for t in ends):
+            start, spans, nbytes = received.get((g, rnd)), [], 0
+            if start is None:
                 continue
-            measured = max(t for t in ends if t is not None) - start
+            for e in crossing:
+                end, logged = received.get((e.dst, rnd)), logged_copies.get((rnd, e.dst), {})
+                if end is None:
+                    break
+                spans.append((min(float(logged.get("start_s", start)), end), end))
+                nbytes += int(logged.get("bytes", model_bytes))
+            measured = _busy_s(spans) if len(spans) == len(crossing) else 0.0
             if measured > 0:
+                expected = nbytes * 8.0 / (rate(a, b) * 1e6) + delay
                 out.append({"round": rnd, "a": a, "b": b, "bytes": nbytes, "expected_s": expected,
                             "measured_s": measured, "rate_share": expected / measured})
     return sorted(out, key=lambda r: (r["round"], r["a"], r["b"]))

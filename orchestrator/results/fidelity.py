@@ -11,9 +11,10 @@ A point is *faithful* when
 - **compute**: its locals' training was modelled (``compute_timing: modeled``) and no node-round's
   real training ran past the modelled time of its site (no overrun);
 - **link rate**: where the task's broadcast saturated a shaped link (`orchestrator.lifecycle.fidelity`,
-  ``link_rate_rows``), the median share of the configured rate it got is within
-  [``RATE_LOW``, ``RATE_HIGH``]: TCP's headers alone cost about 4 %, a host that cannot feed or
-  forward the link costs more, and a burst that passes at the veth's speed shows as more than 1.
+  ``link_rate_rows``), the median share of the configured rate it delivered while busy with the
+  task's copies is within [``RATE_LOW``, ``RATE_HIGH``]: TCP/IP's headers alone cost about 5 %, a
+  link or host that cannot carry or drain the copies costs more, and a burst that passes at the
+  veth's speed shows as more than 1.
   A point without a saturated link (small models with one copy per link) has no such figure.
 
 The host's CPU (the share of samples with both cores over ``SATURATED`` busy) is reported beside

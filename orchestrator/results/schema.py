@@ -229,8 +229,8 @@ CREATE TABLE IF NOT EXISTS hops (
     overhead_s REAL NOT NULL,
     PRIMARY KEY (run_id, scheduler, task_id, round, child)
 );
--- Per round of a task, each directed link its broadcast saturated from the round's start: the bytes of
--- its copies, their time at the link's configured rate (expected_s) and the time they took (measured_s).
+-- Per round of a task, each directed link its broadcast saturated: the bytes its copies put on it, their
+-- time at the link's configured rate (expected_s) and the time the link was busy with them (measured_s).
 CREATE TABLE IF NOT EXISTS link_rates (
     run_id INTEGER NOT NULL,
     scheduler TEXT NOT NULL,

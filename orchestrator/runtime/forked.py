@@ -117,12 +117,17 @@ class ForkServerClient:
         return ForkedHandle(self, int(reply["pid"]))
 
     def close(self) -> None:
-        """Close the connection (the fork server stops its servers and exits); wait for it."""
+        """Close the connection (the fork server stops its servers and exits); wait for it. One that
+        never got a connection (stopped while it started: it forked nothing) would wait for one, so
+        it is terminated."""
         with self._lock:
+            connected = self.conn is not None
             if self.conn is not None:
                 with contextlib.suppress(OSError):
                     self.conn.close()
                 self.conn = None
+        if not connected and self.popen.poll() is None:
+            self.popen.terminate()
         try:
             self.popen.wait(timeout=15)
         except subprocess.TimeoutExpired:

@@ -26,7 +26,9 @@ sender holds it (broadcast: it arrived from the parent; upload: every upload chi
 arrived and, at a local, its own training ended) and once chunk k-1 has left, after `alpha_s` of
 per-chunk work. Nodes forward cut-through and aggregate per chunk. A local's training ends
 `train_s` after the last chunk of the global model reached it; G aggregates when the last chunk
-of every upload child arrived, and starts the next round then.
+of every upload child arrived, and starts the next round then. The sender of a broadcast copy logs
+``forward_first`` (naming the child) when the copy's first segment starts, as an agent does once it
+has written the copy's first chunk (the shaped-link rate's flights, `orchestrator.lifecycle.fidelity`).
 
 How it runs (fast, and the same model). The spec's runs are independent (the sequential mode: one
 task alone on the network at a time), so each run is one discrete-event loop in a single SimGrid
@@ -194,8 +196,8 @@ class _Run:
         self.owners: list[tuple[_Edge | None, int]] = []
         self.parts: dict[tuple[int, int], int] = {}
 
-    def event(self, site: str, name: str, rnd: int, t: float) -> None:
-        self.events.setdefault(site, []).append({"event": name, "round": rnd, "t": t, "site": site})
+    def event(self, site: str, name: str, rnd: int, t: float, **extra: Any) -> None:
+        self.events.setdefault(site, []).append({"event": name, "round": rnd, "t": t, "site": site, **extra})
 
     # -- state changes --------------------------------------------------------------------------------
     def ready(self, e: _Edge, idx: int, t: float) -> None:
@@ -221,6 +223,8 @@ class _Run:
             j = idx % self.m
             at = max(e.ready.pop(idx), e.free, e.after.left_at if e.after is not None else 0.0) + self.seg_alpha[j]
             e.next_idx += 1
+            if j == 0 and e.procedure == "broadcast":  # a copy's first chunk goes (`fidelity.copy_rows`)
+                self.event(e.src, "forward_first", idx // self.m + 1, at, peer=e.dst)
             if e.contended:  # SimGrid transmits it, from `at` on
                 e.busy = True
                 heapq.heappush(self.sends, (at, next(self.seq), e, idx))

@@ -6,20 +6,27 @@ host boots the guest (scripts/guest/run.sh: Debian's stock kernel, built and cac
 scripts/guest/build.sh, KVM when it boots there, else TCG) and runs them inside; the results come
 back as marked lines on the guest's console. ``NETAI_STOCK_KERNEL=host|guest`` forces the choice.
 
+`make test` may start the guest's checks before its set-up (scripts/test.sh): ``python3 -m
+tests.guest.driver record DIR`` runs them and writes their `ChecksRun` to ``DIR/result.json``, and the
+suite adopts that run (``NETAI_GUEST_RECORD=DIR``) instead of starting its own. This module needs only
+the standard library, so that the system's python3 runs it before the venv exists.
+
 This module is test tooling: the orchestrator does not import it.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +35,10 @@ RUN_SCRIPT = REPO / "scripts" / "guest" / "run.sh"
 RESULT_MARK = "NETAI-GUEST-RESULT "
 ACCEL_MARK = "NETAI-GUEST-ACCEL "
 ENV_WHERE = "NETAI_STOCK_KERNEL"
+#: Names a folder where checks started before the suite record their run (see the module docstring).
+ENV_RECORD = "NETAI_GUEST_RECORD"
+RESULT_FILE = "result.json"
+BUILD_SCRIPT = REPO / "scripts" / "guest" / "build.sh"
 MININET_LOCK = "/tmp/netai-mininet.lock"
 #: The guest's own time limit for the checks, seconds (its build, when the cache is cold, comes on top).
 GUEST_TIMEOUT_S = 600
@@ -152,15 +163,97 @@ def run_checks(checks: list[str] | None = None, where: str | None = None) -> Che
     return start_checks(checks, where).wait()
 
 
-#: The checks the suite started at collection (tests/conftest.py), if it did.
-_EARLY: PendingChecks | None = None
+class RecordedChecks:
+    """Checks another process runs and records (`record`), adopted by the suite: `wait` reads the
+    run it wrote, `stop` ends that process (which ends QEMU)."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.t0 = time.monotonic()
+
+    def _pid(self) -> int | None:
+        try:
+            return int((self.folder / "pid").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def _alive(self) -> bool:
+        pid = self._pid()
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def wait(self) -> ChecksRun:
+        """The recorded run, once written (at most the guest's limit plus the build's from now); a
+        run with status -1 and the reason if the recorder ended without one or never finished."""
+        result = self.folder / RESULT_FILE
+        limit = GUEST_TIMEOUT_S + BUILD_ALLOWANCE_S
+        while not result.exists() and self._alive() and time.monotonic() - self.t0 < limit:
+            time.sleep(0.5)
+        if result.exists():
+            return ChecksRun(**json.loads(result.read_text()))
+        why = (f"the recorder in {self.folder} did not finish within {limit} s" if self._alive()
+               else f"the recorder in {self.folder} ended without a result")
+        self.stop()
+        return ChecksRun(where="guest", accel=None, status=-1, output=why)
+
+    def stop(self) -> None:
+        pid = self._pid()
+        if pid is not None and self._alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+
+
+def record(folder: Path) -> int:
+    """Run every check and write the `ChecksRun` to ``folder/result.json`` (written whole, then
+    renamed). SIGTERM or SIGINT ends the checks (QEMU's process group) and writes nothing."""
+
+    def ended(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, ended)
+    pending = start_checks()
+    try:
+        run = pending.wait()
+    finally:
+        pending.stop()
+    tmp = folder / (RESULT_FILE + ".tmp")
+    tmp.write_text(json.dumps(asdict(run)))
+    tmp.rename(folder / RESULT_FILE)
+    return 0
+
+
+#: What scripts/guest/build.sh needs on the host (it installs them when missing, which must not
+#: race the set-up's own apt-get).
+BUILD_TOOLS = ("qemu-system-x86_64", "debootstrap", "mkfs.ext4", "cpio", "modprobe")
+
+
+def can_start_early() -> bool:
+    """Whether the checks may start before the venv exists: they run in the guest, its build tools
+    are installed and its build is cached (a cold build needs the venv's pip: build.sh, pointed at
+    no venv, refuses to build rather than start one)."""
+    if choose_where() != "guest" or not all(shutil.which(tool) for tool in BUILD_TOOLS):
+        return False
+    env = {**os.environ, "VENV": str(REPO / ".no-venv-before-set-up")}
+    return subprocess.run(["bash", str(BUILD_SCRIPT)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL).returncode == 0
+
+
+#: The checks the suite started at collection (tests/conftest.py), or adopted, if it did.
+_EARLY: PendingChecks | RecordedChecks | None = None
 
 
 def start_early() -> None:
-    """Start every check in the background now; `checks_run` collects them."""
+    """Adopt the checks recorded in ``$NETAI_GUEST_RECORD`` if set, else start every check in the
+    background now; `checks_run` collects them."""
     global _EARLY
     if _EARLY is None:
-        _EARLY = start_checks()
+        folder = os.environ.get(ENV_RECORD)
+        _EARLY = RecordedChecks(Path(folder)) if folder else start_checks()
 
 
 def stop_early() -> None:
@@ -172,3 +265,20 @@ def stop_early() -> None:
 def checks_run() -> ChecksRun:
     """Every check's results: those started early when they were, else a run started now."""
     return _EARLY.wait() if _EARLY is not None else run_checks()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python3 -m tests.guest.driver",
+                                     description="start the stock-kernel checks ahead of the suite")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("can-start-early", help="exit 0 if the checks may start before the venv exists")
+    rec = sub.add_parser("record", help="run every check and write the run to FOLDER/result.json")
+    rec.add_argument("folder", type=Path)
+    args = parser.parse_args(argv)
+    if args.command == "can-start-early":
+        return 0 if can_start_early() else 1
+    return record(args.folder)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

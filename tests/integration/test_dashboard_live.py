@@ -27,6 +27,10 @@ ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 TOPOLOGY = "sndlib/nobel-us"
+#: Rounds of the task: it must still run while the page is checked (its trees, then iperf3's 12 s
+#: from about 1 s into the task). A round takes about a second (the model's 2.8 MB over links of
+#: 100 Mbit/s: 0.86-1.34 s here), so 30 rounds last twice as long as the checks.
+ROUNDS = 30
 
 
 def free_port() -> int:
@@ -70,7 +74,7 @@ def test_live_dashboard_of_a_running_task_in_chromium(tmp_path: Path, figures: l
     config = tmp_path / "live.yaml"
     config.write_text(yaml.safe_dump({
         "name": "live", "topology": TOPOLOGY, "schedulers": ["mst"], "locals": [6], "tasks_per_point": 1,
-        "seed": 2, "task": {"model": "mlp", "model_args": {"hidden": 800, "layers": 2}, "rounds": 60,
+        "seed": 2, "task": {"model": "mlp", "model_args": {"hidden": 800, "layers": 2}, "rounds": ROUNDS,
                             "demand_mbps": 1000},
         "emulation": {"max_link_mbps": 100, "backend": "process"}, "background": {"enabled": False}}))
     plan = EmulationPlan.from_model(load(TOPOLOGY), max_link_mbps=100)
@@ -144,6 +148,6 @@ def test_live_dashboard_of_a_running_task_in_chromium(tmp_path: Path, figures: l
         nodes = db.query("SELECT count(*) AS n FROM node_rounds WHERE role = 'global'")[0]["n"]
     assert bg[0]["m"] > 0  # recorded for replay too
     assert states == ["pending", "scheduled", "running", "done"]
-    assert nodes == 60
+    assert nodes == ROUNDS
     assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
 

@@ -60,8 +60,9 @@ def events(path: Path) -> list[dict[str, Any]]:
 
 def test_link_cut_moves_the_task_or_fails_it(tmp_path: Path, figures: list[str]) -> None:
     # The cut comes after round 40 (the orchestrator reads progress about once a second: a few dozen
-    # rounds of this small model at most), well before the last, whatever the machine's speed.
-    rounds = 250
+    # rounds of this small model at most, about 37 on a fast machine), well before the last, whatever
+    # the machine's speed.
+    rounds = 150
     config = faults_config(tmp_path, task={"model": "mlp", "model_args": {"hidden": 100}, "rounds": rounds,
                                            "demand_mbps": 1000},
                            events=[{"at_round": {"task": 1, "round": 40}, "action": "link_down", "on_task": 1}],
@@ -108,13 +109,14 @@ def test_link_cut_moves_the_task_or_fails_it(tmp_path: Path, figures: list[str])
 def test_site_server_killed_then_controller_restarted(tmp_path: Path, figures: list[str]) -> None:
     # Events at rounds, not times, so that they fall inside the task on any machine (a fast one ran
     # 600 rounds before a restart timed at 16 s): the kill after round 30, the server back 3 s later
-    # (over a hundred rounds), the controller restart after round 400 of 600.
-    rounds = 600
+    # (over a hundred rounds), the controller restart after round 200 of 400 (the 200 after it last
+    # over 5 s even at a fast machine's 37 rounds a second; the restart takes about 2 s).
+    rounds = 400
     config = faults_config(
         tmp_path, task={"model": "mlp", "model_args": {"hidden": 100}, "rounds": rounds, "demand_mbps": 1000},
         events=[{"at_round": {"task": 1, "round": 30}, "action": "server_kill", "site": "San-Diego",
                  "restart_after_s": 3},
-                {"at_round": {"task": 1, "round": 400}, "action": "controller_restart"}],
+                {"at_round": {"task": 1, "round": 200}, "action": "controller_restart"}],
         reschedule={"policies": ["on_failure"]})
     run_dir, conn, _ = run(tmp_path, config)
 

@@ -37,6 +37,8 @@ from topologies.model import NetworkModel
 ROLE_CLOCK_ZERO = 1000.0
 #: Timing of one round from its start (run-clock seconds; see `FakeExecution.play_round`).
 RECEIVED_AFTER_S = 0.1
+#: Every sender has written the first chunk of each broadcast copy (``forward_first``) this long after the start.
+FORWARD_AFTER_S = 0.02
 TRAIN_START_AFTER_S = 0.15
 TRAIN_S = 0.2
 #: Each further local (in the schedule's order) trains this much longer than the one before.
@@ -215,6 +217,9 @@ class FakeExecution:
         left_out = self.script.straggle.get(r)
         if left_out is not None:
             self._log(self.g, "child_timeout", t + AGGREGATED_AFTER_S, round=r, child=left_out)
+        for e in self.schedule.edges_of("broadcast"):
+            if e.src not in self.lost_roles and e.dst not in self.lost_roles:
+                self._log(e.src, "forward_first", t + FORWARD_AFTER_S, round=r, peer=e.dst)
         for i, site in enumerate(self.schedule.local_sites):
             if site in self.lost_roles:
                 continue

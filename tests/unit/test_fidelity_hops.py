@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.lifecycle.fidelity import SATURATING_BYTES, hop_rows, link_rate_rows
+from orchestrator.lifecycle.fidelity import SATURATING_BYTES, copy_rows, hop_rows, link_rate_rows
 from orchestrator.scheduling import Schedule
 from orchestrator.scheduling.schedule import OverlayEdge
 from tests.unit.controller_fakes import handmade_schedule
@@ -92,3 +92,62 @@ def test_a_link_carrying_less_than_the_saturating_bytes_gives_no_rate() -> None:
                           rate=lambda a, b: MBPS, propagation=False)
     assert [(r["a"], r["b"]) for r in rows] == [("A", "B")]  # only G's edges: B -> C is a relay's
     assert rows[0]["rate_share"] == pytest.approx(0.012 / 0.0125)
+
+
+# -- the link's busy time: copies in flight from their sender's first chunk to their child's receipt --
+WHOLE = 125_000  # 10 ms at 100 Mbit/s; the two copies of `_unicast_schedule` cross A -> B
+
+
+def _copies(flights: dict[str, tuple[float, float]], nbytes: int | None = None) -> tuple[list[dict[str, object]],
+                                                                                        dict[str, list[dict[str, object]]]]:
+    """Round 1 (G=A starts at 1.0) with each child's copy in flight (start, receipt), as node rows and as
+    the roles' events (the sender's ``forward_first`` naming the child, the child's ``global_received``)."""
+    extra = {} if nbytes is None else {"nbytes": nbytes}
+    events: dict[str, list[dict[str, object]]] = {"A": [{"event": "round_start", "round": 1, "t": 1.0}]}
+    for child, (start, end) in flights.items():
+        events["A"].append({"event": "forward_first", "round": 1, "t": start, "peer": child})
+        events[child] = [{"event": "global_received", "round": 1, "t": end, **extra}]
+    return _rows({("A", 1): 1.0} | {(c, 1): end for c, (_, end) in flights.items()}), events
+
+
+def _share(flights: dict[str, tuple[float, float]], nbytes: int | None = None, *, logged: bool = True) -> float:
+    rows, events = _copies(flights, nbytes)
+    (row,) = link_rate_rows(load("triangle"), _unicast_schedule(), rows, model_bytes=WHOLE, rate=lambda a, b: MBPS,
+                            propagation=False, copies=copy_rows(events) if logged else None)
+    return float(row["rate_share"])
+
+
+def test_back_to_back_copies_at_the_configured_rate_get_all_of_it() -> None:
+    assert _share({"B": (1.000, 1.010), "C": (1.010, 1.020)}) == pytest.approx(1.0)
+    assert _share({"B": (1.000, 1.020), "C": (1.000, 1.020)}) == pytest.approx(1.0)  # sent together, shared
+
+
+def test_gaps_between_copies_at_the_sender_are_not_charged_to_the_link() -> None:
+    # the sender starts C's copy 8 ms after B's arrived: the link idles, then carries C at its rate
+    gaps = {"B": (1.000, 1.010), "C": (1.018, 1.028)}
+    assert _share(gaps) == pytest.approx(1.0)
+    assert _share(gaps, logged=False) == pytest.approx(0.020 / 0.028)  # from the round's start: below 0.8
+
+
+def test_a_link_that_delivers_half_its_rate_while_busy_stays_below_the_verdict() -> None:
+    assert _share({"B": (1.000, 1.020), "C": (1.028, 1.048)}) == pytest.approx(0.5)  # gap or not
+    assert _share({"B": (1.000, 1.040), "C": (1.000, 1.040)}) == pytest.approx(0.5)
+
+
+def test_a_copy_counts_the_frame_bytes_its_child_received() -> None:
+    # 12.5 % of chunk headers: at the configured rate each copy takes 11.25 ms, not the model's 10 ms
+    rows, events = _copies({"B": (1.000, 1.01125), "C": (1.01125, 1.0225)}, nbytes=WHOLE * 9 // 8)
+    (row,) = link_rate_rows(load("triangle"), _unicast_schedule(), rows, model_bytes=WHOLE, rate=lambda a, b: MBPS,
+                            propagation=False, copies=copy_rows(events))
+    assert row["bytes"] == 2 * WHOLE * 9 // 8 and row["rate_share"] == pytest.approx(1.0)
+    assert _share({"B": (1.000, 1.01125), "C": (1.01125, 1.0225)}) == pytest.approx(0.020 / 0.0225)  # model bytes
+
+
+def test_copy_rows_reads_each_copy_s_start_and_bytes_through_the_clock() -> None:
+    events = {"A": [{"event": "forward_first", "round": 2, "t": 10.0, "peer": "B"},
+                    {"event": "forward_first", "round": 2, "t": 11.0, "peer": "B"},  # the first counts
+                    {"event": "copy_sent", "round": 2, "t": 10.5, "peer": "B"}],
+              "B": [{"event": "global_received", "round": 2, "t": 12.0, "nbytes": 900},
+                    {"event": "forward_first", "round": 2, "t": 12.5, "peer": "C"}],
+              "C": [{"event": "global_received", "round": 2, "t": 13.0}]}  # an engine that frames nothing
+    assert copy_rows(events, lambda t: t / 2) == {(2, "B"): {"start_s": 5.0, "bytes": 900}, (2, "C"): {"start_s": 6.25}}

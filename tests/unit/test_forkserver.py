@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -19,13 +20,27 @@ from orchestrator.runtime.forked import ForkedHandle, ForkServerClient, ForkServ
 from workers.control import recv_message, send_message
 
 ROOT = Path(__file__).resolve().parents[2]
+_CTL_DIRS: list[Path] = []
+
+
+def _ctl_dir() -> Path:
+    """A control directory as the backends make them (short paths), removed after the module."""
+    _CTL_DIRS.append(new_ctl_dir())
+    return _CTL_DIRS[-1]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _remove_ctl_dirs() -> Iterator[None]:
+    yield
+    for d in _CTL_DIRS:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
 def forks(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ForkServerClient]:
     d = tmp_path_factory.mktemp("forks")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    client = ForkServerClient.start([sys.executable, "-m", "workers.forkserver"], sock_path=new_ctl_dir() / "f.sock",
+    client = ForkServerClient.start([sys.executable, "-m", "workers.forkserver"], sock_path=_ctl_dir() / "f.sock",
                                     log_file=d / "forkserver.out.txt", cwd=str(ROOT), env=env)
     yield client
     client.close()
@@ -52,7 +67,7 @@ def _connect(sock: Path) -> tuple[socket.socket, dict[str, object]]:
 
 def test_a_forked_server_answers_from_its_own_pid_and_is_reaped_after_a_kill(
         forks: ForkServerClient, tmp_path: Path) -> None:
-    sock = new_ctl_dir() / "s.sock"
+    sock = _ctl_dir() / "s.sock"
     handle = forks.spawn(_server_argv(tmp_path, sock), netns_pid=os.getpid(), log_file=tmp_path / "out.txt")
     conn, reply = _connect(sock)
     assert reply["ok"] and reply["pid"] == handle.pid != forks.popen.pid
@@ -89,10 +104,10 @@ def test_bad_requests_are_refused_and_the_server_goes_on(forks: ForkServerClient
 
 def test_closing_the_connection_stops_every_server_it_forked(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    client = ForkServerClient.start([sys.executable, "-m", "workers.forkserver"], sock_path=new_ctl_dir() / "f.sock",
+    client = ForkServerClient.start([sys.executable, "-m", "workers.forkserver"], sock_path=_ctl_dir() / "f.sock",
                                     log_file=tmp_path / "forkserver.out.txt", cwd=str(ROOT), env=env)
     try:
-        socks = [new_ctl_dir() / f"s{i}.sock" for i in range(2)]
+        socks = [_ctl_dir() / f"s{i}.sock" for i in range(2)]
         pids = [client.spawn(_server_argv(tmp_path, s, f"127.0.0.{92 + i}"), netns_pid=None,
                              log_file=tmp_path / f"s{i}.txt").pid for i, s in enumerate(socks)]
         conns = [_connect(s)[0] for s in socks]
@@ -103,6 +118,16 @@ def test_closing_the_connection_stops_every_server_it_forked(tmp_path: Path) -> 
     assert [p for p in pids if Path(f"/proc/{p}").exists()] == [], "SIGTERM'd though their managers stayed"
     for c in conns:
         c.close()
+
+
+def test_a_fork_server_stopped_before_it_listened_is_terminated_not_waited_for(tmp_path: Path) -> None:
+    # Ctrl-C while it still imports torch: no connection to close, and it would wait for one
+    starting = subprocess.Popen(["sleep", "600"])  # stands in for a fork server not listening yet
+    client = ForkServerClient(starting, _ctl_dir() / "f.sock", tmp_path / "forkserver.out.txt")
+
+    client.close()
+
+    assert starting.returncode == -signal.SIGTERM  # ended at once, not killed after a wait
 
 
 def test_the_local_backends_fork_their_servers_unless_told_not_to(tmp_path: Path,

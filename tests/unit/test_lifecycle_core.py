@@ -30,6 +30,7 @@ from tests.unit.lifecycle_fakes import (
     COMPLETE_AFTER_S,
     CONNECTED_AFTER_S,
     DONE_AFTER_S,
+    FORWARD_AFTER_S,
     READY_AFTER_S,
     START_S,
     TRAIN_S,
@@ -149,6 +150,16 @@ def test_done_records_rounds_bounds_setup_and_settled_bytes(tmp_path: Path) -> N
         assert h["hop_s"] == pytest.approx(child - parent)
         assert h["overhead_s"] == pytest.approx(h["hop_s"] - h["floor_s"])
     assert rec.overruns[(LABEL, 1)] == []
+    # the links G's copies saturate: busy from the copies' first chunks (the senders' forward_first,
+    # on the run's clock) to the last child behind the link holding the model
+    rates = rec.link_rates[(LABEL, 1)]
+    assert rates and sorted({r["round"] for r in rates}) == [1, 2, 3]
+    for r in rates:
+        crossing = [e for e in live.schedule.edges_of("broadcast") if (r["a"], r["b"]) in e.links()]
+        start = rec.node_records[(LABEL, 1, r["round"], "r1")]["received_s"] + FORWARD_AFTER_S
+        last = max(rec.node_records[(LABEL, 1, r["round"], e.dst)]["received_s"] for e in crossing)
+        assert r["bytes"] == len(crossing) * task.model_bytes
+        assert r["measured_s"] == pytest.approx(last - start)
 
 
 @pytest.mark.parametrize("delay_emulated", [True, False])

@@ -403,3 +403,28 @@ def test_with_the_cpu_model_trainings_share_the_cores_and_end_no_earlier_than_mo
     assert train[2] == pytest.approx({"A": 1.0, "B": 1.0}, rel=1e-6)
     assert train[1]["A"] == pytest.approx(train[1]["B"], rel=1e-6)
     assert 1.9 < train[1]["A"] < 2.0
+
+
+@pytest.mark.parametrize("efficiency", [1.0, 0.5])
+def test_the_simulation_logs_what_the_shaped_link_rate_reads(efficiency: float) -> None:
+    # Prepare: both copies of G's broadcast cross G -> A (one lane), 2 x 1 MB at 80 Mbit/s x efficiency.
+    from orchestrator.lifecycle.fidelity import copy_rows, link_rate_rows
+    from orchestrator.runtime.summaries import node_rounds
+
+    model, schedule = line(), relayed()
+    size = 1_000_000
+    params = SimParams(alpha_s=0.0, chunk_bytes=100_000, seconds_per_example=0.0, tcp_efficiency=efficiency)
+    events = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))["runs"][0][
+        "events"]
+
+    rows = link_rate_rows(model, schedule, node_rounds(schedule, events), model_bytes=size,
+                          rate=capacity_rate(model), propagation=True, copies=copy_rows(events))
+
+    # G logs each copy's start; the link is busy from the first to B holding the model (5 ms after its
+    # last segment left G): the copies at the configured rate plus that delay over that time
+    assert sorted(e["peer"] for e in events["G"] if e["event"] == "forward_first") == ["A", "B"]
+    (row,) = rows
+    assert (row["a"], row["b"], row["bytes"]) == ("G", "A", 2 * size)
+    busy = 2 * size * 8 / (RATE_MBPS * 1e6 * efficiency) + (D1_MS + D2_MS) / 1e3
+    assert row["measured_s"] == pytest.approx(busy, rel=1e-6)
+    assert row["rate_share"] == pytest.approx((2 * size * 8 / (RATE_MBPS * 1e6) + 0.005) / busy, rel=1e-6)
