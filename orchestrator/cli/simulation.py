@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.calibrate import DEFAULT_MAX_TIME_DILATION
+from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION
 
 BACKENDS = ("auto", "docker", "process")
 
@@ -114,8 +114,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="find this host's time dilation K and fit the simulation at it (needs root, minutes)")
     _common(p)
     p.add_argument("--backend", choices=BACKENDS, default="auto", help="where the emulated workers run")
-    p.add_argument("--max-time-dilation", type=_dilation_cap, default=DEFAULT_MAX_TIME_DILATION, metavar="K",
-                   help=f"the largest K the time-dilation trials try (default {DEFAULT_MAX_TIME_DILATION:g})")
+    p.add_argument("--max-time-dilation", type=_dilation_cap, default=AUTO_MAX_TIME_DILATION, metavar="K",
+                   help=f"the largest K the time-dilation trials try (default {AUTO_MAX_TIME_DILATION:g})")
     p.set_defaults(func=cmd_calibrate)
     v = sub.add_parser("validate", help="run a config emulated and simulated on the same tasks and compare")
     v.add_argument("config", help="experiment YAML (engine: emulation), e.g. experiments/quick.yaml")

@@ -16,7 +16,7 @@ from typing import Any
 from orchestrator.emulation.background_view import BackgroundView
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling import NetworkState, Schedule
-from orchestrator.scheduling.cost import emulated_rate
+from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE, emulated_rate
 from topologies.plan import EmulationPlan
 
 #: Open vSwitch refreshes flow counters about once a second: two reads this far apart that agree are final.
@@ -66,6 +66,7 @@ class ControllerNetwork:
         shaped, k = emulated_rate(plan), plan.time_dilation
         self.rate = shaped if k == 1 else (lambda a, b: shaped(a, b) * k)
         self.counter_settle_s = COUNTER_SETTLE_S
+        self.payload_share = TCP_PAYLOAD_SHARE  # htb counts Ethernet frames
         self._ids = install_ids if install_ids is not None else itertools.count(1)
         self._measure = measure_background
         self.background_view = background_view or BackgroundView(client, plan)

@@ -10,7 +10,7 @@ they describe the emulated network, not the host. A fixed set of measurements, t
    aggregation, on one core of this host): a figure of the host, stored in ``host_cpu``, not applied;
 2. the host's K and the emulated reference at it: the fixed config (`CALIBRATION_SET`: NSFNET, spff
    and mst at 2 and 4 locals, 1 task each, 3 rounds, the 2.8 MB MLP, no background) run with
-   ``time_dilation: auto`` up to the cap (`DEFAULT_MAX_TIME_DILATION`): the auto-dilation trials
+   ``time_dilation: auto`` up to the cap (`AUTO_MAX_TIME_DILATION`): the auto-dilation trials
    (one task at 4 locals, 3 rounds, each scheduler, at K = 1, 2, 4, ...;
    `orchestrator.experiment.calibration`) choose the smallest faithful K (else the cap, said and
    stored as not faithful), then the set runs at that K; its environment also says whether the
@@ -40,13 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.config import ExperimentConfig, parse_config
+from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION, ExperimentConfig, parse_config
 from orchestrator.results import queries
+from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE
 from orchestrator.simulation.calibration import Calibration, HostIdentity, new_id, save
 from orchestrator.simulation.spec import WIRE_BYTES_FACTOR
 
-#: The largest K the calibration's trials try (`netai calibrate --max-time-dilation`).
-DEFAULT_MAX_TIME_DILATION = 16.0
 #: The fixed emulated set every calibration runs (4 task runs of 3 rounds), at the K its trials
 #: choose (``time_dilation: auto``; the cap is set by `calibration_config`). One task a point (format 1
 #: ran 2): at K its wall time is K times its emulated time, and the fit compares each task with its twin.
@@ -57,9 +56,6 @@ CALIBRATION_SET: dict[str, Any] = {
              "partition": "iid"},
     "emulation": {"max_link_mbps": 100, "backend": "auto", "time_dilation": "auto"}, "background": {"enabled": False},
 }
-#: TCP payload per byte htb shapes at MTU 1500: 1448 bytes of payload (1500 less the IP and TCP
-#: headers with timestamps) per 1514-byte Ethernet frame.
-TCP_PAYLOAD_SHARE = 1448 / 1514
 FIT_TOLERANCE = 0.01
 #: The parameter fitted, and its range.
 FIT_PARAM = "per_hop_latency_ms"
@@ -69,7 +65,7 @@ FIT_STEPS = 14
 Say = Callable[[str], None]
 
 
-def calibration_config(backend: str = "auto", max_time_dilation: float = DEFAULT_MAX_TIME_DILATION) -> ExperimentConfig:
+def calibration_config(backend: str = "auto", max_time_dilation: float = AUTO_MAX_TIME_DILATION) -> ExperimentConfig:
     """`CALIBRATION_SET` as a config (its backend may be chosen: the measurements are the same), its
     trials up to `max_time_dilation`."""
     raw = {**CALIBRATION_SET, "emulation": {**CALIBRATION_SET["emulation"], "backend": backend,
@@ -252,7 +248,7 @@ class Reference:
 
 
 def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_run: Path | None = None,
-              max_time_dilation: float = DEFAULT_MAX_TIME_DILATION, say: Say = print) -> Calibration:
+              max_time_dilation: float = AUTO_MAX_TIME_DILATION, say: Say = print) -> Calibration:
     """Run the fixed set at the host's K, fit, store (see the module docstring); the stored calibration.
 
     Raises

@@ -40,8 +40,9 @@ ARRIVALS = ("poisson", "all")
 ENGINES = ("emulation", "simulation")
 #: ``emulation.time_dilation``: ``auto`` (K from trials before the run), ``host`` (this host's, `netai calibrate`).
 AUTO, HOST = "auto", "host"
-#: The most a time dilation may be (a fixed K, or the calibration's cap).
+#: The most a K may be (a fixed K, or auto's cap); the cap auto's trials and `netai calibrate`'s take by default.
 MAX_TIME_DILATION = 1000.0
+AUTO_MAX_TIME_DILATION = 64.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -94,9 +95,8 @@ class EmulationConfig:
     #: short calibration before the run shows no fidelity violation (`orchestrator.experiment.calibration`);
     #: `time_dilation` is then the K the calibration chose.
     time_dilation_auto: bool = False
-    #: The largest K the calibration tries (only with ``time_dilation: auto``); when none up to it is
-    #: faithful the run goes on at this K and its verdict says so.
-    max_time_dilation: float = 64.0
+    #: The largest K auto's trials try; when none up to it is faithful the run goes on at it (its verdict says).
+    max_time_dilation: float = AUTO_MAX_TIME_DILATION
     #: ``time_dilation: host``: this host's K; `host_dilation.resolve` sets it and the calibration's id (`_from`).
     time_dilation_host: bool = False
     time_dilation_from: str = ""

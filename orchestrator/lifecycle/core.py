@@ -403,13 +403,15 @@ class Lifecycle:
         self.record_rounds(live, list(result.rounds), events)
         node_rows = live.execution.node_rows(events, self.clock.of)
         rate, delay = self.network.rate, self.network.delay_emulated
+        copies = copy_rows(events, self.clock.of)
         self.recorder.fidelity(
             label, task.id, overruns=undilate_overruns(overrun_rows(events), self.dilation),
             trainings=undilate_overruns(training_rows(events), self.dilation),
             hops=hop_rows(self.model, live.schedule, node_rows, chunk_bytes=result.chunk_bytes,
-                          model_bytes=task.model_bytes, rate=rate, propagation=delay),
+                          model_bytes=task.model_bytes, rate=rate, propagation=delay, copies=copies,
+                          payload_share=self.network.payload_share),
             link_rates=link_rate_rows(self.model, live.schedule, node_rows, model_bytes=task.model_bytes, rate=rate,
-                                      propagation=delay, copies=copy_rows(events, self.clock.of)))
+                                      propagation=delay, copies=copies))
         last = result.rounds[-1] if result.rounds else None
         LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, label,
                  len(result.rounds), last.latency_s if last else float("nan"),

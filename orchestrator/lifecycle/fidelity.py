@@ -6,8 +6,14 @@ whole global model) minus its parent's. Its *floor* is what the emulated network
 the child cannot finish before the parent's last chunk has crossed the edge (one chunk at the
 edge's share of its slowest link, plus its propagation where delay is emulated), nor before the
 whole model has crossed the edge since the round started (G starts with the whole model; a relay
-forwards as it receives). ``overhead_s = hop_s - floor_s`` is what the instrument added (software,
-CPU waits). docs/architecture.md, "Fidelity", says how the verdict reads these.
+forwards as it receives). The whole model is the bytes that must cross the link: the copy's frame
+bytes (its child's ``global_received`` ``nbytes``, `copy_rows`: the chunks with their headers; the
+model's bytes where the engine logs none) over the share of the link's rate its transport leaves
+them (the network port's ``payload_share``: TCP payload per Ethernet frame at MTU 1500 in the
+emulation, whose htb counts frames; the simulation's ``tcp_efficiency``). Without the headers, a
+2.8 MB model's edge from G showed 12-14 ms of "overhead" (6 %) at every K, more than one chunk's
+time, though the instrument added none. ``overhead_s = hop_s - floor_s`` is what the instrument
+added (software, CPU waits). docs/architecture.md, "Fidelity", says how the verdict reads these.
 
 A *link rate* (`link_rate_rows`) is what a shaped link delivered while it was busy with the task's
 broadcast: for each directed link that is the bottleneck of G's broadcast edges and carries at least
@@ -44,9 +50,11 @@ SATURATING_BYTES = 150_000
 
 
 def hop_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mapping[str, Any]], *,
-             chunk_bytes: int, model_bytes: int, rate: RateFn, propagation: bool) -> list[dict[str, Any]]:
+             chunk_bytes: int, model_bytes: int, rate: RateFn, propagation: bool,
+             copies: Mapping[tuple[int, str], Mapping[str, Any]] | None = None,
+             payload_share: float = 1.0) -> list[dict[str, Any]]:
     """One row per broadcast edge and round that both ends logged: round, parent, child, hop_s,
-    chunk_s (one chunk over the edge), floor_s and overhead_s (seconds).
+    chunk_s (one chunk's payload over the edge), floor_s and overhead_s (seconds).
 
     Parameters
     ----------
@@ -54,21 +62,28 @@ def hop_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mappin
         The ``node_rounds`` rows of the task (`received_s` per site and round, on any one clock).
     chunk_bytes
         The chunk size the task's transfers used (0: whole models, store and forward).
+    copies
+        `copy_rows` of the task's events: each copy's frame bytes (None, or a copy without them:
+        the model's bytes).
+    payload_share
+        The share of a link's rate left to the copies' bytes by the transport (1: none lost).
     """
     received = {(r["site"], r["round"]): r.get("received_s") for r in node_rows}
     g = schedule.global_site
-    copies = link_copies(schedule, "broadcast")
+    n_copies = link_copies(schedule, "broadcast")
+    logged = copies or {}
     out = []
     for e in schedule.edges_of("broadcast"):
         chunk = chunk_bytes if 0 < chunk_bytes < model_bytes else model_bytes
-        chunk_s = overlay_edge_s(model, e, copies, chunk, rate=rate, propagation=propagation)
-        whole_s = overlay_edge_s(model, e, copies, model_bytes, rate=rate, propagation=propagation)
+        chunk_s = overlay_edge_s(model, e, n_copies, chunk, rate=rate, propagation=propagation)
         for (site, rnd), child_t in received.items():
             if site != e.dst or child_t is None:
                 continue
             parent_t, start_t = received.get((e.src, rnd)), received.get((g, rnd))
             if parent_t is None or start_t is None:
                 continue
+            wire = int(logged.get((rnd, site), {}).get("bytes", model_bytes)) / payload_share
+            whole_s = overlay_edge_s(model, e, n_copies, round(wire), rate=rate, propagation=propagation)
             floor = max(chunk_s, start_t + whole_s - parent_t)
             hop = child_t - parent_t
             out.append({"round": rnd, "parent": e.src, "child": e.dst, "hop_s": hop, "chunk_s": chunk_s,

@@ -62,6 +62,8 @@ class NetworkPort(Protocol):
     rate: RateFn
     #: Seconds two reads of a task's counters must be apart to be final (0: final at once).
     counter_settle_s: float
+    #: The share of a link's rate the transport leaves a task's bytes (the per-hop floor's).
+    payload_share: float
 
     def new_install_id(self) -> int: ...
 

@@ -315,6 +315,11 @@ def round_lower_bound(
     )
 
 
+#: The share of a shaped link's rate TCP payload gets at MTU 1500: 1448 bytes of payload (1500 less
+#: the IP and TCP headers with timestamps) per 1514-byte Ethernet frame, which is what htb counts.
+TCP_PAYLOAD_SHARE = 1448 / 1514
+
+
 def emulated_rate(plan: EmulationPlan) -> RateFn:
     """Link rates as shaped in the emulation (Mbit/s), for bounds comparable with measurements."""
     rates = {frozenset((ln.a, ln.b)): ln.emulated_mbps for ln in plan.links}

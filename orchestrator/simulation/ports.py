@@ -72,6 +72,7 @@ class SimNetwork:
         self.batch = batch
         self.rate = batch.rate
         self.delay_emulated = propagation
+        self.payload_share = batch.params.tcp_efficiency  # its transfers' share of a link's rate
         self._ids = itertools.count(1)
         #: install id -> the run's key in the batch.
         self.keys: dict[int, str] = {}

@@ -38,6 +38,27 @@ def test_a_relay_chain_hop_has_one_chunk_as_its_floor() -> None:
     assert by_child["C"]["overhead_s"] == pytest.approx(0.0008)
 
 
+def test_the_whole_models_floor_counts_the_copys_frame_bytes_at_the_transports_share_of_the_rate() -> None:
+    model = load("triangle")
+    schedule = handmade_schedule(EmulationPlan.from_model(model))  # broadcast A -> B -> C
+    # B's copy: 130,000 frame bytes (the model's 125,000 and its chunks' headers) at 0.95 of 100 Mbit/s
+    # is 10.947 ms; B holds the model 11.0 ms after the start: the instrument added 0.053 ms, not 1 ms.
+    received = _rows({("A", 1): 0.0, ("B", 1): 0.0110, ("C", 1): 0.0125})
+    copies = {(1, "B"): {"bytes": 130_000}}  # C's copy logged no bytes: the model's
+
+    rows = hop_rows(model, schedule, received, chunk_bytes=12_500, model_bytes=125_000, rate=lambda a, b: MBPS,
+                    propagation=False, copies=copies, payload_share=0.95)
+    bare = hop_rows(model, schedule, received, chunk_bytes=12_500, model_bytes=125_000, rate=lambda a, b: MBPS,
+                    propagation=False)
+
+    b, c = (next(r for r in rows if r["child"] == x) for x in ("B", "C"))
+    assert b["floor_s"] == pytest.approx(130_000 * 8 / 0.95 / 100e6)
+    assert b["overhead_s"] == pytest.approx(0.011 - 130_000 * 8 / 0.95 / 100e6, abs=1e-7)
+    assert b["chunk_s"] == pytest.approx(0.001)  # the allowance stays one chunk's payload
+    assert c["floor_s"] == pytest.approx(0.001)  # the relay's floor is still one chunk
+    assert next(r for r in bare if r["child"] == "B")["overhead_s"] == pytest.approx(0.001)  # payload at the rate
+
+
 def test_a_slow_downstream_link_raises_the_floor_to_the_whole_model() -> None:
     model = load("triangle")
     schedule = handmade_schedule(EmulationPlan.from_model(model))

@@ -191,17 +191,14 @@ def test_validate_knows_whether_a_config_file_sets_its_own_k(tmp_path: Path) -> 
 
 
 def test_the_calibration_set_runs_auto_dilation_and_its_simulated_twin_has_no_k() -> None:
-    from orchestrator.experiment.calibrate import (
-        DEFAULT_MAX_TIME_DILATION,
-        calibration_config,
-        simulated_config,
-    )
+    from orchestrator.experiment.calibrate import calibration_config, simulated_config
+    from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION
 
     cfg = calibration_config("process", 8)
     twin = simulated_config(cfg, {"tcp_efficiency": 0.9564}, propagation=False)
 
     assert cfg.emulation.time_dilation_auto and cfg.emulation.max_time_dilation == 8.0
-    assert calibration_config().emulation.max_time_dilation == DEFAULT_MAX_TIME_DILATION
+    assert calibration_config().emulation.max_time_dilation == AUTO_MAX_TIME_DILATION
     assert twin.engine == "simulation" and not twin.emulation.time_dilation_auto and twin.emulation.time_dilation == 1
 
 
@@ -232,3 +229,17 @@ def test_calibrate_stores_the_k_its_reference_ran_at_and_fits_no_cpu_model(tmp_p
     assert got.host_cpu == {"cpu_s_per_byte": 1.6e-9, "train_real_over_modelled": 1.0}
     assert not {"cpu_cores", "cpu_s_per_byte", "cpu_s_per_byte_hop", "train_cpu_factor"} & set(got.params)
     assert "at K=8" in got.note
+
+
+def test_validate_refuses_time_dilation_host_without_the_hosts_k_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import orchestrator.experiment.runner as runner
+    from orchestrator.experiment.validate import validate
+
+    started: list[Any] = []
+    monkeypatch.setattr(runner, "run_experiment", lambda cfg, **_: started.append(cfg))
+
+    with pytest.raises(ConfigError, match=r"time_dilation: host: .*run `netai calibrate`"):
+        validate(parse_config(_raw(time_dilation="host")), out_root=tmp_path / "runs",
+                 calibration_store=tmp_path / "none.json", say=lambda _: None)
+    assert started == [] and not (tmp_path / "runs").exists()  # no emulation, no run folder
