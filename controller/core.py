@@ -410,15 +410,20 @@ class ControllerCore:
 
     # -- reading back ------------------------------------------------------------------------------
     def flows(self, task_id: int | None = None, *, background: bool = False) -> list[dict[str, Any]]:
-        """Entries read live from every connected switch (optionally one task's, or only the
-        background routes', selected by cookie on the switch), with counters."""
+        """Entries read live from every connected switch (optionally one task's, from the switches
+        that hold its entries, or only the background routes', selected by cookie on the switch),
+        with counters."""
         if task_id is not None and task_id not in self.tasks:
             raise NotFound(f"no task {task_id} is installed (installed: {sorted(self.tasks)})")
         if task_id is not None and background:
             raise BadRequest("ask for one task's entries or for the background's, not both")
         cookie = BACKGROUND_COOKIE if background else task_id
+        dpids = set(self.connected)
+        if task_id is not None:  # only the switches holding its entries: one that no longer answers
+            with self._lock:     # elsewhere (a lost machine's) does not hold up the task's read
+                dpids &= {e.dpid for e in self.tasks[task_id].entries}
         out = []
-        for dpid in sorted(self.connected):
+        for dpid in sorted(dpids):
             for st in self.sender.flow_stats(dpid, cookie):
                 d = st.entry.to_dict()
                 d.update(

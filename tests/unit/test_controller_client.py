@@ -8,8 +8,10 @@ from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
 
+from controller.app import SwitchError
 from controller.core import ControllerCore
 from controller.rest import RestApi
+from controller.southbound import FlowStat
 from orchestrator.emulation.controller_client import (
     ControllerClient,
     ControllerHTTPError,
@@ -17,7 +19,7 @@ from orchestrator.emulation.controller_client import (
 )
 from orchestrator.emulation.controller_process import free_port
 from orchestrator.emulation.task_paths import task_paths
-from orchestrator.scheduling.schedule import task_ports
+from orchestrator.scheduling.schedule import OverlayEdge, Schedule, task_ports
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
@@ -120,3 +122,36 @@ def test_background_flows_are_the_background_routes_entries_only(
     assert background and {f["kind"] for f in background} == {"background"}
     assert sum(f["bytes"] for f in background) == 2 * 300  # switch A and switch B each forwarded it
     assert sum(f["bytes"] for f in client.flows()) == 2 * 300 + 2 * 700
+
+
+class _OneSwitchSilent(FakeSwitches):
+    """A switch still connected that no longer answers (its machine was lost): every read of it fails."""
+
+    silent: int = 0
+
+    def flow_stats(self, dpid: int, cookie: int | None) -> list[FlowStat]:
+        if dpid == self.silent:
+            raise SwitchError(f"switch dpid {dpid} did not answer")
+        return super().flow_stats(dpid, cookie)
+
+
+def test_a_tasks_counters_are_read_from_its_own_switches_only() -> None:
+    plan = EmulationPlan.from_model(load("triangle"))
+    fake = _OneSwitchSilent(plan)
+    fake.connect_all()
+    fake.silent = plan.switch("C").dpid
+    core = ControllerCore(plan, fake)
+    for sw in plan.switches:
+        core.switch_connected(sw.dpid)
+    edges = (OverlayEdge("broadcast", "A", "B", ("A", "B")), OverlayEdge("upload", "B", "A", ("B", "A")))
+    schedule = Schedule(task_id=9, scheduler="handmade", global_site="A", local_sites=("B",), demand_mbps=10.0,
+                        broadcast_parent={"B": "A"}, upload_parent={"B": "A"}, edges=edges)
+    core.install_task(task_paths(schedule))
+    fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=task_ports(9)[0], nbytes=1000)
+
+    flows = core.flows(9)
+
+    assert flows and {f["site"] for f in flows} <= {"A", "B"} and {f["task"] for f in flows} == {9}
+    assert sum(f["bytes"] for f in flows) >= 1000
+    with pytest.raises(SwitchError):  # the silent switch is still asked when every switch is read
+        core.flows()
