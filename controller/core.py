@@ -197,10 +197,20 @@ class ControllerCore:
             if dpid not in self._dpids:
                 self.errors.append({"t_s": self.clock(), "error": f"unknown datapath id {dpid} connected"})
             self.connected[dpid] = self.clock()
+        self._tell_shaper_down()
 
     def switch_disconnected(self, dpid: int) -> None:
         with self._lock:
             self.connected.pop(dpid, None)
+        self._tell_shaper_down()
+
+    def _tell_shaper_down(self) -> None:
+        """The shaper learns which switches are not connected (it skips a lost machine's interfaces)."""
+        tell = getattr(self.shaper, "switches_down", None)
+        if tell is not None:
+            with self._lock:
+                down = [sw.name for sw in self.plan.switches if sw.dpid not in self.connected]
+            tell(down)
 
     def record_port_status(self, dpid: int, port_no: int, reason: str, link_down: bool) -> None:
         """Keep a port-status change (added/deleted/modified, link up/down) for the API."""

@@ -341,6 +341,13 @@ class TcShaper:
         with self._lock:
             return self._remove_locked(task_id)
 
+    def switches_down(self, switches: Iterable[str]) -> None:
+        """The switches not connected to the controller now (names), for a runner that reaches
+        other machines' interfaces (`controller.tc.ClusterTc`)."""
+        tell = getattr(self.runner, "switches_down", None)
+        if tell is not None:
+            tell(switches)
+
     def restore(self, task: TaskPaths, minor: int) -> Reservation:
         """Take back a task a previous controller shaped with class `minor` (a restarted controller):
         whatever of its classes and filters the links still hold is removed, then they are

@@ -112,11 +112,27 @@ ENV_TC_SERVERS = "NETAI_TC_SERVERS"
 class ClusterTc:
     """`TcRunner` for interfaces spread over servers: those of this machine through `local`, each
     other server's through ``tc`` run there over its SSH connection (the same argument list, the
-    batch on stdin). A batch is split by the device each command names, keeping its order."""
+    batch on stdin). A batch is split by the device each command names, keeping its order.
+
+    A server whose every switch the controller has lost (`switches_down`: its machine is gone, or its
+    controller forward) is not asked: its commands fail at once, where an SSH call would wait out its
+    connect timeout (the classes there went with the machine, or stay on interfaces the run's
+    teardown deletes). It is asked again once one of its switches is back."""
 
     def __init__(self, local: TcRunner, servers: Mapping[str, Sequence[str]], devices: Mapping[str, str], *,
                  timeout_s: float = 30.0) -> None:
         self.local, self.servers, self.devices, self.timeout_s = local, dict(servers), dict(devices), timeout_s
+        self._switches = {server: {dev.rsplit("-eth", 1)[0] for dev, on in self.devices.items() if on == server}
+                          for server in self.servers}
+        self._down: frozenset[str] = frozenset()
+
+    def switches_down(self, switches: Iterable[str]) -> None:
+        """The switches (names) not connected to the controller now."""
+        self._down = frozenset(switches)
+
+    def unreachable(self, server: str) -> bool:
+        mine = self._switches.get(server, set())
+        return bool(mine) and mine <= self._down
 
     def _by_server(self, devices: Iterable[str]) -> dict[str | None, list[str]]:
         out: dict[str | None, list[str]] = {}
@@ -158,6 +174,9 @@ class ClusterTc:
             try:
                 if server is None:
                     self.local.run(cmds, force=force)
+                    continue
+                if self.unreachable(server):
+                    errors.append(f"tc on {server} not run: its switches are disconnected (the machine lost?)")
                     continue
                 res = self._remote(server, ["tc", *(["-force"] if force else []), "-batch", "-"], batch_text(cmds))
             except ShapingError as e:

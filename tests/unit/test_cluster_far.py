@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pytest
 
+from controller.core import ControllerCore
 from controller.tc import ClusterTc, ShapingError
 from orchestrator.emulation.cluster import LOCAL, ClusterServer, ClusterSpec, SshResult, checked_placement
 from orchestrator.emulation.cluster_far import FarSide, far_side, tc_servers_file
 from orchestrator.errors import ConfigError
+from tests.unit.controller_fakes import FakeSwitches
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
 
@@ -116,3 +118,45 @@ def test_a_forward_or_probe_has_its_own_connection_and_keeps_ssh_s_reason(tmp_pa
     # everything else as ssh_argv has it: the key, the host key check, the timeouts
     assert [a for a in own if not a.startswith("Control")] == [a for a in shared if not a.startswith("Control")
                                                                and a != "-q"]
+
+
+def test_a_server_whose_switches_are_all_disconnected_is_not_asked(tmp_path: Path) -> None:
+    record = tmp_path / "far.txt"
+    fake_ssh = [sys.executable, "-c", "import sys, pathlib; pathlib.Path(sys.argv[1]).write_text(sys.stdin.read())",
+                str(record)]
+    tc = ClusterTc(_Local(), {"m1": fake_ssh}, {"s2-eth1": "m1", "s3-eth2": "m1"})
+    batch = [["class", "del", "dev", "s2-eth1", "classid", "1:20"], ["class", "del", "dev", "s3-eth2", "classid", "1:20"]]
+
+    tc.switches_down(["s2"])  # one of its two switches: still asked
+    tc.run(batch, force=True)
+    assert record.read_text().count("class del") == 2
+    record.unlink()
+
+    tc.switches_down(["s2", "s3", "s5"])  # every switch of m1
+    with pytest.raises(ShapingError, match="tc on m1 not run: its switches are disconnected"):
+        tc.run(batch, force=True)
+    assert not record.exists()
+
+    tc.switches_down(["s5"])  # back
+    tc.run(batch, force=True)
+    assert record.exists()
+
+
+def test_the_controller_tells_the_shaper_which_switches_are_down() -> None:
+    plan = EmulationPlan.from_model(load("ring:4"))
+    told: list[list[str]] = []
+
+    class _Shaper:
+        def switches_down(self, switches: Iterable[str]) -> None:
+            told.append(sorted(switches))
+
+    core = ControllerCore(plan, FakeSwitches(plan), shaper=_Shaper())  # type: ignore[arg-type]
+    names = sorted(sw.name for sw in plan.switches)
+    for sw in plan.switches:
+        core.switch_connected(sw.dpid)
+    assert told[-1] == []
+    lost = plan.switches[1]
+    core.switch_disconnected(lost.dpid)
+    assert told[-1] == [lost.name] and lost.name in names
+    core.switch_connected(lost.dpid)
+    assert told[-1] == []
