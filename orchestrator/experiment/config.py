@@ -8,7 +8,7 @@ topology's compute sites raise `ConfigError` with one line naming the key.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ ARRIVALS = ("poisson", "all")
 #: ``emulation``: Mininet, real workers; ``simulation``: the flow-level model on SimGrid
 #: (`orchestrator.simulation`; docs/architecture.md, "Flow-level simulation").
 ENGINES = ("emulation", "simulation")
+ORDERS = ("rotate", "fixed")  # ``order``: the schedulers' order on each task (`ExperimentConfig.order`)
 #: ``emulation.time_dilation: auto``: K chosen by a calibration before the run.
 AUTO = "auto"
 #: The most a time dilation may be (a fixed K, or the calibration's cap).
@@ -142,6 +143,8 @@ class ExperimentConfig:
     #: ``sequential``: one task at a time, every scheduler on the same tasks (paired comparison);
     #: ``online``: tasks arrive (`online`) and run side by side, one scheduler after the other.
     mode: str = "sequential"
+    #: Sequential mode: the schedulers' order on each task, ``rotate`` or ``fixed`` (`runs.scheduler_order`).
+    order: str = "rotate"
     online: OnlineConfig = field(default_factory=OnlineConfig)
     #: Scheduled faults and load steps (online mode; `orchestrator.experiment.faults`).
     events: tuple[FaultEvent, ...] = ()
@@ -171,8 +174,6 @@ class ExperimentConfig:
         return load(self.topology, compute_sites=list(self.compute_sites) if self.compute_sites else None)
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         d = asdict(self)
         d["task"] = self.task.section()
         specs = {s.label: s for s in self.scheduler_specs}  # a label without one: a registered name
@@ -189,6 +190,7 @@ class ExperimentConfig:
         else:
             d["events"] = [e.to_dict() for e in self.events]
             d["reschedule"] = self.reschedule.to_dict()
+            del d["order"]  # the sequential mode's only
         if self.engine != "simulation":
             del d["simulation"]  # only allowed with engine: simulation
         del d["remote_servers"]
@@ -360,7 +362,7 @@ SIMULATION_SCHEMA: dict[str, Check] = {
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation",
-            "compute", "sweep")
+            "compute", "sweep", "order")
 #: What an entry of ``sweep`` may override (a sweep's runs are named after it: ``name-1``, ...).
 SWEEP_KEYS = tuple(k for k in TOP_KEYS if k not in ("name", "sweep"))
 
@@ -416,9 +418,12 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         background=BackgroundConfig(**_section("background", raw.get("background"), BACKGROUND_SCHEMA)),
         mode=_choice(MODES)("mode", raw.get("mode", "sequential")),
         online=OnlineConfig(**_section("online", raw.get("online"), ONLINE_SCHEMA)),
+        order=_choice(ORDERS)("order", raw.get("order", "rotate")),
     )
     if "online" in raw and cfg.mode != "online":
         raise ConfigError("an online section needs mode: online")
+    if "order" in raw and cfg.mode != "sequential":
+        raise ConfigError("order needs mode: sequential (online runs each scheduler's whole trace in turn)")
     cfg = _with_engine(cfg, raw)
     cfg = _with_servers(cfg, raw, files_dir)
     return _with_sweep(_on_topology(cfg, raw), raw, where, base_dir)
@@ -472,10 +477,8 @@ def _on_topology(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentCon
     limit = max_locals(model)
     too_many = [n for n in cfg.locals if n > limit]
     if too_many:
-        raise ConfigError(
-            f"locals {too_many[0]} is more than topology {model.name!r} allows "
-            f"({len(model.compute_sites)} compute sites: at most {limit} locals besides G)"
-        )
+        raise ConfigError(f"locals {too_many[0]} is more than topology {model.name!r} allows "
+                          f"({len(model.compute_sites)} compute sites: at most {limit} locals besides G)")
     return cfg
 
 
