@@ -7,8 +7,8 @@ topology's compute sites raise `ConfigError` with one line naming the key.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,16 @@ import yaml
 from controller.flows import CONNECTIVITY_MODES, STRICT
 from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
 from orchestrator.errors import ConfigError
+from orchestrator.experiment.config_checks import (
+    Check,
+    bool_check,
+    choice_check,
+    int_check,
+    num_check,
+    section_check,
+    str_check,
+    text_check,
+)
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
 from orchestrator.experiment.sweep_entries import parse_sweep
 from orchestrator.runtime.remote import RemoteServer, parse_servers
@@ -38,6 +48,7 @@ ARRIVALS = ("poisson", "all")
 #: ``emulation``: Mininet, real workers; ``simulation``: the flow-level model on SimGrid
 #: (`orchestrator.simulation`; docs/architecture.md, "Flow-level simulation").
 ENGINES = ("emulation", "simulation")
+ORDERS = ("rotate", "fixed")  # ``order``: the schedulers' order on each task (`ExperimentConfig.order`)
 #: ``emulation.time_dilation``: ``auto`` (K from trials before the run), ``host`` (this host's, `netai calibrate`).
 AUTO, HOST = "auto", "host"
 #: The most a K may be (a fixed K, or auto's cap); the cap auto's trials and `netai calibrate`'s take by default.
@@ -145,6 +156,8 @@ class ExperimentConfig:
     #: ``sequential``: one task at a time, every scheduler on the same tasks (paired comparison);
     #: ``online``: tasks arrive (`online`) and run side by side, one scheduler after the other.
     mode: str = "sequential"
+    #: Sequential mode: the schedulers' order on each task, ``rotate`` or ``fixed`` (`runs.scheduler_order`).
+    order: str = "rotate"
     online: OnlineConfig = field(default_factory=OnlineConfig)
     #: Scheduled faults and load steps (online mode; `orchestrator.experiment.faults`).
     events: tuple[FaultEvent, ...] = ()
@@ -174,8 +187,6 @@ class ExperimentConfig:
         return load(self.topology, compute_sites=list(self.compute_sites) if self.compute_sites else None)
 
     def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
         d = asdict(self)
         d["task"] = self.task.section()
         specs = {s.label: s for s in self.scheduler_specs}  # a label without one: a registered name
@@ -192,6 +203,7 @@ class ExperimentConfig:
         else:
             d["events"] = [e.to_dict() for e in self.events]
             d["reschedule"] = self.reschedule.to_dict()
+            del d["order"]  # the sequential mode's only
         if self.engine != "simulation":
             del d["simulation"]  # only allowed with engine: simulation
         del d["remote_servers"]
@@ -216,75 +228,11 @@ class ExperimentConfig:
         return bool(self.events) or "periodic" in self.reschedule.policies or (far and self.mode == "online")
 
 
-Check = Callable[[str, Any], Any]
-
-
-def _int(lo: int, hi: int | None = None) -> Check:
-    def check(key: str, v: Any) -> int:
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo or (hi is not None and v > hi):
-            rng = f">= {lo}" if hi is None else f"in {lo}..{hi}"
-            raise ConfigError(f"{key} must be an integer {rng}, got {v!r}")
-        return v
-
-    return check
-
-
-def _num(lo: float, hi: float | None = None, *, lo_open: bool = False) -> Check:
-    def check(key: str, v: Any) -> float:
-        ok = not isinstance(v, bool) and isinstance(v, (int, float))
-        if ok:
-            ok = (v > lo if lo_open else v >= lo) and (hi is None or v <= hi)
-        if not ok:
-            bound = f"{'>' if lo_open else '>='} {lo:g}" + ("" if hi is None else f" and <= {hi:g}")
-            raise ConfigError(f"{key} must be a number {bound}, got {v!r}")
-        return float(v)
-
-    return check
-
-
-def _choice(options: tuple[str, ...]) -> Check:
-    def check(key: str, v: Any) -> str:
-        if v not in options:
-            raise ConfigError(f"{key} must be one of {', '.join(options)}, got {v!r}")
-        return str(v)
-
-    return check
-
-
-def _str(key: str, v: Any) -> str:
-    if not isinstance(v, str) or not v:
-        raise ConfigError(f"{key} must be a non-empty string, got {v!r}")
-    return v
-
-
-def _text(key: str, v: Any) -> str:
-    if not isinstance(v, str):
-        raise ConfigError(f"{key} must be a string, got {v!r}")
-    return v
-
-
-def _bool(key: str, v: Any) -> bool:
-    if not isinstance(v, bool):
-        raise ConfigError(f"{key} must be true or false, got {v!r}")
-    return v
-
-
 def _dilation(key: str, v: Any) -> float:
     """A fixed K (a number in 1..`MAX_TIME_DILATION`); ``auto`` and ``host`` are taken out before (`_emulation`)."""
     if isinstance(v, str):
         raise ConfigError(f"{key} must be a number >= 1 and <= {MAX_TIME_DILATION:g}, {AUTO} or {HOST}, got {v!r}")
-    return _num(1, MAX_TIME_DILATION)(key, v)
-
-
-def _section(prefix: str, raw: Any, schema: Mapping[str, Check]) -> dict[str, Any]:
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{prefix} must be a mapping, got {raw!r}")
-    unknown = sorted(set(raw) - set(schema))
-    if unknown:
-        raise ConfigError(f"unknown key {prefix}.{unknown[0]}; allowed in {prefix}: {', '.join(schema)}")
-    return {k: schema[k](f"{prefix}.{k}", v) for k, v in raw.items()}
+    return num_check(1, MAX_TIME_DILATION)(key, v)
 
 
 def _emulation(raw: Any, base_dir: Path | None) -> EmulationConfig:
@@ -296,7 +244,7 @@ def _emulation(raw: Any, base_dir: Path | None) -> EmulationConfig:
         rest = {k: v for k, v in rest.items() if k != "time_dilation"}
     if word != AUTO and isinstance(rest, dict) and "max_time_dilation" in rest:
         raise ConfigError("emulation.max_time_dilation is the calibration's cap: it needs time_dilation: auto")
-    cfg = replace(EmulationConfig(**_section("emulation", rest, EMULATION_SCHEMA)), time_dilation_auto=word == AUTO,
+    cfg = replace(EmulationConfig(**section_check("emulation", rest, EMULATION_SCHEMA)), time_dilation_auto=word == AUTO,
                   time_dilation_host=word == HOST)
     spec = parse_cluster(cluster, base_dir=base_dir)
     if spec is not None and cfg.backend == "docker":
@@ -319,14 +267,14 @@ def _as_given(key: str, v: Any) -> Any:
 
 
 #: The task section's own keys (the learning settings' are `TASK_KEYS`).
-TASK_SCHEMA: dict[str, Check] = {"demand_mbps": _num(0, lo_open=True), "train_allowance_s": _num(0, lo_open=True)}
+TASK_SCHEMA: dict[str, Check] = {"demand_mbps": num_check(0, lo_open=True), "train_allowance_s": num_check(0, lo_open=True)}
 
 
 def _task(raw: Any) -> TaskConfig:
     """The task section: its own keys checked here, the learning settings by the spec's one check
     (`LearningSpec.check`), an error naming the key as written (``task.partition``); then the
     selection policy is built."""
-    section = _section("task", raw, {**dict.fromkeys(TASK_KEYS, _as_given), **TASK_SCHEMA})
+    section = section_check("task", raw, {**dict.fromkeys(TASK_KEYS, _as_given), **TASK_SCHEMA})
     task = TaskConfig(**{TASK_KEYS.get(k, k): v for k, v in section.items()})
     try:
         task.check()
@@ -338,31 +286,31 @@ def _task(raw: Any) -> TaskConfig:
 
 
 EMULATION_SCHEMA: dict[str, Check] = {
-    "max_link_mbps": _num(0, MAX_EMULATED_MBPS, lo_open=True), "backend": _choice(BACKENDS),
-    "connectivity": _choice(CONNECTIVITY_MODES), "time_dilation": _dilation,
-    "max_time_dilation": _num(2, MAX_TIME_DILATION),
+    "max_link_mbps": num_check(0, MAX_EMULATED_MBPS, lo_open=True), "backend": choice_check(BACKENDS),
+    "connectivity": choice_check(CONNECTIVITY_MODES), "time_dilation": _dilation,
+    "max_time_dilation": num_check(2, MAX_TIME_DILATION),
 }
 BACKGROUND_SCHEMA: dict[str, Check] = {
-    "enabled": _bool, "pattern": _choice(PATTERNS), "load": _num(0, 1), "pairs": _int(1, 1000),
-    "mean_on_s": _num(0, lo_open=True), "mean_off_s": _num(0, lo_open=True),
+    "enabled": bool_check, "pattern": choice_check(PATTERNS), "load": num_check(0, 1), "pairs": int_check(1, 1000),
+    "mean_on_s": num_check(0, lo_open=True), "mean_off_s": num_check(0, lo_open=True),
 }
 ONLINE_SCHEMA: dict[str, Check] = {
-    "tasks": _int(1, 10_000), "arrival": _choice(ARRIVALS), "mean_interarrival_s": _num(0, lo_open=True),
-    "seed": _int(0), "sample_s": _num(0.1, 60),
+    "tasks": int_check(1, 10_000), "arrival": choice_check(ARRIVALS), "mean_interarrival_s": num_check(0, lo_open=True),
+    "seed": int_check(0), "sample_s": num_check(0.1, 60),
 }
 SIMULATION_SCHEMA: dict[str, Check] = {
-    "rates": _choice(("capacity", "emulated")), "tcp_efficiency": _num(0, 1, lo_open=True),
-    "per_hop_latency_ms": _num(0), "propagation": _bool, "alpha_s": _num(0),
-    "seconds_per_example": _num(0), "seconds_per_round": _num(0), "local_epochs": _int(1, 1000),
-    "train_examples": _int(1),
-    "chunk_bytes": _int(0), "max_segments": _int(0),
-    "cpu_cores": _int(0, 1024), "cpu_s_per_byte": _num(0), "cpu_s_per_chunk": _num(0),
-    "cpu_s_per_byte_hop": _num(0), "calibration": _text, "site_speed": _bool, "wire_bytes_factor": _num(1),
-    "train_cpu_factor": _num(1),
+    "rates": choice_check(("capacity", "emulated")), "tcp_efficiency": num_check(0, 1, lo_open=True),
+    "per_hop_latency_ms": num_check(0), "propagation": bool_check, "alpha_s": num_check(0),
+    "seconds_per_example": num_check(0), "seconds_per_round": num_check(0), "local_epochs": int_check(1, 1000),
+    "train_examples": int_check(1),
+    "chunk_bytes": int_check(0), "max_segments": int_check(0),
+    "cpu_cores": int_check(0, 1024), "cpu_s_per_byte": num_check(0), "cpu_s_per_chunk": num_check(0),
+    "cpu_s_per_byte_hop": num_check(0), "calibration": text_check, "site_speed": bool_check, "wire_bytes_factor": num_check(1),
+    "train_cpu_factor": num_check(1),
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation",
-            "compute", "sweep")
+            "compute", "sweep", "order")
 #: What an entry of ``sweep`` may override (a sweep's runs are named after it: ``name-1``, ...).
 SWEEP_KEYS = tuple(k for k in TOP_KEYS if k not in ("name", "sweep"))
 
@@ -390,8 +338,8 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
     unknown = sorted(set(raw) - set(TOP_KEYS))
     if unknown:
         raise ConfigError(f"unknown key {unknown[0]!r}; allowed: {', '.join(TOP_KEYS)}")
-    name = _str("name", raw.get("name", Path(where).stem))
-    topology = _str("topology", raw.get("topology", DEFAULT_TOPOLOGY))
+    name = str_check("name", raw.get("name", Path(where).stem))
+    topology = str_check("topology", raw.get("topology", DEFAULT_TOPOLOGY))
     schedulers = raw.get("schedulers", ["spff", "mst", "steiner"])
     if not isinstance(schedulers, list) or not schedulers:
         raise ConfigError("schedulers must be a non-empty list")
@@ -400,7 +348,7 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
     locals_ = raw.get("locals", [2, 4, 8])
     if not isinstance(locals_, list) or not locals_:
         raise ConfigError("locals must be a non-empty list of integers")
-    locals_t = tuple(_int(1)("locals[]", n) for n in locals_)
+    locals_t = tuple(int_check(1)("locals[]", n) for n in locals_)
     compute = raw.get("compute_sites")
     if compute is not None and (not isinstance(compute, list) or not all(isinstance(s, str) for s in compute)):
         raise ConfigError("compute_sites must be a list of site names")
@@ -411,16 +359,19 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         schedulers=tuple(s.label for s in specs),
         scheduler_specs=specs,
         locals=locals_t,
-        tasks_per_point=_int(1, 10_000)("tasks_per_point", raw.get("tasks_per_point", 2)),
-        seed=_int(0)("seed", raw.get("seed", 1)),
+        tasks_per_point=int_check(1, 10_000)("tasks_per_point", raw.get("tasks_per_point", 2)),
+        seed=int_check(0)("seed", raw.get("seed", 1)),
         task=_task(raw.get("task")),
         emulation=_emulation(raw.get("emulation"), files_dir),
-        background=BackgroundConfig(**_section("background", raw.get("background"), BACKGROUND_SCHEMA)),
-        mode=_choice(MODES)("mode", raw.get("mode", "sequential")),
-        online=OnlineConfig(**_section("online", raw.get("online"), ONLINE_SCHEMA)),
+        background=BackgroundConfig(**section_check("background", raw.get("background"), BACKGROUND_SCHEMA)),
+        mode=choice_check(MODES)("mode", raw.get("mode", "sequential")),
+        online=OnlineConfig(**section_check("online", raw.get("online"), ONLINE_SCHEMA)),
+        order=choice_check(ORDERS)("order", raw.get("order", "rotate")),
     )
     if "online" in raw and cfg.mode != "online":
         raise ConfigError("an online section needs mode: online")
+    if "order" in raw and cfg.mode != "sequential":
+        raise ConfigError("order needs mode: sequential (online runs each scheduler's whole trace in turn)")
     cfg = _with_engine(cfg, raw)
     cfg = _with_servers(cfg, raw, files_dir)
     return _with_sweep(_on_topology(cfg, raw), raw, where, base_dir)
@@ -435,7 +386,7 @@ def _with_sweep(cfg: ExperimentConfig, raw: Mapping[str, Any], where: str,
 
 def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentConfig:
     """`cfg` with its engine and simulation section, checked against the mode and the emulation."""
-    engine = _choice(ENGINES)("engine", raw.get("engine", "emulation"))
+    engine = choice_check(ENGINES)("engine", raw.get("engine", "emulation"))
     if "simulation" in raw and engine != "simulation":
         raise ConfigError("a simulation section needs engine: simulation")
     if engine == "simulation" and cfg.mode != "sequential":
@@ -446,7 +397,7 @@ def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentCon
         word = "auto calibrates" if cfg.emulation.time_dilation_auto else "host dilates"
         raise ConfigError(f"emulation.time_dilation: {word} the emulation: it needs engine: emulation")
     return replace(cfg, engine=engine,
-                   simulation=SimulationConfig(**_section("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
+                   simulation=SimulationConfig(**section_check("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
 
 
 def _with_servers(cfg: ExperimentConfig, raw: Mapping[str, Any], files_dir: Path | None) -> ExperimentConfig:
@@ -475,10 +426,8 @@ def _on_topology(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentCon
     limit = max_locals(model)
     too_many = [n for n in cfg.locals if n > limit]
     if too_many:
-        raise ConfigError(
-            f"locals {too_many[0]} is more than topology {model.name!r} allows "
-            f"({len(model.compute_sites)} compute sites: at most {limit} locals besides G)"
-        )
+        raise ConfigError(f"locals {too_many[0]} is more than topology {model.name!r} allows "
+                          f"({len(model.compute_sites)} compute sites: at most {limit} locals besides G)")
     return cfg
 
 

@@ -46,7 +46,7 @@ from orchestrator.experiment.link_recorder import LinkRecorder
 from orchestrator.experiment.lost_machines import lost_note
 from orchestrator.experiment.online import run_online
 from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
-from orchestrator.experiment.runs import RunOutcome, task_sets
+from orchestrator.experiment.runs import RunOutcome, scheduler_order, task_sets
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.results.summary import RunSummary
@@ -411,7 +411,8 @@ def _settle_and_record(core: Any, recorder: LinkRecorder, background: _Backgroun
 
 def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> None:
     """Every point's tasks, one at a time, every scheduler on the same task before the next (so
-    background load and machine noise hit the schedulers alike)."""
+    background load and machine noise hit the schedulers alike), in the order `scheduler_order`
+    gives the task (by default rotated from task to task, so no scheduler always runs first)."""
     cfg, core = run.cfg, run.core
     tasks = task_sets(cfg, run.model, model_bytes)
     bar = Progress(sum(len(ts) for ts in tasks.values()) * len(cfg.schedulers), enabled=progress)
@@ -423,8 +424,8 @@ def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> 
         core.labels |= {name: (name, "never") for name in cfg.schedulers}
     try:
         for n in cfg.locals:
-            for task in tasks[n]:
-                for name in cfg.schedulers:
+            for k, task in enumerate(tasks[n]):
+                for name in scheduler_order(cfg.schedulers, k, cfg.order):
                     if watcher is not None and run.machines is not None:
                         run.machines.label = name
                         run.machines.refresh()

@@ -1,10 +1,12 @@
-"""What the experiment's drivers share: the seeded task sets of the sequential mode and what a run
-gives back. The emulated runner (`orchestrator.experiment.runner`) and the flow-level one
-(`orchestrator.experiment.simulated`) both import it, so neither imports the other's module for it.
+"""What the experiment's drivers share: the seeded task sets of the sequential mode, the order the
+schedulers run each task in, and what a run gives back. The emulated runner
+(`orchestrator.experiment.runner`) and the flow-level one (`orchestrator.experiment.simulated`) both
+import it, so neither imports the other's module for it and both run the tasks in the same order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,3 +36,19 @@ def task_sets(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> d
         )
         for n in cfg.locals
     }
+
+
+def scheduler_order(schedulers: Sequence[str], k: int, order: str = "rotate") -> tuple[str, ...]:
+    """The order the schedulers run a point's `k`-th task in (k from 0). ``rotate``: the config's
+    order rotated left by k (task 0: a, b, c; task 1: b, c, a; ...), so over a multiple of
+    len(schedulers) tasks each scheduler runs first (and in every position) equally often and
+    a drift of the instrument from one run of a task to the next (the machine warming, the
+    background's on/off processes moving on) does not always favour the same scheduler; ``fixed``:
+    the config's order for every task (runs before the rotation)."""
+    names = tuple(schedulers)
+    if order == "fixed" or not names:
+        return names
+    if order != "rotate":
+        raise ValueError(f"unknown scheduler order {order!r}")
+    i = k % len(names)
+    return names[i:] + names[:i]

@@ -20,7 +20,7 @@ from typing import Any
 
 from controller.htb import BACKGROUND_SHARE
 from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
-from orchestrator.experiment.runs import RunOutcome, task_sets
+from orchestrator.experiment.runs import RunOutcome, scheduler_order, task_sets
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results.db import ResultsDB
@@ -200,14 +200,15 @@ def _parameters(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
 
 
 def _admit_all(cfg: ExperimentConfig, core: Lifecycle, model: Any, model_bytes: int) -> list[LiveTask]:
-    """Every point's tasks under every scheduler, in the emulation's order, on its network state
-    (the sequential mode's: every scheduler sees the point's earlier tasks' reservations)."""
+    """Every point's tasks under every scheduler, in the emulation's order (`scheduler_order`), on
+    its network state (the sequential mode's: every scheduler sees the point's earlier tasks'
+    reservations)."""
     tasks = task_sets(cfg, model, model_bytes)
     states = {(s, n): NetworkState(model) for s in cfg.schedulers for n in cfg.locals}
     admitted = []
     for n in cfg.locals:
-        for task in tasks[n]:
-            for name in cfg.schedulers:
+        for k, task in enumerate(tasks[n]):
+            for name in scheduler_order(cfg.schedulers, k, cfg.order):
                 core.arrive(name, task)
                 live = core.admit(name, task, states[(name, n)])
                 if not live.ended:

@@ -1,6 +1,7 @@
 """The background the schedulers are told, in real runs (`orchestrator.emulation.background_view`):
 only the background's own traffic, settled before the first task, the same for every scheduler of
-a task. Two small interleaved experiments (spff then mst on each task, the process backend):
+a task. Two small interleaved experiments (spff and mst on each task, in the rotated order: spff
+first on the first task, mst first on the second; the process backend):
 
 - a ring of 14 with the background off: no scheduler sees background (a task that just ended under
   spff used to show as background to mst and block its tasks), and every task that an empty
@@ -20,6 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
+from orchestrator.experiment.runs import scheduler_order
 from orchestrator.results.db import ResultsDB
 from orchestrator.scheduling import NetworkState, get_scheduler
 from orchestrator.scheduling.tasks import Task
@@ -73,6 +75,11 @@ def test_schedulers_see_the_background_only_and_alike(tmp_path: Path, figures: l
             admitted += 1
             assert t["state"] == "done", t
     assert admitted == len(tasks) == 4
+    for db in (off, on):  # each task's schedulers ran in the rotated order (`runs.scheduler_order`)
+        ran = db.query("SELECT scheduler, task_id FROM tasks ORDER BY arrival_s")
+        ids = sorted({r["task_id"] for r in ran})
+        assert [(r["task_id"], r["scheduler"]) for r in ran] == \
+            [(t, s) for k, t in enumerate(ids) for s in scheduler_order(["spff", "mst"], k)]
 
     # Assert (on): measured once per task, settled, the same for both schedulers; the first task's
     # background is the later ones'; the busiest link carries about the planned 30 %.

@@ -104,6 +104,15 @@ def test_an_earlier_emulated_run_is_reused_only_for_the_same_config(tmp_path: Pa
     assert same_config_run(tmp_path, auto) == run_id
     with pytest.raises(ConfigError, match=r"another config .*seed"):
         same_config_run(tmp_path, parse_config({**cfg.to_dict(), "seed": 5}))
+    # A run recorded before the order key ran the schedulers in the config's order: it is the same
+    # run as order: fixed, not as the default rotated order.
+    old = {k: v for k, v in cfg.to_dict().items() if k != "order"}
+    with ResultsDB(tmp_path / "old" / "results.db") as db:
+        old_id = db.start_run(cfg.name, old, engine="emulation")
+        db.finish_run(old_id, "completed", "")
+    assert same_config_run(tmp_path / "old", parse_config({**old, "order": "fixed"})) == old_id
+    with pytest.raises(ConfigError, match=r"another config \(differs in: order\)"):
+        same_config_run(tmp_path / "old", cfg)
     # The simulated twin keeps the tasks and mirrors the emulated run's delay.
     twin = simulated_twin(cfg, propagation=False)
     assert twin.engine == "simulation" and twin.simulation.rates == "emulated" and not twin.simulation.propagation

@@ -1,0 +1,114 @@
+"""The order the schedulers run each task in (`orchestrator.experiment.runs.scheduler_order`): the
+config's order rotated by the task's index in its point, so that no scheduler always runs first
+(an order effect of the instrument, issue 30), the same in the emulated runner and the simulation
+engine; ``order: fixed`` keeps the config's order for every task."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.config import parse_config
+from orchestrator.experiment.run_context import ExperimentRun
+from orchestrator.experiment.runner import _run_sequential
+from orchestrator.experiment.runs import scheduler_order, task_sets
+from orchestrator.results.db import ResultsDB
+from orchestrator.scheduling.mst import MST
+from orchestrator.scheduling.spff import SPFF
+from orchestrator.scheduling.trees import Steiner
+from tests.unit.lifecycle_fakes import Schedulers, make_rig
+
+THREE = ("spff", "mst", "steiner")
+
+
+def test_rotation_starts_each_task_one_scheduler_further() -> None:
+    assert [scheduler_order(THREE, k) for k in range(4)] == [
+        ("spff", "mst", "steiner"), ("mst", "steiner", "spff"), ("steiner", "spff", "mst"), ("spff", "mst", "steiner")]
+    assert scheduler_order(["spff", "mst"], 1) == ("mst", "spff")
+    assert scheduler_order(["spff"], 5) == ("spff",)
+
+
+@pytest.mark.parametrize("names", [("a",), ("a", "b"), THREE, ("a", "b", "c", "d", "e")])
+def test_over_whole_cycles_every_scheduler_holds_every_place_equally_often(names: tuple[str, ...]) -> None:
+    m = len(names)
+    for cycles in (1, 3):
+        orders = [scheduler_order(names, k) for k in range(cycles * m)]
+        assert all(sorted(o) == sorted(names) for o in orders)  # every scheduler runs every task once
+        for place in range(m):
+            assert Counter(o[place] for o in orders) == dict.fromkeys(names, cycles)
+        assert orders == [scheduler_order(list(names), k) for k in range(cycles * m)]  # deterministic
+
+
+def test_over_any_number_of_tasks_the_firsts_differ_by_at_most_one() -> None:
+    for n in range(1, 11):
+        firsts = Counter(scheduler_order(THREE, k)[0] for k in range(n))
+        assert max(firsts.values()) - min(firsts.get(s, 0) for s in THREE) <= 1
+
+
+def test_fixed_keeps_the_configs_order_and_an_unknown_order_is_refused() -> None:
+    assert all(scheduler_order(THREE, k, "fixed") == THREE for k in range(4))
+    with pytest.raises(ValueError, match="unknown scheduler order 'random'"):
+        scheduler_order(THREE, 0, "random")
+
+
+def test_the_config_key_defaults_to_rotate_and_is_checked() -> None:
+    assert parse_config({"name": "x"}).order == "rotate"
+    fixed = parse_config({"name": "x", "order": "fixed"})
+    assert fixed.order == "fixed" and parse_config(fixed.to_dict()) == fixed
+    with pytest.raises(ConfigError, match="order must be one of rotate, fixed, got 'shuffle'"):
+        parse_config({"name": "x", "order": "shuffle"})
+    with pytest.raises(ConfigError, match="order needs mode: sequential"):
+        parse_config({"name": "x", "mode": "online", "order": "rotate"})
+    online = parse_config({"name": "x", "mode": "online"})
+    assert "order" not in online.to_dict() and parse_config(online.to_dict()) == online
+
+
+def _expected(cfg_schedulers: tuple[str, ...], tasks: int, order: str) -> list[str]:
+    return [name for k in range(tasks) for name in scheduler_order(cfg_schedulers, k, order)]
+
+
+@pytest.mark.parametrize("order", ["rotate", "fixed"])
+def test_the_emulated_runner_runs_each_task_in_that_order(tmp_path: Path, order: str) -> None:
+    # Prepare: the runner's sequential loop on the lifecycle core over fakes (a ring of 4), three
+    # schedulers, one point of 4 tasks.
+    rig = make_rig(tmp_path)
+    rig.core.schedulers = rig.schedulers = Schedulers(spff=SPFF(), mst=MST(), steiner=Steiner())
+    cfg = parse_config({"name": "x", "topology": "ring:4", "schedulers": list(THREE), "locals": [2],
+                        "tasks_per_point": 4, "task": {"rounds": 2}, "order": order})
+    run = ExperimentRun(core=rig.core, cfg=cfg, emu=None, compute=rig.compute, db=None,  # type: ignore[arg-type]
+                        run_id=1, plan=None, model=rig.model)  # type: ignore[arg-type]
+
+    _run_sequential(run, 1_000_000, progress=False)
+
+    # Assert: scheduled in the rotated (or fixed) order, task by task, and every run ended done.
+    assert rig.schedulers.asked == _expected(THREE, 4, order)
+    tasks = task_sets(cfg, rig.model, 1_000_000)[2]
+    arrived = sorted(rig.recorder.arrivals.items(), key=lambda kv: kv[1])
+    assert [label for (label, _), _ in arrived] == _expected(THREE, 4, order)
+    assert [tid for (_, tid), _ in arrived] == [t.id for t in tasks for _ in THREE]
+    assert all(rig.recorder.states_of(s, t.id)[-1] == "done" for s in THREE for t in tasks)
+
+
+@pytest.mark.parametrize("order", ["rotate", "fixed"])
+def test_the_simulation_runs_each_task_in_the_same_order(tmp_path: Path, order: str) -> None:
+    from orchestrator.experiment.simulated import run_simulated
+
+    # Prepare: a simulated run on the triangle, three schedulers, 3 tasks of 2 locals.
+    cfg = parse_config({"name": "simorder", "engine": "simulation", "topology": "triangle",
+                        "schedulers": list(THREE), "locals": [2], "tasks_per_point": 3, "task": {"rounds": 1},
+                        "order": order, "simulation": {"rates": "emulated"}})
+
+    outcome = run_simulated(cfg, out_root=tmp_path, model_bytes=200_000, figures=False)
+
+    # Assert: the runs' arrivals (a simulated task arrives when its run starts, one run after the
+    # other) are in the order the emulated runner uses, as the results database records them.
+    assert outcome.status == "completed"
+    with ResultsDB(outcome.run_dir / "results.db") as db:
+        rows = db.query("SELECT scheduler, task_id, arrival_s FROM tasks WHERE run_id = ? ORDER BY arrival_s",
+                        (outcome.run_id,))
+    assert len({r["arrival_s"] for r in rows}) == len(rows) == 9  # no two runs at once
+    assert [r["scheduler"] for r in rows] == _expected(THREE, 3, order)
+    assert [r["task_id"] for r in rows] == sorted(r["task_id"] for r in rows)
