@@ -148,10 +148,19 @@ def test_nsfnet_over_three_machines_tunnels_shapes_and_opens_no_door(tmp_path: P
 FAR_SITES = (("Houston", "Salt-Lake-City"), ("Pittsburgh",))
 
 
+#: The time dilation of both sides of the experiment. At K = 1 the host's share of a broadcast hop
+#: differed between three machines and one (14.7 against 7.2 ms on mst's tunnel hops, the loaded
+#: host's cost rather than the tunnel's), more than the schedulers' difference, and the latency
+#: intervals did not overlap; at K = 16 that share is under a millisecond on either side and every
+#: pair measured overlapped (docs/cluster.md, "Measured on the test machines").
+TIME_DILATION = 16
+
+
 def _experiment(path: Path, machines: Machines | None) -> Path:
     far = {s for group in FAR_SITES for s in group}
     compute = [s for s in load("sndlib/nobel-us").site_names if s not in far]
-    emulation: dict[str, Any] = {"backend": "process"}  # as cluster mode runs it (and no worker image)
+    # the process backend, as cluster mode runs it (and no worker image)
+    emulation: dict[str, Any] = {"backend": "process", "time_dilation": TIME_DILATION}
     if machines is not None:
         servers = [m.server_entry() | {"sites": list(sites)} for m, sites in zip(machines.machines, FAR_SITES,
                                                                                   strict=True)]
@@ -203,8 +212,10 @@ def test_nsfnet_experiment_over_three_machines_then_on_one(tmp_path: Path, machi
     # the schedulers decide alike wherever the switches run: the reserved bandwidth's ratio is the same
     bw3, bw1 = three["reserved_mbps"], one["reserved_mbps"]
     assert bw3 is not None and bw1 is not None and bw3.low <= bw1.high and bw1.low <= bw3.high
-    # the latency ratio is measured and printed, not asserted: two tasks give intervals narrower than
-    # its run-to-run spread on a shared host (docs/cluster.md, "Measured on the test machines")
+    # and, dilated (TIME_DILATION), the tunnels do not move mst's latency against spff's
+    lat3, lat1 = three["mean_latency_s"], one["mean_latency_s"]
+    assert lat3 is not None and lat1 is not None
+    assert lat3.low <= lat1.high and lat1.low <= lat3.high, figures[-2:]
 
 
 def test_a_machine_lost_mid_run_is_reported_and_the_others_are_left_clean(tmp_path: Path,
