@@ -44,7 +44,7 @@ from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION, ExperimentCon
 from orchestrator.results import queries
 from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE
 from orchestrator.simulation.calibration import Calibration, HostIdentity, new_id, save
-from orchestrator.simulation.spec import WIRE_BYTES_FACTOR
+from orchestrator.simulation.spec import WIRE_BYTES_FACTOR, twin_simulation
 
 #: The fixed emulated set every calibration runs (4 task runs of 3 rounds), at the K its trials
 #: choose (``time_dilation: auto``; the cap is set by `calibration_config`). One task a point (format 1
@@ -128,15 +128,17 @@ def measure_worker_cpu(model_args: dict[str, Any] | None = None, chunk_bytes: in
     return (time.process_time() - cpu0) / total
 
 
-def simulated_config(cfg: ExperimentConfig, params: dict[str, Any], *, propagation: bool) -> ExperimentConfig:
+def simulated_config(cfg: ExperimentConfig, params: dict[str, Any], *, propagation: bool,
+                     time_dilation: float = 1.0) -> ExperimentConfig:
     """`cfg` on the flow-level model at the emulated rates with `params` (no stored calibration:
-    the parameters are set, and the note says so)."""
+    the parameters are set, and the note says so), standing for its emulation at `time_dilation`
+    (`twin_simulation`)."""
     raw = cfg.to_dict()
     for key in ("online", "events", "reschedule", "simulation"):
         raw.pop(key, None)
     raw["emulation"] = {k: v for k, v in raw["emulation"].items() if k not in ("time_dilation", "max_time_dilation")}
     raw.update(engine="simulation", mode="sequential",
-               simulation={"rates": "emulated", "propagation": propagation, **params,
+               simulation={**twin_simulation(propagation=propagation, time_dilation=time_dilation), **params,
                            "calibration": params.get("calibration") or "set explicitly"})
     return parse_config(raw, where=f"{cfg.name} (simulated)")
 
@@ -298,7 +300,8 @@ def _fit_model(cfg: ExperimentConfig, ref: Reference, emu: dict[tuple[str, int],
         from orchestrator.experiment.simulated import run_simulated
 
         p = params if params is not None else {**base, FIT_PARAM: value}
-        outcome = run_simulated(simulated_config(cfg, p, propagation=ref.delay), out_root=sim_dir, figures=False)
+        outcome = run_simulated(simulated_config(cfg, p, propagation=ref.delay, time_dilation=ref.k),
+                                out_root=sim_dir, figures=False)
         last[:] = [(outcome.run_dir, outcome.run_id)]
         return point_means(outcome.run_dir, outcome.run_id)
 

@@ -39,6 +39,7 @@ from orchestrator.results.agreement import (
 )
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.summary import RunSummary, run_summary
+from orchestrator.simulation.spec import twin_simulation
 
 Say = Callable[[str], None]
 
@@ -68,12 +69,14 @@ def check_validatable(cfg: ExperimentConfig) -> None:
         raise ConfigError("netai validate runs on one machine: the config has a cluster or remote servers")
 
 
-def simulated_twin(cfg: ExperimentConfig, *, propagation: bool) -> ExperimentConfig:
+def simulated_twin(cfg: ExperimentConfig, *, propagation: bool, time_dilation: float = 1.0) -> ExperimentConfig:
     """`cfg` on the flow-level model at the emulated rates, with propagation delay as the emulated
     run had it (its other settings unchanged). A time-dilated emulation records its durations
-    divided by K, in the emulated network's time, which is the simulation's: the twin has no K."""
+    divided by K, in the emulated network's time, which is the simulation's: the twin has no K,
+    but the per-chunk work and chunk size of the emulation at `time_dilation` (`twin_simulation`)."""
     raw = cfg.to_dict()
-    raw.update(engine="simulation", name=cfg.name, simulation={"rates": "emulated", "propagation": propagation})
+    raw.update(engine="simulation", name=cfg.name,
+               simulation=twin_simulation(propagation=propagation, time_dilation=time_dilation))
     raw["emulation"] = {k: v for k, v in dict(raw.get("emulation") or {}).items()
                         if k not in ("time_dilation", "max_time_dilation")}
     return parse_config(raw, where=f"{cfg.name} (simulated twin)")
@@ -131,8 +134,9 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
         say(f"[1/3] emulated run: {emulated_run} (run {emu_id}, the same config)")
         emu_dir = emulated_run
     with ResultsDB(emu_dir / "results.db") as db:
-        delay = bool(db.run(int(emu_id or 0))["environment"].get("delay_emulated", False))
-    twin = simulated_twin(cfg, propagation=delay)
+        env = db.run(int(emu_id or 0))["environment"]
+    delay = bool(env.get("delay_emulated", False))
+    twin = simulated_twin(cfg, propagation=delay, time_dilation=float(env.get("time_dilation") or 1.0))
     say(f"[2/3] simulated run of {cfg.name} (the same tasks; propagation {'on' if delay else 'off'}, "
         "as the emulated links had it) ...")
     from orchestrator.experiment.simulated import run_simulated

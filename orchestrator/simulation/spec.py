@@ -145,6 +145,21 @@ def chunk_bytes(schedule: Schedule, model_bytes: int, rate: RateFn, params: SimP
     return optimal_chunk_bytes(model_bytes, stages, bottleneck, alpha_s=params.alpha_s)
 
 
+def twin_simulation(*, propagation: bool, time_dilation: float = 1.0) -> dict[str, Any]:
+    """The ``simulation`` section of a simulated twin of an emulated run at time dilation K: the
+    emulated rates, propagation as that emulation had it, and the per-chunk work the emulation pays
+    in its network's time: its agents' `ALPHA_S` of real time per chunk is `ALPHA_S` / K of its
+    recorded (emulated) time. That also gives the twin the emulation's chunk size, which it chose
+    for its dilated rates (`optimal_chunk_bytes` of rate / K with `ALPHA_S` is that of the rate with
+    `ALPHA_S` / K)."""
+    if time_dilation < 1:
+        raise ValueError(f"a time dilation is >= 1, got {time_dilation!r}")
+    out: dict[str, Any] = {"rates": "emulated", "propagation": propagation}
+    if time_dilation > 1:
+        out["alpha_s"] = ALPHA_S / time_dilation
+    return out
+
+
 def lanes_of(schedule: Schedule) -> dict[str, list[list[str]]]:
     """Each node's broadcast lanes, as the emulation's agents get them (`task_runner.broadcast_lanes`:
     children whose copies share a link, sent one after another, each whole before the next)."""

@@ -160,3 +160,33 @@ def test_the_validation_names_the_emulated_points_that_measured_the_host(tmp_pat
 
     assert lines[0].startswith("emulated reference: 1 of 2 points NOT faithful")
     assert lines[1:] == ["  mst, 2 locals: training"]
+
+
+@pytest.mark.parametrize("k", [1.0, 2.0, 8.0, 32.0])
+def test_the_twin_of_a_dilated_emulation_uses_its_chunk_size_and_per_chunk_time(k: float) -> None:
+    from orchestrator.experiment.simulated import sim_params
+    from orchestrator.experiment.validate import simulated_twin
+    from orchestrator.runtime.timing import ALPHA_S, task_timing
+    from orchestrator.scheduling import NetworkState, get_scheduler
+    from orchestrator.scheduling.cost import emulated_rate
+    from orchestrator.scheduling.tasks import Task
+    from orchestrator.simulation.spec import chunk_bytes
+    from topologies.loaders import load
+    from topologies.plan import EmulationPlan
+
+    cfg = parse_config({"name": "q", "topology": "sndlib/nobel-us", "locals": [4], "seed": 4,
+                        "emulation": {"backend": "process", "time_dilation": k}})
+    twin = simulated_twin(cfg, propagation=False, time_dilation=k)
+    params = sim_params(twin)
+    assert params.alpha_s == pytest.approx(ALPHA_S / k)
+    model = load("sndlib/nobel-us")
+    plan, sites = EmulationPlan.from_model(model, max_link_mbps=100), model.compute_sites
+    task = Task(id=1, global_site=sites[0], local_sites=tuple(sites[1:5]), demand_mbps=100.0)
+    schedule = get_scheduler("mst").schedule(NetworkState(model), task)
+    model_bytes = 2_800_000
+    # what the emulation at K chooses: the dilated plan's rates, the agents' per-chunk time in real time
+    emulated = task_timing(model, schedule, model_bytes, rate=emulated_rate(plan.dilated(k)),
+                           train_allowance_s=1.0).chunk_bytes
+    assert chunk_bytes(schedule, model_bytes, emulated_rate(plan), params) == emulated
+    with pytest.raises(ValueError, match="time dilation"):
+        simulated_twin(cfg, propagation=False, time_dilation=0.5)
