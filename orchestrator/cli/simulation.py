@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION
+from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION, MAX_TIME_DILATION
 
 BACKENDS = ("auto", "docker", "process")
 
@@ -96,8 +96,8 @@ def _dilation_cap(v: str) -> float:
         k = float(v)
     except ValueError:
         k = 0.0
-    if not 1 <= k <= 1000:
-        raise argparse.ArgumentTypeError(f"must be a number in 1..1000, got {v!r}")
+    if not 1 <= k <= MAX_TIME_DILATION:
+        raise argparse.ArgumentTypeError(f"must be a number in 1..{MAX_TIME_DILATION:g}, got {v!r}")
     return k
 
 

@@ -128,19 +128,26 @@ def measure_worker_cpu(model_args: dict[str, Any] | None = None, chunk_bytes: in
     return (time.process_time() - cpu0) / total
 
 
+def as_simulated(raw: dict[str, Any], simulation: dict[str, Any]) -> dict[str, Any]:
+    """A config's dict on the flow-level model with `simulation` as its section. The emulation's K
+    goes: a time-dilated emulation records its durations divided by K, in the emulated network's
+    time, which is the simulation's (`twin_simulation` keeps what K changes of the emulation)."""
+    emulation = {k: v for k, v in dict(raw.get("emulation") or {}).items()
+                 if k not in ("time_dilation", "max_time_dilation")}
+    return {**raw, "engine": "simulation", "emulation": emulation, "simulation": simulation}
+
+
 def simulated_config(cfg: ExperimentConfig, params: dict[str, Any], *, propagation: bool,
                      time_dilation: float = 1.0) -> ExperimentConfig:
     """`cfg` on the flow-level model at the emulated rates with `params` (no stored calibration:
     the parameters are set, and the note says so), standing for its emulation at `time_dilation`
     (`twin_simulation`)."""
     raw = cfg.to_dict()
-    for key in ("online", "events", "reschedule", "simulation"):
+    for key in ("online", "events", "reschedule"):
         raw.pop(key, None)
-    raw["emulation"] = {k: v for k, v in raw["emulation"].items() if k not in ("time_dilation", "max_time_dilation")}
-    raw.update(engine="simulation", mode="sequential",
-               simulation={**twin_simulation(propagation=propagation, time_dilation=time_dilation), **params,
-                           "calibration": params.get("calibration") or "set explicitly"})
-    return parse_config(raw, where=f"{cfg.name} (simulated)")
+    raw = as_simulated(raw, {**twin_simulation(propagation=propagation, time_dilation=time_dilation), **params,
+                             "calibration": params.get("calibration") or "set explicitly"})
+    return parse_config({**raw, "mode": "sequential"}, where=f"{cfg.name} (simulated)")
 
 
 def point_means(run_dir: Path, run_id: int) -> dict[tuple[str, int], float]:

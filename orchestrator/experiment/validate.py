@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.calibrate import replace_backend, same_config_run
+from orchestrator.experiment.calibrate import as_simulated, replace_backend, same_config_run
 from orchestrator.experiment.config import ExperimentConfig, parse_config
 from orchestrator.results import agreement_report as out
 from orchestrator.results.agreement import (
@@ -74,11 +74,7 @@ def simulated_twin(cfg: ExperimentConfig, *, propagation: bool, time_dilation: f
     run had it (its other settings unchanged). A time-dilated emulation records its durations
     divided by K, in the emulated network's time, which is the simulation's: the twin has no K,
     but the per-chunk work and chunk size of the emulation at `time_dilation` (`twin_simulation`)."""
-    raw = cfg.to_dict()
-    raw.update(engine="simulation", name=cfg.name,
-               simulation=twin_simulation(propagation=propagation, time_dilation=time_dilation))
-    raw["emulation"] = {k: v for k, v in dict(raw.get("emulation") or {}).items()
-                        if k not in ("time_dilation", "max_time_dilation")}
+    raw = as_simulated(cfg.to_dict(), twin_simulation(propagation=propagation, time_dilation=time_dilation))
     return parse_config(raw, where=f"{cfg.name} (simulated twin)")
 
 
