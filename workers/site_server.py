@@ -414,7 +414,9 @@ def serve_warm(argv: list[str]) -> int:
     import torch
 
     torch.set_num_threads(max(1, args.threads))
-    with tempfile.TemporaryDirectory(prefix="netai-models-") as cache:
+    # beside the control socket, in the run's control directory: the orchestrator removes that on
+    # every exit, so a server killed outright (fault injection, a lost machine) leaves no cache behind
+    with tempfile.TemporaryDirectory(prefix="models-", dir=args.socket.parent) as cache:
         server = SiteServer(site=args.site, address=args.address, log_root=args.log_root, cache_dir=Path(cache),
                             max_roles=args.max_roles)
         return serve(server, args.socket, out=sys.stdout)

@@ -261,6 +261,9 @@ def test_a_killed_server_fails_its_task_and_the_rest_closes_clean(tmp_path: Path
     cm = ComputeManager(LoopbackBackend(SITES, log_root=tmp_path / "root"), SITES)
     with cm:
         pids = [srv.pid for srv in cm.servers.values()]
+        # each server keeps its model cache in the run's control directory, which goes at teardown
+        # even for a server killed outright (no cache left under the system's temporary directory)
+        assert len(list(cm.backend.ctl_dir.glob("models-*"))) == len(SITES)
         sched = _sched(3, "G", ("A", "B"))
         victim = cm.servers["B"].pid
         killer = threading.Timer(1.0, os.kill, (victim, signal.SIGKILL))
