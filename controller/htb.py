@@ -96,6 +96,11 @@ def interface(plan: EmulationPlan, a: str, b: str) -> str:
     return f"{plan.switch(a).name}-eth{plan.port_towards(a, b)}"
 
 
+def interface_switch(device: str) -> str:
+    """The switch a switch interface (Mininet's ``<switch>-eth<port>``, `interface`) is on."""
+    return device.rsplit("-eth", 1)[0]
+
+
 def background_rate_mbps(link_mbps: float) -> float:
     return link_mbps * BACKGROUND_SHARE
 

@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-from controller.htb import BACKGROUND_CLASS, ROOT_MAJOR
+from controller.htb import BACKGROUND_CLASS, ROOT_MAJOR, interface_switch
 
 
 class ShapingError(RuntimeError):
@@ -122,7 +122,7 @@ class ClusterTc:
     def __init__(self, local: TcRunner, servers: Mapping[str, Sequence[str]], devices: Mapping[str, str], *,
                  timeout_s: float = 30.0) -> None:
         self.local, self.servers, self.devices, self.timeout_s = local, dict(servers), dict(devices), timeout_s
-        self._switches = {server: {dev.rsplit("-eth", 1)[0] for dev, on in self.devices.items() if on == server}
+        self._switches = {server: {interface_switch(dev) for dev, on in self.devices.items() if on == server}
                           for server in self.servers}
         self._down: frozenset[str] = frozenset()
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.htb import interface_switch
 from orchestrator.emulation.cluster import (
     LOCAL,
     ClusterServer,
@@ -208,7 +209,7 @@ def tc_servers_file(path: Path, far: FarSide, plan: EmulationPlan, placement: Ma
     site_of = {sw.name: sw.site for sw in plan.switches}
     devices = {}
     for dev in switch_interfaces(plan):
-        server = placement[site_of[dev.rsplit("-eth", 1)[0]]]
+        server = placement[site_of[interface_switch(dev)]]
         if server in servers:
             devices[dev] = server
     argv = {name: [*ssh_argv(s, far.control_dir), ssh_target(s)] for name, s in servers.items()}

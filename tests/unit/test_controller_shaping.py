@@ -25,6 +25,7 @@ from controller.htb import (
     background_queue,
     base_layout,
     delay_leaves,
+    interface_switch,
     shaped_links,
     task_budget_mbps,
 )
@@ -164,6 +165,9 @@ def test_shaped_links_name_the_egress_interface_of_each_direction(plan: Emulatio
         ("B", "C"): "s2-eth3", ("C", "B"): "s3-eth2",
         ("A", "C"): "s1-eth3", ("C", "A"): "s3-eth3",
     }
+    # and each interface names the switch it is on back (ClusterTc and the cluster's tc file read it)
+    assert {interface_switch(dev) for dev in links.values()} == {"s1", "s2", "s3"}
+    assert interface_switch("s12-eth10") == "s12" and interface_switch("my-eth-sw-eth3") == "my-eth-sw"
 
 
 def test_one_path_gets_its_rate_on_the_data_links_and_a_class_for_acks_on_the_reverse(plan: EmulationPlan) -> None:
