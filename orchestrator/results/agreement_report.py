@@ -98,7 +98,7 @@ def retrans_line(points: Sequence[PointAgreement]) -> str:
     """Where "emu TCP retrans" comes from, and the simulation's share (which it does not model)."""
     shares = [p.emulated_retrans_share for p in points if p.emulated_retrans_share is not None]
     emu = ("not measured" if not shares else
-           f"{min(shares):.2%} to {max(shares):.2%} of the data bytes sent, per point")
+           f"{min(shares):.3%} to {max(shares):.3%} of the data bytes sent, per point")
     return (f"TCP retransmissions (emulation, the agents' kernel tcp_info): {emu}; simulation: "
             f"{retrans_text(None, modelled=False)} (a fluid model has no TCP)")
 

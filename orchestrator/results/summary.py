@@ -107,7 +107,7 @@ def retrans_text(share: float | None, *, modelled: bool = True) -> str:
     when not measured."""
     if not modelled:
         return "not modelled"
-    return "-" if share is None else f"{share:.2%}"
+    return "-" if share is None else f"{share:.3%}"
 
 
 @dataclass(frozen=True)
