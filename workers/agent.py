@@ -119,7 +119,8 @@ class Agent:
                 out.start()
             status = self.engine.run()
         finally:
-            drained = all(out.flush_and_close(self.flush_timeout_s) for out in outbound)
+            # every one closes and reports its TCP figures, even after one that did not drain
+            drained = all([out.flush_and_close(self.flush_timeout_s) for out in outbound])
             for listener in self.listeners:
                 listener.close()
         if not drained:
