@@ -7,7 +7,8 @@ Started as a process with a JSON config (``python -m workers.agent --config FILE
 - `workers.transport`: its listeners (bound to its own host address only) and one outbound
   connection per overlay edge it sends on, set up before round 1;
 - `workers.rounds.RoundEngine`: the round logic, cut-through and pipelined chunk by chunk;
-- `workers.events.EventLog`: JSON-lines timing events.
+- `workers.events.EventLog`: JSON-lines timing events; a ``tcp`` event per outbound connection
+  as it closes (the kernel's bytes sent and retransmitted, `workers.tcpinfo`).
 
 The chunk layout comes from the model template and `max_chunk_bytes`, the same at every node of
 the task (`workers.framing.chunk_layout`). What the agent never does: unpickle or ``torch.load``
@@ -29,6 +30,7 @@ from workers.events import EventLog
 from workers.framing import FrameError, Header, chunk_layout
 from workers.learning import Learner, tune_process
 from workers.rounds import RoundEngine
+from workers.tcpinfo import TcpBytes
 from workers.transport import Listener, Outbound
 
 #: Room for a chunk's safetensors header beside its tensor bytes.
@@ -64,7 +66,15 @@ class Agent:
             site=self.cfg.site, connect_timeout_s=self.cfg.connect_timeout_s,
             on_lost=lambda peer, e: self.engine.post("lost", "out", peer, str(e), kind),
             on_connect=lambda peer, secs, attempts: self.engine.post("connected", peer, secs, attempts, kind),
+            on_tcp=lambda peer, tcp, n: self._log_tcp(kind, peer, tcp, n),
         )
+
+    def _log_tcp(self, kind: str, peer: str, tcp: TcpBytes, connections: int) -> None:
+        """The ``tcp`` event of one outbound connection as it closes: the kernel's data bytes sent and
+        retransmitted over its `connections` (null: not measured). Logged at once, not through the
+        round engine: the last connections close after its loop ended."""
+        self.log.emit("tcp", peer=peer, kind=kind, connections=connections, sent_bytes=tcp.sent_bytes,
+                      retrans_bytes=tcp.retrans_bytes, retrans_segments=tcp.retrans_segments)
 
     def _listen(self, kind: str, port: int, expected: dict[str, str]) -> None:
         def on_frame(peer: str, header: Header, payload: bytearray) -> None:
@@ -109,7 +119,8 @@ class Agent:
                 out.start()
             status = self.engine.run()
         finally:
-            drained = all(out.flush_and_close(self.flush_timeout_s) for out in outbound)
+            # every one closes and reports its TCP figures, even after one that did not drain
+            drained = all([out.flush_and_close(self.flush_timeout_s) for out in outbound])
             for listener in self.listeners:
                 listener.close()
         if not drained:

@@ -44,6 +44,7 @@ from workers.framing import (
     encode_frame,
     verify_payload,
 )
+from workers.tcpinfo import ZERO, TcpBytes, read_tcp_bytes, wait_acked
 
 #: First and largest pause between connect attempts (doubling in between).
 BACKOFF_FIRST_S = 0.02
@@ -57,6 +58,9 @@ RETRY_CONNECT_S = 1.0
 HELLO_TIMEOUT_S = 10.0
 #: Connections a listener holds before they said HELLO, beyond the peers it expects.
 MAX_UNIDENTIFIED = 4
+#: How long a closing outbound connection waits for its last bytes to be acknowledged before its
+#: TCP figures are read (a retransmission of them then counts).
+ACK_WAIT_S = 2.0
 
 
 # -- frames on sockets ----------------------------------------------------------------------------
@@ -148,7 +152,11 @@ class Outbound:
     write fails; the thread then reconnects, bounded by `connect_timeout_s`, and drops what was
     queued for the round that broke (its receiver has dropped that message too). If that reconnect
     fails, the peer counts as gone: frames for it are dropped, with one short connect attempt at
-    most every `RETRY_EVERY_S` (a peer that comes back gets the frames queued after it did)."""
+    most every `RETRY_EVERY_S` (a peer that comes back gets the frames queued after it did).
+
+    Before each socket closes, the kernel's TCP figures of it (`workers.tcpinfo`) are added to
+    `tcp`; `flush_and_close` hands the totals over all its connections to `on_tcp(peer, totals,
+    connections)`."""
 
     def __init__(
         self,
@@ -162,6 +170,7 @@ class Outbound:
         connect_timeout_s: float,
         on_lost: Callable[[str, BaseException], None],
         on_connect: Callable[[str, float, int], None],
+        on_tcp: Callable[[str, TcpBytes, int], None] | None = None,
     ) -> None:
         self.peer = peer
         self.address = (peer_host, port)
@@ -171,7 +180,11 @@ class Outbound:
         self.connect_timeout_s = connect_timeout_s
         self.on_lost = on_lost
         self.on_connect = on_connect
+        self.on_tcp = on_tcp
         self.sock: socket.socket | None = None
+        #: TCP figures summed over the connections closed so far, and how many there were.
+        self.tcp: TcpBytes = ZERO
+        self.connections = 0
         self._queue: queue.Queue[_Item | None] = queue.Queue()
         self._stopping = threading.Event()
         self._broken_round: int | None = None
@@ -192,7 +205,11 @@ class Outbound:
         self._thread.join(timeout=timeout_s)
         done = not self._thread.is_alive()
         self._stopping.set()
+        if done and self.sock is not None:
+            wait_acked(self.sock, ACK_WAIT_S)
         self._close_socket()
+        if self.on_tcp is not None:
+            self.on_tcp(self.peer, self.tcp, self.connections)
         return done
 
     def _connect(self, within_s: float | None = None) -> None:
@@ -224,6 +241,8 @@ class Outbound:
 
     def _close_socket(self) -> None:
         if self.sock is not None:
+            self.tcp = self.tcp + read_tcp_bytes(self.sock)
+            self.connections += 1
             try:
                 self.sock.shutdown(socket.SHUT_RDWR)
             except OSError:

@@ -227,6 +227,9 @@ class SimRecorder(DbRecorder):
             times.update(arrival_s=first, admitted_s=first, start_overhead_s=0.0)
         super().times(label, task_id, **times)
 
+    def tcp_bytes(self, label: str, task_id: int, sent: int | None, retrans: int | None) -> None:
+        """Nothing: the flow-level model has no TCP, so its tasks' TCP columns stay NULL (not modelled)."""
+
     def setup(self, label: str, task_id: int, **figures: float | int | bool) -> None:
         keep = ("chunk_bytes", "store_and_forward_s", "broadcast_bytes", "upload_bytes")
         super().setup(label, task_id, simulated=True, **{k: v for k, v in figures.items() if k in keep})

@@ -181,7 +181,7 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
                              compute_modelled=cfg.task.compute_timing == "modeled"), "",
              *out.claim_lines(claims), "",
              *out.parts_lines(_parts(emu_dir, emu.run_id), _parts(sim_dir, sim.run_id)), "", out.carried_line(points),
-             f"figure: {figure[0]}"]
+             out.retrans_line(points), f"figure: {figure[0]}"]
     for line in lines:
         say(line)
     doc: dict[str, Any] = {"config": cfg.name, "emulated_run": str(emu_dir), "simulated_run": str(sim_dir),

@@ -400,6 +400,7 @@ class Lifecycle:
             store_and_forward_s=figures.store_and_forward.broadcast_s + figures.store_and_forward.upload_s,
             broadcast_bytes=sum(r.broadcast_bytes for r in result.rounds),
             upload_bytes=sum(r.upload_bytes for r in result.rounds)), self.dilation))
+        self.recorder.tcp_bytes(label, task.id, result.sent_bytes, result.retrans_bytes)
         self.record_rounds(live, list(result.rounds), events)
         node_rows = live.execution.node_rows(events, self.clock.of)
         rate, delay = self.network.rate, self.network.delay_emulated

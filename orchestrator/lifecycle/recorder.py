@@ -81,6 +81,9 @@ class DbRecorder:
     def carried_bytes(self, label: str, task_id: int, carried: int) -> None:
         self.db.add_carried_bytes(self.run_id, label, task_id, carried)
 
+    def tcp_bytes(self, label: str, task_id: int, sent: int | None, retrans: int | None) -> None:
+        self.db.set_tcp_bytes(self.run_id, label, task_id, sent, retrans)
+
     def fidelity(self, label: str, task_id: int, *, hops: list[dict[str, Any]],
                  overruns: list[dict[str, Any]], link_rates: list[dict[str, Any]],
                  trainings: list[dict[str, Any]]) -> None:

@@ -9,7 +9,9 @@ comparison is paired task by task:
 - per claim (a scheduler against the fixed one, at each number of locals, as the report's claim
   table reads them): the paired ratio in each engine (`stats.paired_ratio`) and whether the two
   intervals overlap;
-- carried bytes: per point, the simulated total over the emulated one.
+- carried bytes: per point, the simulated total over the emulated one, beside each engine's TCP
+  retransmitted share (retransmitted over sent data bytes; the emulation's from the agents' kernel
+  figures, the simulation's always None: a fluid model has no TCP, so it is not modelled, not 0).
 
 Pure functions of `TaskSummary` lists; nothing here reads a database, draws or prints.
 """
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from orchestrator.results.stats import PairedRatio, paired_ratio
-from orchestrator.results.summary import TaskSummary
+from orchestrator.results.summary import TaskSummary, retrans_share
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,10 @@ class PointAgreement:
     latency: Interval
     #: Simulated over emulated carried bytes, summed over the point's tasks (None: not recorded).
     carried_ratio: float | None
+    #: Each engine's TCP retransmitted share over the point's paired tasks (`summary.retrans_share`;
+    #: None: not measured, or not modelled: the simulation's always is).
+    emulated_retrans_share: float | None = None
+    simulated_retrans_share: float | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +121,7 @@ def point_agreement(emulated: Sequence[TaskSummary], simulated: Sequence[TaskSum
         if all(c is not None for c in carried_e + carried_s) and sum(c or 0 for c in carried_e) > 0:
             carried = sum(c or 0 for c in carried_s) / sum(c or 0 for c in carried_e)
         out.append(PointAgreement(sched, n, float(np.mean(emu)), float(np.mean(sim)), ratio_of_means(sim, emu),
-                                  carried))
+                                  carried, retrans_share([e for e, _ in pairs]), retrans_share([s for _, s in pairs])))
     return out
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 from orchestrator.results.agreement import ClaimAgreement, PointAgreement
 from orchestrator.results.figures import pyplot, scheduler_colours
-from orchestrator.results.summary import TaskSummary
+from orchestrator.results.summary import TaskSummary, retrans_text
 
 #: The targets the validation is read against (docs/architecture.md, "Flow-level simulation").
 LATENCY_TOLERANCE = 0.10
@@ -23,14 +23,16 @@ def _ms(x: float) -> str:
 
 
 def point_lines(points: Sequence[PointAgreement]) -> list[str]:
-    """One line per (scheduler, locals): means, sim/emu with its 95 % interval, carried bytes."""
+    """One line per (scheduler, locals): means, sim/emu with its 95 % interval, carried bytes and,
+    beside them, the emulation's TCP retransmitted share (the simulation has no TCP)."""
     out = [f"{'point':<22}{'emulated ms':>12}{'simulated ms':>13}{'sim/emu':>9}{'95 % interval':>18}"
-           f"{'tasks':>7}{'carried sim/emu':>17}  within 10 %"]
+           f"{'tasks':>7}{'carried sim/emu':>17}{'emu TCP retrans':>17}  within 10 %"]
     for p in points:
         carried = "-" if p.carried_ratio is None else f"{p.carried_ratio:.4f}"
         out.append(f"{p.scheduler + ', ' + str(p.n_locals) + ' locals':<22}{_ms(p.emulated_s):>12}"
                    f"{_ms(p.simulated_s):>13}{p.latency.ratio:>9.3f}"
-                   f"{f'[{p.latency.low:.3f}, {p.latency.high:.3f}]':>18}{p.latency.tasks:>7}{carried:>17}  "
+                   f"{f'[{p.latency.low:.3f}, {p.latency.high:.3f}]':>18}{p.latency.tasks:>7}{carried:>17}"
+                   f"{retrans_text(p.emulated_retrans_share):>17}  "
                    f"{'yes' if p.latency.within(LATENCY_TOLERANCE) else 'NO'}")
     return out
 
@@ -90,6 +92,15 @@ def carried_line(points: Sequence[PointAgreement]) -> str:
     worst = max(abs(r - 1) for r in ratios)
     return (f"carried bytes (sim/emu per point): {min(ratios):.4f} to {max(ratios):.4f}, worst {worst:.2%} "
             f"({'within' if worst <= CARRIED_TOLERANCE else 'NOT within'} {CARRIED_TOLERANCE:.0%})")
+
+
+def retrans_line(points: Sequence[PointAgreement]) -> str:
+    """Where "emu TCP retrans" comes from, and the simulation's share (which it does not model)."""
+    shares = [p.emulated_retrans_share for p in points if p.emulated_retrans_share is not None]
+    emu = ("not measured" if not shares else
+           f"{min(shares):.3%} to {max(shares):.3%} of the data bytes sent, per point")
+    return (f"TCP retransmissions (emulation, the agents' kernel tcp_info): {emu}; simulation: "
+            f"{retrans_text(None, modelled=False)} (a fluid model has no TCP)")
 
 
 def as_json(points: Sequence[PointAgreement], claims: Sequence[ClaimAgreement], extra: dict[str, Any]

@@ -19,7 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.results import queries
-from orchestrator.results.schema import ENGINES, RUN_STATUSES, SCHEMA, SCHEMA_VERSION, TASK_STATES
+from orchestrator.results.schema import (
+    ADDED_COLUMNS,
+    ENGINES,
+    RUN_STATUSES,
+    SCHEMA,
+    SCHEMA_VERSION,
+    TASK_STATES,
+)
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.tasks import Task
 
@@ -40,6 +47,11 @@ class ResultsDB:
         if "engine" not in queries.columns(self.conn, "runs"):
             # a database written before runs had an engine: every run in it was emulated
             self.conn.execute("ALTER TABLE runs ADD COLUMN engine TEXT NOT NULL DEFAULT 'emulation'")
+        for table, added in ADDED_COLUMNS.items():
+            have = queries.columns(self.conn, table)
+            for name, kind in added:
+                if name not in have:  # names and types from the schema's fixed list, not from data
+                    self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
         self.conn.execute(
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )
@@ -172,6 +184,14 @@ class ResultsDB:
             "UPDATE tasks SET carried_bytes = COALESCE(carried_bytes, 0) + ? WHERE run_id = ? AND scheduler = ? "
             "AND task_id = ?", (int(carried_bytes), run_id, scheduler, task_id),
         )
+
+    def set_tcp_bytes(self, run_id: int, scheduler: str, task_id: int, sent: int | None,
+                      retrans: int | None) -> None:
+        """The task's TCP data bytes sent and retransmitted (None: not measured, NULL)."""
+        self.conn.execute(
+            "UPDATE tasks SET sent_bytes = ?, retrans_bytes = ? WHERE run_id = ? AND scheduler = ? AND task_id = ?",
+            (None if sent is None else int(sent), None if retrans is None else int(retrans), run_id, scheduler,
+             task_id))
 
     def record_fault(self, run_id: int, scheduler: str, *, at_s: float, action: str, target: str, ok: bool,
                      detail: str = "", took_s: float | None = None) -> None:

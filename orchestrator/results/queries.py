@@ -98,12 +98,15 @@ def schedulers(conn: sqlite3.Connection, run_id: int) -> list[str]:
 
 
 def tasks_with_schedules(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
-    """Every task of the run with its times, setup figures and reserved bandwidth (None when it
-    was never scheduled), by scheduler, number of locals and task id."""
+    """Every task of the run with its times, setup figures, TCP bytes and reserved bandwidth (None when
+    it was never scheduled), by scheduler, number of locals and task id. A database opened read-only
+    from before the TCP columns gives None for them."""
+    have = columns(conn, "tasks")
+    tcp = ", ".join(f"t.{c}" if c in have else f"NULL AS {c}" for c in ("sent_bytes", "retrans_bytes"))
     return _rows(
         conn,
         "SELECT t.scheduler, t.task_id, t.n_locals, t.state, t.reason, t.carried_bytes, t.model_bytes, t.setup_json, "
-        "t.arrival_s, t.admitted_s, t.first_broadcast_s, t.finished_s, t.start_overhead_s, s.reserved_mbps "
+        f"t.arrival_s, t.admitted_s, t.first_broadcast_s, t.finished_s, t.start_overhead_s, {tcp}, s.reserved_mbps "
         "FROM tasks t LEFT JOIN schedules s USING (run_id, scheduler, task_id) WHERE t.run_id = ? "
         "ORDER BY t.scheduler, t.n_locals, t.task_id", (run_id,))
 

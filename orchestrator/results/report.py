@@ -31,7 +31,7 @@ from orchestrator.results.stats import (
     paired_ratio,
     useful_time,
 )
-from orchestrator.results.summary import RunSummary, TaskSummary, run_summary
+from orchestrator.results.summary import RunSummary, TaskSummary, retrans_text, run_summary
 from orchestrator.results.summary_figures import draw_figures
 
 
@@ -154,20 +154,27 @@ def summary_table(summary: RunSummary) -> list[str]:
 
 
 def fidelity_section(summary: RunSummary) -> list[str]:
-    """Per point: the broadcast hops against one chunk's time on the link, the training overruns, and
+    """Per point: the broadcast hops against one chunk's time on the link, the training overruns, the
+    TCP retransmitted share (the agents' kernel figures; a simulation has no TCP: not modelled) and
     the verdict (`orchestrator.results.fidelity`); the host's CPU saturation under it."""
     if not summary.verdicts:
         return []
+    shares = {(p.scheduler, p.n_locals): p.retrans_share for p in summary.points}
+    modelled = summary.engine != "simulation"
     lines = ["", "## Fidelity", "",
              "| scheduler | locals | hops | median hop ms | one chunk ms | instrument ms/hop | overruns / trained "
-             "| most training / modelled | link rate / configured (link-rounds) | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| most training / modelled | link rate / configured (link-rounds) | TCP retransmitted | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in summary.verdicts:
         lines.append(f"| {v.scheduler} | {v.n_locals} | {v.hops} | {fmt(v.hop_median_s, 1e3)} "
                      f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {v.overruns} / {v.trained} "
                      f"| {fmt(v.training_use_max, 1, 2)} | {fmt(v.rate_share_median, 1, 3)} ({v.link_rounds}) "
-                     f"| {v.word} |")
+                     f"| {retrans_text(shares.get((v.scheduler, v.n_locals)), modelled=modelled)} | {v.word} |")
     lines += [""] + [f"- {v.scheduler} at {v.n_locals} locals: {r}" for v in summary.verdicts for r in v.reasons]
+    lines.append("- TCP retransmitted: the data bytes the task's agents' connections retransmitted over those they "
+                 "sent (kernel tcp_info), summed over the point's tasks; they cross the links again, so the "
+                 "carried bytes include them" if modelled else
+                 "- TCP retransmitted: not modelled (the flow-level simulation has no TCP)")
     if summary.host_saturated is not None:
         lines.append(f"- host CPU saturated (both cores over 95 % busy) in {summary.host_saturated:.0%} of its samples")
     return lines

@@ -7,6 +7,9 @@ Shared by the writer (`orchestrator.results.db`), which creates the tables, and 
 from __future__ import annotations
 
 SCHEMA_VERSION = 2
+#: Columns added to a table after its creation, with their type: `ResultsDB` adds those an older
+#: database lacks (NULL in its rows: not measured then).
+ADDED_COLUMNS = {"tasks": (("sent_bytes", "INTEGER"), ("retrans_bytes", "INTEGER"))}
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 ENGINES = ("emulation", "simulation")
 TASK_STATES = ("pending", "scheduled", "running", "done", "blocked", "failed")
@@ -55,6 +58,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     finished_s REAL,
     -- admission (placed on the live state) to G's first broadcast byte: flows, roles, connections
     start_overhead_s REAL,
+    -- the kernel's TCP data bytes its agents' connections sent (retransmissions included) and
+    -- retransmitted (tcp_info); NULL: not measured (the simulation has no TCP: always NULL)
+    sent_bytes INTEGER,
+    retrans_bytes INTEGER,
     PRIMARY KEY (run_id, scheduler, task_id)
 );
 CREATE TABLE IF NOT EXISTS schedules (

@@ -59,6 +59,17 @@ class TaskSummary:
     #: Sum of the task's round latencies (its time in rounds).
     rounds_s: float | None = None
     reason: str = ""
+    #: The kernel's TCP data bytes the task's agents sent (retransmissions included) and retransmitted;
+    #: None: not measured (always, in a simulation: it has no TCP).
+    sent_bytes: int | None = None
+    retrans_bytes: int | None = None
+
+    @property
+    def retrans_share(self) -> float | None:
+        """Retransmitted over sent TCP data bytes; None when not measured."""
+        if self.sent_bytes is None or self.retrans_bytes is None or self.sent_bytes <= 0:
+            return None
+        return self.retrans_bytes / self.sent_bytes
 
 
 @dataclass(frozen=True)
@@ -79,6 +90,24 @@ class PointSummary:
     accuracy_mean: float | None
     straggler_rounds: int = 0
     ratio_to_reference_mean: float | None = None
+    #: Retransmitted over sent TCP data bytes, summed over the tasks that ran and measured both
+    #: (`retrans_share`); None when none did (a simulation: TCP is not modelled).
+    retrans_share: float | None = None
+
+
+def retrans_share(tasks: Sequence[TaskSummary]) -> float | None:
+    """Retransmitted over sent TCP data bytes, summed over the tasks that measured both; None if none did."""
+    measured = [t for t in tasks if t.sent_bytes is not None and t.retrans_bytes is not None]
+    sent = sum(t.sent_bytes or 0 for t in measured)
+    return None if not measured or sent <= 0 else sum(t.retrans_bytes or 0 for t in measured) / sent
+
+
+def retrans_text(share: float | None, *, modelled: bool = True) -> str:
+    """A TCP retransmitted share as a percentage; ``not modelled`` for an engine without TCP, ``-``
+    when not measured."""
+    if not modelled:
+        return "not modelled"
+    return "-" if share is None else f"{share:.3%}"
 
 
 @dataclass(frozen=True)
@@ -156,6 +185,7 @@ def _task_summary(t: Mapping[str, Any], every: list[dict[str, Any]]) -> TaskSumm
         completion_s=None if t["finished_s"] is None or t["arrival_s"] is None else t["finished_s"] - t["arrival_s"],
         rounds_s=sum(r["latency_s"] for r in every) if every else None,
         reason=t["reason"] or "",
+        sent_bytes=t["sent_bytes"], retrans_bytes=t["retrans_bytes"],
     )
 
 
@@ -191,6 +221,7 @@ def point_summaries(tasks: Sequence[TaskSummary]) -> list[PointSummary]:
             straggler_rounds=sum(t.straggler_rounds for t in trs),
             ratio_to_reference_mean=mean_or_none([t.mean_ratio_to_reference for t in ran
                                                   if t.mean_ratio_to_reference is not None]),
+            retrans_share=retrans_share(ran),
         ))
     return points
 

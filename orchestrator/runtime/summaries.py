@@ -72,6 +72,10 @@ class TaskResult:
     started_t: float = 0.0
     first_broadcast_t: float = 0.0
     finished_t: float = 0.0
+    #: The kernel's TCP data bytes sent and retransmitted over the task's connections (`tcp_bytes`);
+    #: None: not measured.
+    sent_bytes: int | None = None
+    retrans_bytes: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -237,6 +241,22 @@ def missing_events(
     return problems
 
 
+def tcp_bytes(events: Mapping[str, Sequence[Mapping[str, Any]]]) -> tuple[int | None, int | None]:
+    """(sent, retransmitted) TCP data bytes summed over the roles' ``tcp`` events (one per outbound
+    connection, `workers.agent`), retransmissions included in sent. A connection never opened sent
+    nothing and is skipped; None when no connection was measured, or one that was opened has no
+    figure (a kernel without them): a partial sum is not a measurement of the task."""
+    sent = retrans = 0
+    measured = False
+    for evs in events.values():
+        for e in evs:
+            if e.get("event") != "tcp" or not e.get("connections"):
+                continue
+            s, r = e.get("sent_bytes"), e.get("retrans_bytes")
+            if s is None or r is None:
+                return None, None
+            sent, retrans, measured = sent + int(s), retrans + int(r), True
+    return (sent, retrans) if measured else (None, None)
 
 
 def task_result(schedule: Schedule, backend: str, events: Mapping[str, Sequence[Mapping[str, Any]]], *,
@@ -250,6 +270,7 @@ def task_result(schedule: Schedule, backend: str, events: Mapping[str, Sequence[
     first_ready = [e for e in g_events if e.get("event") == "ready"]
     first_round = [float(e["t"]) for e in g_events if e.get("event") == "round_start" and e.get("round") == first]
     done = [float(e["t"]) for e in g_events if e.get("event") == "done"]
+    sent, retrans = tcp_bytes(events)
     return TaskResult(
         task_id=schedule.task_id,
         backend=backend,
@@ -266,4 +287,6 @@ def task_result(schedule: Schedule, backend: str, events: Mapping[str, Sequence[
         started_t=launched,
         first_broadcast_t=first_round[0] if first_round else 0.0,
         finished_t=done[-1] if done else 0.0,
+        sent_bytes=sent,
+        retrans_bytes=retrans,
     )

@@ -25,7 +25,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
-from orchestrator.runtime.summaries import RoundResult, TaskResult, node_rounds, rounds_so_far, summarize
+from orchestrator.runtime.summaries import (
+    RoundResult,
+    TaskResult,
+    node_rounds,
+    rounds_so_far,
+    summarize,
+    tcp_bytes,
+)
 from orchestrator.scheduling import NetworkState, Schedule, Scheduler
 from orchestrator.scheduling.mst import MST
 from orchestrator.scheduling.spff import SPFF
@@ -53,6 +60,9 @@ CONNECTED_AFTER_S = 0.3
 START_S = 0.5
 CHECK_S = 1.0
 CHUNK_BYTES = 65536
+#: What each role's "tcp" event says at the end: TCP data bytes sent and retransmitted.
+TCP_SENT = 10_000
+TCP_RETRANS = 120
 
 
 class FakeClock:
@@ -264,6 +274,8 @@ class FakeExecution:
             self.play_round()
         self.clock.advance(CHECK_S)
         if (self.next_round > self.task.rounds and self.lingered >= script.linger) or c == script.finish_early_at:
+            for n in self.schedule.overlay_nodes:  # each role's outbound connection, as it closes
+                self._log(n, "tcp", t + DONE_AFTER_S, connections=1, sent_bytes=TCP_SENT, retrans_bytes=TCP_RETRANS)
             self._log(self.g, "done", t + DONE_AFTER_S)
             return True
         return False
@@ -303,7 +315,8 @@ class FakeExecution:
             model_bytes=self.task.model_bytes, log_dir=str(self.log_dir),
             agents_ready_s=max(ready) - self.clock.role_t(self.started_t), connect_s=connected - max(ready),
             chunk_bytes=CHUNK_BYTES, connections_lost=len(self.lost_roles), started_t=self.clock.role_t(self.started_t),
-            first_broadcast_t=first[0] if first else 0.0, finished_t=done[-1] if done else 0.0)
+            first_broadcast_t=first[0] if first else 0.0, finished_t=done[-1] if done else 0.0,
+            sent_bytes=tcp_bytes(events)[0], retrans_bytes=tcp_bytes(events)[1])
 
 
 class FakeCompute:
@@ -386,6 +399,7 @@ class FakeRecorder:
         self.setups: dict[tuple[str, int], dict[str, float | int | bool]] = {}
         self.moves: dict[tuple[str, int, int], dict[str, Any]] = {}
         self.carried: list[tuple[str, int, int]] = []
+        self.tcp: dict[tuple[str, int], tuple[int | None, int | None]] = {}
         self.hops: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.overruns: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.link_rates: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -426,6 +440,9 @@ class FakeRecorder:
 
     def carried_bytes(self, label: str, task_id: int, carried: int) -> None:
         self.carried.append((label, task_id, carried))
+
+    def tcp_bytes(self, label: str, task_id: int, sent: int | None, retrans: int | None) -> None:
+        self.tcp[(label, task_id)] = (sent, retrans)
 
     def fidelity(self, label: str, task_id: int, *, hops: list[dict[str, Any]],
                  overruns: list[dict[str, Any]], link_rates: list[dict[str, Any]],

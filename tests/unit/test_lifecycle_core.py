@@ -33,6 +33,8 @@ from tests.unit.lifecycle_fakes import (
     FORWARD_AFTER_S,
     READY_AFTER_S,
     START_S,
+    TCP_RETRANS,
+    TCP_SENT,
     TRAIN_S,
     ExecScript,
     Rig,
@@ -131,6 +133,9 @@ def test_done_records_rounds_bounds_setup_and_settled_bytes(tmp_path: Path) -> N
     assert setup["upload_bytes"] == 5 * (task.model_bytes // 2)  # r3 sent nothing in round 2
     assert setup["store_and_forward_s"] == pytest.approx(
         fig.store_and_forward.broadcast_s + fig.store_and_forward.upload_s)
+    # the TCP bytes every role's connections sent and retransmitted, summed over the task
+    nodes = len(live.schedule.overlay_nodes)
+    assert rec.tcp[(LABEL, 1)] == (TCP_SENT * nodes, TCP_RETRANS * nodes)
     # carried bytes once two reads agree, then the flows removed
     assert carried_before_settling == []
     assert rec.carried == [(LABEL, 1, 150)]

@@ -87,6 +87,14 @@ def test_loopback_task_learns_digits(servers: ComputeManager) -> None:
     events = {n: read_events(servers.events_file(log_dir, n)) for n in sched.overlay_nodes}
     assert missing_events(sched, events, rounds=5) == []
     assert result.rejected == ()
+    # every overlay edge's connection logged the kernel's TCP figures as it closed; on loopback
+    # nothing is retransmitted, and every frame byte was sent
+    tcp = [e for evs in events.values() for e in evs if e["event"] == "tcp"]
+    edges = len(sched.broadcast_parent) + len(sched.upload_parent)
+    assert len(tcp) == edges and all(e["connections"] == 1 for e in tcp)
+    frames = sum(r.broadcast_bytes + r.upload_bytes for r in result.rounds)
+    assert result.sent_bytes is not None and result.sent_bytes >= frames
+    assert result.retrans_bytes == 0
 
 
 @pytest.mark.slow
