@@ -286,7 +286,7 @@ def calibrate(*, out_root: Path, store: Path, backend: str = "auto", emulated_ru
 
     cal = Calibration(id=cal_id, created=created, host=host, version=__version__, params=params,
                       delay_emulated=ref.delay, points=points, uncalibrated_off_by=off,
-                      time_dilation=ref.k, dilation=ref.dilation,
+                      time_dilation=ref.k, dilation=ref.dilation, frames=True,
                       host_cpu={"cpu_s_per_byte": float(f"{per_byte:.3g}"), "train_real_over_modelled": train},
                       note=f"netai calibrate: fixed set {cfg.topology} spff/mst at 2 and 4 locals, emulated run "
                            f"{ref.run_dir.name} at K={ref.k:g} (auto-dilation trials up to {max_time_dilation:g}); "

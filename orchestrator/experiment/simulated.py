@@ -69,7 +69,8 @@ def apply_calibration(cfg: ExperimentConfig, params: SimParams, store: Path) -> 
         LOG.warning("uncalibrated simulation: %s", e)
         return params, uncalibrated_note(store, str(e))
     defaults = SimulationConfig()
-    own: dict[str, Any] = {k: v for k, v in cal.params.items() if getattr(cfg.simulation, k) == getattr(defaults, k)}
+    own: dict[str, Any] = {k: v for k, v in cal.usable_params().items()
+                           if getattr(cfg.simulation, k) == getattr(defaults, k)}
     if cfg.simulation.propagation == defaults.propagation:
         own["propagation"] = cal.delay_emulated
     typed: dict[str, Any] = {k: (int(v) if k == "cpu_cores" else v) for k, v in own.items()}
@@ -90,10 +91,11 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
     params, calibration = apply_calibration(cfg, sim_params(cfg), calibration_store or default_path())
+    frame_bytes = None  # a given model size (a benchmark): the frames' headers are not modelled
     if model_bytes is None:
-        from orchestrator.runtime.compute import check_model
+        from orchestrator.runtime.compute import model_sizes
 
-        model_bytes = check_model(cfg.task.model, cfg.task.model_args)
+        model_bytes, frame_bytes = model_sizes(cfg.task.model, cfg.task.model_args)
     rate = emulated_rate(plan) if params.rates == "emulated" else capacity_rate(model)
     run_dir = _new_run_dir(out_root, f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
     db = ResultsDB(run_dir / "results.db")
@@ -103,10 +105,11 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
                                     emulated_rates=params.rates == "emulated", share=BACKGROUND_SHARE)
     if background is not None:
         background = background.routed(lambda a, b: controller_route(plan, a, b))
-    db.set_environment(run_id, _environment(cfg, plan, params, background, calibration))
+    db.set_environment(run_id, _environment(cfg, plan, params, background, calibration)
+                       | {"frame_headers": "modelled" if frame_bytes is not None else "not modelled"})
     status, note = "failed", ""
     try:
-        batch = SimBatch(model, params, rate, background)
+        batch = SimBatch(model, params, rate, background, frame_bytes)
         network = SimNetwork(batch, propagation=params.propagation)
         core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir),
                          recorder=SimRecorder(db, run_id), clock=batch, model=model, schedulers=cfg.scheduler,

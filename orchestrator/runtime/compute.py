@@ -23,9 +23,9 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,7 +60,16 @@ def check_model(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULT
     ConfigError
         One line naming the dataset or model and what went wrong (whatever its factory raised).
     """
+    return model_sizes(spec, model_args, dataset, dataset_args)[0]
+
+
+def model_sizes(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULTS.dataset,
+                dataset_args: Mapping[str, Any] | None = None) -> tuple[int, Callable[[int], int]]:
+    """`check_model`'s size, and the frame bytes one copy adds to the weights when cut at a given
+    chunk size (`workers.framing.frame_overhead_bytes`, of the model built here), for the
+    flow-level simulation's transfers and carried bytes. Raises `ConfigError` as `check_model`."""
     from workers.data import open_dataset
+    from workers.framing import frame_overhead_bytes
     from workers.models import build_model, state_nbytes
 
     try:
@@ -72,7 +81,8 @@ def check_model(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULT
                             model_args=dict(model_args))
     except Exception as e:  # noqa: BLE001 -- the user's factory may raise anything: one line, exit 2
         raise ConfigError(f"model {spec!r} cannot be built: {type(e).__name__}: {e}") from None
-    return state_nbytes(built)
+    template = {k: v.detach() for k, v in built.state_dict().items()}
+    return state_nbytes(built), lru_cache(maxsize=None)(partial(frame_overhead_bytes, template))
 
 
 class ServerProcess(Protocol):

@@ -121,6 +121,15 @@ class Calibration:
     #: workers' code per byte on one core, wall seconds), ``train_real_over_modelled`` (lone trainings'
     #: real over modelled time on the reference at K, 1 when they held).
     host_cpu: dict[str, float] = field(default_factory=dict)
+    #: Whether `params`' ``wire_bytes_factor`` was measured with the simulation adding each copy's
+    #: frame headers itself (`spec.build_spec`'s ``frame_bytes``): it then counts the Ethernet, IP
+    #: and TCP headers and the ACKs only. An entry without it (made before) counted the chunks'
+    #: headers in its factor too, at its own chunk size: `usable_params` leaves that factor out.
+    frames: bool = False
+
+    def usable_params(self) -> dict[str, float]:
+        """`params` less a ``wire_bytes_factor`` that would count the frame headers twice (`frames`)."""
+        return {k: v for k, v in self.params.items() if self.frames or k != "wire_bytes_factor"}
 
     @property
     def dilation_faithful(self) -> bool | None:
@@ -139,7 +148,8 @@ class Calibration:
                    note=str(d.get("note", "")),
                    time_dilation=None if d.get("time_dilation") is None else float(d["time_dilation"]),
                    dilation=dict(d["dilation"]) if d.get("dilation") is not None else None,
-                   host_cpu={k: float(v) for k, v in dict(d.get("host_cpu") or {}).items()})
+                   host_cpu={k: float(v) for k, v in dict(d.get("host_cpu") or {}).items()},
+                   frames=bool(d.get("frames", False)))
 
     def summary(self) -> str:
         """One line for a report: which calibration, when, where, and the host's K."""

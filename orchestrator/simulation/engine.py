@@ -21,7 +21,9 @@ Propagation. Links have no SimGrid latency: a chunk's propagation (the path's fi
 per-hop latency, from the spec) is added when its transmission ends, so that the chunks of one
 overlay edge stream back to back (one TCP connection) instead of each paying the path's latency.
 
-Transfers. Each overlay edge sends its chunks in order, round after round: chunk k leaves once the
+Transfers. A chunk carries its share of the model's bytes and of the copy's frame headers (the run's
+``frame_bytes``: fixed, JSON and safetensors headers; 0 when not modelled), on the links and in
+their time. Each overlay edge sends its chunks in order, round after round: chunk k leaves once the
 sender holds it (broadcast: it arrived from the parent; upload: every upload child's chunk k
 arrived and, at a local, its own training ended) and once chunk k-1 has left, after `alpha_s` of
 per-chunk work. Nodes forward cut-through and aggregate per chunk. A local's training ends
@@ -153,7 +155,10 @@ class _Run:
         limit = int(spec.get("max_segments", 0))
         per = 1 if limit <= 0 else math.ceil(self.k / limit)
         self.m = math.ceil(self.k / per)
-        sizes = [self.chunk] * (self.k - 1) + [self.model_bytes - self.chunk * (self.k - 1)]
+        # each chunk's tensor bytes, and its share of the copy's frame headers (`frame_bytes`)
+        frame, frame_left = divmod(int(spec.get("frame_bytes", 0)), self.k)
+        sizes = [size + frame + (1 if i < frame_left else 0) for i, size in
+                 enumerate([self.chunk] * (self.k - 1) + [self.model_bytes - self.chunk * (self.k - 1)])]
         self.seg_bytes = [sum(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
         self.seg_alpha = [alpha * len(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
         per_chunk = 0.0 if cpu is None else 1e9 * float(cpu.get("s_per_chunk", 0.0))

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +29,14 @@ class SimBatch:
     """The runs the core has launched, simulated together once every task is admitted."""
 
     def __init__(self, model: NetworkModel, params: SimParams, rate: RateFn,
-                 background: SimBackground | None = None) -> None:
+                 background: SimBackground | None = None,
+                 frame_bytes: Callable[[int], int] | None = None) -> None:
         self.model = model
         self.params = params
         self.rate = rate
         self.background = background
+        #: A copy's frame headers at a chunk size (`spec.build_spec`); None: not modelled.
+        self.frame_bytes = frame_bytes
         self.runs: list[TaskRun] = []
         self.results: dict[str, dict[str, Any]] = {}
         self.result: dict[str, Any] = {"runs": [], "sim_end_s": 0.0}
@@ -49,7 +52,8 @@ class SimBatch:
         if not self.ran:
             self.ran = True
             if self.runs:
-                self.result = simulate(build_spec(self.model, self.runs, self.params, self.rate, self.background))
+                self.result = simulate(build_spec(self.model, self.runs, self.params, self.rate, self.background,
+                                                  self.frame_bytes))
             self.results = {r["key"]: r for r in self.result["runs"]}
         return self.result
 

@@ -40,7 +40,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -177,10 +177,13 @@ def path_delay_s(model: NetworkModel, path: Sequence[str], params: SimParams) ->
 
 
 def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, rate: RateFn,
-               background: SimBackground | None = None) -> dict[str, Any]:
+               background: SimBackground | None = None,
+               frame_bytes: Callable[[int], int] | None = None) -> dict[str, Any]:
     """The engine's JSON input: directed links (rate x efficiency), the distinct paths with their
     propagation, the task runs in order, and the background flows if any
-    (`orchestrator.simulation.background`).
+    (`orchestrator.simulation.background`). `frame_bytes(chunk_bytes)`: the bytes a copy's chunk
+    frames add to its tensors at that chunk size (`orchestrator.runtime.compute.model_sizes`);
+    None: not modelled (a copy carries the model's bytes only).
 
     Raises
     ------
@@ -204,7 +207,8 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
             paths.setdefault(e.path, path_delay_s(model, e.path, params))
         out_runs.append({
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
-            "model_bytes": r.model_bytes, "chunk_bytes": chunk_bytes(s, r.model_bytes, rate, params),
+            "model_bytes": r.model_bytes, "chunk_bytes": (chunk := chunk_bytes(s, r.model_bytes, rate, params)),
+            "frame_bytes": frame_bytes(chunk) if frame_bytes is not None else 0,
             "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params, model),
             "train_cpu_s": {k: v * params.train_cpu_factor
                             for k, v in train_seconds(s, replace(params, site_speed=False)).items()},

@@ -20,8 +20,8 @@ TINY = {
     "task": {"model": "mlp", "model_args": {"hidden": 800, "layers": 2}, "rounds": 2},
     "emulation": {"max_link_mbps": 100, "backend": "process"}, "background": {"enabled": False},
 }
-#: The 2.8 MB MLP: carried bytes are its copies' frames; a model of a few KB would be dominated by
-#: what the simulation does not count (connection set-up, HELLO/READY frames, per-chunk headers).
+#: The 2.8 MB MLP: carried bytes are its copies' frames (the simulation counts their headers too); a
+#: model of a few KB would be dominated by what it does not count (connection set-up, HELLO/READY).
 
 
 def test_validate_runs_a_tiny_config_both_ways_and_carried_bytes_agree(tmp_path: Path) -> None:

@@ -160,3 +160,25 @@ def test_the_training_factor_counts_only_trainings_that_ran_alone() -> None:
 
     assert sorted(lone_ratios(spans)) == pytest.approx([1.0, 1.5, 3.0])
     assert lone_ratios([span("A", 0.0, 0.3), span("B", 0.1, 0.3)]) == []
+
+
+def test_a_wire_factor_measured_before_the_frames_were_modelled_is_left_out(tmp_path: Path) -> None:
+    pytest.importorskip("simgrid")
+    # an entry of before: its wire factor counted the chunks' headers at its own chunk size
+    old = dataclasses.replace(calibration("old"), host=HostIdentity.here(),
+                              params={"tcp_efficiency": 0.95, "wire_bytes_factor": 1.08})
+    store = tmp_path / "cal.json"
+    save(old, store)
+    assert load_all(store)[0].frames is False
+    assert load_all(store)[0].usable_params() == {"tcp_efficiency": 0.95}
+
+    env, _ = _run(tmp_path / "a", store)
+    assert env["calibration_id"] == "old" and env["tcp_efficiency"] == 0.95
+    assert env["wire_bytes_factor"] != 1.08 and "wire_bytes_factor" not in env["calibrated_params"]
+    assert env["frame_headers"] == "not modelled"  # a model size given, no model built: said so
+
+    # one measured with the frames modelled keeps it (and the flag survives the store)
+    save(dataclasses.replace(old, id="new", created="2026-11-26T10:00:00Z", frames=True), store)
+    assert [c.frames for c in load_all(store)] == [False, True]
+    env, _ = _run(tmp_path / "b", store)
+    assert env["calibration_id"] == "new" and env["wire_bytes_factor"] == 1.08

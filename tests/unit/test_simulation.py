@@ -428,3 +428,25 @@ def test_the_simulation_logs_what_the_shaped_link_rate_reads(efficiency: float) 
     busy = 2 * size * 8 / (RATE_MBPS * 1e6 * efficiency) + (D1_MS + D2_MS) / 1e3
     assert row["measured_s"] == pytest.approx(busy, rel=1e-6)
     assert row["rate_share"] == pytest.approx((2 * size * 8 / (RATE_MBPS * 1e6) + 0.005) / busy, rel=1e-6)
+
+
+def test_a_copys_frame_bytes_cross_every_link_and_take_their_time() -> None:
+    # Prepare: the chain's 10 chunks, once without frame headers and once with 1000 bytes of them
+    # per copy (100 a chunk, as `model_sizes` would give for the model at that chunk size).
+    model, schedule = line(), chain()
+    size, chunk, frames = 1_000_000, 100_000, 1000
+    params = SimParams(alpha_s=0.0, chunk_bytes=chunk, seconds_per_example=0.0)
+    runs = {}
+    for fb in (None, lambda c: frames if c == chunk else 0):
+        spec = build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model), frame_bytes=fb)
+        runs[fb is None] = (spec["runs"][0], simulate(spec)["runs"][0])
+
+    assert runs[True][0]["frame_bytes"] == 0 and runs[False][0]["frame_bytes"] == frames
+    plain, framed = ({(u, v): n for u, v, n in r["link_bytes"]} for _, r in (runs[True], runs[False]))
+    # every link a copy crosses carries its frames too (one copy each way over each link of the chain)
+    assert set(framed) == set(plain) and all(framed[k] - plain[k] == frames for k in plain)
+    # and each procedure's pipeline of 10 chunks over 2 hops takes 11 chunk times of the larger chunk
+    g = {r: {e["event"]: e["t"] for e in run["events"]["G"]} for r, (_, run) in runs.items()}
+    extra = 2 * (10 + 1) * (frames / 10) * 8 / (RATE_MBPS * 1e6)
+    assert (g[False]["aggregated"] - g[False]["round_start"]) - (g[True]["aggregated"] - g[True]["round_start"]) \
+        == pytest.approx(extra, rel=1e-6)
