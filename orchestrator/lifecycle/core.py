@@ -413,9 +413,11 @@ class Lifecycle:
                           payload_share=self.network.payload_share),
             link_rates=link_rate_rows(self.model, live.schedule, node_rows, model_bytes=task.model_bytes, rate=rate,
                                       propagation=delay, copies=copies))
-        last = result.rounds[-1] if result.rounds else None
-        LOG.info("task %d %s: %d rounds, last latency %.3f s, accuracy %s, start overhead %s s", task.id, label,
+        # the round as recorded: emulated seconds (the roles measured wall seconds, K times as many)
+        last = undilate_round(result.rounds[-1], self.dilation) if result.rounds else None
+        LOG.info("task %d %s: %d rounds, last latency %.3f s%s, accuracy %s, start overhead %s s", task.id, label,
                  len(result.rounds), last.latency_s if last else float("nan"),
+                 "" if self.dilation == 1 else f" emulated (K={self.dilation:g})",
                  f"{last.accuracy:.3f}" if last else "-", "-" if first is None else f"{first - live.admitted_s:.2f}")
         return self.clock.of(result.finished_t) if result.finished_t else None
 

@@ -70,9 +70,14 @@ def _done(tmp_path: Path, dilation: float) -> Any:
     return rig.recorder.rounds_of("mst", 1), rig.recorder.setups[("mst", 1)]
 
 
-def test_the_core_records_what_the_roles_measured_divided_by_k(tmp_path: Path) -> None:
+def test_the_core_records_what_the_roles_measured_divided_by_k(tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
     real, real_setup = _done(tmp_path, 1.0)
-    slow, slow_setup = _done(tmp_path, K)
+    with caplog.at_level("INFO", logger="netai"):
+        slow, slow_setup = _done(tmp_path, K)
+    # the task's log line gives the recorded (emulated) latency, and says so
+    line = next(r.getMessage() for r in caplog.records if "rounds, last latency" in r.getMessage())
+    assert f"last latency {slow[2].result.latency_s:.3f} s emulated (K={K:g})" in line
     assert sorted(real) == sorted(slow) == [1, 2]
     for r in (1, 2):
         assert slow[r].result.latency_s == pytest.approx(real[r].result.latency_s / K)
