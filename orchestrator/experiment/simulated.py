@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -91,11 +92,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
     params, calibration = apply_calibration(cfg, sim_params(cfg), calibration_store or default_path())
-    frame_bytes = None  # a given model size (a benchmark): the frames' headers are not modelled
-    if model_bytes is None:
-        from orchestrator.runtime.compute import model_sizes
-
-        model_bytes, frame_bytes = model_sizes(cfg.task.model, cfg.task.model_args)
+    model_bytes, frame_bytes = _model_sizes(cfg, model_bytes)
     rate = emulated_rate(plan) if params.rates == "emulated" else capacity_rate(model)
     run_dir = _new_run_dir(out_root, f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
     db = ResultsDB(run_dir / "results.db")
@@ -141,6 +138,16 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
             LOG.exception("writing the results failed")
         db.close()
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _model_sizes(cfg: ExperimentConfig, model_bytes: int | None) -> tuple[int, Callable[[int], int] | None]:
+    """The model's bytes and its frames' header bytes at a chunk size (`model_sizes`, the model built
+    here); with `model_bytes` given (a benchmark) no model is built and the headers are not modelled."""
+    if model_bytes is not None:
+        return model_bytes, None
+    from orchestrator.runtime.compute import model_sizes
+
+    return model_sizes(cfg.task.model, cfg.task.model_args)
 
 
 def controller_route(plan: EmulationPlan, src: str, dst: str) -> list[str]:
