@@ -9,7 +9,8 @@ namespace only (``nsenter -n``), so the traffic generator is the machine's iperf
 host is (a plain Mininet host or a worker container). Clients start once every server listens
 (its own socket, read from ``/proc/<pid>/net/tcp`` in the host's namespace and ``/proc/<pid>/fd``): a client that came
 first would be refused and its flow never run. ``constant`` and ``demand-matrix`` flows send
-at their rate all along, ``poisson`` flows alternate exponential on and off periods (seeded). On
+at their rate all along, in writes of `WRITE_S` of it (so that a slow flow, as under time dilation,
+is not a burst every few seconds), ``poisson`` flows alternate exponential on and off periods (seeded). On
 exit every iperf3 it started is stopped, and each flow's offered and achieved rates (the client's
 sent throughput, TCP) are returned. Traffic only ever goes between emulated hosts.
 """
@@ -46,6 +47,20 @@ LOG = logging.getLogger(__name__)
 
 LISTEN_TIMEOUT_S = 10.0
 _TCP_LISTEN = "0A"
+#: The longest one write of a background client lasts at its rate. iperf3 paces ``-b`` by whole
+#: writes (``-l``, 128 KB by default for TCP): at the rates of a time-dilated run (a few hundred
+#: kbit/s at K = 16) that is a burst every few seconds, and the background view's pieces of under a
+#: second never agree (its CV over them 0.2-0.5: the view waited out its 20 s timeout for a new
+#: task, unsettled).
+WRITE_S = 0.01
+#: A write is at least one TCP segment's payload (MSS 1448), at most iperf3's own default.
+MIN_WRITE_BYTES = 1448
+MAX_WRITE_BYTES = 128 * 1024
+
+
+def write_bytes(rate_mbps: float) -> int:
+    """The iperf3 write length (``-l``) of a flow at `rate_mbps`: `WRITE_S` of it, within bounds."""
+    return int(min(MAX_WRITE_BYTES, max(MIN_WRITE_BYTES, rate_mbps * 1e6 * WRITE_S / 8)))
 
 
 def listening(pid: int, ip: str, port: int) -> bool:
@@ -207,7 +222,7 @@ class BackgroundTraffic:
     def _client(self, f: BackgroundFlow, duration_s: float) -> subprocess.Popen[bytes]:
         src, dst = self.hosts(f.src), self.hosts(f.dst)
         cmd = ["iperf3", "-c", dst.IP(), "-B", src.IP(), "-p", str(f.port), "-b", f"{f.rate_mbps:.3f}M",
-               "-t", str(max(1, round(duration_s))) if duration_s else "0", "-J", "--connect-timeout", "5000"]
+               "-l", str(write_bytes(f.rate_mbps)), "-t", str(max(1, round(duration_s))) if duration_s else "0", "-J", "--connect-timeout", "5000"]
         # file names from the hosts' names (h1, h2, ..), never from site names
         log_name = f"client-{self.hosts(f.src).name}-{self.hosts(f.dst).name}-{f.port}.err"
         proc = self._popen(f.src, cmd, stdout=subprocess.PIPE, log_name=log_name)
