@@ -3,6 +3,7 @@ consistently: the emulation runs K times slower, and every figure it records is 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -70,13 +71,29 @@ def _done(tmp_path: Path, dilation: float) -> Any:
     return rig.recorder.rounds_of("mst", 1), rig.recorder.setups[("mst", 1)]
 
 
-def test_the_core_records_what_the_roles_measured_divided_by_k(tmp_path: Path,
-                                                               caplog: pytest.LogCaptureFixture) -> None:
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_the_core_records_what_the_roles_measured_divided_by_k(tmp_path: Path) -> None:
     real, real_setup = _done(tmp_path, 1.0)
-    with caplog.at_level("INFO", logger="netai"):
+    # on the core's own logger (whatever an earlier test made of the loggers above it)
+    log, lines = logging.getLogger("netai.tasks"), _Lines()
+    level = log.level
+    log.addHandler(lines)
+    log.setLevel(logging.INFO)
+    try:
         slow, slow_setup = _done(tmp_path, K)
+    finally:
+        log.removeHandler(lines)
+        log.setLevel(level)
     # the task's log line gives the recorded (emulated) latency, and says so
-    line = next(r.getMessage() for r in caplog.records if "rounds, last latency" in r.getMessage())
+    line = next(m for m in lines.lines if "rounds, last latency" in m)
     assert f"last latency {slow[2].result.latency_s:.3f} s emulated (K={K:g})" in line
     assert sorted(real) == sorted(slow) == [1, 2]
     for r in (1, 2):
