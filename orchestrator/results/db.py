@@ -44,9 +44,6 @@ class ResultsDB:
         if "ts" in queries.columns(self.conn, "link_stats"):  # schema 1's link_stats, never written: replaced by schema 2's
             self.conn.execute("DROP TABLE link_stats")
         self.conn.executescript(SCHEMA)
-        if "engine" not in queries.columns(self.conn, "runs"):
-            # a database written before runs had an engine: every run in it was emulated
-            self.conn.execute("ALTER TABLE runs ADD COLUMN engine TEXT NOT NULL DEFAULT 'emulation'")
         for table, added in ADDED_COLUMNS.items():
             have = queries.columns(self.conn, table)
             for name, kind in added:

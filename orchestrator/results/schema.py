@@ -8,8 +8,10 @@ from __future__ import annotations
 
 SCHEMA_VERSION = 2
 #: Columns added to a table after its creation, with their type: `ResultsDB` adds those an older
-#: database lacks (NULL in its rows: not measured then).
-ADDED_COLUMNS = {"tasks": (("sent_bytes", "INTEGER"), ("retrans_bytes", "INTEGER"))}
+#: database lacks (NULL in its rows: not measured then; a database from before runs had an engine
+#: held emulated runs only).
+ADDED_COLUMNS = {"runs": (("engine", "TEXT NOT NULL DEFAULT 'emulation'"),),
+                 "tasks": (("sent_bytes", "INTEGER"), ("retrans_bytes", "INTEGER"))}
 RUN_STATUSES = ("running", "completed", "interrupted", "failed")
 ENGINES = ("emulation", "simulation")
 TASK_STATES = ("pending", "scheduled", "running", "done", "blocked", "failed")

@@ -67,9 +67,7 @@ class TaskSummary:
     @property
     def retrans_share(self) -> float | None:
         """Retransmitted over sent TCP data bytes; None when not measured."""
-        if self.sent_bytes is None or self.retrans_bytes is None or self.sent_bytes <= 0:
-            return None
-        return self.retrans_bytes / self.sent_bytes
+        return retrans_share([self])
 
 
 @dataclass(frozen=True)

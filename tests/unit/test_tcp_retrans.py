@@ -4,6 +4,7 @@ beside the carried bytes in the report and `netai validate` (the simulation: not
 
 from __future__ import annotations
 
+import re
 import socket
 import sqlite3
 import struct
@@ -218,6 +219,20 @@ def test_a_database_from_before_the_tcp_columns_stays_readable(tmp_path: Path) -
     with ResultsDB(path) as db:  # the writer adds them; the old rows hold NULL (not measured)
         assert {"sent_bytes", "retrans_bytes"} <= queries.columns(db.conn, "tasks")
         assert run_summary(db, 1).tasks[0].sent_bytes is None
+
+
+def test_a_database_from_before_runs_had_an_engine_gets_it_as_emulated(tmp_path: Path) -> None:
+    # the same list of added columns (schema.ADDED_COLUMNS) adds the runs' engine
+    path = tmp_path / "older.db"
+    old = sqlite3.connect(path)
+    # the runs table without its last column (the comment line above it and the comma before)
+    old.executescript(re.sub(r",\n\s*--[^\n]*\n\s*engine TEXT NOT NULL DEFAULT 'emulation'", "", SCHEMA, count=1))
+    old.execute("INSERT INTO runs(name, config_json, status, started_at) VALUES ('old', '{}', 'completed', 0)")
+    old.commit()
+    assert "engine" not in queries.columns(old, "runs")
+    old.close()
+    with ResultsDB(path) as db:
+        assert db.conn.execute("SELECT engine FROM runs WHERE id = 1").fetchone()[0] == "emulation"
 
 
 def test_the_simulation_records_no_tcp_bytes(tmp_path: Path) -> None:
