@@ -28,6 +28,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         from orchestrator.experiment.config import parse_config
 
         cfg = parse_config(cfg.to_dict(), where=str(args.config))  # re-validate the trimmed copy
+    if args.time_dilation is not None or args.max_time_dilation is not None:
+        from orchestrator.experiment.host_dilation import with_dilation
+
+        cfg = with_dilation(cfg, args.time_dilation, args.max_time_dilation,
+                            where=str(args.config))
     outcome = run_experiment(cfg, out_root=Path(args.out), progress=not args.no_progress,
                              dashboard_port=args.dashboard_port if args.dashboard else None,
                              figures=not args.no_figures)
@@ -54,6 +59,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--locals", help="override: comma-separated numbers of local models")
     p.add_argument("--tasks", type=int, help="override: tasks per point")
     p.add_argument("--rounds", type=int, help="override: rounds per task")
+    p.add_argument("--time-dilation", metavar="K", help="override emulation.time_dilation: a number, auto (the "
+                   "smallest faithful K from trials before the run) or host (this host's, netai calibrate)")
+    p.add_argument("--max-time-dilation", metavar="CAP", type=float,
+                   help="with --time-dilation auto: the largest K its trials try")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
     p.add_argument("--no-figures", action="store_true",
                    help="results, CSVs and report without the plots (faster, e.g. in scripted runs)")

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.config import AUTO, HOST, ExperimentConfig, parse_config
 from orchestrator.simulation.calibration import Calibration, CalibrationMismatch, default_path, find
 
 
@@ -65,3 +66,38 @@ def resolve(cfg: ExperimentConfig, store: Path | None = None) -> ExperimentConfi
     except ConfigError as e:
         raise ConfigError(f"emulation.time_dilation: host: {e}") from None
     return with_k(cfg, cal)
+
+
+def with_dilation(cfg: ExperimentConfig, value: str | None, cap: float | None = None, *, where: str) -> ExperimentConfig:
+    """`cfg` with ``emulation.time_dilation`` set to `value` (a number, ``auto`` or ``host``; None: the
+    config's own) and, for ``auto``, ``max_time_dilation`` to `cap` (else the config's cap, or the default): `netai experiment
+    --time-dilation`, so that a shipped config (``experiments/paper.yaml``) can run dilated without a
+    copy. The result is validated as a config is (`parse_config`, errors naming `where`).
+
+    Raises
+    ------
+    ConfigError
+        A value that is no K, a cap without ``auto``, a simulated config, or a sweep (its entries set
+        their own K).
+    """
+    if cfg.sweep:
+        raise ConfigError(f"{where}: --time-dilation does not apply to a sweep: set time_dilation in its entries")
+    if cfg.engine != "emulation":
+        raise ConfigError(f"{where}: --time-dilation is the emulation's: this config has engine: {cfg.engine}")
+    d = cfg.to_dict()
+    if value is None:
+        value = str(d["emulation"]["time_dilation"])
+    k: Any = value
+    if value not in (AUTO, HOST):
+        try:
+            k = float(value)
+        except ValueError:
+            raise ConfigError(f"{where}: --time-dilation must be a number, {AUTO} or {HOST}, got {value!r}") from None
+    if cap is not None and k != AUTO:
+        raise ConfigError(f"{where}: --max-time-dilation is the calibration's cap: it needs --time-dilation {AUTO}")
+    d["emulation"]["time_dilation"] = k
+    if k != AUTO:
+        d["emulation"].pop("max_time_dilation", None)
+    elif cap is not None:
+        d["emulation"]["max_time_dilation"] = cap
+    return parse_config(d, where=where)

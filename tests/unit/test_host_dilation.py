@@ -243,3 +243,51 @@ def test_validate_refuses_time_dilation_host_without_the_hosts_k_before_anything
         validate(parse_config(_raw(time_dilation="host")), out_root=tmp_path / "runs",
                  calibration_store=tmp_path / "none.json", say=lambda _: None)
     assert started == [] and not (tmp_path / "runs").exists()  # no emulation, no run folder
+
+
+class _Ran(Exception):
+    """Raised by the fake runner with the config it was given."""
+
+
+def test_experiment_time_dilation_override_reaches_the_runner_and_bad_values_stop_first(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+    from orchestrator.experiment import runner
+
+    seen: list[Any] = []
+
+    def fake_run(cfg: Any, **_: Any) -> None:
+        seen.append(cfg)
+        raise _Ran
+
+    monkeypatch.setattr(runner, "run_experiment", fake_run)
+    paper = str(Path(__file__).resolve().parents[2] / "experiments" / "paper.yaml")
+    with pytest.raises(_Ran):
+        main(["experiment", paper, "--time-dilation", "auto", "--max-time-dilation", "16", "--locals", "8"])
+    with pytest.raises(_Ran):
+        main(["experiment", paper, "--time-dilation", "12"])
+    bad = [main(["experiment", paper, "--time-dilation", v]) for v in ("x", "0.5", "nan")]
+    capped = main(["experiment", paper, "--time-dilation", "8", "--max-time-dilation", "16"])
+    err = capsys.readouterr().err
+
+    auto, fixed = seen
+    assert (auto.emulation.time_dilation_auto, auto.emulation.max_time_dilation, auto.locals) == (True, 16.0, (8,))
+    assert auto.name == "paper" and auto.schedulers == ("spff", "mst", "steiner", "spt")
+    assert (fixed.emulation.time_dilation, fixed.emulation.time_dilation_auto) == (12.0, False)
+    assert bad == [2, 2, 2] and capped == 2 and len(seen) == 2
+    assert "--time-dilation must be a number, auto or host, got 'x'" in err
+    assert "emulation.time_dilation must be a number >= 1" in err
+    assert "--max-time-dilation is the calibration's cap" in err
+
+
+def test_the_time_dilation_override_keeps_the_configs_cap_and_refuses_sweeps() -> None:
+    from orchestrator.experiment.host_dilation import with_dilation
+
+    small = parse_config({"name": "s", "emulation": {"time_dilation": "auto", "max_time_dilation": 32}})
+    sweep = parse_config({"name": "w", "sweep": [{"task": {"rounds": 1}}, {"task": {"rounds": 2}}]})
+
+    assert with_dilation(small, "auto", None, where="s").emulation.max_time_dilation == 32.0
+    assert with_dilation(small, None, 8.0, where="s").emulation.max_time_dilation == 8.0
+    assert with_dilation(small, "host", None, where="s").emulation.time_dilation_host
+    with pytest.raises(ConfigError, match="does not apply to a sweep"):
+        with_dilation(sweep, "auto", None, where="w")
