@@ -19,7 +19,8 @@ they describe the emulated network, not the host. A fixed set of measurements, t
 3. the per-hop software latency (`per_hop_latency_ms`: what a chunk still waits at each link of its
    path at K beyond its transmission) fitted by bisection so that the simulated mean round latency
    over the set's points matches the emulated one (geometric mean of the per-point ratios within
-   1 %); `tcp_efficiency` is derived (TCP payload per Ethernet frame at MTU 1500), and the wire
+   1 %); `tcp_efficiency` is derived (TCP payload per Ethernet frame at MTU 1500), so is
+   `ack_share` (`spec.ACK_SHARE`: the ACKs on a transfer's reverse links), and the wire
    bytes per payload byte (`wire_bytes_factor`) measured: the emulated run's carried bytes over the
    simulated payload's, task by task. No CPU model is stored: at a faithful K the host's CPU does
    not show in the emulated times, and a model of it would charge the host to the network.
@@ -44,7 +45,7 @@ from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION, ExperimentCon
 from orchestrator.results import queries
 from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE
 from orchestrator.simulation.calibration import Calibration, HostIdentity, new_id, save
-from orchestrator.simulation.spec import WIRE_BYTES_FACTOR, twin_simulation
+from orchestrator.simulation.spec import ACK_SHARE, WIRE_BYTES_FACTOR, twin_simulation
 
 #: The fixed emulated set every calibration runs (4 task runs of 3 rounds), at the K its trials
 #: choose (``time_dilation: auto``; the cap is set by `calibration_config`). One task a point (format 1
@@ -299,7 +300,7 @@ def _fit_model(cfg: ExperimentConfig, ref: Reference, emu: dict[tuple[str, int],
                say: Say) -> tuple[dict[str, float], list[dict[str, Any]], float]:
     """The model's parameters fitted on the reference (`FIT_PARAM` by `fit`, the wire factor measured),
     each point's emulated, uncalibrated and calibrated mean round time, and the defaults' worst error."""
-    base = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4)}
+    base = {"tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4), "ack_share": ACK_SHARE}
     sim_dir = out_root / "calibration-sims"
     last: list[tuple[Path, int]] = []
 

@@ -415,6 +415,9 @@ def _simulation_model(env: Mapping[str, Any]) -> list[str]:
              f"- link rates: {env.get('rates', '?')} (bw_scale {env.get('bw_scale', '?')}); flows share links max-min",
              f"- TCP efficiency factor {env.get('tcp_efficiency', '?')} ({how('tcp_efficiency')}; 1.0 by default, "
              "the calibration derives 1448/1514: TCP payload per Ethernet frame at MTU 1500, as htb counts it)",
+             "- ACKs on the reverse links: " + (f"{env['ack_share']} of the bytes sent ({how('ack_share')}; a "
+             "transfer shares them with one going the other way)" if env.get("ack_share") else
+             f"not modelled ({how('ack_share')}; the calibration sets them)"),
              f"- propagation: fiber delay {'on' if env.get('delay_emulated') else 'off'}, plus "
              f"{env.get('per_hop_latency_ms', '?')} ms per hop ({how('per_hop_latency_ms')})",
              f"- per-chunk work at each sender: {env.get('alpha_s', '?')} s ({how('alpha_s')}; by default the "

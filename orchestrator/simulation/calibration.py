@@ -40,7 +40,7 @@ FORMAT = 2
 READABLE_FORMATS = (1, 2)
 #: The SimParams fields a calibration may set.
 PARAMS = ("tcp_efficiency", "cpu_cores", "cpu_s_per_byte", "cpu_s_per_chunk", "cpu_s_per_byte_hop",
-          "per_hop_latency_ms", "alpha_s", "wire_bytes_factor", "train_cpu_factor")
+          "per_hop_latency_ms", "alpha_s", "wire_bytes_factor", "train_cpu_factor", "ack_share")
 
 
 class CalibrationMismatch(LookupError):

@@ -53,6 +53,11 @@ each flow is a daemon actor that sends along its path, at most at its rate (a li
 its route), during each of its on periods; with the CPU model, a second one sends its switching
 work through the switch and the cores. An edge that crosses a link of the background is simulated.
 
+ACKs (only when the runs have an ``ack_share`` > 0): each path also gets a host whose route is its
+links reversed; each transmission of a segment also sends ``ack_share`` x its bytes there, and the
+segment has left once both are done. An edge whose links another edge or the background crosses
+the other way is then simulated, so that the two share those links with each other's ACKs.
+
 CPU (only when the spec has a ``cpu`` section, `spec.SimParams.cpu_cores`). Two more links, "cpu"
 of the machine's cores and "switch" of as many (the userspace datapath's threads), in
 nanoseconds of CPU per second, and for each path a link of one core: each transmission of a segment
@@ -101,6 +106,8 @@ class _Edge:
     #: The hosts whose routes are the path's own core and the machine's cores, and the switch.
     cpu_host: Any = None
     switch_host: Any = None
+    #: The host whose route is the path reversed, where the edge's ACKs go (None: not modelled).
+    ack_host: Any = None
     #: Ready time at the sender of each segment not sent yet, by (round - 1) * segments + j.
     ready: dict[int, float] = field(default_factory=dict)
     #: The lane's copy before this one and after it (broadcast copies sharing a link go one after
@@ -117,23 +124,38 @@ class _Edge:
 
 def _edges(spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]], delays: dict[tuple[str, ...], float],
            rates: dict[tuple[str, str], float], cpu: dict[str, float] | None, workers: dict[tuple[str, str], Any],
-           varying: frozenset[tuple[str, str]]) -> list[_Edge]:
+           varying: frozenset[tuple[str, str]], acks: dict[tuple[str, ...], Any] | None = None) -> list[_Edge]:
     """A run's overlay edges: each simulated (contended) when it shares a directed link with another
-    of its edges or with the background, or when the CPU is modelled; else computed."""
+    of its edges or with the background, or, with ACKs modelled (`acks`, the paths' reverse hosts),
+    when another edge or the background crosses one of its links the other way, or when the CPU is
+    modelled; else computed."""
     paths = [tuple(e["path"]) for e in spec["edges"]]
     use: dict[tuple[str, str], int] = {}
-    for path in paths:
+    users: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for e, path in zip(spec["edges"], paths, strict=True):
         for link in itertools.pairwise(path):
             use[link] = use.get(link, 0) + 1
+            users.setdefault(link, []).append(e)
+
+    def other_way(e: dict[str, Any], link: tuple[str, str]) -> bool:
+        """Whether the background or an edge that may run at the same time crosses `link` reversed:
+        not `e`'s mirror (the same pair the other way, the other procedure), which starts only
+        after `e` has ended (an upload leaves a node once the whole model reached it)."""
+        back = (link[1], link[0])
+        return back in varying or any(not (f["src"] == e["dst"] and f["dst"] == e["src"]
+                                           and f["procedure"] != e["procedure"]) for f in users.get(back, ()))
+
     edges: list[_Edge] = []
+    acks = acks or {}
     for e, path in zip(spec["edges"], paths, strict=True):
         links = list(itertools.pairwise(path))
+        two_way = bool(acks) and any(other_way(e, ln) for ln in links)
         work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
         switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
         edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path], min(rates[ln] for ln in links),
-                           cpu is not None or any(use[ln] > 1 or ln in varying for ln in links),
+                           cpu is not None or two_way or any(use[ln] > 1 or ln in varying for ln in links),
                            hosts[path][:2], work, switching, workers.get((e["src"], e["dst"])),
-                           hosts[path][2] if len(hosts[path]) > 2 else None))
+                           hosts[path][2] if len(hosts[path]) > 2 else None, acks.get(path)))
     return edges
 
 
@@ -143,7 +165,8 @@ class _Run:
     def __init__(self, spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]],
                  delays: dict[tuple[str, ...], float], rates: dict[tuple[str, str], float],
                  cpu: dict[str, float] | None = None, workers: dict[tuple[str, str], Any] | None = None,
-                 varying: frozenset[tuple[str, str]] = frozenset()) -> None:
+                 varying: frozenset[tuple[str, str]] = frozenset(), acks: dict[tuple[str, ...], Any] | None = None
+                 ) -> None:
         self.key = spec["key"]
         self.g: str = spec["global"]
         self.locals: set[str] = set(spec["locals"])
@@ -172,19 +195,15 @@ class _Run:
         self.trainings: list[tuple[str, int, float, float]] = []
         self.training_of: list[tuple[str, int, float]] = []
         self.trainers: dict[str, Any] = {}
-        self.edges = _edges(spec, hosts, delays, rates, cpu, workers or {}, varying)
+        self.ack_share = float(spec.get("ack_share", 0.0))  # ACK bytes per byte sent, on the path reversed
+        self.edges = _edges(spec, hosts, delays, rates, cpu, workers or {}, varying, acks if self.ack_share else None)
         #: Where the CPU work goes (a host with an empty route to it).
         self.sink: Any = None
         self.out_bc: dict[str, list[_Edge]] = {}
         self.out_up: dict[str, _Edge] = {}
         self.up_children: dict[str, int] = {}
         self._chain_lanes(spec.get("lanes", {}))
-        for edge in self.edges:
-            if edge.procedure == "broadcast":
-                self.out_bc.setdefault(edge.src, []).append(edge)
-            else:
-                self.out_up[edge.src] = edge
-                self.up_children[edge.dst] = self.up_children.get(edge.dst, 0) + 1
+        self._wire()
         self.events: dict[str, list[dict[str, Any]]] = {}
         self.got_bc: dict[tuple[str, int], tuple[int, float]] = {}
         self.up_count: dict[tuple[str, int], int] = {}
@@ -209,6 +228,15 @@ class _Run:
         """Segment `idx` of edge `e` is held by its sender at `t`: send it when it is its turn."""
         e.ready[idx] = t
         self.pump(e)
+
+    def _wire(self) -> None:
+        """Each node's outgoing broadcast edges, its upload edge, and how many upload children it has."""
+        for edge in self.edges:
+            if edge.procedure == "broadcast":
+                self.out_bc.setdefault(edge.src, []).append(edge)
+            else:
+                self.out_up[edge.src] = edge
+                self.up_children[edge.dst] = self.up_children.get(edge.dst, 0) + 1
 
     def _chain_lanes(self, lanes: dict[str, list[list[str]]]) -> None:
         """Link each lane's broadcast edges in their sending order."""
@@ -363,9 +391,10 @@ class _Run:
         self.owners.append((e, idx))
         self.parts[(id(e), idx)] = 1
         for host, ns, fixed in ((e.cpu_host, e.cpu_ns_per_byte, self.seg_work[idx % self.m]),
-                                (e.switch_host, e.switch_ns_per_byte, 0.0)):
+                                (e.switch_host, e.switch_ns_per_byte, 0.0),
+                                (e.ack_host, self.ack_share, 0.0)):
             work = round(size * ns + fixed)
-            if work and host is not None:  # its CPU work, alongside
+            if work and host is not None:  # its CPU work or its ACKs, alongside
                 self.flying.append(simgrid.Comm.sendto_async(host, self.sink, work))
                 self.owners.append((e, idx))
                 self.parts[(id(e), idx)] += 1
@@ -415,6 +444,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
     varying, background = sg_platform.background(zone, spec, links, ctl, [switch, cores] if cpu else [])
     hosts, delays = sg_platform.path_hosts(zone, spec, links, [switch, cores] if cpu else None)
     workers = sg_platform.worker_hosts(zone, spec, cores) if cores is not None else {}
+    acks = sg_platform.ack_hosts(zone, spec, links)
     trainers = sg_platform.trainer_hosts(zone, spec, cores) if cores is not None else {}
     zone.seal()
     out: list[dict[str, Any]] = []
@@ -422,7 +452,7 @@ def simulate(spec: dict[str, Any]) -> dict[str, Any]:
 
     def driver() -> None:
         for run_spec in spec["runs"]:
-            run = _Run(run_spec, hosts, delays, rates, cpu, workers, varying)
+            run = _Run(run_spec, hosts, delays, rates, cpu, workers, varying, acks)
             run.sink, run.trainers = ctl, trainers
             run.run(max(clock[0], Engine.clock))
             clock[0] = run.end_s

@@ -97,6 +97,22 @@ def path_hosts(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any
     return hosts, delays
 
 
+def ack_hosts(zone: Any, spec: dict[str, Any], links: dict[tuple[str, str], Any]) -> dict[tuple[str, ...], Any]:
+    """Per path of `spec`, when its runs model ACKs (``ack_share``): a host whose route is the path's
+    links reversed, where a transfer's ACKs go; none otherwise."""
+    from simgrid import LinkInRoute
+
+    if not any(float(r.get("ack_share", 0.0)) > 0 for r in spec["runs"]):
+        return {}
+    out: dict[tuple[str, ...], Any] = {}
+    for i, p in enumerate(spec["paths"]):
+        path = tuple(p["path"])
+        host = out[path] = zone.create_host(f"p{i}a", 1e9)
+        zone.add_route(host.netpoint, None, None, None,
+                       [LinkInRoute(links[(v, u)]) for u, v in reversed(list(itertools.pairwise(path)))], False)
+    return out
+
+
 def worker_hosts(zone: Any, spec: dict[str, Any], cores: Any) -> dict[tuple[str, str], Any]:
     """The workers' CPU work of each overlay edge of the runs: a host whose route goes through its
     two sites' processes (one core each) and the machine's cores."""

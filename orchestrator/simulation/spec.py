@@ -8,6 +8,9 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
 - propagation: each path's fiber delay (`NetworkModel.path_delay_ms`) plus `per_hop_latency_ms`
   per link crossed (switching and queueing), unless ``propagation: false`` (as an emulation without
   netem);
+- ACKs (``ack_share`` > 0; off by default, `netai calibrate` sets `ACK_SHARE`): each segment also
+  sends that share of its bytes along its path reversed, so that transfers going opposite ways over
+  the same links share them with each other's ACKs;
 - per-chunk work: `alpha_s` per chunk at each sender (framing, digest, hand-off), default the
   emulation's own `orchestrator.runtime.timing.ALPHA_S`;
 - segments: ``max_segments`` (0: none) bounds the number of pieces a transfer is simulated in: a
@@ -59,6 +62,10 @@ DEFAULT_SECONDS_PER_EXAMPLE = 2e-4
 #: (MTU 1500, TCP timestamps), and a 66-byte ACK comes back for every two frames (delayed ACKs).
 #: `netai calibrate` measures it (the emulated carried bytes over the simulated payload bytes).
 WIRE_BYTES_FACTOR = round(1514 / 1448 + 66 / (2 * 1448), 4)
+#: ACK bytes on a transfer's reverse links per byte of payload, in the links' payload units (their
+#: rate is the payload's, x `tcp_efficiency`): a 66-byte ACK frame for every two full segments of
+#: 1448 bytes, as on the emulated links (Linux's delayed ACK), at the payload share of MTU 1500.
+ACK_SHARE = round(66 / (2 * 1448) * 1448 / 1514, 4)
 #: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
 DEFAULT_TRAIN_EXAMPLES = 1437
 
@@ -100,6 +107,10 @@ class SimParams:
     cpu_s_per_byte: float = 0.0
     cpu_s_per_chunk: float = 0.0
     cpu_s_per_byte_hop: float = 0.0
+    #: ACKs on the reverse links (`ACK_SHARE`; 0: not modelled): each segment also sends this
+    #: share of its bytes along its path reversed, so that a transfer and one the other way on the
+    #: same links share them with each other's ACKs, as TCP's do; a segment has left once both went.
+    ack_share: float = 0.0
     #: Bytes on the wire per byte of model sent, for carried bytes (the emulation counts frames:
     #: Ethernet, IP and TCP headers, the ACKs on the reverse links, the chunks' own headers).
     wire_bytes_factor: float = WIRE_BYTES_FACTOR
@@ -209,7 +220,7 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
             "model_bytes": r.model_bytes, "chunk_bytes": (chunk := chunk_bytes(s, r.model_bytes, rate, params)),
             "frame_bytes": frame_bytes(chunk) if frame_bytes is not None else 0,
-            "alpha_s": params.alpha_s, "max_segments": params.max_segments, "train_s": train_seconds(s, params, model),
+            "alpha_s": params.alpha_s, "max_segments": params.max_segments, "ack_share": params.ack_share, "train_s": train_seconds(s, params, model),
             "train_cpu_s": {k: v * params.train_cpu_factor
                             for k, v in train_seconds(s, replace(params, site_speed=False)).items()},
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],

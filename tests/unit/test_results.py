@@ -134,7 +134,7 @@ def test_netai_experiment_prints_the_summary_the_run_wrote_its_report_from(
 
     monkeypatch.setattr(runner, "run_experiment", run_experiment)
     args = argparse.Namespace(config=str(ROOT / "experiments" / "quick.yaml"), locals=None, tasks=None,
-                              rounds=None, out=str(tmp_path), no_progress=True, no_figures=False, dashboard=False,
+                              rounds=None, out=str(tmp_path), no_progress=True, no_figures=False, dashboard=False, time_dilation=None, max_time_dilation=None,
                               dashboard_port=None)
 
     # Execute

@@ -3,6 +3,7 @@ rounds, trees followed link by link, config validation, simulated runs marked in
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -450,3 +451,77 @@ def test_a_copys_frame_bytes_cross_every_link_and_take_their_time() -> None:
     extra = 2 * (10 + 1) * (frames / 10) * 8 / (RATE_MBPS * 1e6)
     assert (g[False]["aggregated"] - g[False]["round_start"]) - (g[True]["aggregated"] - g[True]["round_start"]) \
         == pytest.approx(extra, rel=1e-6)
+
+
+def two_way() -> Schedule:
+    """Broadcast G -> A, then G -> B through A (a lane over G-A); A and B upload straight to G, A's
+    upload going back over A-G while G's copy to B still crosses G-A."""
+    e = OverlayEdge
+    return Schedule(task_id=5, scheduler="hand", global_site="G", local_sites=("A", "B"), demand_mbps=1.0,
+                    broadcast_parent={"A": "G", "B": "G"}, upload_parent={"A": "G", "B": "G"},
+                    edges=(e("broadcast", "G", "A", ("G", "A")), e("broadcast", "G", "B", ("G", "A", "B")),
+                           e("upload", "A", "G", ("A", "G")), e("upload", "B", "G", ("B", "A", "G"))))
+
+
+@pytest.mark.parametrize("ack", [0.05, 0.0218])
+def test_acks_slow_a_transfer_only_while_another_goes_the_other_way(ack: float) -> None:
+    # Prepare: one chunk a copy, no propagation, training takes no time. A gets its copy at t1 and
+    # uploads at once over A-G, while G's copy to B crosses G-A: each shares its link with the other's
+    # ACKs (ack x its bytes), so both take (1 + ack) x a lone copy's time. The chain's broadcast and
+    # upload never overlap: its round is the same with ACKs as without.
+    size = 400_000
+    one = size * 8 / (RATE_MBPS * 1e6)
+    model = line()
+
+    def run(schedule: Schedule, share: float) -> dict[str, list[dict[str, object]]]:
+        params = SimParams(alpha_s=0.0, seconds_per_example=0.0, chunk_bytes=size, propagation=False,
+                           ack_share=share)
+        spec = build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model))
+        assert spec["runs"][0]["ack_share"] == share
+        return simulate(spec)["runs"][0]["events"]  # type: ignore[no-any-return]
+
+    def at(events: dict[str, list[dict[str, object]]], site: str, name: str) -> float:
+        return next(float(ev["t"]) for ev in events[site] if ev["event"] == name)  # type: ignore[arg-type]
+
+    with_acks, without = run(two_way(), ack), run(two_way(), 0.0)
+    chain_acks, chain_plain = run(chain(), ack), run(chain(), 0.0)
+
+    t1 = at(with_acks, "A", "global_received")
+    assert t1 == pytest.approx(one, rel=1e-9) and at(without, "A", "global_received") == pytest.approx(one, rel=1e-9)
+    assert at(with_acks, "B", "global_received") - t1 == pytest.approx((1 + ack) * one, rel=1e-6)
+    assert at(without, "B", "global_received") - t1 == pytest.approx(one, rel=1e-9)
+    assert at(with_acks, "A", "update_sent") - t1 == pytest.approx((1 + ack) * one, rel=1e-6)
+    assert at(with_acks, "G", "aggregated") - at(with_acks, "B", "global_received") == pytest.approx(one, rel=1e-6)
+    assert at(chain_acks, "G", "aggregated") == pytest.approx(at(chain_plain, "G", "aggregated"), rel=1e-9)
+
+
+def test_the_ack_share_is_a_validated_simulation_key() -> None:
+    ok = parse_config({"name": "x", "engine": "simulation", "simulation": {"ack_share": 0.0218}})
+
+    assert ok.simulation.ack_share == 0.0218
+    with pytest.raises(ConfigError, match="ack_share"):
+        parse_config({"name": "x", "engine": "simulation", "simulation": {"ack_share": 1.5}})
+
+
+def test_with_acks_an_edge_is_simulated_when_another_crosses_its_links_the_other_way_but_not_its_mirror() -> None:
+    # An edge's mirror (the same pair the other way, the other procedure) never overlaps it: the
+    # chain, whose every edge has its mirror on the same links, stays computed with ACKs (counting
+    # the mirror would simulate all four). In `two_way`, A's upload and G's copy to B cross G-A
+    # opposite ways.
+    from orchestrator.simulation.engine import _edges
+
+    model = line()
+    params = SimParams(alpha_s=0.0, seconds_per_example=0.0, chunk_bytes=1000, ack_share=0.0218)
+
+    def contended(schedule: Schedule, acks: bool) -> set[tuple[str, str, str]]:
+        run = build_spec(model, [TaskRun("t", schedule, 1000, 1)], params, capacity_rate(model))["runs"][0]
+        paths = {tuple(e["path"]) for e in run["edges"]}
+        hosts = {p: (None, None) for p in paths}
+        rates = {(u, v): 1.0 for p in paths for u, v in itertools.pairwise(p)}
+        edges = _edges(run, hosts, dict.fromkeys(paths, 0.0), rates, None, {}, frozenset(),
+                       {p: object() for p in paths} if acks else None)
+        return {(e.procedure, e.src, e.dst) for e in edges if e.contended}
+
+    assert contended(chain(), acks=True) == contended(chain(), acks=False) == set()
+    assert contended(two_way(), acks=True) == {("broadcast", "G", "B"), ("upload", "A", "G"),
+                                               ("upload", "B", "G"), ("broadcast", "G", "A")}
