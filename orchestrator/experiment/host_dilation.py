@@ -85,10 +85,8 @@ def with_dilation(cfg: ExperimentConfig, value: str | None, cap: float | None = 
     if cfg.engine != "emulation":
         raise ConfigError(f"{where}: --time-dilation is the emulation's: this config has engine: {cfg.engine}")
     d = cfg.to_dict()
-    if value is None:
-        value = str(d["emulation"]["time_dilation"])
-    k: Any = value
-    if value not in (AUTO, HOST):
+    k: Any = d["emulation"]["time_dilation"] if value is None else value
+    if value is not None and value not in (AUTO, HOST):
         try:
             k = float(value)
         except ValueError:

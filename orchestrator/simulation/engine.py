@@ -130,11 +130,9 @@ def _edges(spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]], 
     when another edge or the background crosses one of its links the other way, or when the CPU is
     modelled; else computed."""
     paths = [tuple(e["path"]) for e in spec["edges"]]
-    use: dict[tuple[str, str], int] = {}
-    users: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    users: dict[tuple[str, str], list[dict[str, Any]]] = {}  # the edges crossing each directed link
     for e, path in zip(spec["edges"], paths, strict=True):
         for link in itertools.pairwise(path):
-            use[link] = use.get(link, 0) + 1
             users.setdefault(link, []).append(e)
 
     def other_way(e: dict[str, Any], link: tuple[str, str]) -> bool:
@@ -153,7 +151,7 @@ def _edges(spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]], 
         work = 0.0 if cpu is None else 1e9 * cpu["s_per_byte"]
         switching = 0.0 if cpu is None else 1e9 * len(links) * cpu["s_per_byte_hop"]
         edges.append(_Edge(e["procedure"], e["src"], e["dst"], links, delays[path], min(rates[ln] for ln in links),
-                           cpu is not None or two_way or any(use[ln] > 1 or ln in varying for ln in links),
+                           cpu is not None or two_way or any(len(users[ln]) > 1 or ln in varying for ln in links),
                            hosts[path][:2], work, switching, workers.get((e["src"], e["dst"])),
                            hosts[path][2] if len(hosts[path]) > 2 else None, acks.get(path)))
     return edges

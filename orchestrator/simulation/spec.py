@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.runtime.timing import ALPHA_S, optimal_chunk_bytes
-from orchestrator.scheduling.cost import RateFn
+from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE, RateFn
 from orchestrator.scheduling.schedule import Schedule
 from orchestrator.simulation.background import SimBackground
 from topologies.model import NetworkModel
@@ -58,14 +58,16 @@ RATES = ("capacity", "emulated")
 #: Default seconds of local training per example and epoch (an MLP of two hidden layers of 800 on
 #: one core, batch 32: a placeholder until a profile of the model is measured).
 DEFAULT_SECONDS_PER_EXAMPLE = 2e-4
+#: Wire bytes of ACK per byte of TCP payload: a 66-byte ACK frame comes back for every two full
+#: segments of 1448 bytes (Linux's delayed ACK), as on the emulated links.
+ACK_WIRE_PER_PAYLOAD = 66 / (2 * 1448)
 #: Wire bytes per payload byte, derived: a 1514-byte Ethernet frame carries 1448 bytes of TCP payload
-#: (MTU 1500, TCP timestamps), and a 66-byte ACK comes back for every two frames (delayed ACKs).
+#: (MTU 1500, TCP timestamps: `TCP_PAYLOAD_SHARE`), and the ACKs coming back.
 #: `netai calibrate` measures it (the emulated carried bytes over the simulated payload bytes).
-WIRE_BYTES_FACTOR = round(1514 / 1448 + 66 / (2 * 1448), 4)
+WIRE_BYTES_FACTOR = round(1 / TCP_PAYLOAD_SHARE + ACK_WIRE_PER_PAYLOAD, 4)
 #: ACK bytes on a transfer's reverse links per byte of payload, in the links' payload units (their
-#: rate is the payload's, x `tcp_efficiency`): a 66-byte ACK frame for every two full segments of
-#: 1448 bytes, as on the emulated links (Linux's delayed ACK), at the payload share of MTU 1500.
-ACK_SHARE = round(66 / (2 * 1448) * 1448 / 1514, 4)
+#: rate is the payload's, x `tcp_efficiency`): the ACKs' wire bytes at the payload share of MTU 1500.
+ACK_SHARE = round(ACK_WIRE_PER_PAYLOAD * TCP_PAYLOAD_SHARE, 4)
 #: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
 DEFAULT_TRAIN_EXAMPLES = 1437
 
