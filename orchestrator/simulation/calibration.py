@@ -12,8 +12,9 @@ contention) still load, with no K.
 The store is one JSON file (`default_path`, or `$NETAI_CALIBRATION`, or a path the caller gives)
 holding a list of calibrations; a simulated run uses the newest one whose host identity
 (`HostIdentity`: hostname, machine id, CPU model, cores, kernel) and project version both match
-this host's (`find`). A calibration of another host or version is never used: `find` says why
-none matched (`CalibrationMismatch`).
+this host's (`find`), fitted under the simulation's current model (`spec.MODEL_REVISION`). A
+calibration of another host, version or model is never used: `find` says why none matched
+(`CalibrationMismatch`).
 
 This module only reads and writes that file; it runs nothing.
 """
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__
+from orchestrator.simulation.spec import MODEL_REVISION
 
 #: Environment variable naming the calibration store (else `default_path`).
 ENV_PATH = "NETAI_CALIBRATION"
@@ -126,6 +128,9 @@ class Calibration:
     #: and TCP headers and the ACKs only. An entry without it (made before) counted the chunks'
     #: headers in its factor too, at its own chunk size: `usable_params` leaves that factor out.
     frames: bool = False
+    #: The simulation's model revision its parameters were fitted under (`spec.MODEL_REVISION`; an
+    #: entry without one is of revision 1).
+    model: int = MODEL_REVISION
 
     def usable_params(self) -> dict[str, float]:
         """`params` less a ``wire_bytes_factor`` that would count the frame headers twice (`frames`)."""
@@ -149,7 +154,7 @@ class Calibration:
                    time_dilation=None if d.get("time_dilation") is None else float(d["time_dilation"]),
                    dilation=dict(d["dilation"]) if d.get("dilation") is not None else None,
                    host_cpu={k: float(v) for k, v in dict(d.get("host_cpu") or {}).items()},
-                   frames=bool(d.get("frames", False)))
+                   frames=bool(d.get("frames", False)), model=int(d.get("model", 1)))
 
     def summary(self) -> str:
         """One line for a report: which calibration, when, where, and the host's K."""
@@ -197,22 +202,32 @@ def save(cal: Calibration, path: Path) -> None:
     tmp.replace(path)
 
 
-def find(path: Path, host: HostIdentity | None = None, version: str = __version__) -> Calibration:
-    """The newest calibration in `path` made on `host` (default: this one) with `version`.
+def find(path: Path, host: HostIdentity | None = None, version: str = __version__,
+         model: int = MODEL_REVISION) -> Calibration:
+    """The newest calibration in `path` made on `host` (default: this one) with `version`, fitted
+    under the simulation's `model` revision.
 
     Raises
     ------
     CalibrationMismatch
-        If there is none, saying whether the store is empty or what differed (host fields, version).
+        If there is none, saying whether the store is empty or what differed (host fields, version,
+        model revision).
     """
     host = host or HostIdentity.here()
     cals = load_all(path)
     if not cals:
         raise CalibrationMismatch(f"no calibration in {path}: run `netai calibrate` on this host")
     same_host = [c for c in cals if not c.host.differences(host)]
-    good = [c for c in same_host if c.version == version]
+    same_version = [c for c in same_host if c.version == version]
+    good = [c for c in same_version if c.model == model]
     if good:
         return max(good, key=lambda c: c.created)
+    if same_version:
+        models = ", ".join(str(m) for m in sorted({c.model for c in same_version}))
+        raise CalibrationMismatch(
+            f"the calibrations of this host in {path} were fitted under the simulation's model revision(s) "
+            f"{models}, not {model}: run `netai calibrate` again (with `--emulated-run` on the emulated run "
+            f"its note names, it refits in seconds)")
     if same_host:
         versions = sorted({c.version for c in same_host})
         raise CalibrationMismatch(f"the calibrations of this host in {path} are for version(s) "

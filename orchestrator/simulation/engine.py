@@ -25,9 +25,12 @@ Transfers. A chunk carries its share of the model's bytes and of the copy's fram
 ``frame_bytes``: fixed, JSON and safetensors headers; 0 when not modelled), on the links and in
 their time. Each overlay edge sends its chunks in order, round after round: chunk k leaves once the
 sender holds it (broadcast: it arrived from the parent; upload: every upload child's chunk k
-arrived and, at a local, its own training ended) and once chunk k-1 has left, after `alpha_s` of
-per-chunk work. Nodes forward cut-through and aggregate per chunk. A local's training ends
-`train_s` after the last chunk of the global model reached it; G aggregates when the last chunk
+arrived and, at a local, its own training ended), `alpha_s` of per-chunk work later, and once
+chunk k-1 has left. That work is done one chunk after another and overlaps the transmission of the
+chunks before (an agent frames the next chunk while its sender thread and the socket's buffer keep
+the link busy): it adds to each node's latency and bounds a transfer at one chunk per `alpha_s`,
+but does not add to every chunk's transmission. Nodes forward cut-through and aggregate per
+chunk. A local's training ends `train_s` after the last chunk of the global model reached it; G aggregates when the last chunk
 of every upload child arrived, and starts the next round then. The sender of a broadcast copy logs
 ``forward_first`` (naming the child) when the copy's first segment starts, as an agent does once it
 has written the copy's first chunk (the shaped-link rate's flights, `orchestrator.lifecycle.fidelity`).
@@ -117,6 +120,9 @@ class _Edge:
     left_rounds: int = 0
     left_at: float = 0.0
     next_idx: int = 0
+    #: When the sender's per-segment work (`alpha_s` per chunk) for the last segment handed over
+    #: ended, and when the path was last free.
+    framed: float = 0.0
     free: float = 0.0
     busy: bool = False
     sent_bytes: int = 0
@@ -252,7 +258,11 @@ class _Run:
                 (e.after is None or e.after.left_rounds > e.next_idx // self.m):
             idx = e.next_idx
             j = idx % self.m
-            at = max(e.ready.pop(idx), e.free, e.after.left_at if e.after is not None else 0.0) + self.seg_alpha[j]
+            # the sender's per-segment work, one segment after another, overlaps the transmission
+            # before it (an agent frames the next chunk while its sender thread and the socket's
+            # buffer keep the link busy): it delays a segment's start, and bounds the rate
+            e.framed = max(e.ready.pop(idx), e.framed) + self.seg_alpha[j]
+            at = max(e.framed, e.free, e.after.left_at if e.after is not None else 0.0)
             e.next_idx += 1
             if j == 0 and e.procedure == "broadcast":  # a copy's first chunk goes (`fidelity.copy_rows`)
                 self.event(e.src, "forward_first", idx // self.m + 1, at, peer=e.dst)

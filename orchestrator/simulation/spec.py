@@ -12,7 +12,8 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
   sends that share of its bytes along its path reversed, so that transfers going opposite ways over
   the same links share them with each other's ACKs;
 - per-chunk work: `alpha_s` per chunk at each sender (framing, digest, hand-off), default the
-  emulation's own `orchestrator.runtime.timing.ALPHA_S`;
+  emulation's own `orchestrator.runtime.timing.ALPHA_S`, done chunk after chunk alongside the
+  transmission of the chunks before (`orchestrator.simulation.engine`, "Transfers");
 - segments: ``max_segments`` (0: none) bounds the number of pieces a transfer is simulated in: a
   transfer of k chunks is cut into ceil(k / q) segments of q = ceil(k / max_segments) chunks, each
   carrying its chunks' bytes and q x `alpha_s` of work (see `orchestrator.simulation.engine`);
@@ -68,6 +69,11 @@ WIRE_BYTES_FACTOR = round(1 / TCP_PAYLOAD_SHARE + ACK_WIRE_PER_PAYLOAD, 4)
 #: ACK bytes on a transfer's reverse links per byte of payload, in the links' payload units (their
 #: rate is the payload's, x `tcp_efficiency`): the ACKs' wire bytes at the payload share of MTU 1500.
 ACK_SHARE = round(ACK_WIRE_PER_PAYLOAD * TCP_PAYLOAD_SHARE, 4)
+#: The model's revision, stored with each calibration (`calibration.Calibration.model`): parameters
+#: fitted under one revision are not used under another. 1: each chunk's per-chunk work added to its
+#: transmission; 2 (2026-11-27): that work overlaps the transmission of the chunks before
+#: (`orchestrator.simulation.engine`, "Transfers"), so the per-hop latency fitted under 1 is off.
+MODEL_REVISION = 2
 #: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
 DEFAULT_TRAIN_EXAMPLES = 1437
 

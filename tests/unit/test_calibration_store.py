@@ -182,3 +182,19 @@ def test_a_wire_factor_measured_before_the_frames_were_modelled_is_left_out(tmp_
     assert [c.frames for c in load_all(store)] == [False, True]
     env, _ = _run(tmp_path / "b", store)
     assert env["calibration_id"] == "new" and env["wire_bytes_factor"] == 1.08
+
+
+def test_a_calibration_fitted_under_an_older_model_is_refused_and_a_new_one_is_found(tmp_path: Path) -> None:
+    # Prepare: an entry as stored before the model had revisions (no "model" key: revision 1).
+    from orchestrator.simulation.spec import MODEL_REVISION
+
+    store = tmp_path / "cal.json"
+    old = calibration("before").to_dict()
+    del old["model"]
+    store.write_text(json.dumps({"format": 2, "calibrations": [old]}))
+
+    assert load_all(store)[0].model == 1
+    with pytest.raises(CalibrationMismatch, match=rf"model revision\(s\) 1, not {MODEL_REVISION}: run `netai calibrate`"):
+        find(store, HOST, "0.1.0")
+    save(calibration("after", created="2026-11-25T09:00:00Z"), store)  # older date, current model
+    assert find(store, HOST, "0.1.0").id == "after"

@@ -525,3 +525,23 @@ def test_with_acks_an_edge_is_simulated_when_another_crosses_its_links_the_other
     assert contended(chain(), acks=True) == contended(chain(), acks=False) == set()
     assert contended(two_way(), acks=True) == {("broadcast", "G", "B"), ("upload", "A", "G"),
                                                ("upload", "B", "G"), ("broadcast", "G", "A")}
+
+
+@pytest.mark.parametrize("alpha_s", [0.002, 0.02])
+def test_per_chunk_work_overlaps_the_transmission_before_it(alpha_s: float) -> None:
+    # Prepare: the chain's 10 chunks of 100 kB (10 ms each at 80 Mbit/s), per-chunk work of 2 ms
+    # (below a chunk's transmission) and of 20 ms (above it), no propagation and no training.
+    model, schedule = line(), chain()
+    size, chunk = 1_000_000, 100_000
+    params = SimParams(alpha_s=alpha_s, chunk_bytes=chunk, seconds_per_example=0.0, propagation=False)
+
+    run = simulate(build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model)))["runs"][0]
+
+    at = {(ev["site"], ev["event"]): ev["t"] for evs in run["events"].values() for ev in evs}
+    # G frames chunk after chunk while the one before is on the link, as an agent's sender thread
+    # and socket buffer let it: A holds the model once the slower of the two stages went 10 times and
+    # the other once (not 10 x (work + transmission)); B one chunk's work and transmission later.
+    tx = chunk * 8 / (RATE_MBPS * 1e6)
+    to_a = 10 * max(alpha_s, tx) + min(alpha_s, tx)
+    assert at[("A", "global_received")] - at[("G", "round_start")] == pytest.approx(to_a, rel=1e-9)
+    assert at[("B", "global_received")] - at[("G", "round_start")] == pytest.approx(to_a + alpha_s + tx, rel=1e-9)
