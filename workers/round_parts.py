@@ -21,7 +21,8 @@ from workers.selection import LocalStats
 class Sender(Protocol):
     """An outbound connection (`workers.transport.Outbound`)."""
 
-    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None: ...
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
+             drain: bool = False) -> None: ...
 
 
 class Learning(Protocol):
@@ -81,9 +82,12 @@ def both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callable
 class Lanes:
     """Copies of GLOBAL to the broadcast children of one lane (`AgentConfig.broadcast_lanes`: their
     paths share a link) go one after another: a child's frames wait here until the copy before it
-    in the lane has left whole (its last chunk sent: the sender thread moves the lane on at once,
-    whatever the engine thread is doing, e.g. training) or its connection is lost. Children in no
-    lane are sent to at once.
+    in the lane has left whole or its connection is lost. A copy has left whole once its child
+    acknowledged its last byte (its last chunk is sent with ``drain``, `workers.transport.Outbound`):
+    written to the kernel is not enough, since the socket's buffer and the links' queues still hold
+    its tail, and the next copy would share the link with it. The sender thread moves the lane on
+    at once, whatever the engine thread is doing, e.g. training. Children in no lane are sent to at
+    once.
 
     A lane starts over with each round. Copies still waiting when a new round starts, or when the
     role ends, never started: they are dropped (their child gives that round up anyway), so no
@@ -101,7 +105,8 @@ class Lanes:
         self.on_copy_sent = on_copy_sent
         self.round = 0
         self.pos = [0] * len(self.lanes)  # per lane: the child whose copy goes now
-        self.held: dict[str, list[tuple[Sequence[Buffer], int, Callable[[], None] | None]]] = {
+        #: Per child, its frames waiting for its turn: (frame, round, on_sent, drain).
+        self.held: dict[str, list[tuple[Sequence[Buffer], int, Callable[[], None] | None, bool]]] = {
             c: [] for c in self.lane_of}
         #: Children whose connection broke and has not come back: never waited for.
         self.down: set[str] = set()
@@ -121,12 +126,13 @@ class Lanes:
             if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
                 self.outs[child].send(frame, round=r, on_sent=on_sent)
                 return
+            drain = last  # the copy has left whole once its child acknowledged it (the link is free)
             if last:
                 on_sent = both(on_sent, lambda: self.sent(r, child))
             if self.lanes[lane][self.pos[lane]] == child:
-                self.outs[child].send(frame, round=r, on_sent=on_sent)
+                self.outs[child].send(frame, round=r, on_sent=on_sent, drain=drain)
             else:
-                self.held[child].append((frame, r, on_sent))
+                self.held[child].append((frame, r, on_sent, drain))
 
     def sent(self, r: int, child: str) -> None:
         """`child`'s copy of round `r` left whole: the next child of its lane goes."""
@@ -191,8 +197,8 @@ class Lanes:
 
     def _flush(self, child: str) -> None:
         held, self.held[child] = self.held[child], []
-        for frame, r, on_sent in held:
-            self.outs[child].send(frame, round=r, on_sent=on_sent)
+        for frame, r, on_sent, drain in held:
+            self.outs[child].send(frame, round=r, on_sent=on_sent, drain=drain)
 
 
 @dataclass

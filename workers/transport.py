@@ -44,7 +44,7 @@ from workers.framing import (
     encode_frame,
     verify_payload,
 )
-from workers.tcpinfo import ZERO, TcpBytes, read_tcp_bytes, wait_acked
+from workers.tcpinfo import ZERO, TcpBytes, read_tcp_bytes, unacked_bytes, wait_acked
 
 #: First and largest pause between connect attempts (doubling in between).
 BACKOFF_FIRST_S = 0.02
@@ -61,6 +61,12 @@ MAX_UNIDENTIFIED = 4
 #: How long a closing outbound connection waits for its last bytes to be acknowledged before its
 #: TCP figures are read (a retransmission of them then counts).
 ACK_WAIT_S = 2.0
+#: A frame sent with ``drain`` (a lane's copy, `workers.round_parts.Lanes`) counts as sent once the
+#: peer acknowledged every byte the socket held (its kernel buffer and the links' queues emptied),
+#: polled every `DRAIN_POLL_S`, for at most `DRAIN_MAX_S` (a peer that stopped acknowledging: the
+#: lane then goes on, as before a copy was waited for).
+DRAIN_POLL_S = 0.0005
+DRAIN_MAX_S = 10.0
 
 
 # -- frames on sockets ----------------------------------------------------------------------------
@@ -144,6 +150,7 @@ class _Item:
     pieces: Sequence[Buffer]
     round: int
     on_sent: Callable[[], None] | None
+    drain: bool = False
 
 
 class Outbound:
@@ -196,8 +203,11 @@ class Outbound:
     def start(self) -> None:
         self._thread.start()
 
-    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None:
-        self._queue.put(_Item(pieces, round, on_sent))
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
+             drain: bool = False) -> None:
+        """Queue a frame; `on_sent` runs (on the sender thread) once it was written, or with `drain`
+        once the peer also acknowledged it (`DRAIN_POLL_S`, `DRAIN_MAX_S`)."""
+        self._queue.put(_Item(pieces, round, on_sent, drain))
 
     def flush_and_close(self, timeout_s: float) -> bool:
         """Send what is queued, then close. False if that did not finish within `timeout_s`."""
@@ -283,8 +293,22 @@ class Outbound:
                 if self._stopping.is_set():
                     return
                 continue
+            if item.drain:
+                self._drain()
             if item.on_sent is not None:
                 item.on_sent()
+
+    def _drain(self) -> bool:
+        """Wait until the peer acknowledged everything written (`unacked_bytes` 0), the node stops,
+        or `DRAIN_MAX_S` passed; whether it did."""
+        deadline = time.monotonic() + DRAIN_MAX_S
+        while self.sock is not None:
+            left = unacked_bytes(self.sock)
+            if left is None or left <= 0:
+                return left == 0
+            if time.monotonic() >= deadline or self._stopping.wait(DRAIN_POLL_S):
+                return False  # polling a kernel counter, bounded by the deadline and the stop
+        return False
 
 
 # -- inbound connections --------------------------------------------------------------------------

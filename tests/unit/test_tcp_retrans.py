@@ -281,3 +281,52 @@ def test_the_reports_fidelity_section_gives_each_point_its_retransmitted_share(
     row = next(line for line in lines if line.startswith("| mst | 2 |"))
     assert "TCP retransmitted" in lines[3]
     assert f"| {cell} | faithful |" in row
+
+
+def test_a_frame_sent_with_drain_counts_as_sent_only_once_the_peer_acknowledged_it() -> None:
+    # Prepare: a peer that accepts, reads the HELLO, then holds back (its receive buffer small) until
+    # told; an Outbound sends 1 MB as written-only, then a short frame with drain.
+    from workers.tcpinfo import unacked_bytes
+
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    go, got = threading.Event(), []
+
+    def peer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            go.wait(30)
+            while chunk := conn.recv(1 << 20):
+                got.append(len(chunk))
+
+    reader = threading.Thread(target=peer, daemon=True)
+    reader.start()
+    out = Outbound(peer="Q", peer_host="127.0.0.1", port=server.getsockname()[1], local_host="127.0.0.1",
+                   task=3, site="P", connect_timeout_s=5.0, on_lost=lambda *_: None, on_connect=lambda *_: None)
+    written, acked = threading.Event(), threading.Event()
+    at_ack: list[int | None] = []
+
+    def on_acked() -> None:
+        assert out.sock is not None
+        at_ack.append(unacked_bytes(out.sock))
+        acked.set()
+
+    try:
+        out.start()
+        out.send(encode_frame(Header("GLOBAL", 3, 1, "P"), bytes(1 << 20)), round=1, on_sent=written.set)
+        out.send(encode_frame(Header("GLOBAL", 3, 1, "P"), b"x"), round=1, on_sent=on_acked, drain=True)
+
+        # Assert: the big frame counted as sent once written, though the peer holds most of it back;
+        # the drained one not while the peer holds back, and then with nothing left unacknowledged
+        assert written.wait(10)
+        assert out.sock is not None and (unacked_bytes(out.sock) or 0) > 0
+        assert not acked.is_set()
+        go.set()
+        assert acked.wait(10)
+        assert at_ack == [0]
+    finally:
+        go.set()
+        out.flush_and_close(5.0)
+        server.close()

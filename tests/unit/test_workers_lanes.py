@@ -16,6 +16,9 @@ from workers.config import AgentConfig, Peer
 from workers.framing import Buffer
 from workers.round_parts import Lanes
 
+#: The frames sent with ``drain`` (their `on_sent` waits for the child's acknowledgement), in order.
+DRAINED: list[tuple[str, int, str]] = []
+
 
 class Out:
     """A sender that records (child, round, frame) at once and keeps `on_sent` for `deliver`
@@ -24,8 +27,11 @@ class Out:
     def __init__(self, child: str, log: list[tuple[str, int, str]], pending: list[Callable[[], None]]) -> None:
         self.child, self.log, self.pending = child, log, pending
 
-    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None:
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
+             drain: bool = False) -> None:
         self.log.append((self.child, round, str(pieces[0])))
+        if drain:
+            DRAINED.append((self.child, round, str(pieces[0])))
         if on_sent is not None:
             self.pending.append(on_sent)
 
@@ -167,3 +173,20 @@ def test_an_agent_config_names_only_its_own_broadcast_children_in_lanes_once() -
     for bad in ([["A", "C"]], [["A", "B"], ["A"]], [["A", "A"]], "AB", [[1, 2]]):
         with pytest.raises(ValueError, match="broadcast_lanes"):
             AgentConfig.from_dict({**base, "broadcast_lanes": bad})
+
+
+def test_a_lane_copy_has_left_once_its_last_chunk_is_acknowledged_and_only_then() -> None:
+    # Prepare: A and B share a link; D is in no lane. Two rounds of 3 chunks each.
+    DRAINED.clear()
+    ln, log, pending = lanes([("A", "B")], "ABD")
+
+    # Execute
+    for r in (1, 2):
+        broadcast(ln, r, "ABD", chunks=3)
+        deliver(pending)
+
+    # Assert: only each lane copy's last chunk waits for its child's acknowledgement, in lane order;
+    # D's copy and the other chunks count as sent once written
+    assert DRAINED == [("A", 1, "r1k2"), ("B", 1, "r1k2"), ("A", 2, "r2k2"), ("B", 2, "r2k2")]
+    assert [e for e in log if e[2] == "copy_sent"] == [("A", 1, "copy_sent"), ("B", 1, "copy_sent"),
+                                                       ("A", 2, "copy_sent"), ("B", 2, "copy_sent")]
