@@ -63,10 +63,11 @@ MAX_UNIDENTIFIED = 4
 ACK_WAIT_S = 2.0
 #: A frame sent with ``drain`` (a lane's copy, `workers.round_parts.Lanes`) counts as sent once the
 #: peer acknowledged every byte the socket held (its kernel buffer and the links' queues emptied),
-#: polled every `DRAIN_POLL_S`, for at most `DRAIN_MAX_S` (a peer that stopped acknowledging: the
-#: lane then goes on, as before a copy was waited for).
+#: polled every `DRAIN_POLL_S`; the wait gives up once the peer acknowledged nothing for
+#: `DRAIN_STALL_S` (a peer gone without a reset: the lane then goes on, as it did before copies were
+#: waited for), whatever the link's rate or the time dilation.
 DRAIN_POLL_S = 0.0005
-DRAIN_MAX_S = 10.0
+DRAIN_STALL_S = 2.0
 
 
 # -- frames on sockets ----------------------------------------------------------------------------
@@ -300,14 +301,19 @@ class Outbound:
 
     def _drain(self) -> bool:
         """Wait until the peer acknowledged everything written (`unacked_bytes` 0), the node stops,
-        or `DRAIN_MAX_S` passed; whether it did."""
-        deadline = time.monotonic() + DRAIN_MAX_S
+        or the peer acknowledged nothing for `DRAIN_STALL_S`; whether it did."""
+        last, since = -1, time.monotonic()
         while self.sock is not None:
             left = unacked_bytes(self.sock)
             if left is None or left <= 0:
                 return left == 0
-            if time.monotonic() >= deadline or self._stopping.wait(DRAIN_POLL_S):
-                return False  # polling a kernel counter, bounded by the deadline and the stop
+            now = time.monotonic()
+            if left != last:
+                last, since = left, now
+            elif now - since >= DRAIN_STALL_S:
+                return False
+            if self._stopping.wait(DRAIN_POLL_S):
+                return False  # polling a kernel counter, bounded by the stall and the stop
         return False
 
 

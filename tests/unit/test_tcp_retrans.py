@@ -283,10 +283,14 @@ def test_the_reports_fidelity_section_gives_each_point_its_retransmitted_share(
     assert f"| {cell} | faithful |" in row
 
 
-def test_a_frame_sent_with_drain_counts_as_sent_only_once_the_peer_acknowledged_it() -> None:
-    # Prepare: a peer that accepts, reads the HELLO, then holds back (its receive buffer small) until
-    # told; an Outbound sends 1 MB as written-only, then a short frame with drain.
+def test_a_frame_sent_with_drain_counts_as_sent_only_once_the_peer_acknowledged_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a peer that accepts, then holds back (its receive buffer small) until told; an
+    # Outbound sends 1 MB as written-only, then a short frame with drain (no giving up meanwhile).
+    import workers.transport as transport
     from workers.tcpinfo import unacked_bytes
+
+    monkeypatch.setattr(transport, "DRAIN_STALL_S", 60.0)
 
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
@@ -329,4 +333,33 @@ def test_a_frame_sent_with_drain_counts_as_sent_only_once_the_peer_acknowledged_
     finally:
         go.set()
         out.flush_and_close(5.0)
+        server.close()
+
+
+def test_a_drain_gives_up_once_the_peer_acknowledges_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a peer that never reads, its receive buffer full after the first megabyte; a short stall
+    import workers.transport as transport
+
+    monkeypatch.setattr(transport, "DRAIN_STALL_S", 0.2)
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    held: list[socket.socket] = []
+    accepting = threading.Thread(target=lambda: held.append(server.accept()[0]), daemon=True)
+    accepting.start()
+    out = Outbound(peer="Q", peer_host="127.0.0.1", port=server.getsockname()[1], local_host="127.0.0.1",
+                   task=3, site="P", connect_timeout_s=5.0, on_lost=lambda *_: None, on_connect=lambda *_: None)
+    done = threading.Event()
+    try:
+        out.start()
+        out.send(encode_frame(Header("GLOBAL", 3, 1, "P"), bytes(1 << 20)), round=1, on_sent=done.set, drain=True)
+
+        # Assert: the copy counts as sent (the lane goes on) though its peer never acknowledged it all
+        assert done.wait(20)
+        assert out.sock is not None and (transport.unacked_bytes(out.sock) or 0) > 0
+    finally:
+        out._stopping.set()
+        for conn in held:
+            conn.close()
         server.close()
