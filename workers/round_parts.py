@@ -126,13 +126,12 @@ class Lanes:
             if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
                 self.outs[child].send(frame, round=r, on_sent=on_sent)
                 return
-            drain = last  # the copy has left whole once its child acknowledged it (the link is free)
-            if last:
+            if last:  # the copy has left whole once its child acknowledged it (`drain`): the link is free
                 on_sent = both(on_sent, lambda: self.sent(r, child))
             if self.lanes[lane][self.pos[lane]] == child:
-                self.outs[child].send(frame, round=r, on_sent=on_sent, drain=drain)
+                self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last)
             else:
-                self.held[child].append((frame, r, on_sent, drain))
+                self.held[child].append((frame, r, on_sent, last))
 
     def sent(self, r: int, child: str) -> None:
         """`child`'s copy of round `r` left whole: the next child of its lane goes."""

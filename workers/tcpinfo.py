@@ -19,6 +19,7 @@ import fcntl
 import socket
 import struct
 import termios
+import threading
 import time
 from dataclasses import dataclass
 
@@ -84,14 +85,23 @@ def unacked_bytes(sock: socket.socket) -> int | None:
     return int(struct.unpack("=i", buf)[0])
 
 
-def wait_acked(sock: socket.socket, within_s: float) -> bool:
-    """Wait (at most `within_s`) until the peer acknowledged everything sent, so that the figures
-    read next include any retransmission of the connection's last bytes. True if it did."""
-    deadline = time.monotonic() + within_s
+def wait_acked(sock: socket.socket, within_s: float, *, poll_s: float = ACK_POLL_S,
+               stop: threading.Event | None = None, idle: bool = False) -> bool:
+    """Wait until the peer acknowledged everything sent (so that the figures read next include any
+    retransmission of the connection's last bytes, or a lane's copy has left whole): at most
+    `within_s`, or with `idle` at most `within_s` without any acknowledgement; `stop` set ends the
+    wait. True if it did."""
+    deadline, last = time.monotonic() + within_s, None
     while True:
         left = unacked_bytes(sock)
         if left is None or left <= 0:
             return left == 0
-        if time.monotonic() >= deadline:
+        now = time.monotonic()
+        if idle and left != last:
+            last, deadline = left, now + within_s
+        if now >= deadline:
             return False
-        time.sleep(ACK_POLL_S)  # polling a kernel counter, bounded by the deadline
+        if stop is None:
+            time.sleep(poll_s)  # polling a kernel counter, bounded by the deadline
+        elif stop.wait(poll_s):
+            return False

@@ -44,7 +44,7 @@ from workers.framing import (
     encode_frame,
     verify_payload,
 )
-from workers.tcpinfo import ZERO, TcpBytes, read_tcp_bytes, unacked_bytes, wait_acked
+from workers.tcpinfo import ZERO, TcpBytes, read_tcp_bytes, wait_acked
 
 #: First and largest pause between connect attempts (doubling in between).
 BACKOFF_FIRST_S = 0.02
@@ -207,7 +207,7 @@ class Outbound:
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
              drain: bool = False) -> None:
         """Queue a frame; `on_sent` runs (on the sender thread) once it was written, or with `drain`
-        once the peer also acknowledged it (`DRAIN_POLL_S`, `DRAIN_MAX_S`)."""
+        once the peer also acknowledged it (`DRAIN_POLL_S`, `DRAIN_STALL_S`)."""
         self._queue.put(_Item(pieces, round, on_sent, drain))
 
     def flush_and_close(self, timeout_s: float) -> bool:
@@ -300,21 +300,10 @@ class Outbound:
                 item.on_sent()
 
     def _drain(self) -> bool:
-        """Wait until the peer acknowledged everything written (`unacked_bytes` 0), the node stops,
-        or the peer acknowledged nothing for `DRAIN_STALL_S`; whether it did."""
-        last, since = -1, time.monotonic()
-        while self.sock is not None:
-            left = unacked_bytes(self.sock)
-            if left is None or left <= 0:
-                return left == 0
-            now = time.monotonic()
-            if left != last:
-                last, since = left, now
-            elif now - since >= DRAIN_STALL_S:
-                return False
-            if self._stopping.wait(DRAIN_POLL_S):
-                return False  # polling a kernel counter, bounded by the stall and the stop
-        return False
+        """Wait until the peer acknowledged everything written, the node stops, or the peer
+        acknowledged nothing for `DRAIN_STALL_S`; whether it did."""
+        return self.sock is not None and wait_acked(self.sock, DRAIN_STALL_S, poll_s=DRAIN_POLL_S,
+                                                    stop=self._stopping, idle=True)
 
 
 # -- inbound connections --------------------------------------------------------------------------

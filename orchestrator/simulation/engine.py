@@ -30,8 +30,8 @@ chunk k-1 has left. That work is done one chunk after another and overlaps the t
 chunks before (an agent frames the next chunk while its sender thread and the socket's buffer keep
 the link busy): it adds to each node's latency and bounds a transfer at one chunk per `alpha_s`,
 but does not add to every chunk's transmission. Nodes forward cut-through and aggregate per
-chunk. A local's training ends `train_s` after the last chunk of the global model reached it; G aggregates when the last chunk
-of every upload child arrived, and starts the next round then. The sender of a broadcast copy logs
+chunk. A local's training ends `train_s` after the last chunk of the global model reached it; G
+aggregates when the last chunk of every upload child arrived, and starts the next round then. The sender of a broadcast copy logs
 ``forward_first`` (naming the child) when the copy's first segment starts, as an agent does once it
 has written the copy's first chunk (the shaped-link rate's flights, `orchestrator.lifecycle.fidelity`).
 

@@ -339,6 +339,7 @@ def test_a_frame_sent_with_drain_counts_as_sent_only_once_the_peer_acknowledged_
 def test_a_drain_gives_up_once_the_peer_acknowledges_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     # Prepare: a peer that never reads, its receive buffer full after the first megabyte; a short stall
     import workers.transport as transport
+    from workers.tcpinfo import unacked_bytes
 
     monkeypatch.setattr(transport, "DRAIN_STALL_S", 0.2)
     server = socket.socket()
@@ -357,7 +358,7 @@ def test_a_drain_gives_up_once_the_peer_acknowledges_nothing(monkeypatch: pytest
 
         # Assert: the copy counts as sent (the lane goes on) though its peer never acknowledged it all
         assert done.wait(20)
-        assert out.sock is not None and (transport.unacked_bytes(out.sock) or 0) > 0
+        assert out.sock is not None and (unacked_bytes(out.sock) or 0) > 0
     finally:
         out._stopping.set()
         for conn in held:
