@@ -10,7 +10,8 @@ host is (a plain Mininet host or a worker container). Clients start once every s
 (its own socket, read from ``/proc/<pid>/net/tcp`` in the host's namespace and ``/proc/<pid>/fd``): a client that came
 first would be refused and its flow never run. ``constant`` and ``demand-matrix`` flows send
 at their rate all along, in writes of `WRITE_S` of it (so that a slow flow, as under time dilation,
-is not a burst every few seconds), ``poisson`` flows alternate exponential on and off periods (seeded). On
+is not a burst every few seconds) and paced at it (`PACING_HEADROOM`: no catch-up at the link's rate
+after a task had the link), ``poisson`` flows alternate exponential on and off periods (seeded). On
 exit every iperf3 it started is stopped, and each flow's offered and achieved rates (the client's
 sent throughput, TCP) are returned. Traffic only ever goes between emulated hosts.
 """
@@ -41,6 +42,7 @@ from orchestrator.scheduling.background_plan import (  # noqa: F401 -- the plan,
     on_off_periods,
     plan_background,
 )
+from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE
 
 LOG = logging.getLogger(__name__)
 
@@ -56,6 +58,21 @@ WRITE_S = 0.01
 #: A write is at least one TCP segment's payload (MSS 1448), at most iperf3's own default.
 MIN_WRITE_BYTES = 1448
 MAX_WRITE_BYTES = 128 * 1024
+
+
+#: A client's socket pacing cap (``--fq-rate``: SO_MAX_PACING_RATE, which TCP's own pacing enforces
+#: under htb) over its flow's rate in wire bytes. iperf3's ``-b`` is an average: a flow held back
+#: while a task had the link (htb serves tasks first) caught up at the link's full rate once it was
+#: free, and a background view measured then saw the link full (heldout-background: twice the usual
+#: background, for one task, which the schedulers were told). Capped, a flow sends its frames at its
+#: rate, and catches up at 2 % of it.
+PACING_HEADROOM = 1.02
+
+
+def pacing_mbps(rate_mbps: float) -> float:
+    """The pacing cap of a flow at `rate_mbps` (payload): its frames' rate (`TCP_PAYLOAD_SHARE`), with
+    `PACING_HEADROOM`."""
+    return rate_mbps / TCP_PAYLOAD_SHARE * PACING_HEADROOM
 
 
 def write_bytes(rate_mbps: float) -> int:
@@ -222,7 +239,7 @@ class BackgroundTraffic:
     def _client(self, f: BackgroundFlow, duration_s: float) -> subprocess.Popen[bytes]:
         src, dst = self.hosts(f.src), self.hosts(f.dst)
         cmd = ["iperf3", "-c", dst.IP(), "-B", src.IP(), "-p", str(f.port), "-b", f"{f.rate_mbps:.3f}M",
-               "-l", str(write_bytes(f.rate_mbps)), "-t", str(max(1, round(duration_s))) if duration_s else "0", "-J", "--connect-timeout", "5000"]
+               "--fq-rate", f"{pacing_mbps(f.rate_mbps):.3f}M", "-l", str(write_bytes(f.rate_mbps)), "-t", str(max(1, round(duration_s))) if duration_s else "0", "-J", "--connect-timeout", "5000"]
         # file names from the hosts' names (h1, h2, ..), never from site names
         log_name = f"client-{self.hosts(f.src).name}-{self.hosts(f.dst).name}-{f.port}.err"
         proc = self._popen(f.src, cmd, stdout=subprocess.PIPE, log_name=log_name)

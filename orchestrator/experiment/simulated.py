@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 import platform
 import time
-from collections.abc import Callable
-from dataclasses import asdict, replace
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -81,13 +81,24 @@ def apply_calibration(cfg: ExperimentConfig, params: SimParams, store: Path) -> 
                     "calibration_store": str(store), "calibration_summary": cal.summary()}
 
 
+@dataclass(frozen=True)
+class ReplayedBackground:
+    """The background an emulated run's schedulers were given, per task (`queries.scheduler_backgrounds`),
+    for the simulated schedulers of the same tasks (`netai validate`); `source` names the run."""
+
+    source: str
+    by_task: Mapping[int, Mapping[tuple[str, str], float]]
+
+
 def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None,
-                  calibration_store: Path | None = None, figures: bool = True) -> RunOutcome:
+                  calibration_store: Path | None = None, figures: bool = True,
+                  replay: ReplayedBackground | None = None) -> RunOutcome:
     """Run `cfg` on the flow-level model; results in a new run folder under `out_root`.
 
     `model_bytes` skips building the model to size it (`check_model`), e.g. in a benchmark.
     `calibration_store`: where this host's calibration is looked up (`apply_calibration`; default
-    `orchestrator.simulation.calibration.default_path`).
+    `orchestrator.simulation.calibration.default_path`). `replay`: the schedulers are given these
+    tasks' recorded background instead of the modelled one (recorded as ``scheduler_background``).
     """
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
@@ -107,13 +118,14 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     status, note = "failed", ""
     try:
         batch = SimBatch(model, params, rate, background, frame_bytes)
-        network = SimNetwork(batch, propagation=params.propagation)
+        network = SimNetwork(batch, propagation=params.propagation, replay=None if replay is None else replay.by_task)
         core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir),
                          recorder=SimRecorder(db, run_id), clock=batch, model=model, schedulers=cfg.scheduler,
                          whole_updates=cfg.task.compression == "none")
         t0 = time.monotonic()
         admitted = _admit_all(cfg, core, model, model_bytes)
-        db.update_environment(run_id, scheduling_wall_s=round(time.monotonic() - t0, 3))
+        db.update_environment(run_id, scheduling_wall_s=round(time.monotonic() - t0, 3),
+                              scheduler_background=_scheduler_background(replay, network.replayed, background is None))
         t0 = time.monotonic()
         result = batch.run()
         for live in admitted:
@@ -138,6 +150,13 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
             LOG.exception("writing the results failed")
         db.close()
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _scheduler_background(replay: ReplayedBackground | None, replayed: set[int], off: bool) -> str:
+    """What the run's schedulers were told of the background (the environment's ``scheduler_background``)."""
+    if replay is None:
+        return "none: no background" if off else "modelled: the background flows' mean rates, the same for every task"
+    return f"replayed: what the schedulers of {replay.source} were given, per task ({len(replayed)} task{'' if len(replayed) == 1 else 's'})"
 
 
 def _model_sizes(cfg: ExperimentConfig, model_bytes: int | None) -> tuple[int, Callable[[int], int] | None]:
@@ -206,6 +225,7 @@ def _parameters(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
         "background": "off" if background is None else
         f"{cfg.background.pattern}, load {cfg.background.load}, {len(background.flows)} flows (simulated: the "
         "emulation's plan, seed and on/off processes; tasks served first, as htb serves them)",
+        "modelled_background_total_mbps": None if background is None else round(sum(background.view_mbps().values()), 3),
     }
 
 

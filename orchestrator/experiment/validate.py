@@ -129,18 +129,22 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
     else:
         say(f"[1/3] emulated run: {emulated_run} (run {emu_id}, the same config)")
         emu_dir = emulated_run
+    from orchestrator.experiment.simulated import ReplayedBackground, run_simulated
+    from orchestrator.results.queries import scheduler_backgrounds
+
     with ResultsDB(emu_dir / "results.db") as db:
         env = db.run(int(emu_id or 0))["environment"]
+        views = scheduler_backgrounds(db.conn, int(emu_id or 0))
     delay = bool(env.get("delay_emulated", False))
     twin = simulated_twin(cfg, propagation=delay, time_dilation=float(env.get("time_dilation") or 1.0))
     say(f"[2/3] simulated run of {cfg.name} (the same tasks; propagation {'on' if delay else 'off'}, "
-        "as the emulated links had it) ...")
-    from orchestrator.experiment.simulated import run_simulated
-
-    sim = run_simulated(twin, out_root=folder, calibration_store=calibration_store)
+        "as the emulated links had it; each task's schedulers given the background the emulated ones were) ...")
+    replay = ReplayedBackground(f"the emulated run {emu_dir.name} (run {emu_id})", views) if views else None
+    sim = run_simulated(twin, out_root=folder, calibration_store=calibration_store, replay=replay)
     say("[3/3] comparing ...")
     emu_summary, sim_summary = _summary(emu_dir, int(emu_id or 0)), _summary(sim.run_dir, sim.run_id)
-    return _compare(folder, cfg, emu_dir, emu_summary, sim.run_dir, sim_summary, say)
+    measured = [sum(v.values()) for v in views.values()] if cfg.background.enabled else []
+    return _compare(folder, cfg, emu_dir, emu_summary, sim.run_dir, sim_summary, say, measured)
 
 
 def _summary(run_dir: Path, run_id: int) -> RunSummary:
@@ -155,8 +159,15 @@ def _parts(run_dir: Path, run_id: int) -> dict[tuple[str, int], dict[str, float]
         return point_parts(db.conn, run_id)
 
 
+def _schedules(run_dir: Path, run_id: int) -> dict[tuple[str, int], str]:
+    from orchestrator.results.queries import schedules_json
+
+    with ResultsDB(run_dir / "results.db") as db:
+        return schedules_json(db.conn, run_id)
+
+
 def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary, sim_dir: Path, sim: RunSummary,
-             say: Say) -> Validation:
+             say: Say, measured_background: list[float]) -> Validation:
     """The agreement tables printed and written, and the figure drawn."""
     pairs = paired_tasks(emu.tasks, sim.tasks)
     if not pairs:
@@ -168,6 +179,9 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
     head = (f"calibrated: {env.get('calibration_summary')}" if calibrated else
             "UNCALIBRATED: " + str(env.get("uncalibrated_reason", "no calibration of this host")))
     figure = out.draw_tasks(pairs, folder, f"{cfg.name}: simulated vs emulated, per task")
+    scheduled, differing = out.schedule_identity(_schedules(emu_dir, emu.run_id), _schedules(sim_dir, sim.run_id))
+    view = out.background_view_line(str(env.get("scheduler_background", "modelled")), measured_background,
+                                    env.get("modelled_background_total_mbps"))
     lines = [f"validate {cfg.name}: emulated {emu_dir} (run {emu.run_id}), simulated {sim_dir} (run {sim.run_id})",
              f"emulated at time dilation K={float(emu.environment.get('time_dilation') or 1.0):g} ("
              + (f"this host's, calibration {cfg.emulation.time_dilation_from})" if cfg.emulation.time_dilation_from
@@ -175,7 +189,8 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
              f"simulation {head}; propagation {'on' if env.get('delay_emulated') else 'off'}, emulated delay "
              f"{'on' if emu.environment.get('delay_emulated') else 'off'}",
              f"tasks compared: {len(pairs)} (emulated done {sum(t.state == 'done' for t in emu.tasks)}, "
-             f"simulated done {sum(t.state == 'done' for t in sim.tasks)})", "",
+             f"simulated done {sum(t.state == 'done' for t in sim.tasks)})", view,
+             out.schedules_line(scheduled, differing), "",
              *out.point_lines(points), "",
              *out.fidelity_lines(emu_dir, emu.run_id, [(p.scheduler, p.n_locals) for p in points],
                              compute_modelled=cfg.task.compute_timing == "modeled"), "",
@@ -188,7 +203,9 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
                            "calibrated": calibrated, "calibration": env.get("calibration_summary"),
                            "time_dilation": emu.environment.get("time_dilation", cfg.emulation.time_dilation),
                            "time_dilation_from": cfg.emulation.time_dilation_from or None,
-                           "tasks_compared": len(pairs), "figure": [str(p) for p in figure]}
+                           "tasks_compared": len(pairs), "figure": [str(p) for p in figure],
+                           "scheduler_background": env.get("scheduler_background"),
+                           "schedules_compared": scheduled, "schedules_differing": [list(k) for k in differing]}
     (folder / "validation.json").write_text(json.dumps(out.as_json(points, claims, doc), indent=1, default=str))
     (folder / "validation.txt").write_text("\n".join(lines) + "\n")
     return Validation(folder, points, claims, figure, calibrated)

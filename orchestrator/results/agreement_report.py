@@ -4,7 +4,7 @@ numbers printed, written to ``validation.json`` and drawn come from one computat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -92,6 +92,36 @@ def carried_line(points: Sequence[PointAgreement]) -> str:
     worst = max(abs(r - 1) for r in ratios)
     return (f"carried bytes (sim/emu per point): {min(ratios):.4f} to {max(ratios):.4f}, worst {worst:.2%} "
             f"({'within' if worst <= CARRIED_TOLERANCE else 'NOT within'} {CARRIED_TOLERANCE:.0%})")
+
+
+def schedule_identity(emulated: Mapping[tuple[str, int], str], simulated: Mapping[tuple[str, int], str]
+                      ) -> tuple[int, list[tuple[str, int]]]:
+    """How many (scheduler, task) pairs both engines scheduled, and those whose schedules differ
+    (the recorded schedule JSON, or scheduled in one engine only)."""
+    keys = sorted(set(emulated) | set(simulated))
+    return len(keys), [k for k in keys if emulated.get(k) != simulated.get(k)]
+
+
+def schedules_line(total: int, differing: Sequence[tuple[str, int]]) -> str:
+    """Whether both engines' schedulers made the same decisions: where they did not, the tasks'
+    figures (carried bytes first) differ for that reason, not the engines'."""
+    if not differing:
+        return f"schedules: the same in both engines for all {total} scheduled tasks"
+    listed = ", ".join(f"{s} task {t}" for s, t in differing)
+    return f"schedules: the same in both engines for {total - len(differing)} of {total} tasks; differing: {listed}"
+
+
+def background_view_line(source: str, measured_totals: Sequence[float], modelled_total: float | None) -> str:
+    """What the schedulers were told of the background in each engine, and how the modelled view
+    (the simulation's own, without a replay) compares with the emulation's measurements."""
+    if not measured_totals:
+        return f"scheduler background: {source}"
+    mean = sum(measured_totals) / len(measured_totals)
+    text = (f"scheduler background: {source}; measured, summed over links: mean {mean:.1f} Mbit/s over "
+            f"{len(measured_totals)} tasks [{min(measured_totals):.1f}, {max(measured_totals):.1f}]")
+    if modelled_total:
+        text += f", the simulation's modelled view {modelled_total:.1f} (measured/modelled {mean / modelled_total:.3f})"
+    return text
 
 
 def retrans_line(points: Sequence[PointAgreement]) -> str:

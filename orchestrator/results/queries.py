@@ -158,6 +158,26 @@ def schedule(conn: sqlite3.Connection, run_id: int, scheduler: str, task_id: int
     return rows[0] if rows else None
 
 
+def scheduler_backgrounds(conn: sqlite3.Connection, run_id: int) -> dict[int, dict[tuple[str, str], float]]:
+    """Per task id: the background load per directed link (model Mbit/s) its schedulers were given
+    (the ``network_state`` snapshot; an emulated view is one per task, the same for each of its
+    schedulers, so the first scheduler's snapshot stands for the task)."""
+    out: dict[int, dict[tuple[str, str], float]] = {}
+    first: dict[int, str] = {}
+    for r in _rows(conn, "SELECT scheduler, task_id, a, b, background_mbps FROM network_state WHERE run_id = ? "
+                   "ORDER BY rowid", (run_id,)):
+        task_id = int(r["task_id"])
+        if first.setdefault(task_id, r["scheduler"]) == r["scheduler"]:
+            out.setdefault(task_id, {})[(r["a"], r["b"])] = float(r["background_mbps"])
+    return out
+
+
+def schedules_json(conn: sqlite3.Connection, run_id: int) -> dict[tuple[str, int], str]:
+    """Every recorded schedule's JSON, by (scheduler, task id)."""
+    return {(r["scheduler"], int(r["task_id"])): r["schedule_json"] for r in _rows(
+        conn, "SELECT scheduler, task_id, schedule_json FROM schedules WHERE run_id = ?", (run_id,))}
+
+
 # -- rounds ----------------------------------------------------------------------------------------
 def rounds(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
     """Every round of the run, by scheduler, task and round."""

@@ -318,6 +318,9 @@ def round_lower_bound(
 #: The share of a shaped link's rate TCP payload gets at MTU 1500: 1448 bytes of payload (1500 less
 #: the IP and TCP headers with timestamps) per 1514-byte Ethernet frame, which is what htb counts.
 TCP_PAYLOAD_SHARE = 1448 / 1514
+#: Wire bytes of ACK per byte of TCP payload: a 66-byte ACK frame comes back for every two full
+#: segments of 1448 bytes (Linux's delayed ACK), as on the emulated links.
+ACK_WIRE_PER_PAYLOAD = 66 / (2 * 1448)
 
 
 def emulated_rate(plan: EmulationPlan) -> RateFn:

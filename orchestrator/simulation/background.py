@@ -16,9 +16,11 @@ cost the software switch its per-byte-and-hop work, at the rate the background i
 second activity per flow, through the switch's thread and the machine's cores): that is how a
 background slows tasks on links it does not share with them.
 
-What the scheduler is told (`SimBackground.view_mbps`) is the background flows' own rates per
-directed link, in the model's Mbit/s, as the emulated `BackgroundView` measures them from the
-background's own flow entries: never a task's traffic. For an on/off flow it is the long-run mean
+What the scheduler is told (`SimBackground.view_mbps`) is the background flows' own traffic per
+directed link, in the model's Mbit/s, as the emulated `BackgroundView` measures it from the
+background's own flow entries (a pair's entries match both directions): each flow's frames on its
+path (its rate over `TCP_PAYLOAD_SHARE`) and its ACKs on the way back (`ACK_WIRE_PER_PAYLOAD`),
+never a task's traffic. For an on/off flow it is the long-run mean
 (rate x mean_on / (mean_on + mean_off)), the expectation of the emulated view's window average.
 
 This module must not start anything: it only computes.
@@ -38,6 +40,7 @@ from orchestrator.scheduling.background_plan import (
     on_off_periods,
     plan_background,
 )
+from orchestrator.scheduling.cost import ACK_WIRE_PER_PAYLOAD, TCP_PAYLOAD_SHARE
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
 
@@ -96,12 +99,14 @@ class SimBackground:
         return self.cfg.mean_on_s / (self.cfg.mean_on_s + self.cfg.mean_off_s)
 
     def view_mbps(self) -> dict[DirectedLink, float]:
-        """What a scheduler is told: the background flows' own mean rates per directed link, in
-        the model's Mbit/s (see the module docstring)."""
+        """What a scheduler is told: the background flows' own mean wire traffic per directed
+        link, frames forward and ACKs back, in the model's Mbit/s (see the module docstring)."""
         out: dict[DirectedLink, float] = {}
         for f in self.flows:
-            for link in itertools.pairwise(f.path):
-                out[link] = out.get(link, 0.0) + f.rate_mbps / self.bw_scale * self.duty()
+            payload = f.rate_mbps / self.bw_scale * self.duty()
+            for a, b in itertools.pairwise(f.path):
+                out[(a, b)] = out.get((a, b), 0.0) + payload / TCP_PAYLOAD_SHARE
+                out[(b, a)] = out.get((b, a), 0.0) + payload * ACK_WIRE_PER_PAYLOAD
         return out
 
     def sim_rate_mbps(self, flow: BackgroundFlow) -> float:

@@ -68,12 +68,20 @@ class SimBatch:
 class SimNetwork:
     """`NetworkPort` of the simulation: paths need no install; carried bytes are the simulated
     bytes over every link the task's transfers crossed, as wire bytes (`SimParams.wire_bytes_factor`:
-    the emulation counts frames, headers and ACKs included)."""
+    the emulation counts frames, headers and ACKs included).
+
+    `replay` (task id -> load per directed link, model Mbit/s) gives a task's schedulers the
+    background an emulated run's schedulers were given for it (`netai validate`: the same inputs,
+    so the same decisions); a task not in it gets the modelled view."""
 
     counter_settle_s = 0.0
 
-    def __init__(self, batch: SimBatch, *, propagation: bool) -> None:
+    def __init__(self, batch: SimBatch, *, propagation: bool,
+                 replay: Mapping[int, Mapping[tuple[str, str], float]] | None = None) -> None:
         self.batch = batch
+        self.replay = replay
+        #: The task ids whose schedulers were given a replayed background.
+        self.replayed: set[int] = set()
         self.rate = batch.rate
         self.delay_emulated = propagation
         self.payload_share = batch.params.tcp_efficiency  # its transfers' share of a link's rate
@@ -98,7 +106,11 @@ class SimNetwork:
 
     def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
         """The background flows' own rates per directed link (`SimBackground.view_mbps`), the same
-        for every task: never a task's traffic (the emulated view's rule). None without background."""
+        for every task: never a task's traffic (the emulated view's rule). None without background.
+        A task in `replay` gets its replayed view instead."""
+        if self.replay is not None and task_id is not None and task_id in self.replay:
+            self.replayed.add(task_id)
+            return dict(self.replay[task_id])
         bg = self.batch.background
         return None if bg is None else bg.view_mbps()
 

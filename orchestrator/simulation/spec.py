@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.runtime.timing import ALPHA_S, optimal_chunk_bytes
-from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE, RateFn
+from orchestrator.scheduling.cost import ACK_WIRE_PER_PAYLOAD, TCP_PAYLOAD_SHARE, RateFn
 from orchestrator.scheduling.schedule import Schedule
 from orchestrator.simulation.background import SimBackground
 from topologies.model import NetworkModel
@@ -59,9 +59,6 @@ RATES = ("capacity", "emulated")
 #: Default seconds of local training per example and epoch (an MLP of two hidden layers of 800 on
 #: one core, batch 32: a placeholder until a profile of the model is measured).
 DEFAULT_SECONDS_PER_EXAMPLE = 2e-4
-#: Wire bytes of ACK per byte of TCP payload: a 66-byte ACK frame comes back for every two full
-#: segments of 1448 bytes (Linux's delayed ACK), as on the emulated links.
-ACK_WIRE_PER_PAYLOAD = 66 / (2 * 1448)
 #: Wire bytes per payload byte, derived: a 1514-byte Ethernet frame carries 1448 bytes of TCP payload
 #: (MTU 1500, TCP timestamps: `TCP_PAYLOAD_SHARE`), and the ACKs coming back.
 #: `netai calibrate` measures it (the emulated carried bytes over the simulated payload bytes).

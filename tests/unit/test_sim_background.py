@@ -121,17 +121,22 @@ def test_the_schedulers_view_is_the_backgrounds_rates_and_never_a_tasks_traffic(
 
     after = network.background(NetworkState(model), task_id=102)
 
-    # Each directed link: the flows crossing it, their rates in model Mbit/s, as planned; the task's
+    # Each directed link: the flows crossing it, their rates in model Mbit/s as planned, as frames
+    # (1514 wire bytes per 1448 of payload), and the ACKs (66 bytes per two segments) of the flows
+    # crossing it the other way, as the emulated view counts a pair's entries both ways; the task's
     # 1 GB on the same links is in neither view.
     assert network.task_bytes(1) == round(10**9 * (len(path) - 1) * SimParams().wire_bytes_factor)
     assert before == after
+    payload: dict[tuple[str, str], float] = {}
     want: dict[tuple[str, str], float] = {}
     for f in bg.flows:
-        for link in itertools.pairwise(f.path):
-            want[link] = want.get(link, 0.0) + f.rate_mbps / plan.bw_scale
+        for a, b in itertools.pairwise(f.path):
+            payload[(a, b)] = payload.get((a, b), 0.0) + f.rate_mbps / plan.bw_scale
+            want[(a, b)] = want.get((a, b), 0.0) + f.rate_mbps / plan.bw_scale * 1514 / 1448
+            want[(b, a)] = want.get((b, a), 0.0) + f.rate_mbps / plan.bw_scale * 66 / (2 * 1448)
     assert after == pytest.approx(want)
     peak = max(v * plan.bw_scale / next(ln.emulated_mbps for ln in plan.links if {ln.a, ln.b} == set(k))
-               for k, v in after.items())
+               for k, v in payload.items())
     assert peak == pytest.approx(0.3)  # the most loaded link carries `load` of its emulated rate
 
 
@@ -159,7 +164,7 @@ def test_the_flows_take_the_controllers_routes_and_the_view_follows_them() -> No
     routed = bg.routed(lambda a, b: controller_route(plan, a, b))
 
     # Each flow keeps its rate, takes the controller's path (its entries' switches, in order), and
-    # the scheduler's view loads exactly those links.
+    # the scheduler's view loads exactly those links (both ways).
     entries = background_entries(plan, [[f.src, f.dst] for f in bg.flows])
     switches = {sw.dpid: sw.site for sw in plan.switches}
     assert any(f.path != g.path for f, g in zip(bg.flows, routed.flows, strict=True))
@@ -171,4 +176,4 @@ def test_the_flows_take_the_controllers_routes_and_the_view_follows_them() -> No
               and dict(e.match).get("ipv4_dst") == dst_ip}
         assert set(g.path) == on and len(g.path) == len(on)
     links = {link for g in routed.flows for link in itertools.pairwise(g.path)}
-    assert set(routed.view_mbps()) == links
+    assert set(routed.view_mbps()) == links | {(b, a) for a, b in links}  # the ACKs come back the same way
