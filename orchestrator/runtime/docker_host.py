@@ -9,6 +9,7 @@ Imported only when the docker backend is used (it needs Mininet).
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from typing import Any, ClassVar
 
@@ -41,6 +42,11 @@ class DockerWorkerHost(Host):
 
     #: The Docker clients hosts of this class made containers through (id -> client).
     clients: ClassVar[dict[int, Any]] = {}
+    #: Container removals `terminate` started and `remove_run` joins: Mininet's stop terminates the
+    #: hosts one after another, and each removal waits for the daemon (the kill, the unmount), so they
+    #: run side by side. Not daemon threads: one still running at exit is finished, not dropped.
+    removing: ClassVar[list[threading.Thread]] = []
+    _removing_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(
         self,
@@ -122,14 +128,30 @@ class DockerWorkerHost(Host):
         pass
 
     def terminate(self) -> None:
+        """Mininet's terminate, then the container's removal on its own thread (`remove_run` joins it)."""
         try:
             super().terminate()
         finally:
-            self.remove_container()
+            container, self.container = self.container, None
+            if container is not None:
+                t = threading.Thread(target=_remove_quietly, args=(container,), name=f"rm-{self.name}")
+                with self._removing_lock:
+                    type(self).removing.append(t)
+                t.start()
+
+    @classmethod
+    def join_removals(cls) -> None:
+        """Wait for the removals `terminate` started."""
+        with cls._removing_lock:
+            pending, cls.removing[:] = list(cls.removing), []
+        for t in pending:
+            t.join()
 
     @classmethod
     def remove_run(cls, run_id: str) -> int:
-        """Remove every container labelled with `run_id`, through every client used; how many."""
+        """Wait for the removals `terminate` started, then remove every container still labelled with
+        `run_id`, through every client used; how many of those."""
+        cls.join_removals()
         removed = 0
         for client in list(cls.clients.values()):
             try:
@@ -140,10 +162,7 @@ class DockerWorkerHost(Host):
 
     def remove_container(self) -> None:
         if self.container is not None:
-            try:
-                self.container.remove(force=True)
-            except Exception:  # noqa: BLE001 -- already gone
-                pass
+            _remove_quietly(self.container)
             self.container = None
 
     def exec_server(self, argv: list[str]) -> str:
@@ -156,6 +175,20 @@ class DockerWorkerHost(Host):
         )
         api.exec_start(ex["Id"], detach=True)
         return str(ex["Id"])
+
+
+#: At most this many removals at once (under the Docker SDK's connection pool of 10 per client).
+REMOVE_AT_ONCE = 6
+_REMOVE_SLOTS = threading.BoundedSemaphore(REMOVE_AT_ONCE)
+
+
+def _remove_quietly(container: Any) -> None:
+    """Remove (force) `container`; one already gone is no error."""
+    with _REMOVE_SLOTS:
+        try:
+            container.remove(force=True)
+        except Exception:  # noqa: BLE001 -- already gone
+            pass
 
 
 def make_docker_host_class() -> type:
