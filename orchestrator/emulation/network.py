@@ -329,7 +329,7 @@ class Emulation:
             self.info.cluster["far"] = self._far.to_dict()
 
     def _start_controller(self, delay_emulated: bool) -> ControllerProcess:
-        """Start the controller, record its pid and REST address in the run's state, wait for its /health."""
+        """Start the controller, record its pid and REST address in the run's state (`_controller_ready` waits)."""
         assert self.state is not None
         env = {ENV_LINK_DELAY: "1" if delay_emulated else "0", ENV_CONNECTIVITY: self.connectivity}
         if self._far is not None:  # the far switches' interfaces are shaped over SSH
@@ -341,10 +341,16 @@ class Emulation:
         self.state.controller_pid = controller.pid
         self.state.rest_url = controller.client.base_url
         self.state.save()
-        controller.wait_ready(self.connect_timeout_s)
-        if self._far is not None:
-            self._far.forward_controller(controller.of_port, self.run_id)
+        if self._far is not None:  # far switches reach it through the forward, made before they are
+            self._controller_ready()
         return controller
+
+    def _controller_ready(self) -> None:
+        """Wait for the controller's /health (it starts while Mininet builds); forward its OpenFlow port."""
+        assert self.controller is not None
+        self.controller.wait_ready(self.connect_timeout_s)
+        if self._far is not None:
+            self._far.forward_controller(self.controller.of_port, self.run_id)
 
     def _clear_the_way(self) -> None:
         """Before anything starts: the switch interfaces' names must be free. Those a run that ended
@@ -383,17 +389,8 @@ class Emulation:
             protocols="OpenFlow13",
             failMode="secure",
         )
-        self.net = Mininet(
-            topo=topo,
-            switch=switch,
-            **extra,
-            link=link_cls,
-            controller=None,
-            autoSetMacs=False,
-            autoStaticArp=False,
-            build=False,
-            waitConnected=False,
-        )
+        self.net = Mininet(topo=topo, switch=switch, **extra, link=link_cls, controller=None, autoSetMacs=False,
+                           autoStaticArp=False, build=False, waitConnected=False)
         self.net.addController(
             "c0", controller=controller_cls, ip="127.0.0.1", port=self.controller.of_port
         )
@@ -403,6 +400,8 @@ class Emulation:
         unmarked = mark_interfaces(switch_interfaces(self.plan), self.run_id)
         if unmarked:
             LOG.warning("could not mark %d interface(s) with the run id: %s", len(unmarked), ", ".join(unmarked[:4]))
+        if self._far is None:  # else ready before the build (`_start_controller`)
+            self._controller_ready()  # before any switch starts: none waits out a reconnect back-off
         self.net.start()
         self.net.staticArp()
         for h in self.net.hosts:
