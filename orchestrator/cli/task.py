@@ -216,7 +216,8 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
                 return core.run_one(schedule.scheduler, task, NetworkState(model), schedule=schedule).result
     finally:
         if kind == "docker" and run_id:
-            # Mininet removes each container with its host; this catches any a failed teardown left.
+            # The emulation's teardown removes each container (`DockerWorkerHost.remove_run`); this
+            # catches any a failed teardown left.
             from orchestrator.runtime.backends import docker_client, remove_containers
 
             client = docker_client()

@@ -42,7 +42,6 @@ from orchestrator.scheduling.background_plan import (  # noqa: F401 -- the plan,
     on_off_periods,
     plan_background,
 )
-from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE
 
 LOG = logging.getLogger(__name__)
 
@@ -61,18 +60,17 @@ MAX_WRITE_BYTES = 128 * 1024
 
 
 #: A client's socket pacing cap (``--fq-rate``: SO_MAX_PACING_RATE, which TCP's own pacing enforces
-#: under htb) over its flow's rate in wire bytes. iperf3's ``-b`` is an average: a flow held back
-#: while a task had the link (htb serves tasks first) caught up at the link's full rate once it was
-#: free, and a background view measured then saw the link full (heldout-background: twice the usual
-#: background, for one task, which the schedulers were told). Capped, a flow sends its frames at its
-#: rate, and catches up at 2 % of it.
+#: under htb, on the segments' payload) over its flow's rate. iperf3's ``-b`` is an average: a flow
+#: held back while a task had the link (htb serves tasks first) caught up at the link's full rate
+#: once it was free, and a background view measured then saw the link full (heldout-background:
+#: twice the usual background, for one task, which the schedulers were told). Capped, a flow
+#: catches up at 2 % of its rate.
 PACING_HEADROOM = 1.02
 
 
 def pacing_mbps(rate_mbps: float) -> float:
-    """The pacing cap of a flow at `rate_mbps` (payload): its frames' rate (`TCP_PAYLOAD_SHARE`), with
-    `PACING_HEADROOM`."""
-    return rate_mbps / TCP_PAYLOAD_SHARE * PACING_HEADROOM
+    """The pacing cap of a flow at `rate_mbps` (payload): `PACING_HEADROOM` of it."""
+    return rate_mbps * PACING_HEADROOM
 
 
 def write_bytes(rate_mbps: float) -> int:

@@ -65,7 +65,7 @@ def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
             return opts + f" external-ids:{BRIDGE_TAG}={run_id}"
 
     class NetaiController(RemoteController):
-        """The remote controller, already known to listen (we polled its /health).
+        """The remote controller, polled for its /health before any switch starts (`Emulation`).
 
         Mininet's own check pipes the OpenFlow port into telnet, whose binary HELLO bytes it
         then fails to decode.

@@ -125,7 +125,9 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         t0 = time.monotonic()
         admitted = _admit_all(cfg, core, model, model_bytes)
         db.update_environment(run_id, scheduling_wall_s=round(time.monotonic() - t0, 3),
-                              scheduler_background=_scheduler_background(replay, network.replayed, background is None))
+                              scheduler_background=_scheduler_background(replay, network, background is None),
+                              scheduler_background_replayed=len(network.replayed),
+                              scheduler_background_tasks=len(network.asked))
         t0 = time.monotonic()
         result = batch.run()
         for live in admitted:
@@ -152,11 +154,14 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
 
 
-def _scheduler_background(replay: ReplayedBackground | None, replayed: set[int], off: bool) -> str:
+def _scheduler_background(replay: ReplayedBackground | None, network: SimNetwork, off: bool) -> str:
     """What the run's schedulers were told of the background (the environment's ``scheduler_background``)."""
+    modelled = "none: no background" if off else "modelled: the background flows' mean traffic, the same for every task"
     if replay is None:
-        return "none: no background" if off else "modelled: the background flows' mean rates, the same for every task"
-    return f"replayed: what the schedulers of {replay.source} were given, per task ({len(replayed)} task{'' if len(replayed) == 1 else 's'})"
+        return modelled
+    k, n = len(network.replayed), len(network.asked)
+    told = f"{k} task{'' if k == 1 else 's'}" if k == n else f"{k} of {n} tasks; the others {modelled.split(':')[0]}"
+    return f"replayed: what the schedulers of {replay.source} were given, per task ({told})"
 
 
 def _model_sizes(cfg: ExperimentConfig, model_bytes: int | None) -> tuple[int, Callable[[int], int] | None]:

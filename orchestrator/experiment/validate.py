@@ -130,17 +130,19 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
         say(f"[1/3] emulated run: {emulated_run} (run {emu_id}, the same config)")
         emu_dir = emulated_run
     from orchestrator.experiment.simulated import ReplayedBackground, run_simulated
-    from orchestrator.results.queries import scheduler_backgrounds
+    from orchestrator.results.queries import scheduler_backgrounds, split_views
 
     with ResultsDB(emu_dir / "results.db") as db:
         env = db.run(int(emu_id or 0))["environment"]
-        views = scheduler_backgrounds(db.conn, int(emu_id or 0))
+        views = scheduler_backgrounds(db.conn, int(emu_id or 0)) if cfg.background.enabled else {}
+        split = split_views(db.conn, int(emu_id or 0))
     delay = bool(env.get("delay_emulated", False))
     twin = simulated_twin(cfg, propagation=delay, time_dilation=float(env.get("time_dilation") or 1.0))
     say(f"[2/3] simulated run of {cfg.name} (the same tasks; propagation {'on' if delay else 'off'}, "
         "as the emulated links had it; each task's schedulers given the background the emulated ones were) ...")
     replay = ReplayedBackground(f"the emulated run {emu_dir.name} (run {emu_id})", views) if views else None
     sim = run_simulated(twin, out_root=folder, calibration_store=calibration_store, replay=replay)
+    _say_replay(sim.run_dir, sim.run_id, split, say)
     say("[3/3] comparing ...")
     emu_summary, sim_summary = _summary(emu_dir, int(emu_id or 0)), _summary(sim.run_dir, sim.run_id)
     measured = [sum(v.values()) for v in views.values()] if cfg.background.enabled else []
@@ -159,11 +161,26 @@ def _parts(run_dir: Path, run_id: int) -> dict[tuple[str, int], dict[str, float]
         return point_parts(db.conn, run_id)
 
 
+def _say_replay(sim_dir: Path, sim_id: int, split: list[int], say: Say) -> None:
+    """Warn where the replay is not what the emulated schedulers had: tasks it had no view for, and
+    tasks whose emulated schedulers were given different views (each simulated one got the first's)."""
+    with ResultsDB(sim_dir / "results.db") as db:
+        env = db.run(sim_id)["environment"]
+    k, n = env.get("scheduler_background_replayed", 0), env.get("scheduler_background_tasks", 0)
+    if env.get("scheduler_background", "").startswith("replayed") and k < n:
+        say(f"warning: the emulated run recorded no view for {n - k} of the {n} tasks; their simulated "
+            "schedulers were given the modelled background")
+    if split:
+        say(f"warning: the emulated schedulers of task(s) {', '.join(map(str, split))} were given different "
+            "backgrounds (a scheduler keeps its last view while the controller does not answer); the "
+            "simulated ones were all given the first scheduler's")
+
+
 def _schedules(run_dir: Path, run_id: int) -> dict[tuple[str, int], str]:
-    from orchestrator.results.queries import schedules_json
+    from orchestrator.results.queries import decisions
 
     with ResultsDB(run_dir / "results.db") as db:
-        return schedules_json(db.conn, run_id)
+        return decisions(db.conn, run_id)
 
 
 def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary, sim_dir: Path, sim: RunSummary,
@@ -205,7 +222,7 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
                            "time_dilation_from": cfg.emulation.time_dilation_from or None,
                            "tasks_compared": len(pairs), "figure": [str(p) for p in figure],
                            "scheduler_background": env.get("scheduler_background"),
-                           "schedules_compared": scheduled, "schedules_differing": [list(k) for k in differing]}
+                           "decisions_compared": scheduled, "decisions_differing": [list(k) for k in differing]}
     (folder / "validation.json").write_text(json.dumps(out.as_json(points, claims, doc), indent=1, default=str))
     (folder / "validation.txt").write_text("\n".join(lines) + "\n")
     return Validation(folder, points, claims, figure, calibrated)

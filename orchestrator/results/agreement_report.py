@@ -96,8 +96,8 @@ def carried_line(points: Sequence[PointAgreement]) -> str:
 
 def schedule_identity(emulated: Mapping[tuple[str, int], str], simulated: Mapping[tuple[str, int], str]
                       ) -> tuple[int, list[tuple[str, int]]]:
-    """How many (scheduler, task) pairs both engines scheduled, and those whose schedules differ
-    (the recorded schedule JSON, or scheduled in one engine only)."""
+    """How many (scheduler, task) decisions there are in either engine (`queries.decisions`), and
+    those that differ (another schedule, blocked in one engine only, or in one engine only)."""
     keys = sorted(set(emulated) | set(simulated))
     return len(keys), [k for k in keys if emulated.get(k) != simulated.get(k)]
 
@@ -106,9 +106,10 @@ def schedules_line(total: int, differing: Sequence[tuple[str, int]]) -> str:
     """Whether both engines' schedulers made the same decisions: where they did not, the tasks'
     figures (carried bytes first) differ for that reason, not the engines'."""
     if not differing:
-        return f"schedules: the same in both engines for all {total} scheduled tasks"
+        return f"decisions (scheduler, task): the same in both engines for all {total}"
     listed = ", ".join(f"{s} task {t}" for s, t in differing)
-    return f"schedules: the same in both engines for {total - len(differing)} of {total} tasks; differing: {listed}"
+    return (f"decisions (scheduler, task): the same in both engines for {total - len(differing)} of {total}; "
+            f"differing: {listed}")
 
 
 def background_view_line(source: str, measured_totals: Sequence[float], modelled_total: float | None) -> str:

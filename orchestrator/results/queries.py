@@ -172,10 +172,22 @@ def scheduler_backgrounds(conn: sqlite3.Connection, run_id: int) -> dict[int, di
     return out
 
 
-def schedules_json(conn: sqlite3.Connection, run_id: int) -> dict[tuple[str, int], str]:
-    """Every recorded schedule's JSON, by (scheduler, task id)."""
-    return {(r["scheduler"], int(r["task_id"])): r["schedule_json"] for r in _rows(
-        conn, "SELECT scheduler, task_id, schedule_json FROM schedules WHERE run_id = ?", (run_id,))}
+def split_views(conn: sqlite3.Connection, run_id: int) -> list[int]:
+    """The task ids whose schedulers were given different backgrounds (a scheduler keeps the last
+    view while the controller does not answer), sorted."""
+    views: dict[int, dict[str, dict[tuple[str, str], float]]] = {}
+    for r in _rows(conn, "SELECT scheduler, task_id, a, b, background_mbps FROM network_state WHERE run_id = ?",
+                   (run_id,)):
+        views.setdefault(int(r["task_id"]), {}).setdefault(r["scheduler"], {})[(r["a"], r["b"])] = r["background_mbps"]
+    return sorted(t for t, by in views.items() if len({tuple(sorted(v.items())) for v in by.values()}) > 1)
+
+
+def decisions(conn: sqlite3.Connection, run_id: int) -> dict[tuple[str, int], str]:
+    """What each scheduler decided for each task, by (scheduler, task id): its schedule's JSON, or
+    "not scheduled (<state>)" for a task that has none (blocked)."""
+    return {(r["scheduler"], int(r["task_id"])): r["schedule_json"] or f"not scheduled ({r['state']})"
+            for r in _rows(conn, "SELECT t.scheduler, t.task_id, t.state, s.schedule_json FROM tasks t LEFT JOIN "
+                           "schedules s USING (run_id, scheduler, task_id) WHERE t.run_id = ?", (run_id,))}
 
 
 # -- rounds ----------------------------------------------------------------------------------------

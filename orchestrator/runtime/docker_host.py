@@ -135,9 +135,13 @@ class DockerWorkerHost(Host):
             container, self.container = self.container, None
             if container is not None:
                 t = threading.Thread(target=_remove_quietly, args=(container,), name=f"rm-{self.name}")
-                with self._removing_lock:
-                    type(self).removing.append(t)
-                t.start()
+                try:
+                    t.start()
+                except RuntimeError:  # no thread to be had: remove it here, as before
+                    _remove_quietly(container)
+                else:
+                    with self._removing_lock:
+                        type(self).removing.append(t)
 
     @classmethod
     def join_removals(cls) -> None:

@@ -80,8 +80,9 @@ class SimNetwork:
                  replay: Mapping[int, Mapping[tuple[str, str], float]] | None = None) -> None:
         self.batch = batch
         self.replay = replay
-        #: The task ids whose schedulers were given a replayed background.
+        #: The task ids whose schedulers were given a replayed background, and all asked for.
         self.replayed: set[int] = set()
+        self.asked: set[int] = set()
         self.rate = batch.rate
         self.delay_emulated = propagation
         self.payload_share = batch.params.tcp_efficiency  # its transfers' share of a link's rate
@@ -105,9 +106,11 @@ class SimNetwork:
         return round(sum(int(n) for _, _, n in r["link_bytes"]) * self.batch.params.wire_bytes_factor)
 
     def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
-        """The background flows' own rates per directed link (`SimBackground.view_mbps`), the same
-        for every task: never a task's traffic (the emulated view's rule). None without background.
-        A task in `replay` gets its replayed view instead."""
+        """The background flows' own traffic per directed link (`SimBackground.view_mbps`), the
+        same for every task: never a task's traffic (the emulated view's rule). None without
+        background. A task in `replay` gets its replayed view instead."""
+        if task_id is not None:
+            self.asked.add(task_id)
         if self.replay is not None and task_id is not None and task_id in self.replay:
             self.replayed.add(task_id)
             return dict(self.replay[task_id])

@@ -11,7 +11,7 @@ import pytest
 from orchestrator.experiment.config import parse_config
 from orchestrator.results import agreement_report as out
 from orchestrator.results.db import ResultsDB
-from orchestrator.results.queries import scheduler_backgrounds, schedules_json
+from orchestrator.results.queries import decisions, scheduler_backgrounds, split_views
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate
 from orchestrator.simulation.background import SimBackground
@@ -38,8 +38,11 @@ def test_the_first_schedulers_snapshot_stands_for_its_task(tmp_path: Path) -> No
             db.record_network_state(run, scheduler, task_id, state)
 
         views = scheduler_backgrounds(db.conn, run)
+        split = split_views(db.conn, run)
 
-    # Every directed link of the task's snapshot, the first scheduler's (spff's for task 7).
+    # Every directed link of the task's snapshot, the first scheduler's (spff's for task 7), and
+    # task 7 named as one whose schedulers were given different views.
+    assert split == [7]
     assert sorted(views) == [7, 8]
     assert len(views[7]) == 6 and views[7][("A", "B")] == 10.0 and views[7][("B", "A")] == 0.0
     assert views[8][("A", "B")] == 20.0
@@ -53,7 +56,7 @@ def test_a_replayed_task_gets_its_view_and_the_others_the_modelled_one() -> None
     assert network.background(NetworkState(model), task_id=5) == {("A", "B"): 42.0}
     assert network.background(NetworkState(model), task_id=6) is None  # not replayed: no background modelled
     assert network.background(NetworkState(model), task_id=None) is None
-    assert network.replayed == {5}
+    assert network.replayed == {5} and network.asked == {5, 6}
 
 
 def test_a_replayed_background_governs_the_simulated_decisions(tmp_path: Path) -> None:
@@ -79,12 +82,12 @@ def test_a_replayed_background_governs_the_simulated_decisions(tmp_path: Path) -
         seen = scheduler_backgrounds(db.conn, replayed.run_id)
         states = db.query("SELECT scheduler, state FROM tasks WHERE run_id = ? ORDER BY scheduler", (replayed.run_id,))
         env = db.run(replayed.run_id)["environment"]
-        scheduled = schedules_json(db.conn, replayed.run_id)
+        decided = decisions(db.conn, replayed.run_id)
     assert plain.status == "completed" and plain_env["scheduler_background"] == "none: no background"
     assert seen == {task_id: caps}  # what each scheduler saw is the replay, link for link
     assert states == [{"scheduler": "mst", "state": "blocked"}, {"scheduler": "spff", "state": "blocked"}]
     assert env["scheduler_background"] == "replayed: what the schedulers of a test's run were given, per task (1 task)"
-    assert scheduled == {}  # a blocked task records no schedule
+    assert decided == {("mst", task_id): "not scheduled (blocked)", ("spff", task_id): "not scheduled (blocked)"}
 
 
 def test_schedule_identity_lists_each_pair_that_differs_or_is_missing() -> None:
@@ -95,9 +98,9 @@ def test_schedule_identity_lists_each_pair_that_differs_or_is_missing() -> None:
 
     assert (total, differing) == (4, [("mst", 2), ("spff", 2)])
     assert out.schedules_line(total, differing) == (
-        "schedules: the same in both engines for 2 of 4 tasks; differing: mst task 2, spff task 2")
+        "decisions (scheduler, task): the same in both engines for 2 of 4; differing: mst task 2, spff task 2")
     assert out.schedules_line(*out.schedule_identity(emu, emu)) == (
-        "schedules: the same in both engines for all 3 scheduled tasks")
+        "decisions (scheduler, task): the same in both engines for all 3")
 
 
 def test_the_background_line_compares_the_measured_views_with_the_modelled_one() -> None:
@@ -129,6 +132,20 @@ def test_the_modelled_total_is_the_sum_of_the_simulated_schedulers_view(tmp_path
         env = db.run(run.run_id)["environment"]
         seen = scheduler_backgrounds(db.conn, run.run_id)
     assert env["modelled_background_total_mbps"] == pytest.approx(sum(view.values()), abs=1e-3) and view
-    assert env["scheduler_background"] == "modelled: the background flows' mean rates, the same for every task"
+    assert env["scheduler_background"] == "modelled: the background flows' mean traffic, the same for every task"
     (task_view,) = seen.values()
     assert {k: v for k, v in task_view.items() if v} == pytest.approx(view)
+
+
+def test_a_partial_replay_says_how_many_tasks_fell_back_to_the_model() -> None:
+    from orchestrator.experiment.simulated import ReplayedBackground, _scheduler_background
+
+    model = triangle()
+    replay = ReplayedBackground("run x", {5: {("A", "B"): 1.0}})
+    network = SimNetwork(SimBatch(model, SimParams(), capacity_rate(model)), propagation=False, replay=replay.by_task)
+    for task_id in (5, 6, 7):
+        network.background(NetworkState(model), task_id=task_id)
+
+    assert _scheduler_background(replay, network, off=False) == (
+        "replayed: what the schedulers of run x were given, per task (1 of 3 tasks; the others modelled)")
+    assert _scheduler_background(None, network, off=True) == "none: no background"
