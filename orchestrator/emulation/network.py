@@ -391,9 +391,7 @@ class Emulation:
         )
         self.net = Mininet(topo=topo, switch=switch, **extra, link=link_cls, controller=None, autoSetMacs=False,
                            autoStaticArp=False, build=False, waitConnected=False)
-        self.net.addController(
-            "c0", controller=controller_cls, ip="127.0.0.1", port=self.controller.of_port
-        )
+        self.net.addController("c0", controller=controller_cls, ip="127.0.0.1", port=self.controller.of_port)
         self.net.build()
         # The links' root-namespace ends carry the run's mark, as its bridges and processes do: what a
         # run killed from here on leaves is found by marks even if its state file is lost.

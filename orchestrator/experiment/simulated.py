@@ -125,9 +125,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         t0 = time.monotonic()
         admitted = _admit_all(cfg, core, model, model_bytes)
         db.update_environment(run_id, scheduling_wall_s=round(time.monotonic() - t0, 3),
-                              scheduler_background=_scheduler_background(replay, network, background is None),
-                              scheduler_background_replayed=len(network.replayed),
-                              scheduler_background_tasks=len(network.asked))
+                              **_replay_figures(replay, network, background is None))
         t0 = time.monotonic()
         result = batch.run()
         for live in admitted:
@@ -152,6 +150,12 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
             LOG.exception("writing the results failed")
         db.close()
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _replay_figures(replay: ReplayedBackground | None, network: SimNetwork, off: bool) -> dict[str, Any]:
+    """The environment's ``scheduler_background`` and how many tasks were replayed, of how many."""
+    return {"scheduler_background": _scheduler_background(replay, network, off),
+            "scheduler_background_replayed": len(network.replayed), "scheduler_background_tasks": len(network.asked)}
 
 
 def _scheduler_background(replay: ReplayedBackground | None, network: SimNetwork, off: bool) -> str:
