@@ -17,7 +17,7 @@ import pytest
 from orchestrator.runtime.backends import ENV_FORKSERVER, LoopbackBackend, ProcessHandle, new_ctl_dir
 from orchestrator.runtime.compute import ComputeManager
 from orchestrator.runtime.forked import ForkedHandle, ForkServerClient, ForkServerError
-from workers.control import recv_message, send_message
+from workers.control import connect_unix, recv_message, send_message
 
 ROOT = Path(__file__).resolve().parents[2]
 _CTL_DIRS: list[Path] = []
@@ -54,11 +54,10 @@ def _connect(sock: Path) -> tuple[socket.socket, dict[str, object]]:
     """The manager's side of a server's control connection (open: the server exits when it closes)
     and its reply to ``hello``."""
     deadline = time.monotonic() + 30
-    while not sock.exists():
+    # as the manager connects (`connect_unix`): the file exists once bound, and is refused until listening
+    while (s := connect_unix(str(sock), timeout=30)) is None:
         assert time.monotonic() < deadline, "the forked server never listened"
         time.sleep(0.02)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(str(sock))
     send_message(s, {"op": "hello"})
     reply = recv_message(s)
     assert reply is not None
