@@ -83,7 +83,7 @@ def apply_calibration(cfg: ExperimentConfig, params: SimParams, store: Path) -> 
 
 @dataclass(frozen=True)
 class ReplayedBackground:
-    """The background an emulated run's schedulers were given, per task (`queries.scheduler_backgrounds`),
+    """The background an emulated run's schedulers were given, per task (`queries.first_views`),
     for the simulated schedulers of the same tasks (`netai validate`); `source` names the run."""
 
     source: str
@@ -160,11 +160,10 @@ def _replay_figures(replay: ReplayedBackground | None, network: SimNetwork, off:
 
 def _scheduler_background(replay: ReplayedBackground | None, network: SimNetwork, off: bool) -> str:
     """What the run's schedulers were told of the background (the environment's ``scheduler_background``)."""
-    modelled = "none: no background" if off else "modelled: the background flows' mean traffic, the same for every task"
     if replay is None:
-        return modelled
+        return "none: no background" if off else "modelled: the background flows' mean traffic, the same for every task"
     k, n = len(network.replayed), len(network.asked)
-    told = f"{k} task{'' if k == 1 else 's'}" if k == n else f"{k} of {n} tasks; the others {modelled.split(':')[0]}"
+    told = f"{k} task{'' if k == 1 else 's'}" if k == n else f"{k} of {n} tasks; the others {'none' if off else 'modelled'}"
     return f"replayed: what the schedulers of {replay.source} were given, per task ({told})"
 
 

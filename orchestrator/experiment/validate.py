@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -130,22 +130,22 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
         say(f"[1/3] emulated run: {emulated_run} (run {emu_id}, the same config)")
         emu_dir = emulated_run
     from orchestrator.experiment.simulated import ReplayedBackground, run_simulated
-    from orchestrator.results.queries import scheduler_backgrounds, split_views
+    from orchestrator.results.queries import first_views, scheduler_views, split_views
 
     with ResultsDB(emu_dir / "results.db") as db:
         env = db.run(int(emu_id or 0))["environment"]
-        views = scheduler_backgrounds(db.conn, int(emu_id or 0)) if cfg.background.enabled else {}
-        split = split_views(db.conn, int(emu_id or 0))
+        by_scheduler = scheduler_views(db.conn, int(emu_id or 0)) if cfg.background.enabled else {}
+    views = first_views(by_scheduler)
     delay = bool(env.get("delay_emulated", False))
     twin = simulated_twin(cfg, propagation=delay, time_dilation=float(env.get("time_dilation") or 1.0))
     say(f"[2/3] simulated run of {cfg.name} (the same tasks; propagation {'on' if delay else 'off'}, "
         "as the emulated links had it; each task's schedulers given the background the emulated ones were) ...")
     replay = ReplayedBackground(f"the emulated run {emu_dir.name} (run {emu_id})", views) if views else None
     sim = run_simulated(twin, out_root=folder, calibration_store=calibration_store, replay=replay)
-    _say_replay(sim.run_dir, sim.run_id, split, say)
-    say("[3/3] comparing ...")
     emu_summary, sim_summary = _summary(emu_dir, int(emu_id or 0)), _summary(sim.run_dir, sim.run_id)
-    measured = [sum(v.values()) for v in views.values()] if cfg.background.enabled else []
+    _say_replay(sim_summary.environment, split_views(by_scheduler), say)
+    say("[3/3] comparing ...")
+    measured = [sum(v.values()) for v in views.values()]
     return _compare(folder, cfg, emu_dir, emu_summary, sim.run_dir, sim_summary, say, measured)
 
 
@@ -161,11 +161,10 @@ def _parts(run_dir: Path, run_id: int) -> dict[tuple[str, int], dict[str, float]
         return point_parts(db.conn, run_id)
 
 
-def _say_replay(sim_dir: Path, sim_id: int, split: list[int], say: Say) -> None:
-    """Warn where the replay is not what the emulated schedulers had: tasks it had no view for, and
-    tasks whose emulated schedulers were given different views (each simulated one got the first's)."""
-    with ResultsDB(sim_dir / "results.db") as db:
-        env = db.run(sim_id)["environment"]
+def _say_replay(env: Mapping[str, Any], split: list[int], say: Say) -> None:
+    """Warn where the replay (the simulated run's environment `env`) is not what the emulated
+    schedulers had: tasks it had no view for, and tasks whose emulated schedulers were given
+    different views (each simulated one got the first's)."""
     k, n = env.get("scheduler_background_replayed", 0), env.get("scheduler_background_tasks", 0)
     if env.get("scheduler_background", "").startswith("replayed") and k < n:
         say(f"warning: the emulated run recorded no view for {n - k} of the {n} tasks; their simulated "

@@ -158,27 +158,30 @@ def schedule(conn: sqlite3.Connection, run_id: int, scheduler: str, task_id: int
     return rows[0] if rows else None
 
 
-def scheduler_backgrounds(conn: sqlite3.Connection, run_id: int) -> dict[int, dict[tuple[str, str], float]]:
-    """Per task id: the background load per directed link (model Mbit/s) its schedulers were given
-    (the ``network_state`` snapshot; an emulated view is one per task, the same for each of its
-    schedulers, so the first scheduler's snapshot stands for the task)."""
-    out: dict[int, dict[tuple[str, str], float]] = {}
-    first: dict[int, str] = {}
+#: Per task id, per scheduler in the order they were recorded: the background load per directed
+#: link (model Mbit/s) the scheduler was given.
+SchedulerViews = dict[int, dict[str, dict[tuple[str, str], float]]]
+
+
+def scheduler_views(conn: sqlite3.Connection, run_id: int) -> SchedulerViews:
+    """What each scheduler of each task was given of the background (the ``network_state`` snapshots)."""
+    views: SchedulerViews = {}
     for r in _rows(conn, "SELECT scheduler, task_id, a, b, background_mbps FROM network_state WHERE run_id = ? "
                    "ORDER BY rowid", (run_id,)):
-        task_id = int(r["task_id"])
-        if first.setdefault(task_id, r["scheduler"]) == r["scheduler"]:
-            out.setdefault(task_id, {})[(r["a"], r["b"])] = float(r["background_mbps"])
-    return out
+        by = views.setdefault(int(r["task_id"]), {}).setdefault(r["scheduler"], {})
+        by[(r["a"], r["b"])] = float(r["background_mbps"])
+    return views
 
 
-def split_views(conn: sqlite3.Connection, run_id: int) -> list[int]:
+def first_views(views: SchedulerViews) -> dict[int, dict[tuple[str, str], float]]:
+    """Per task id, its first scheduler's view: an emulated view is one per task, the same for each
+    of its schedulers, so the first stands for the task."""
+    return {task_id: next(iter(by.values())) for task_id, by in views.items()}
+
+
+def split_views(views: SchedulerViews) -> list[int]:
     """The task ids whose schedulers were given different backgrounds (a scheduler keeps the last
     view while the controller does not answer), sorted."""
-    views: dict[int, dict[str, dict[tuple[str, str], float]]] = {}
-    for r in _rows(conn, "SELECT scheduler, task_id, a, b, background_mbps FROM network_state WHERE run_id = ?",
-                   (run_id,)):
-        views.setdefault(int(r["task_id"]), {}).setdefault(r["scheduler"], {})[(r["a"], r["b"])] = r["background_mbps"]
     return sorted(t for t, by in views.items() if len({tuple(sorted(v.items())) for v in by.values()}) > 1)
 
 

@@ -164,11 +164,6 @@ class DockerWorkerHost(Host):
                 pass
         return removed
 
-    def remove_container(self) -> None:
-        if self.container is not None:
-            _remove_quietly(self.container)
-            self.container = None
-
     def exec_server(self, argv: list[str]) -> str:
         """Start the site server (``python -m workers.site_server`` + `argv`, an argument list) by
         ``docker exec``, inside the container's cgroups; the exec id."""

@@ -80,8 +80,7 @@ class SimNetwork:
                  replay: Mapping[int, Mapping[tuple[str, str], float]] | None = None) -> None:
         self.batch = batch
         self.replay = replay
-        #: The task ids whose schedulers were given a replayed background, and all asked for.
-        self.replayed: set[int] = set()
+        #: The task ids whose schedulers asked for the background.
         self.asked: set[int] = set()
         self.rate = batch.rate
         self.delay_emulated = propagation
@@ -89,6 +88,11 @@ class SimNetwork:
         self._ids = itertools.count(1)
         #: install id -> the run's key in the batch.
         self.keys: dict[int, str] = {}
+
+    @property
+    def replayed(self) -> set[int]:
+        """The task ids whose schedulers were given a replayed background."""
+        return self.asked & set(self.replay or ())
 
     def new_install_id(self) -> int:
         return next(self._ids)
@@ -112,7 +116,6 @@ class SimNetwork:
         if task_id is not None:
             self.asked.add(task_id)
         if self.replay is not None and task_id is not None and task_id in self.replay:
-            self.replayed.add(task_id)
             return dict(self.replay[task_id])
         bg = self.batch.background
         return None if bg is None else bg.view_mbps()

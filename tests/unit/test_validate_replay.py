@@ -11,7 +11,7 @@ import pytest
 from orchestrator.experiment.config import parse_config
 from orchestrator.results import agreement_report as out
 from orchestrator.results.db import ResultsDB
-from orchestrator.results.queries import decisions, scheduler_backgrounds, split_views
+from orchestrator.results.queries import decisions, first_views, scheduler_views, split_views
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate
 from orchestrator.simulation.background import SimBackground
@@ -37,8 +37,8 @@ def test_the_first_schedulers_snapshot_stands_for_its_task(tmp_path: Path) -> No
             state.set_background({("A", "B"): load})
             db.record_network_state(run, scheduler, task_id, state)
 
-        views = scheduler_backgrounds(db.conn, run)
-        split = split_views(db.conn, run)
+        by_scheduler = scheduler_views(db.conn, run)
+    views, split = first_views(by_scheduler), split_views(by_scheduler)
 
     # Every directed link of the task's snapshot, the first scheduler's (spff's for task 7), and
     # task 7 named as one whose schedulers were given different views.
@@ -69,7 +69,7 @@ def test_a_replayed_background_governs_the_simulated_decisions(tmp_path: Path) -
                         "task": {"rounds": 1}, "simulation": {"rates": "emulated"}, "background": {"enabled": False}})
     plain = run_simulated(cfg, out_root=tmp_path / "a", model_bytes=200_000, figures=False)
     with ResultsDB(plain.run_dir / "results.db") as db:
-        views = scheduler_backgrounds(db.conn, plain.run_id)
+        views = first_views(scheduler_views(db.conn, plain.run_id))
         caps = {(r["a"], r["b"]): r["capacity_mbps"] for r in db.query(
             "SELECT a, b, capacity_mbps FROM network_state WHERE run_id = ?", (plain.run_id,))}
         plain_env = db.run(plain.run_id)["environment"]
@@ -79,7 +79,7 @@ def test_a_replayed_background_governs_the_simulated_decisions(tmp_path: Path) -
     replayed = run_simulated(cfg, out_root=tmp_path / "b", model_bytes=200_000, figures=False, replay=full)
 
     with ResultsDB(replayed.run_dir / "results.db") as db:
-        seen = scheduler_backgrounds(db.conn, replayed.run_id)
+        seen = first_views(scheduler_views(db.conn, replayed.run_id))
         states = db.query("SELECT scheduler, state FROM tasks WHERE run_id = ? ORDER BY scheduler", (replayed.run_id,))
         env = db.run(replayed.run_id)["environment"]
         decided = decisions(db.conn, replayed.run_id)
@@ -130,7 +130,7 @@ def test_the_modelled_total_is_the_sum_of_the_simulated_schedulers_view(tmp_path
 
     with ResultsDB(run.run_dir / "results.db") as db:
         env = db.run(run.run_id)["environment"]
-        seen = scheduler_backgrounds(db.conn, run.run_id)
+        seen = first_views(scheduler_views(db.conn, run.run_id))
     assert env["modelled_background_total_mbps"] == pytest.approx(sum(view.values()), abs=1e-3) and view
     assert env["scheduler_background"] == "modelled: the background flows' mean traffic, the same for every task"
     (task_view,) = seen.values()
