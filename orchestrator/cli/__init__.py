@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import signal
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -72,9 +71,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = 2
     except KeyboardInterrupt:
         status = 130
+    except BaseException:
+        if not interrupts.INTERRUPTED.is_set():
+            raise
+        status = 130  # what an interrupt left behind (an import cut short fails as ImportError)
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGINT, previous)
+        interrupts.uninstall(previous)
     if interrupts.INTERRUPTED.is_set():
         status = 130  # even where the KeyboardInterrupt itself was swallowed (see orchestrator.interrupts)
     if status == 130:

@@ -47,7 +47,10 @@ def probe_kernel() -> KernelFeatures:
     """Probe for the OVS kernel datapath (module loaded or loadable) and for netem."""
     ovs_kernel = Path("/sys/module/openvswitch").exists()
     if not ovs_kernel:
-        subprocess.run(["modprobe", "-q", "openvswitch"], capture_output=True, check=False)
+        try:  # a host without kmod (a fresh container) has no modprobe: the module is not loadable
+            subprocess.run(["modprobe", "-q", "openvswitch"], capture_output=True, timeout=30, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
         ovs_kernel = Path("/sys/module/openvswitch").exists()
     return KernelFeatures(ovs_kernel_datapath=ovs_kernel, netem=_netem_available())
 

@@ -236,7 +236,7 @@ def can_start_early() -> bool:
     """Whether the checks may start before the venv exists: they run in the guest, its build tools
     are installed and its build is cached (a cold build needs the venv's pip: build.sh, pointed at
     no venv, refuses to build rather than start one)."""
-    if choose_where() != "guest" or not all(shutil.which(tool) for tool in BUILD_TOOLS):
+    if not all(shutil.which(tool) for tool in BUILD_TOOLS) or choose_where() != "guest":
         return False
     env = {**os.environ, "VENV": str(REPO / ".no-venv-before-set-up")}
     return subprocess.run(["bash", str(BUILD_SCRIPT)], cwd=REPO, env=env, stdout=subprocess.DEVNULL,

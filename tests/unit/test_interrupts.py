@@ -85,3 +85,86 @@ def test_a_display_ended_by_ctrl_c_may_exit_0(monkeypatch: pytest.MonkeyPatch) -
 
     monkeypatch.setattr(cli, "build_parser", _parser_running(watch))
     assert cli.main([]) == 0
+
+
+def test_an_import_an_interrupt_cut_short_exits_130_not_with_its_traceback(monkeypatch: pytest.MonkeyPatch) -> None:
+    """numpy, interrupted mid-import, fails the next import with ImportError ("cannot load module
+    more than once per process"): after an interrupt that is an interrupted run, not a crash."""
+    def subcommand(_args: argparse.Namespace) -> int:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        raise ImportError("cannot load module more than once per process")
+
+    monkeypatch.setattr(cli, "build_parser", _parser_running(subcommand))
+    assert cli.main([]) == 130
+
+    def broken(_args: argparse.Namespace) -> int:
+        raise ImportError("no module named nothing")
+
+    interrupts.INTERRUPTED.clear()
+    monkeypatch.setattr(cli, "build_parser", _parser_running(broken))
+    with pytest.raises(ImportError):  # without an interrupt, an error is an error
+        cli.main([])
+
+
+_SLOW_PACKAGE = '''
+import os, pathlib, signal
+os.kill(os.getpid(), signal.SIGINT)                      # Ctrl-C lands mid-import ...
+pathlib.Path(__file__).with_name("ran").write_text("to the end")  # ... and the import runs on
+'''
+
+
+def test_sigint_during_a_held_import_is_delivered_once_the_import_ends(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any,
+) -> None:
+    """As ``import torch`` is while a command runs: its C++ start-up must not see the interrupt, also
+    with other threads running (the interpreter may take the signal on any of them)."""
+    import sys
+    import threading
+
+    idle = threading.Event()
+    bystander = threading.Thread(target=idle.wait, daemon=True)
+    bystander.start()
+
+    package = tmp_path / "netai_held_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text(_SLOW_PACKAGE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(interrupts, "HELD_IMPORTS", frozenset({"netai_held_pkg"}))
+    monkeypatch.delitem(sys.modules, "netai_held_pkg", raising=False)
+    seen: list[str] = []
+
+    def subcommand(_args: argparse.Namespace) -> int:
+        try:
+            import netai_held_pkg  # type: ignore[import-not-found]  # noqa: F401
+        except KeyboardInterrupt:
+            seen.append((package / "ran").read_text())
+            raise
+        return 0
+
+    monkeypatch.setattr(cli, "build_parser", _parser_running(subcommand))
+    try:
+        assert cli.main([]) == 130
+    finally:
+        idle.set()
+    assert seen == ["to the end"]  # the interrupt was raised by the import statement, after its body ran
+    assert not any(isinstance(f, interrupts._HoldDuringImport) for f in sys.meta_path)
+
+
+def test_a_held_import_keeps_its_own_loader(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    import sys
+
+    (tmp_path / "netai_held_plain.py").write_text("VALUE = 7\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(interrupts, "HELD_IMPORTS", frozenset({"netai_held_plain"}))
+    monkeypatch.delitem(sys.modules, "netai_held_plain", raising=False)
+    previous = interrupts.install()
+    try:
+        import netai_held_plain  # type: ignore[import-not-found]
+    finally:
+        interrupts.uninstall(previous)
+    assert netai_held_plain.VALUE == 7
+    assert type(netai_held_plain.__loader__).__name__ == "SourceFileLoader"
+    assert netai_held_plain.__spec__.loader is netai_held_plain.__loader__
