@@ -8,10 +8,12 @@ loops raise it again (`check`), and the command line exits 130 whenever one was 
 the subcommand returned.
 
 Some imports must not be interrupted at all. An interrupt inside ``import torch`` lands in its C++
-start-up: the process then aborts ("terminate called after throwing ... KeyboardInterrupt"), dies by
-SIGINT at exit after the import swallowed it, or fails a later import ("cannot load module more than
-once"). While `install` is in force, SIGINT is held during the import of the `HELD_IMPORTS`
-and delivered, as a normal interrupt, the moment the import ends.
+start-up: seen here, the process aborted ("terminate called after throwing ... KeyboardInterrupt"),
+the import swallowed the interrupt and completed, or numpy was left half-imported and a later import
+failed ("cannot load module more than once per process"). While `install` is in force, SIGINT is
+held during the import of the `HELD_IMPORTS`: one that arrives meanwhile is raised once the
+package's own code has run, from its import statement (the import then counts as failed, as any
+import a KeyboardInterrupt ends; the command is ending anyway).
 """
 
 from __future__ import annotations
