@@ -184,6 +184,7 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
     from orchestrator.lifecycle.recorder import DbRecorder
     from orchestrator.runtime.backends import emulation_options, open_compute
     from orchestrator.runtime.compute_port import ServerCompute
+    from orchestrator.runtime.forked import early_fork_server
     from orchestrator.runtime.profiles import training_cost
     from orchestrator.scheduling import NetworkState
     from topologies.plan import EmulationPlan
@@ -199,14 +200,14 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
     emu = Emulation(plan, log_dir=log_dir / "emulation", **emulation_options(kind, log_dir=log_dir / "workers"))
     live = LiveRecord(emu, model, plan, port=dashboard_port, name="task-run")  # a taken port: exit 2 here
     try:
-        with emu, live:
+        with early_fork_server(kind, log_root=log_dir / "workers") as forks, emu, live:
             run_id = emu.run_id
             if live.dashboard is not None:
                 print(f"netai: live dashboard at {live.dashboard.url}", flush=True)
             delay = bool(getattr(emu.info, "delay_emulated", False))
             network = ControllerNetwork(emu.client, plan, delay_emulated=delay, install_ids=iter((task.id,)),
                                         measure_background=False)
-            with open_compute(kind, emu, log_root=log_dir / "workers") as manager:
+            with open_compute(kind, emu, log_root=log_dir / "workers", forks=forks) as manager:
                 compute = ServerCompute(manager, model=model, rate=network.rate, propagation=delay,
                                         train_allowance_s=train_allowance_s, options=lambda _t: options,
                                         dir_name="agents", training=training)

@@ -247,20 +247,21 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
                   figures: bool = True) -> RunOutcome:
     from orchestrator.emulation.network import Emulation
     from orchestrator.runtime.backends import emulation_options, open_compute
+    from orchestrator.runtime.forked import early_fork_server
 
     started = time.monotonic()
     run_dir, dash, log_handler, db, run_id = _open_run(cfg, out_root, plan, model, dashboard_port)
-    status, note = "failed", ""
-    tm = None
+    status, note, tm = "failed", "", None
     try:
         calibration = None
         if cfg.emulation.time_dilation_auto:  # K from trials of the run's own workload, before it starts
             calibration = _calibrate(cfg, run_dir / "calibration", plan, model, backend_kind, model_bytes, remote)
             plan = _record_plan(db, run_id, model, plan.dilated(calibration.k))
         hosting = emulation_options(backend_kind, log_dir=run_dir / "workers", clients=remote)
-        with Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
-                       cluster=cfg.emulation.cluster, **hosting) as emu, \
-                open_compute(backend_kind, emu, log_root=run_dir / "workers") as compute:
+        with early_fork_server(backend_kind, log_root=run_dir / "workers") as forks, \
+                Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
+                          cluster=cfg.emulation.cluster, **hosting) as emu, \
+                open_compute(backend_kind, emu, log_root=run_dir / "workers", forks=forks) as compute:
             _record_environment(db, run_id, cfg, plan, backend_kind, emu, compute)
             if calibration is not None:
                 db.update_environment(run_id, time_dilation_calibration=calibration.to_dict())

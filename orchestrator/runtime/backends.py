@@ -48,11 +48,16 @@ from orchestrator.runtime.containers import (
 from orchestrator.runtime.containers import RUN_LABEL as RUN_LABEL  # re-exported: the callers' names stay
 from orchestrator.runtime.containers import SITE_LABEL as SITE_LABEL
 from orchestrator.runtime.containers import remove_containers as remove_containers
-from orchestrator.runtime.forked import ForkedHandle, ForkServerClient, ForkServerError
+from orchestrator.runtime.forked import (
+    ENV_FORKSERVER,
+    PROJECT_ROOT,
+    ForkedHandle,
+    ForkServerClient,
+    ForkServerError,
+    server_env,
+)
 
 LOG = logging.getLogger("netai.compute")
-#: ``0`` turns the fork server off: every local site server imports torch on its own.
-ENV_FORKSERVER = "NETAI_FORKSERVER"
 
 BACKENDS = ("loopback", "process", "docker")
 
@@ -105,7 +110,7 @@ class _LocalServers:
         return None
 
     def _fork_env(self) -> dict[str, str]:
-        return _server_env()
+        return server_env()
 
     def inside(self, path: Path, site: str | None = None) -> str:
         return str(path.resolve())
@@ -121,21 +126,23 @@ class _LocalServers:
                 LOG.warning("forking the site server of %r failed (%s): it starts on its own", site, e)
         with open(out_dir / out_name, "ab") as out:
             popen = self._popen(site, [self._python, "-m", "workers.site_server", *argv], stdout=out,
-                                stderr=subprocess.STDOUT, cwd=str(_ROOT), env=_server_env())
+                                stderr=subprocess.STDOUT, cwd=str(PROJECT_ROOT), env=server_env())
         return ProcessHandle(popen)
 
     def _fork_server(self, out_dir: Path) -> ForkServerClient | None:
-        """The fork server, started on first use; None where it cannot start (then each server starts
-        on its own, as ``NETAI_FORKSERVER=0`` asks)."""
-        if self._forks is None and self._fork_failed is None:
+        """The fork server, started on first use (or launched early: `forked.early_fork_server`) and connected;
+        None where it cannot start (then each server starts on its own, as ``NETAI_FORKSERVER=0`` asks)."""
+        if (self._forks is None or self._forks.conn is None) and self._fork_failed is None:
             if os.environ.get(ENV_FORKSERVER, "1") == "0":
                 self._fork_failed = f"{ENV_FORKSERVER}=0"
                 return None
             try:
-                self._forks = ForkServerClient.start(
+                self._forks = self._forks or ForkServerClient.launch(
                     [self._python, "-m", "workers.forkserver"], sock_path=self.ctl_dir / "fork.sock",
-                    log_file=out_dir / "forkserver.out.txt", cwd=str(_ROOT), env=self._fork_env())
+                    log_file=out_dir / "forkserver.out.txt", cwd=str(PROJECT_ROOT), env=self._fork_env())
+                self._forks.connect()
             except ForkServerError as e:
+                self.close()
                 self._fork_failed = str(e)
                 LOG.warning("no fork server (%s): each site server imports torch on its own", e)
         return self._forks
@@ -183,18 +190,6 @@ class LoopbackBackend(_LocalServers):
         return subprocess.Popen(cmd, **kw)
 
 
-_ROOT = Path(__file__).resolve().parent.parent.parent
-
-
-def _server_env() -> dict[str, str]:
-    env = dict(os.environ)
-    root = str(_ROOT)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 class _EmulatedHosts:
     """Sites that are Mininet hosts (plain or containers): their address and safe identifier."""
 
@@ -224,9 +219,10 @@ class ProcessBackend(_EmulatedHosts, _LocalServers):
     name = "process"
     forked = True
 
-    def __init__(self, hosts: Mapping[str, Any], *, log_root: Path, python: str = sys.executable) -> None:
+    def __init__(self, hosts: Mapping[str, Any], *, log_root: Path, python: str = sys.executable,
+                 forks: ForkServerClient | None = None) -> None:
         self._hosts = dict(hosts)
-        self._python = python
+        self._python, self._forks = python, forks  # `forks`: launched early, not yet connected
         self.log_root = log_root
         log_root.mkdir(parents=True, exist_ok=True)
         self.ctl_dir = new_ctl_dir()
@@ -297,7 +293,7 @@ class NamespaceBackend(_EmulatedHosts, _LocalServers):
         return int(self._hosts[site].pid)
 
     def _fork_env(self) -> dict[str, str]:
-        return _server_env() | {ENV_RUN: self.run_id}
+        return server_env() | {ENV_RUN: self.run_id}
 
 
 class _NamespaceHost:
@@ -449,15 +445,17 @@ def emulation_options(kind: str, *, log_dir: Path, image: str = DEFAULT_IMAGE,
     return {"host_cls": make_docker_host_class(), "host_params": params}
 
 
-def open_backend(kind: str, emu: Any, *, log_root: Path) -> ProcessBackend | DockerBackend:
+def open_backend(kind: str, emu: Any, *, log_root: Path,
+                 forks: ForkServerClient | None = None) -> ProcessBackend | DockerBackend:
     """The site backend over a running emulation's hosts (one per compute site).
 
     `log_root`: the servers' log root for the process backend; the docker backend's is the directory
-    its containers mount (given to `emulation_options`).
+    its containers mount (given to `emulation_options`). `forks`: the process backend's fork server,
+    launched early (`forked.early_fork_server`).
     """
     hosts = {h.site: emu.host(h.site) for h in emu.plan.hosts}
     if kind == "process":
-        return ProcessBackend(hosts, log_root=log_root)
+        return ProcessBackend(hosts, log_root=log_root, forks=forks)
     if kind == "docker":
         mounts = {(getattr(h, "log_dir", None), getattr(h, "ctl_dir", None)) for h in hosts.values()}
         if len(mounts) != 1 or None in next(iter(mounts)):
@@ -468,15 +466,16 @@ def open_backend(kind: str, emu: Any, *, log_root: Path) -> ProcessBackend | Doc
     raise ConfigError(f"backend {kind!r} does not run in the emulation (use docker or process)")
 
 
-def open_compute(kind: str, emu: Any, *, log_root: Path) -> Any:
+def open_compute(kind: str, emu: Any, *, log_root: Path, forks: ForkServerClient | None = None) -> Any:
     """A `ComputeManager` (not yet started) with one site server per compute site of `emu`; those of
-    sites placed on other machines run there (`orchestrator.runtime.far_servers`, process backend)."""
+    sites placed on other machines run there (`orchestrator.runtime.far_servers`, process backend).
+    `forks`: the process backend's fork server, launched early (`forked.early_fork_server`)."""
     from orchestrator.runtime.compute import ComputeManager
 
     cluster = getattr(emu, "cluster", None)
     far = {s.name: s for s in cluster.servers if s.far} if cluster is not None else {}
     placed_far = {h.site: far[emu.placement[h.site]] for h in emu.plan.hosts if emu.placement.get(h.site) in far}
-    backend: Any = open_backend(kind, emu, log_root=log_root)
+    backend: Any = open_backend(kind, emu, log_root=log_root, forks=forks)
     if placed_far:  # docs/cluster.md, "What runs where"
         from orchestrator.runtime.far_servers import FarBackend, SplitBackend
 
@@ -486,3 +485,4 @@ def open_compute(kind: str, emu: Any, *, log_root: Path) -> Any:
         backend = SplitBackend(backend, FarBackend(hosts, placed_far, log_root=log_root, ctl_dir=backend.ctl_dir,
                                                    run_id=emu.run_id, lost=lambda: set(emu.lost_sites().values())))
     return ComputeManager(backend, [h.site for h in emu.plan.hosts])
+

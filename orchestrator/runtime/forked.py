@@ -1,12 +1,13 @@
 """Site servers forked from one warmed process (`workers.forkserver`), for the local backends.
 
 Torch is imported and warmed once per run instead of once per site: the local backends (loopback,
-process, attached) start a fork server beside the first site server they launch, then ask it for
-each server, in the site's network namespace. A server so started behaves as one started with
+process, attached) start a fork server beside the first site server they launch (the experiment
+launches the process backend's ahead, while the emulation comes up: `early_fork_server`),
+then ask it for each server, in the site's network namespace. A server so started behaves as one started with
 ``python -m workers.site_server``: same arguments, same control socket, same output file.
 
 `ForkServerClient.start` runs ``python -m workers.forkserver`` with the servers' environment and
-connects to it; `spawn` returns a `ForkedHandle`, which polls, kills and stops its server through the
+connects to it (`launch` and `connect` are its two halves); `spawn` returns a `ForkedHandle`, which polls, kills and stops its server through the
 fork server (the servers are its children, so it reaps them and knows their exit status). `close`
 ends the connection: the fork server then stops whatever it forked that still runs, and exits.
 
@@ -18,16 +19,25 @@ or send anything across it but JSON (`workers.control`).
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from workers.control import ProtocolError, connect_unix, recv_message, send_message
 
+#: ``0`` turns the fork server off: every local site server imports torch on its own.
+ENV_FORKSERVER = "NETAI_FORKSERVER"
+#: The checkout: the site servers' working directory and first import path.
+PROJECT_ROOT = Path(__file__).resolve().parent.parent.parent
 #: How long the fork server may take to import torch, warm up and listen.
 START_TIMEOUT_S = 180.0
 #: One request's answer (a fork takes milliseconds).
@@ -41,6 +51,17 @@ class ForkServerError(RuntimeError):
     """The fork server did not start, or stopped answering."""
 
 
+def server_env() -> dict[str, str]:
+    """The environment of a local site server (and of the fork server): the checkout first on the
+    import path, one OpenMP thread unless set, unbuffered output."""
+    env = dict(os.environ)
+    root = str(PROJECT_ROOT)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
 class ForkServerClient:
     """One fork server and its connection (see the module's doc)."""
 
@@ -50,26 +71,38 @@ class ForkServerClient:
         self.log_file = log_file
         self.conn: socket.socket | None = None
         self._lock = threading.Lock()
+        self._launched = time.monotonic()
 
     @classmethod
-    def start(cls, cmd: list[str], *, sock_path: Path, log_file: Path, **popen_kw: Any) -> ForkServerClient:
-        """Run `cmd` (``python -m workers.forkserver --socket sock_path``) and connect to it.
-
-        Raises
-        ------
-        ForkServerError
-            It exited, or did not listen within `START_TIMEOUT_S` (it is stopped then).
-        """
+    def launch(cls, cmd: list[str], *, sock_path: Path, log_file: Path, **popen_kw: Any) -> ForkServerClient:
+        """Run `cmd` (``python -m workers.forkserver``) listening on `sock_path`, and return at once:
+        it imports torch meanwhile; `connect` waits for it. The caller closes it on every exit path."""
         with open(log_file, "ab") as out:
             popen = subprocess.Popen([*cmd, f"--socket={sock_path}"], stdout=out, stderr=subprocess.STDOUT,
                                      **popen_kw)
-        client = cls(popen, sock_path, log_file)
+        return cls(popen, sock_path, log_file)
+
+    @classmethod
+    def start(cls, cmd: list[str], *, sock_path: Path, log_file: Path, **popen_kw: Any) -> ForkServerClient:
+        """`launch`, then `connect` (it is stopped if that fails)."""
+        client = cls.launch(cmd, sock_path=sock_path, log_file=log_file, **popen_kw)
         try:
-            client._connect(time.monotonic() + START_TIMEOUT_S)
+            client.connect()
         except BaseException:
             client.close()
             raise
         return client
+
+    def connect(self) -> None:
+        """Connect, once it listens (at once if connected).
+
+        Raises
+        ------
+        ForkServerError
+            It exited, or did not listen within `START_TIMEOUT_S` of its launch.
+        """
+        if self.conn is None:
+            self._connect(self._launched + START_TIMEOUT_S)
 
     def _connect(self, deadline: float) -> None:
         while True:
@@ -173,3 +206,26 @@ class ForkedHandle:
         """SIGTERM, up to `STOP_GRACE_S` for the server to exit, then SIGKILL and as long again."""
         if self.poll() is None and self._signal_and_wait(signal.SIGTERM, STOP_GRACE_S) is None:
             self._signal_and_wait(signal.SIGKILL, STOP_GRACE_S)
+
+
+@contextlib.contextmanager
+def early_fork_server(kind: str, *, log_root: Path) -> Iterator[ForkServerClient | None]:
+    """The process backend's fork server, launched now, ahead of the emulation whose hosts it forks
+    into: it imports torch while the network comes up (`backends.open_compute` takes it and connects).
+    None for another backend or with ``NETAI_FORKSERVER=0``. Stopped on exit, if the backend has not
+    stopped it already, and its socket's directory removed."""
+    if kind != "process" or os.environ.get(ENV_FORKSERVER, "1") == "0":
+        yield None
+        return
+    (log_root / "servers").mkdir(parents=True, exist_ok=True)
+    ctl = Path(tempfile.mkdtemp(prefix="netai-ctl-"))  # short: the socket path stays under 108 bytes
+    try:
+        forks = ForkServerClient.launch([sys.executable, "-m", "workers.forkserver"], sock_path=ctl / "fork.sock",
+                                        log_file=log_root / "servers" / "forkserver.out.txt",
+                                        cwd=str(PROJECT_ROOT), env=server_env())
+        try:
+            yield forks
+        finally:
+            forks.close()
+    finally:
+        shutil.rmtree(ctl, ignore_errors=True)

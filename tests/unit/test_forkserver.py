@@ -14,9 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.runtime.backends import ENV_FORKSERVER, LoopbackBackend, ProcessHandle, new_ctl_dir
+from orchestrator.runtime.backends import (
+    ENV_FORKSERVER,
+    LoopbackBackend,
+    ProcessBackend,
+    ProcessHandle,
+    new_ctl_dir,
+)
 from orchestrator.runtime.compute import ComputeManager
-from orchestrator.runtime.forked import ForkedHandle, ForkServerClient, ForkServerError
+from orchestrator.runtime.forked import ForkedHandle, ForkServerClient, ForkServerError, early_fork_server
 from workers.control import connect_unix, recv_message, send_message
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -159,3 +165,45 @@ def test_a_backend_that_starts_its_servers_its_own_way_is_not_forked(tmp_path: P
     with ComputeManager(backend, ["a"]) as cm:
         assert isinstance(cm.servers["a"].proc, ProcessHandle) and backend._forks is None
     assert len(started) == 1 and started[0][1:3] == ["-m", "workers.site_server"]
+
+
+class _Host:
+    """What `ProcessBackend` reads of a Mininet host, for a server bound on loopback in this namespace."""
+
+    def __init__(self, ip: str) -> None:
+        self.ip, self.name, self.pid = ip, "h1", os.getpid()
+
+    def IP(self) -> str:  # Mininet's name
+        return self.ip
+
+
+def test_an_early_fork_server_is_only_for_the_process_backend(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with early_fork_server("docker", log_root=tmp_path / "d") as forks:
+        assert forks is None
+    monkeypatch.setenv(ENV_FORKSERVER, "0")
+    with early_fork_server("process", log_root=tmp_path / "p") as forks:
+        assert forks is None
+    assert not (tmp_path / "d").exists() and not (tmp_path / "p").exists()
+
+
+def test_an_early_fork_server_never_used_is_stopped_and_its_socket_directory_removed(tmp_path: Path) -> None:
+    with early_fork_server("process", log_root=tmp_path) as forks:
+        assert forks is not None and forks.conn is None  # launched, not waited for
+        sock_dir = forks.sock_path.parent
+        assert sock_dir.is_dir()
+    assert forks.popen.returncode is not None
+    assert not sock_dir.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a forked server enters its host's network namespace (root)")
+def test_the_process_backend_forks_from_the_fork_server_launched_early(tmp_path: Path) -> None:
+    with early_fork_server("process", log_root=tmp_path) as forks:
+        assert forks is not None
+        backend = ProcessBackend({"a": _Host("127.0.0.99")}, log_root=tmp_path, forks=forks)
+        with ComputeManager(backend, ["a"]) as cm:
+            handle = cm.servers["a"].proc
+            assert isinstance(handle, ForkedHandle) and handle.client is forks
+            assert forks.conn is not None  # connected on the first server's launch
+            pid = handle.pid
+        assert not Path(f"/proc/{pid}").exists()
+        assert forks.popen.returncode == 0, "the backend closed it: its connection ended"
