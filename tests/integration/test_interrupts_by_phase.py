@@ -32,7 +32,9 @@ def _rounds_started(log: Path) -> bool:
 
 PHASES: dict[str, Callable[[Path, set[Path]], bool]] = {
     "bring-up": lambda log, before: _new_state(before) is not None,
-    "servers starting": lambda log, before: (log / "workers" / "servers").is_dir(),
+    # a site server's output file: made as it is launched (the fork server's is made before the bring-up)
+    "servers starting": lambda log, before: any(p.name != "forkserver.out.txt"
+                                                for p in (log / "workers" / "servers").glob("*.out.txt")),
     "rounds running": lambda log, before: _rounds_started(log),
 }
 
