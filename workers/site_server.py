@@ -430,4 +430,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    # Served: its roles stopped (their events flushed line by line), its model cache removed. The
+    # interpreter's own teardown of torch's modules would take about a second of CPU more (14
+    # servers in containers closing at once on two cores took 7 s): exit as a forked server does.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
