@@ -30,7 +30,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,18 +53,14 @@ from orchestrator.runtime.forked import (
     ForkedHandle,
     ForkServerClient,
     ForkServerError,
+    launch_fork_server,
+    new_ctl_dir,
     server_env,
 )
 
 LOG = logging.getLogger("netai.compute")
 
 BACKENDS = ("loopback", "process", "docker")
-
-
-def new_ctl_dir() -> Path:
-    """A fresh directory for the site servers' control sockets, only its owner may enter (short, so
-    socket paths stay under the kernel's 108-byte limit)."""
-    return Path(tempfile.mkdtemp(prefix="netai-ctl-"))
 
 
 class ProcessHandle:
@@ -137,9 +132,8 @@ class _LocalServers:
                 self._fork_failed = f"{ENV_FORKSERVER}=0"
                 return None
             try:
-                self._forks = self._forks or ForkServerClient.launch(
-                    [self._python, "-m", "workers.forkserver"], sock_path=self.ctl_dir / "fork.sock",
-                    log_file=out_dir / "forkserver.out.txt", cwd=str(PROJECT_ROOT), env=self._fork_env())
+                self._forks = self._forks or launch_fork_server(self._python, ctl_dir=self.ctl_dir, out_dir=out_dir,
+                                                                env=self._fork_env())
                 self._forks.connect()
             except ForkServerError as e:
                 self.close()
@@ -485,4 +479,3 @@ def open_compute(kind: str, emu: Any, *, log_root: Path, forks: ForkServerClient
         backend = SplitBackend(backend, FarBackend(hosts, placed_far, log_root=log_root, ctl_dir=backend.ctl_dir,
                                                    run_id=emu.run_id, lost=lambda: set(emu.lost_sites().values())))
     return ComputeManager(backend, [h.site for h in emu.plan.hosts])
-

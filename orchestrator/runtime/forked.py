@@ -51,6 +51,12 @@ class ForkServerError(RuntimeError):
     """The fork server did not start, or stopped answering."""
 
 
+def new_ctl_dir() -> Path:
+    """A fresh directory for the site servers' control sockets, only its owner may enter (short, so
+    socket paths stay under the kernel's 108-byte limit)."""
+    return Path(tempfile.mkdtemp(prefix="netai-ctl-"))
+
+
 def server_env() -> dict[str, str]:
     """The environment of a local site server (and of the fork server): the checkout first on the
     import path, one OpenMP thread unless set, unbuffered output."""
@@ -208,6 +214,14 @@ class ForkedHandle:
             self._signal_and_wait(signal.SIGKILL, STOP_GRACE_S)
 
 
+def launch_fork_server(python: str, *, ctl_dir: Path, out_dir: Path, env: dict[str, str]) -> ForkServerClient:
+    """`ForkServerClient.launch` of ``python -m workers.forkserver`` with its socket in `ctl_dir` and its
+    output in `out_dir`, from the checkout with the servers' environment `env` (`server_env`, plus what a
+    backend adds)."""
+    return ForkServerClient.launch([python, "-m", "workers.forkserver"], sock_path=ctl_dir / "fork.sock",
+                                   log_file=out_dir / "forkserver.out.txt", cwd=str(PROJECT_ROOT), env=env)
+
+
 @contextlib.contextmanager
 def early_fork_server(kind: str, *, log_root: Path) -> Iterator[ForkServerClient | None]:
     """The process backend's fork server, launched now, ahead of the emulation whose hosts it forks
@@ -218,11 +232,9 @@ def early_fork_server(kind: str, *, log_root: Path) -> Iterator[ForkServerClient
         yield None
         return
     (log_root / "servers").mkdir(parents=True, exist_ok=True)
-    ctl = Path(tempfile.mkdtemp(prefix="netai-ctl-"))  # short: the socket path stays under 108 bytes
+    ctl = new_ctl_dir()
     try:
-        forks = ForkServerClient.launch([sys.executable, "-m", "workers.forkserver"], sock_path=ctl / "fork.sock",
-                                        log_file=log_root / "servers" / "forkserver.out.txt",
-                                        cwd=str(PROJECT_ROOT), env=server_env())
+        forks = launch_fork_server(sys.executable, ctl_dir=ctl, out_dir=log_root / "servers", env=server_env())
         try:
             yield forks
         finally:

@@ -149,8 +149,9 @@ def test_site_server_killed_then_controller_restarted(tmp_path: Path, figures: l
                 contributions.append((e["num_examples"], e["fingerprint"]))
     assert len(contributions) == 3, contributions
     total = sum(n for n, _ in contributions)
+    received = left_out[0]["chunks_received"]
     assert hit[0]["min_chunk_examples"] == total  # at least its last chunk is the others' alone
-    if left_out[0]["chunks_received"] == 0:
+    if received == 0:
         # nothing of it arrived: the exact weighted mean of the other updates (fingerprints are linear)
         assert hit[0]["num_examples"] == total
         for i in range(2):
@@ -168,7 +169,6 @@ def test_site_server_killed_then_controller_restarted(tmp_path: Path, figures: l
     assert moves[0]["old_schedule_json"] == moves[0]["new_schedule_json"]
     later = task_dir / f"move-{moves[-1]['move']}" / "San-Diego.events.jsonl"
     assert any(e["event"] == "train_end" for e in events(later))
-    got = ("3 of 4 updates exactly" if left_out[0]["chunks_received"] == 0
-           else f"its first {left_out[0]['chunks_received']} chunks with it, the rest 3 of 4")
+    got = "3 of 4 updates exactly" if received == 0 else f"its first {received} chunks with it, the rest 3 of 4"
     figures.append(f"server killed: round {r} aggregated {got}; rejoin interruption "
                    f"{moves[0]['interruption_s']:.3f} s; controller restart detail: {faults['controller_restart']['detail']}")
