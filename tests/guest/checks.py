@@ -8,10 +8,11 @@ were measured. A check that raises reports its error instead; the others still r
 
 - ``rtt``: a line of four sites joined by long fibres, brought up with ``datapath="kernel"``;
   ping between every pair of hosts (path by path): each path's lowest and median RTT, and twice its
-  summed fibre delay.
+  summed fibre delay; then the same with every netem delay set to zero (the path's own round trip).
 - ``reservation``: a task's paths installed by the controller on a 10 Mbit/s line (a rate an
   emulated CPU carries): its htb class with netem under it on every link of its path, its flow
-  against four saturating background iperf3 streams, and a control run without the task.
+  against four saturating background iperf3 streams (started ahead of it), and a control run without
+  the task.
 - ``net_test``: ``netai net test`` (the CLI) on a small ring, as a user runs it.
 - ``guest_clean``: after the runs, nothing of them in the machine (in the guest: nothing at all).
 
@@ -56,6 +57,11 @@ TASK_PORT = 21028
 BACKGROUND_PORT = 5201
 BACKGROUND_STREAMS = 4
 IPERF_SECONDS = 6
+#: The background starts this much ahead of the task, with and without the reservation: it has filled
+#: the link (and the background leaf's netem queue) when the task starts, as load present before a
+#: task arrives would have. Started together, the control's share swung with who won the first
+#: seconds in that 1000-packet queue: 1.9-6.2 Mbit/s over nine runs.
+BACKGROUND_HEAD_START_S = 2
 #: ``netai net test`` in the guest: a small ring at a rate the emulated CPU carries.
 #: How long a bring-up may wait for the controller, then for the switches: an emulated CPU on a busy
 #: host starts os-ken in tens of seconds.
@@ -101,16 +107,45 @@ def kernel_datapaths() -> list[str]:
     return res.stdout.split()
 
 
-def ping_ms(src: Any, dst: Any, count: int = PINGS) -> list[float]:
-    """Round-trip times (ms) of `count` ICMP echoes from host `src` to host `dst`."""
-    proc = src.popen(["ping", "-n", "-c", str(count), "-i", f"{PING_INTERVAL_S:g}", "-W", "2", dst.IP()],
-                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    out, _ = proc.communicate(timeout=count * PING_INTERVAL_S + 30)
-    return [float(m) for m in re.findall(r"time=([0-9.]+) ms", out)]
+def ping_paths(emu: Emulation, pairs: list[tuple[str, str]], count: int = PINGS) -> list[list[float]]:
+    """Round-trip times (ms) of `count` ICMP echoes on each (source, destination) pair of sites, the pairs
+    pinged at the same time (so that every path sees the host as it was then)."""
+    procs = [emu.host(a).popen(["ping", "-n", "-c", str(count), "-i", f"{PING_INTERVAL_S:g}", "-W", "2",
+                                emu.host(b).IP()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for a, b in pairs]
+    outs = [proc.communicate(timeout=count * PING_INTERVAL_S + 30)[0] for proc in procs]
+    return [[float(m) for m in re.findall(r"time=([0-9.]+) ms", out)] for out in outs]
+
+
+def run_interfaces(plan: EmulationPlan) -> list[str]:
+    """Both switch ports of every link of the plan."""
+    return [interface(plan, a, b) for ln in plan.links for a, b in ((ln.a, ln.b), (ln.b, ln.a))]
+
+
+def zero_netem_delays(plan: EmulationPlan) -> tuple[int, list[str]]:
+    """Set every netem on the run's links to no delay (`tc qdisc change`, its limit kept): (how many were
+    changed, the netem lines that still carry a delay afterwards)."""
+    changed, left = 0, []
+    for dev in run_interfaces(plan):
+        for handle, parent, limit in re.findall(r"qdisc netem (\S+) parent (\S+) limit (\d+)", tc_show("qdisc", dev)):
+            subprocess.run(["tc", "qdisc", "change", "dev", dev, "parent", parent, "handle", handle, "netem",
+                            "limit", limit, "delay", "0ms"], check=True, capture_output=True, text=True)
+            changed += 1
+        left += [f"{dev}: {ln.strip()}" for ln in tc_show("qdisc", dev).splitlines() if "netem" in ln and "delay" in ln]
+    return changed, left
+
+
+def rtt_figures(rtts: list[float]) -> dict[str, Any]:
+    """How many echoes came back, their lowest and their median (the first echo of a pair may wait for the
+    kernel datapath's upcall: left out of the median)."""
+    return {"received": len(rtts), "min_ms": min(rtts) if rtts else None,
+            "median_ms": statistics.median(rtts[1:]) if len(rtts) > 1 else None}
 
 
 def check_rtt() -> dict[str, Any]:
-    """Ping every pair of hosts on a line of long fibres; RTT against twice the fibre delay."""
+    """Ping every pair of hosts on a line of long fibres, then again with every netem delay at zero: what the
+    delays add to each path's RTT against twice its fibre delay (the second pass is the emulated machine's
+    own round trip on that path, its forwarding and scheduling: 0.4-0.7 ms in a guest under TCG)."""
     plan = line_plan("guest-line-4", RTT_LINE_KM, 10.0)
     model_delay = {(ln.a, ln.b): ln.delay_ms for ln in plan.links}
     result: dict[str, Any] = {"check": "rtt", "lengths_km": list(RTT_LINE_KM), "paths": []}
@@ -121,16 +156,15 @@ def check_rtt() -> dict[str, Any]:
         result["kernel_datapaths"] = kernel_datapaths()
         result["qdiscs_a_b"] = tc_show("qdisc", interface(plan, "A", "B"))
         sites = [h.site for h in plan.hosts]
-        for a, b in itertools.combinations(sites, 2):
+        pairs = list(itertools.combinations(sites, 2))
+        delayed = ping_paths(emu, pairs)
+        result["netem_zeroed"], result["delays_left"] = zero_netem_delays(plan)
+        undelayed = ping_paths(emu, pairs)
+        for (a, b), rtts, base in zip(pairs, delayed, undelayed, strict=True):
             i, j = sites.index(a), sites.index(b)
             one_way = sum(model_delay[(sites[k], sites[k + 1])] for k in range(i, j))
-            rtts = ping_ms(emu.host(a), emu.host(b))
-            result["paths"].append({
-                "path": sites[i:j + 1], "expected_ms": round(2 * one_way, 3), "sent": PINGS, "received": len(rtts),
-                # the first echo of a pair may wait for the kernel datapath's upcall: left out of the median
-                "median_ms": statistics.median(rtts[1:]) if len(rtts) > 1 else None,
-                "min_ms": min(rtts) if rtts else None,
-            })
+            result["paths"].append({"path": sites[i:j + 1], "expected_ms": round(2 * one_way, 3), "sent": PINGS,
+                                    **rtt_figures(rtts), "undelayed": rtt_figures(base)})
     result.update(teardown_facts(emu))
     return result
 
@@ -171,12 +205,13 @@ def check_reservation() -> dict[str, Any]:
         result["task_qdiscs"] = task_qdiscs(emu, task_class)
         dev = interface(plan, src, plan.hosts[1].site)
         before = class_bytes(dev)
-        shaped = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS)
+        shaped = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS, head_start_s=BACKGROUND_HEAD_START_S)
         result["task_class_bytes"] = class_bytes(dev).get(task_class, 0) - before.get(task_class, 0)
         emu.client.remove_task(TASK_ID)
         result["classes_after_remove"] = sorted(class_bytes(dev))
         result["task_class"] = task_class
-        control = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS)
+        control = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS,
+                               head_start_s=BACKGROUND_HEAD_START_S)
     result.update(teardown_facts(emu))
     result.update(task_mbps=shaped["task"], background_mbps=shaped["background"],
                   control_task_mbps=control["task"], control_background_mbps=control["background"],

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -142,8 +143,13 @@ class Flow:
     streams: int = 1
 
 
-def run_together(emu: Emulation, flows: Sequence[Flow], seconds: int = SECONDS) -> dict[str, float]:
-    """Run the iperf3 flows at the same time; goodput (Mbit/s, at the receiver, after `OMIT_S`) of each."""
+def run_together(emu: Emulation, flows: Sequence[Flow], seconds: int = SECONDS,
+                 head_start_s: int = 0) -> dict[str, float]:
+    """Run the iperf3 flows at the same time; goodput (Mbit/s, at the receiver, after `OMIT_S`) of each.
+
+    With `head_start_s`, the first flow starts that much earlier and leaves that much more out, so that
+    it is at its steady rate (the link saturated) when the others start, and all are measured over the
+    same seconds."""
     servers = []
     clients: list[tuple[Flow, subprocess.Popen[str]]] = []
     try:
@@ -153,16 +159,19 @@ def run_together(emu: Emulation, flows: Sequence[Flow], seconds: int = SECONDS) 
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         wait_listening([(server, emu.host(f.dst).IP(), f.port, f.name) for server, f in zip(servers, flows, strict=True)],
                        timeout_s=LISTEN_TIMEOUT_S)
-        for f in flows:
+        for k, f in enumerate(flows):
             src, dst = emu.host(f.src), emu.host(f.dst)
+            if k == 1 and head_start_s:
+                time.sleep(head_start_s)
+            omit = OMIT_S + (head_start_s if k == 0 else 0)
             clients.append((f, src.popen(
                 ["iperf3", "-c", dst.IP(), "-p", str(f.port), "-P", str(f.streams), "-t", str(seconds),
-                 "-O", str(OMIT_S), "-J"],
+                 "-O", str(omit), "-J"],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             )))
         result = {}
         for f, client in clients:
-            out, err = client.communicate(timeout=seconds + 30)
+            out, err = client.communicate(timeout=seconds + head_start_s + 30)
             report = json.loads(out)
             assert client.returncode == 0 and "error" not in report, f"{f.name}: {report.get('error', err)}"
             result[f.name] = float(report["end"]["sum_received"]["bits_per_second"]) / 1e6
