@@ -26,11 +26,22 @@ class RunOutcome:
     summary: RunSummary | None = None
 
 
+def task_id_stride(tasks_per_point: int) -> int:
+    """How far apart the points' first task ids are: 100 (point n's tasks are 100 n + 1, 100 n + 2, ...),
+    or the first power of ten that holds a point's tasks when there are more than 100."""
+    stride = 100
+    while stride < tasks_per_point:
+        stride *= 10
+    return stride
+
+
 def task_sets(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> dict[int, list[Task]]:
-    """The seeded tasks of every point (number of locals); ids are unique in the run."""
+    """The seeded tasks of every point (number of locals); ids are unique in the run (point n's start
+    at n times `task_id_stride` plus 1)."""
+    stride = task_id_stride(cfg.tasks_per_point)
     return {
         n: generate_tasks(
-            model, count=cfg.tasks_per_point, locals_per_task=n, seed=cfg.seed * 1000 + n, first_id=100 * n + 1,
+            model, count=cfg.tasks_per_point, locals_per_task=n, seed=cfg.seed * 1000 + n, first_id=stride * n + 1,
             model_name=cfg.task.model, rounds=cfg.task.rounds, demand_mbps=cfg.task.demand_mbps,
             model_bytes=model_bytes,
         )

@@ -14,12 +14,13 @@ from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import parse_config
 from orchestrator.experiment.run_context import ExperimentRun
 from orchestrator.experiment.runner import _run_sequential
-from orchestrator.experiment.runs import scheduler_order, task_sets
+from orchestrator.experiment.runs import scheduler_order, task_id_stride, task_sets
 from orchestrator.results.db import ResultsDB
 from orchestrator.scheduling.mst import MST
 from orchestrator.scheduling.spff import SPFF
 from orchestrator.scheduling.trees import Steiner
 from tests.unit.lifecycle_fakes import Schedulers, make_rig
+from topologies.loaders import load
 
 THREE = ("spff", "mst", "steiner")
 
@@ -112,3 +113,21 @@ def test_the_simulation_runs_each_task_in_the_same_order(tmp_path: Path, order: 
     assert len({r["arrival_s"] for r in rows}) == len(rows) == 9  # no two runs at once
     assert [r["scheduler"] for r in rows] == _expected(THREE, 3, order)
     assert [r["task_id"] for r in rows] == sorted(r["task_id"] for r in rows)
+
+
+@pytest.mark.parametrize("per_point", [1, 99, 100, 101, 1000, 1001])
+def test_task_ids_are_unique_in_a_run_however_many_tasks_a_point_has(per_point: int) -> None:
+    # Prepare: points of 2, 3 and 4 locals on a ring of 8 (ids were 100 n + k: 101 tasks of
+    # point 2 reached 301, point 3's first).
+    model = load("ring:8")
+    cfg = parse_config({"name": "ids", "topology": "ring:8", "schedulers": ["spff"], "locals": [2, 3, 4],
+                        "tasks_per_point": per_point})
+
+    sets = task_sets(cfg, model, 1_000)
+
+    ids = [t.id for n in cfg.locals for t in sets[n]]
+    assert len(ids) == len(set(ids)) == 3 * per_point
+    # Up to 100 tasks a point, the ids are what they always were (runs compare across versions).
+    if per_point <= 100:
+        assert [t.id for t in sets[3]] == list(range(301, 301 + per_point))
+    assert task_id_stride(per_point) >= per_point
