@@ -110,10 +110,17 @@ def kernel_datapaths() -> list[str]:
 def ping_paths(emu: Emulation, pairs: list[tuple[str, str]], count: int = PINGS) -> list[list[float]]:
     """Round-trip times (ms) of `count` ICMP echoes on each (source, destination) pair of sites, the pairs
     pinged at the same time (so that every path sees the host as it was then)."""
-    procs = [emu.host(a).popen(["ping", "-n", "-c", str(count), "-i", f"{PING_INTERVAL_S:g}", "-W", "2",
-                                emu.host(b).IP()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for a, b in pairs]
-    outs = [proc.communicate(timeout=count * PING_INTERVAL_S + 30)[0] for proc in procs]
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        for a, b in pairs:
+            procs.append(emu.host(a).popen(["ping", "-n", "-c", str(count), "-i", f"{PING_INTERVAL_S:g}", "-W", "2",
+                                            emu.host(b).IP()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        outs = [proc.communicate(timeout=count * PING_INTERVAL_S + 30)[0] for proc in procs]
+    finally:  # none is left behind when one times out
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     return [[float(m) for m in re.findall(r"time=([0-9.]+) ms", out)] for out in outs]
 
 
