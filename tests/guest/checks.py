@@ -33,7 +33,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from controller.htb import interface
+from controller.htb import interface, shaped_links
 from controller.paths import PathSpec, TaskPaths
 from orchestrator.emulation.network import Emulation, EmulationInfo
 from tests.integration.test_reservations import Flow, class_bytes, run_together, tc_show
@@ -124,16 +124,11 @@ def ping_paths(emu: Emulation, pairs: list[tuple[str, str]], count: int = PINGS)
     return [[float(m) for m in re.findall(r"time=([0-9.]+) ms", out)] for out in outs]
 
 
-def run_interfaces(plan: EmulationPlan) -> list[str]:
-    """Both switch ports of every link of the plan."""
-    return [interface(plan, a, b) for ln in plan.links for a, b in ((ln.a, ln.b), (ln.b, ln.a))]
-
-
 def zero_netem_delays(plan: EmulationPlan) -> tuple[int, list[str]]:
     """Set every netem on the run's links to no delay (`tc qdisc change`, its limit kept): (how many were
     changed, the netem lines that still carry a delay afterwards)."""
     changed, left = 0, []
-    for dev in run_interfaces(plan):
+    for dev in (ln.dev for ln in shaped_links(plan)):
         for handle, parent, limit in re.findall(r"qdisc netem (\S+) parent (\S+) limit (\d+)", tc_show("qdisc", dev)):
             subprocess.run(["tc", "qdisc", "change", "dev", dev, "parent", parent, "handle", handle, "netem",
                             "limit", limit, "delay", "0ms"], check=True, capture_output=True, text=True)
