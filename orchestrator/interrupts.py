@@ -109,6 +109,18 @@ class _HoldDuringImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def clear_unhandled_mark() -> None:
+    """Take back CPython's mark of an interrupt as unhandled, once the command has handled it.
+
+    CPython (3.11, the platform's) marks a KeyboardInterrupt that leaves code run by ``exec`` of a
+    string as unhandled, even when a caller catches it; dataclasses and namedtuples build their
+    methods that way, so SIGINT during an import lands there now and then (5 of 60 in a sweep of the
+    start-up here). A ``python -m`` process so marked ends by raising SIGINT on itself at exit: status
+    -2, not the 130 the command returned. The next ``exec`` of a string clears the mark; this is one.
+    Call it only on the way out, after the interrupt was handled."""
+    exec("pass")  # clears CPython's mark (see above); runs no code of anyone's
+
+
 def check() -> None:
     """Raise `KeyboardInterrupt` if SIGINT was received (a wait loop's way to stop, should the
     first one have been swallowed)."""

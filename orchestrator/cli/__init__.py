@@ -16,7 +16,6 @@ from typing import NoReturn
 
 from orchestrator import interrupts
 from orchestrator.errors import ConfigError
-from topologies.errors import TopologyError
 
 #: Modules that add subcommands, in help order. A module missing its optional dependencies
 #: (e.g. Mininet on a machine without it) is skipped, and says so only when asked for.
@@ -30,7 +29,14 @@ SUBCOMMAND_MODULES = (
     "orchestrator.cli.cluster",
 )
 
-USAGE_ERRORS: tuple[type[Exception], ...] = (ConfigError, TopologyError)
+
+def usage_errors() -> tuple[type[Exception], ...]:
+    """The errors that are bad input (exit status 2). Imported when `main` runs, not with this
+    module: `python -m` imports this package before anything can take Ctrl-C over, and the topology
+    package pulls in networkx."""
+    from topologies.errors import TopologyError
+
+    return (ConfigError, TopologyError)
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -60,13 +66,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    # Installed before the subcommands' modules load: a Ctrl-C while they do (nothing started yet)
+    # exits 130 too, not with a traceback and the signal's own status.
     previous = interrupts.install()
     status = 130
+    errors: tuple[type[Exception], ...] = (ConfigError,)
     try:
+        errors = usage_errors()
+        args = build_parser().parse_args(argv)
         status = int(args.func(args) or 0)
-    except USAGE_ERRORS as e:
+    except errors as e:
         print(f"netai: error: {e}", file=sys.stderr)
         status = 2
     except KeyboardInterrupt:
@@ -81,6 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = 130  # even where the KeyboardInterrupt itself was swallowed (see orchestrator.interrupts)
     if status == 130:
         print("netai: interrupted", file=sys.stderr)
+        interrupts.clear_unhandled_mark()  # handled here: the process must not end killed by SIGINT
     return status
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 import sys
 
-from orchestrator.cli import main
+try:
+    from orchestrator.cli import main
+except KeyboardInterrupt:  # Ctrl-C before `main` could take it over: nothing was started
+    print("netai: interrupted", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

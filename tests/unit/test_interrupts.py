@@ -168,3 +168,44 @@ def test_a_held_import_keeps_its_own_loader(monkeypatch: pytest.MonkeyPatch, tmp
     assert netai_held_plain.VALUE == 7
     assert type(netai_held_plain.__loader__).__name__ == "SourceFileLoader"
     assert netai_held_plain.__spec__.loader is netai_held_plain.__loader__
+
+
+#: Put first on a ``python -m orchestrator.cli`` process's path (its ``sitecustomize``): when the
+#: command loads its first subcommand module, Ctrl-C arrives, inside code run by ``exec`` of a string
+#: (as a dataclass's methods are made) or in plain code.
+_CTRL_C_WHILE_LOADING = '''
+import importlib.abc, os, signal, sys
+
+class _CtrlCOnLoad(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "orchestrator.cli.topo":
+            sys.meta_path.remove(self)
+            if os.environ["NETAI_TEST_WHERE"] == "exec":
+                exec("os.kill(os.getpid(), signal.SIGINT)\\nfor _ in range(10000): pass")
+            else:
+                os.kill(os.getpid(), signal.SIGINT)
+                for _ in range(10000): pass
+        return None
+
+sys.meta_path.insert(0, _CtrlCOnLoad())
+'''
+
+
+@pytest.mark.parametrize("where", ["exec", "plain"])
+def test_ctrl_c_while_the_subcommands_load_exits_130(tmp_path: Any, where: str) -> None:
+    """The command's first phase: its modules loading, before anything is started. CPython marks an
+    interrupt that leaves a string's ``exec`` as unhandled even where it is caught, and a ``python
+    -m`` process so marked ends killed by SIGINT (status -2, seen 5 times in 60 sweeps of the start-up)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "sitecustomize.py").write_text(_CTRL_C_WHILE_LOADING)
+    root = Path(__file__).resolve().parents[2]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(root)]), NETAI_TEST_WHERE=where)
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "topo", "show", "triangle"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=60,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert proc.returncode == 130, (proc.returncode, proc.stderr[-2000:])
+    assert proc.stderr.strip().splitlines() == ["netai: interrupted"]  # no traceback
+    assert proc.stdout == ""  # the subcommand never ran
