@@ -23,6 +23,7 @@ from workers.config import AgentConfig
 from workers.data import Dataset, open_dataset, partition
 from workers.framing import TensorSet
 from workers.models import build_model, state_nbytes
+from workers.sgd import SGD
 from workers.strategies import make_strategy
 
 T = TypeVar("T")
@@ -104,7 +105,7 @@ class Learner:
         x = self.data.train_x[self.train_idx]
         y = self.data.train_y[self.train_idx]
         self.model.train()
-        opt = torch.optim.SGD(self.model.parameters(), lr=self.cfg.lr, momentum=0.9)
+        opt = SGD(self.model.parameters(), lr=self.cfg.lr, momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
         self.strategy.begin(self.model)
         gen = torch.Generator().manual_seed(self.cfg.seed + 7919 * (self.cfg.part_index or 0))
@@ -242,6 +243,6 @@ def warm_process() -> None:
 def _one_step(model: nn.Module, data: Dataset, *, lr: float, batch_size: int) -> None:
     """One SGD step (the training's optimizer) of `model` on the first test batch (warm-up only)."""
     model.train()
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    opt = SGD(model.parameters(), lr=lr, momentum=0.9)
     nn.functional.cross_entropy(model(data.test_x[:batch_size]), data.test_y[:batch_size]).backward()
     opt.step()
