@@ -39,6 +39,7 @@ benchmark:
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_dataplane.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_servers.py
 	$(PY) benchmarks/bench_server_start.py
+	$(PY) benchmarks/bench_warmup.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_faults.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_hop.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_cluster.py
