@@ -1,4 +1,4 @@
-"""A site server's warm-up (`workers.learning.warm_process`) with the training's own optimizer
+"""A site server's warm-up (`workers.site_server.warm`) with the training's own optimizer
 (`workers.sgd.SGD`) against ``torch.optim.SGD``, whose constructor and ``step`` import torch's compiler
 stack (``torch._dynamo``: sympy, inductor).
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -23,32 +24,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: The warm-up a site server runs (`workers.site_server.warm`), with the optimizer chosen by argv[1].
+#: A site server's warm-up (`workers.site_server.warm`, one torch thread), with the optimizer named by argv[1].
 _WARM = """
 import sys
 import torch
 import workers.learning
+import workers.site_server
 if sys.argv[1] == "torch.optim":
     workers.learning.SGD = torch.optim.SGD
-workers.learning.tune_process()
-torch.set_num_threads(1)
-workers.learning.warm_process()
+workers.site_server.warm(1)
 """
 
 
 def sample(at_once: int, variant: str) -> tuple[float, float]:
     """(wall seconds until all `at_once` processes ended, their summed CPU seconds)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-c", _WARM, variant], cwd=ROOT, env=env) for _ in range(at_once)]
-    cpu = 0.0
-    for p in procs:
-        _pid, status, usage = os.wait4(p.pid, 0)
-        p.returncode = os.waitstatus_to_exitcode(status)
-        if p.returncode != 0:
-            raise RuntimeError(f"the {variant} warm-up exited with status {p.returncode}")
-        cpu += usage.ru_utime + usage.ru_stime
-    return time.monotonic() - t0, cpu
+    statuses = [p.wait() for p in procs]
+    wall = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the children reaped since `before`: these
+    if any(statuses):
+        raise RuntimeError(f"the {variant} warm-up exited with status {max(statuses, key=abs)}")
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def spread(values: list[float]) -> str:
@@ -66,20 +65,19 @@ def main() -> int:
     ours, theirs = "workers.sgd", "torch.optim"
     walls: dict[str, list[float]] = {ours: [], theirs: []}
     cpus: dict[str, list[float]] = {ours: [], theirs: []}
-    wall_ratios, cpu_ratios = [], []
     for i in range(args.pairs):
         got = {}
         for variant in ((ours, theirs) if i % 2 == 0 else (theirs, ours)):  # alternate which goes first
             got[variant] = sample(args.at_once, variant)
             walls[variant].append(got[variant][0])
             cpus[variant].append(got[variant][1])
-        wall_ratios.append(got[ours][0] / got[theirs][0])
-        cpu_ratios.append(got[ours][1] / got[theirs][1])
         print(f"pair {i + 1}: {ours} {got[ours][0]:.2f} s wall, {got[ours][1]:.2f} s CPU; {theirs} "
               f"{got[theirs][0]:.2f} s wall, {got[theirs][1]:.2f} s CPU", flush=True)
     print(f"{args.at_once} warm-ups at once: wall median {ours} {statistics.median(walls[ours]):.2f} s, {theirs} "
           f"{statistics.median(walls[theirs]):.2f} s; CPU per process median {ours} "
           f"{statistics.median(cpus[ours]) / args.at_once:.2f} s, {theirs} {statistics.median(cpus[theirs]) / args.at_once:.2f} s")
+    wall_ratios = [a / b for a, b in zip(walls[ours], walls[theirs], strict=True)]  # pair by pair
+    cpu_ratios = [a / b for a, b in zip(cpus[ours], cpus[theirs], strict=True)]
     print(f"{ours} / {theirs} (paired): wall median {spread(wall_ratios)}, CPU median {spread(cpu_ratios)}")
     return 0
 

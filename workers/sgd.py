@@ -4,7 +4,7 @@ It computes what ``torch.optim.SGD(params, lr=lr, momentum=m)`` computes on the 
 weight decay or Nesterov; torch's single-tensor path, which is the one it takes for CPU tensors),
 step for step and bit for bit (tests/unit/test_sgd.py). It is not torch.optim's own because that
 one imports ``torch._dynamo`` in its constructor and in every ``step`` (about 800 modules: sympy,
-inductor): 1.6 s of CPU in each process that trains, a third of what a site server in a worker
+inductor): 1.6-2 s of CPU in each process that trains, a third of what a site server in a worker
 container takes to start, paid by each of an emulation's containers at once.
 """
 
