@@ -31,8 +31,8 @@ Each load is started once and kept running while the schemes take turns in ``--r
 blocks (the order reversed every other block; the training processes switch scheme between
 blocks, the endpoints are started afresh), so that the machine's drift falls on every scheme
 alike. Printed per scheme, load and chunk: the median and p90 per-hop time, both as ratios to the
-chunk's transmission time (its frame's bytes at 100 Mbit/s; htb's 15 kB burst lets a chunk that
-fits in it cross faster than that, so a ratio may be below 1), the TCP retransmissions and
+chunk's transmission time (its frame's bytes at 100 Mbit/s; htb's burst, one frame at this rate, lets a
+chunk's first frame cross faster than that), the TCP retransmissions and
 timeouts in the two namespaces (the background flows' included), and where a hop's time goes:
 ``send`` (the loop to its sender thread having written the chunk), ``wire`` (the kernel, both
 switches, the link, the peer's reader and its checks), ``loop`` (the reader to the peer's loop).
@@ -60,7 +60,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller.shaping import ROOT_MAJOR, TASK_PRIO, background_queue, base_layout, classid, rate_arg  # noqa: E402
+from controller.htb import htb_args  # noqa: E402
+from controller.shaping import ROOT_MAJOR, TASK_PRIO, background_queue, base_layout, classid  # noqa: E402
 from orchestrator.emulation.datapath_priority import (  # noqa: E402
     DATAPATH_NICE,
     daemon_pids,
@@ -130,9 +131,8 @@ class HopNet:
     def _shape(dev: str) -> None:
         """The emulation's htb layout on `dev`, and a task class (prio 0) for the benchmark's port."""
         cmds = [*base_layout(dev, LINK_MBPS), background_queue(dev),
-                ["class", "add", "dev", dev, "parent", classid(1), "classid", classid(TASK_CLASS), "htb", "rate",
-                 rate_arg(TASK_MBPS), "ceil", rate_arg(LINK_MBPS), "burst", "15k", "cburst", "15k", "quantum",
-                 "1514", "prio", str(TASK_PRIO)]]
+                ["class", "add", "dev", dev, "parent", classid(1), "classid", classid(TASK_CLASS),
+                 *htb_args(TASK_MBPS, LINK_MBPS, TASK_PRIO)]]
         for where in ("sport", "dport"):
             cmds.append(["filter", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "protocol", "ip", "prio",
                          str(TASK_CLASS), "u32", "match", "ip", "protocol", "6", "0xff", "match", "ip", where,

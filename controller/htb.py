@@ -35,6 +35,7 @@ or the workers.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from controller.flows import LOWER_EFFORT_DSCP
@@ -74,7 +75,16 @@ BACKGROUND_QDISC_MAJOR = 6
 MIN_RATE_MBPS = 0.001
 #: One MTU frame: at tens of Mbit/s htb's default quantum (rate / r2q) draws a warning.
 QUANTUM = 1514
-BURST = "15k"
+#: The smallest burst (and cburst) of a class, bytes: one MTU frame and a little. htb sends a packet
+#: whenever its tokens are >= 0, so after an idle gap one frame passes at the port's speed whatever
+#: the burst; a smaller one buys no accuracy.
+BURST_FLOOR_BYTES = 1600
+#: What a class's burst covers at its own rate, seconds: the timer slack htb must absorb to hold the
+#: rate. Measured on forwarding veths (docs/architecture.md, "Shaping"): a burst of one frame held
+#: 0.95 of 100 Mbit/s, also with both cores busy, but only 0.84 of 500 Mbit/s, where 100 us (6,250 B)
+#: held 0.94. A fixed 15 KB passed 13 of a 19 KB model's 20 KB of frames unshaped after an idle gap,
+#: at any time dilation.
+BURST_WINDOW_S = 100e-6
 
 Link = tuple[str, str]
 TcCommand = list[str]
@@ -114,9 +124,18 @@ def task_budget_mbps(link_mbps: float) -> float:
     return link_mbps - background_rate_mbps(link_mbps) - ack_rate_mbps(link_mbps)
 
 
+def burst_bytes(mbps: float) -> int:
+    """The htb burst of a class shaped to `mbps` (the dilated rate the class runs at): `BURST_WINDOW_S`
+    of it, at least `BURST_FLOOR_BYTES`. A copy crossing an idle link thus passes at most this much
+    ahead of the rate: one frame up to 128 Mbit/s."""
+    return max(BURST_FLOOR_BYTES, math.ceil(mbps * 1e6 / 8 * BURST_WINDOW_S))
+
+
 def htb_args(rate_mbps: float, ceil_mbps: float, prio: int | None = None) -> list[str]:
-    args = ["htb", "rate", rate_arg(rate_mbps), "ceil", rate_arg(ceil_mbps), "burst", BURST, "cburst", BURST,
-            "quantum", str(QUANTUM)]
+    """An htb class at `rate_mbps`, borrowing up to `ceil_mbps`; its burst from the rate and its
+    cburst from the ceil (`burst_bytes`)."""
+    args = ["htb", "rate", rate_arg(rate_mbps), "ceil", rate_arg(ceil_mbps), "burst", str(burst_bytes(rate_mbps)),
+            "cburst", str(burst_bytes(ceil_mbps)), "quantum", str(QUANTUM)]
     return args + (["prio", str(prio)] if prio is not None else [])
 
 

@@ -7,6 +7,12 @@ The unit tests run first. When the stock-kernel tests (tests/guest) are selected
 in the background as soon as the suite is collected (the guest's build, boot and checks take
 minutes and need no network of this host's); they overlap the unit tests, and the guest's tests,
 next in order, wait for what is left. ``NETAI_GUEST_EARLY=0`` runs them in their turn instead.
+
+No test touches the user's caches: at session start the profile cache (``NETAI_CACHE_DIR``,
+`orchestrator.runtime.profiles.default_cache`) and the calibration store (``NETAI_CALIBRATION``,
+`orchestrator.simulation.calibration.default_path`) are pointed into a folder of the session's
+own, in the environment, so that the subprocesses the tests start (``netai ...``) inherit them; it is
+removed at the end. Each test also gets an empty calibration store of its own (`_no_host_calibration`).
 """
 
 from __future__ import annotations
@@ -14,8 +20,34 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
+
+#: The environment variables `pytest_configure` points into the session's folder, and where.
+SESSION_STORES = {"NETAI_CACHE_DIR": "cache", "NETAI_CALIBRATION": "state/calibration.json"}
+_session: dict[str, str | None] = {}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    root = tempfile.mkdtemp(prefix="netai-tests-")
+    _session.update({name: os.environ.get(name) for name in SESSION_STORES}, root=root)
+    for name, where in SESSION_STORES.items():
+        os.environ[name] = str(Path(root) / where)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    root = _session.pop("root", None)
+    if root is None:
+        return
+    for name in SESSION_STORES:
+        old = _session.pop(name, None)
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def _have_root_net() -> str | None:

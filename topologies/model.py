@@ -50,6 +50,9 @@ class Site:
 
     name: str
     has_compute: bool = True
+    #: Compute: the number of emulated cores, each of the experiment's ``compute.core_gflops``
+    #: (host-independent: a round's modelled training lasts its cost / min(threads, cpu),
+    #: `workers.compute`); the Docker backend also limits the site's container to this many host cores.
     cpu: float = DEFAULT_CPU
     memory_mb: int = DEFAULT_MEMORY_MB
     #: Geographic position in degrees, where the topology gives one. Distances come from the links'

@@ -1,9 +1,10 @@
 """Emulated compute: a local's training lasts what its emulated site would take, not what the host does.
 
 A round's training time in the emulated timeline is ``(train_s_per_round + train_s_per_example x
-examples x epochs) / site_speed x time_dilation``: the task's measured profile (CPU seconds of one
-host core per round, whatever its examples, and per example and epoch, `orchestrator.runtime.profiles`),
-the site's compute relative to one host core, and the emulation's time dilation. Real training still runs, for real accuracy: when it ends early, the local holds its
+examples x epochs) / site_speed x time_dilation``: the task's modelled cost (seconds of one emulated
+core per round, whatever its examples, and per example and epoch, as the experiment sets it:
+counted from the model by default, `orchestrator.runtime.compute_model`), the site's emulated cores
+(its ``cpu``, at most the role's training threads), and the emulation's time dilation. Real training still runs, for real accuracy: when it ends early, the local holds its
 update until the modelled end (`hold`); when it overruns (the host is too small for what it
 emulates), the round keeps the real time and the local logs ``train_overrun``, so that the run can
 say the round did not measure the emulated site (docs/architecture.md, "Fidelity").
@@ -24,7 +25,7 @@ from workers.events import now as events_clock
 
 @dataclass(frozen=True)
 class TrainingCost:
-    """A task's modelled training cost in CPU seconds of one host core: per example and epoch, and
+    """A task's modelled training cost in seconds of one emulated core: per example and epoch, and
     per round (the fixed part). Both 0: not modelled. Raises ValueError unless finite and >= 0."""
 
     s_per_example: float = 0.0

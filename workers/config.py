@@ -73,10 +73,10 @@ class AgentConfig(LearningSpec):
     #: G only: write the global model to this safetensors file after every round (atomically), so
     #: that a moved task resumes from its last completed round. Set by the site server.
     checkpoint_path: str | None = None
-    #: Emulated compute (`workers.compute`): CPU seconds of one host core per training example and epoch,
-    #: and per round whatever its examples, the task's measured profile (both 0: training takes what it
-    #: takes on this host, ``compute_timing: measured``); the site's compute relative to one host core;
-    #: the emulation's time dilation.
+    #: Emulated compute (`workers.compute`): seconds of one emulated core per training example and
+    #: epoch, and per round whatever its examples, the task's modelled cost (both 0: training takes what
+    #: it takes on this host, ``compute_timing: measured``); the site's emulated cores; the emulation's
+    #: time dilation.
     train_s_per_example: float = 0.0
     train_s_per_round: float = 0.0
     site_speed: float = 1.0

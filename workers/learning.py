@@ -114,13 +114,34 @@ class Learner:
             for i in range(0, len(x), self.cfg.batch_size):
                 idx = order[i : i + self.cfg.batch_size]
                 opt.zero_grad()
-                loss = loss_fn(self.model(x[idx]), y[idx])
-                extra = self.strategy.penalty(self.model)
-                if extra is not None:
-                    loss = loss + extra
-                loss.backward()
+                self._step_loss(loss_fn, x[idx], y[idx]).backward()
                 opt.step()
         return len(x)
+
+    def _step_loss(self, loss_fn: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss one training step back-propagates: the batch's, plus the strategy's penalty."""
+        loss: torch.Tensor = loss_fn(self.model(x), y)
+        extra = self.strategy.penalty(self.model)
+        return loss if extra is None else loss + extra
+
+    def step_flops_per_example(self) -> float:
+        """Floating-point operations per example of one training step (forward, loss and backward,
+        as `train` takes it) on the first batch of this node's part (of the whole training split
+        when it holds none), counted by torch's `FlopCounterMode`: deterministic, no timing. The
+        optimizer's update is elementwise and not counted, nor are ops torch has no formula for
+        (0 when it counts none). The model's gradients are cleared afterwards."""
+        from torch.utils.flop_counter import FlopCounterMode
+
+        idx = self.train_idx if self.train_idx is not None else torch.arange(len(self.data.train_y))
+        batch = idx[: self.cfg.batch_size]
+        if len(batch) == 0:
+            return 0.0
+        self.model.train()
+        self.strategy.begin(self.model)
+        with FlopCounterMode(display=False) as counter:
+            self._step_loss(nn.CrossEntropyLoss(), self.data.train_x[batch], self.data.train_y[batch]).backward()
+        self.model.zero_grad(set_to_none=True)
+        return float(counter.get_total_flops()) / len(batch)
 
     @torch.no_grad()
     def train_loss(self) -> float:

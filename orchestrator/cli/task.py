@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.cli.dashboard import add_dashboard_args
-from orchestrator.cli.learning import add_learning_args, learning_options
+from orchestrator.cli.learning import add_compute_args, add_learning_args, compute_options, learning_options
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 
@@ -54,6 +54,7 @@ def register(subparsers: Any) -> None:
                      help="scheduler name, module:Class or path/file.py:Class (default mst; docs/schedulers.md)")
     run.add_argument("--locals", type=int, required=True, help="number of local models")
     add_learning_args(run)
+    add_compute_args(run)
     run.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE",
                      help="keyword argument of the model factory (JSON value), repeatable")
     run.add_argument("--select", default="all", metavar="POLICY",
@@ -125,6 +126,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     model_args = _key_values(args.model_arg)
     args.selection = _selection(args)
     options = learning_options(args, model_args=model_args, selection=args.selection)  # bad: one line, exit 2
+    args.compute = compute_options(args)  # bad: one line, exit 2
     if args.attach:
         if args.dashboard:
             raise ConfigError("--dashboard goes with the network: `netai net up --dashboard` shows attached tasks")
@@ -159,7 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 result = run_task(schedule, manager=manager, options=options, log_dir=manager.task_dir("agents"))
         else:
             result = _run_emulated(task, schedule, model, backend_kind, options, log_dir,
-                                   train_allowance_s=args.train_allowance,
+                                   train_allowance_s=args.train_allowance, compute=args.compute,
                                    dashboard_port=args.dashboard_port if args.dashboard else None)
     except (RuntimeError, TimeoutError) as e:  # a role or a server failed: say why in one line, status 1
         print(f"netai: task {task.id} failed: {e}", file=sys.stderr)
@@ -173,19 +175,20 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any, log_dir: Path, *,
-                  train_allowance_s: float, dashboard_port: int | None = None) -> Any:
+                  train_allowance_s: float, compute: Any, dashboard_port: int | None = None) -> Any:
     """Bring the emulation up, run the task through the lifecycle core, tear down. The run is recorded
     in ``<log dir>/emulation/results.db`` (link load, the task's states, rounds and per-node times), so
-    `netai dashboard` replays it; with `dashboard_port`, the live dashboard serves it meanwhile."""
+    `netai dashboard` replays it; with `dashboard_port`, the live dashboard serves it meanwhile.
+    `compute`: how the locals' modelled training cost is set (`compute_model.ComputeModel`)."""
     from orchestrator.cli.net import LiveRecord
     from orchestrator.emulation.network import Emulation
     from orchestrator.emulation.network_port import ControllerNetwork
     from orchestrator.lifecycle.core import Lifecycle
     from orchestrator.lifecycle.recorder import DbRecorder
     from orchestrator.runtime.backends import emulation_options, open_compute
+    from orchestrator.runtime.compute_model import training_cost
     from orchestrator.runtime.compute_port import ServerCompute
     from orchestrator.runtime.forked import early_fork_server
-    from orchestrator.runtime.profiles import training_cost
     from orchestrator.scheduling import NetworkState
     from topologies.plan import EmulationPlan
 
@@ -194,7 +197,7 @@ def _run_emulated(task: Any, schedule: Any, model: Any, kind: str, options: Any,
 
         ensure_worker_image()  # the image carries the project's code: keep it in step with the checkout
     plan = EmulationPlan.from_model(model)
-    training = training_cost(options)  # the modelled compute's profile, measured (once) before bring-up
+    training = training_cost(options, compute)  # the modelled training, counted before bring-up
     log_dir.mkdir(parents=True, exist_ok=True)
     run_id = ""
     emu = Emulation(plan, log_dir=log_dir / "emulation", **emulation_options(kind, log_dir=log_dir / "workers"))
@@ -266,6 +269,7 @@ def _cmd_attach(args: argparse.Namespace, options: Any) -> int:
     from orchestrator.emulation.running import find_running
     from orchestrator.experiment.attach import AttachRequest, run_attached
     from orchestrator.runtime.compute import check_model
+    from orchestrator.runtime.compute_model import resolve
     from orchestrator.scheduling import get_scheduler
 
     if args.backend not in ("auto", "process"):
@@ -279,10 +283,11 @@ def _cmd_attach(args: argparse.Namespace, options: Any) -> int:
     if os.geteuid() != 0:
         raise ConfigError("--attach enters the running network's hosts (network namespaces): run it with sudo")
     model_bytes = check_model(options.model, options.model_args)  # a broken model: one line, exit 2, before anything starts
+    resolve(options, args.compute)  # the modelled training, counted (or measured) before anything is installed
     net = find_running(args.url)
     req = AttachRequest(scheduler=args.scheduler, locals=args.locals, seed=args.seed, options=options,
                         model_bytes=model_bytes, log_root=args.log_dir or DEFAULT_LOG_ROOT, task_id=args.task_id,
-                        topology=args.topology, train_allowance_s=args.train_allowance)
+                        topology=args.topology, train_allowance_s=args.train_allowance, compute=args.compute)
     quiet = bool(args.json)
     header = [False]
 

@@ -13,6 +13,7 @@ import itertools
 from collections.abc import Iterator
 from typing import Any
 
+from controller.htb import burst_bytes
 from orchestrator.emulation.background_view import BackgroundView
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling import NetworkState, Schedule
@@ -67,6 +68,7 @@ class ControllerNetwork:
         self.rate = shaped if k == 1 else (lambda a, b: shaped(a, b) * k)
         self.counter_settle_s = COUNTER_SETTLE_S
         self.payload_share = TCP_PAYLOAD_SHARE  # htb counts Ethernet frames
+        self.link_burst_bytes = lambda a, b: burst_bytes(shaped(a, b))  # the class's, at the dilated rate
         self._ids = install_ids if install_ids is not None else itertools.count(1)
         self._measure = measure_background
         self.background_view = background_view or BackgroundView(client, plan)

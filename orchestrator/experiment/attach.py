@@ -32,8 +32,8 @@ from orchestrator.lifecycle.recorder import DbRecorder, NullRecorder
 from orchestrator.results import queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.runtime.backends import NamespaceBackend
+from orchestrator.runtime.compute_model import DEFAULT_COMPUTE, ComputeModel, for_training, resolve
 from orchestrator.runtime.compute_port import TaskServers
-from orchestrator.runtime.profiles import training_cost
 from orchestrator.runtime.summaries import RoundResult, TaskResult
 from orchestrator.runtime.task_runner import FLOptions
 from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
@@ -58,6 +58,8 @@ class AttachRequest:
     task_id: int | None = None
     topology: str | None = None
     train_allowance_s: float = TRAIN_ALLOWANCE_S
+    #: How the task's modelled training cost is set (`orchestrator.runtime.compute_model`).
+    compute: ComputeModel = DEFAULT_COMPUTE
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,8 @@ def _attached_core(net: RunningNetwork, model: Any, req: AttachRequest, hosts: d
     compute = TaskServers(hosts, lambda chosen, root: NamespaceBackend(chosen, log_root=root, run_id=run_mark),
                           log_dir, model=model, rate=network.rate, propagation=delay,
                           train_allowance_s=req.train_allowance_s, options=lambda _t: req.options,
-                          training=training_cost(req.options))
+                          training=(training := resolve(req.options, req.compute)).cost)
+    for_training(scheduler, training, req.options.local_epochs)
     rounds_of = req.options.rounds
     compute.on_up = lambda n: say(f"{n} site servers up in the task's hosts; running {rounds_of} rounds")
     clock = RunClock(recorder.clock_zero) if recorder else RunClock()

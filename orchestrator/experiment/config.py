@@ -8,7 +8,7 @@ topology's compute sites raise `ConfigError` with one line naming the key.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from orchestrator.experiment.config_checks import (
 )
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
 from orchestrator.experiment.sweep_entries import parse_sweep
+from orchestrator.runtime.compute_model import ComputeModel
 from orchestrator.runtime.remote import RemoteServer, parse_servers
 from orchestrator.runtime.timing import TRAIN_ALLOWANCE_S
 from orchestrator.scheduling import Scheduler, SchedulerSpec, get_scheduler, resolve_schedulers
@@ -166,7 +167,11 @@ class ExperimentConfig:
     #: ``emulation`` (Mininet and real workers) or ``simulation`` (the flow-level model on SimGrid).
     engine: str = "emulation"
     simulation: SimulationConfig = field(default_factory=SimulationConfig)
-    #: Sites whose servers run on Docker daemons reached over SSH (`orchestrator.runtime.remote`).
+    #: How the locals' modelled training cost is set (the ``compute`` section's own keys:
+    #: `orchestrator.runtime.compute_model.ComputeModel`, each setting declared there).
+    compute: ComputeModel = field(default_factory=ComputeModel)
+    #: Sites whose servers run on Docker daemons reached over SSH (``compute.servers``,
+    #: `orchestrator.runtime.remote`).
     remote_servers: tuple[RemoteServer, ...] = ()
     #: The resolved `schedulers` entries (`orchestrator.scheduling.plugins`) by which the labels of
     #: `schedulers` are built; a label without one is a registered name (a config built in code).
@@ -216,8 +221,9 @@ class ExperimentConfig:
             del d["emulation"]["cluster"]
         else:
             d["emulation"]["cluster"] = self.emulation.cluster.to_dict()
+        d["compute"] = self.compute.section()
         if self.remote_servers:
-            d["compute"] = {"servers": [s.to_dict() for s in self.remote_servers]}
+            d["compute"]["servers"] = [s.to_dict() for s in self.remote_servers]
         return d
 
     @property
@@ -373,7 +379,7 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
     if "order" in raw and cfg.mode != "sequential":
         raise ConfigError("order needs mode: sequential (online runs each scheduler's whole trace in turn)")
     cfg = _with_engine(cfg, raw)
-    cfg = _with_servers(cfg, raw, files_dir)
+    cfg = _with_compute(cfg, raw, files_dir)
     return _with_sweep(_on_topology(cfg, raw), raw, where, base_dir)
 
 
@@ -400,18 +406,32 @@ def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentCon
                    simulation=SimulationConfig(**section_check("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
 
 
-def _with_servers(cfg: ExperimentConfig, raw: Mapping[str, Any], files_dir: Path | None) -> ExperimentConfig:
-    """`cfg` with its remote site servers (``compute.servers``), which only an emulation runs."""
-    compute = raw.get("compute")
-    if compute is None:
+#: The compute section: the modelled training's settings (checked by `ComputeModel.check`) and
+#: ``servers`` (`orchestrator.runtime.remote.parse_servers`).
+COMPUTE_SCHEMA: dict[str, Check] = {**{f.name: _as_given for f in fields(ComputeModel)}, "servers": _as_given}
+
+
+def _compute_model(section: Mapping[str, Any]) -> ComputeModel:
+    """The compute section's modelled training (`ComputeModel.of`: checked, a setting of another
+    cost source refused), an error naming the key as written (``compute.core_gflops``)."""
+    try:
+        return ComputeModel.of({k: v for k, v in section.items() if k != "servers"})
+    except SpecError as e:
+        raise ConfigError(e.named(f"compute.{e.setting}")) from None
+
+
+def _with_compute(cfg: ExperimentConfig, raw: Mapping[str, Any], files_dir: Path | None) -> ExperimentConfig:
+    """`cfg` with its compute section: the modelled training, and the remote site servers
+    (``compute.servers``), which only an emulation runs."""
+    section = section_check("compute", raw.get("compute"), COMPUTE_SCHEMA)
+    cfg = replace(cfg, compute=_compute_model(section))
+    if "servers" not in section:
         return cfg
-    if not isinstance(compute, Mapping) or set(compute) - {"servers"}:
-        raise ConfigError(f"compute must be a mapping with one key, servers, got {compute!r}")
     if cfg.engine == "simulation":
         raise ConfigError("compute.servers needs engine: emulation (a simulation runs no servers)")
     if cfg.emulation.cluster is not None:
         raise ConfigError("compute.servers (Docker over SSH) and emulation.cluster do not combine yet")
-    return replace(cfg, remote_servers=parse_servers(compute.get("servers"), base_dir=files_dir))
+    return replace(cfg, remote_servers=parse_servers(section["servers"], base_dir=files_dir))
 
 
 def _on_topology(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentConfig:

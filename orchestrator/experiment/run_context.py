@@ -18,8 +18,8 @@ from orchestrator.experiment.lost_machines import MachineWatch, machine_watch
 from orchestrator.lifecycle.core import Lifecycle, RunClock
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results.db import ResultsDB
+from orchestrator.runtime.compute_model import for_training, resolve
 from orchestrator.runtime.compute_port import ServerCompute
-from orchestrator.runtime.profiles import training_cost
 from orchestrator.runtime.task_runner import FLOptions
 from orchestrator.scheduling.cost import emulated_rate
 from topologies.model import NetworkModel
@@ -77,10 +77,10 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
                             train_allowance_s=cfg.task.train_allowance_s * k, time_dilation=k,
                             options=lambda task: fl_options(cfg.task, rounds=task.rounds, seed=cfg.seed + task.id),
                             checkpoint=faults, links_dir=run_dir / "tasks",
-                            training=training_cost(cfg.task))
+                            training=(training := resolve(cfg.task, cfg.compute)).cost)
     core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(db, run_id), clock=clock, model=model,
-                     dilation=k,
-                     schedulers=cfg.scheduler, release_on_end=cfg.mode == "online",
+                     dilation=k, release_on_end=cfg.mode == "online",
+                     schedulers=lambda label: for_training(cfg.scheduler(label), training, cfg.task.local_epochs),
                      whole_updates=cfg.task.compression == "none", faults=faults)
     machines = machine_watch(emu, plan, lambda label, **fault: db.record_fault(run_id, label, **fault), clock.now,
                              on_lost=getattr(manager, "lose", None))

@@ -50,8 +50,8 @@ from orchestrator.experiment.runs import RunOutcome, scheduler_order, task_sets
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.results.summary import RunSummary
+from orchestrator.runtime import compute_model
 from orchestrator.runtime.compute import check_model
-from orchestrator.runtime.profiles import training_cost
 from orchestrator.scheduling import NetworkState, Schedule
 from topologies.plan import EmulationPlan
 
@@ -118,6 +118,7 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         "time_dilation_from": cfg.emulation.time_dilation_from or None,  # `time_dilation: host`: whose K
         # how the locals' training times were taken (workers.compute): the fidelity verdict reads it
         "compute_timing": cfg.task.compute_timing,
+        **compute_model.resolve(cfg.task, cfg.compute).environment(),  # the compute model (compute_* keys)
         "connectivity": cfg.emulation.connectivity,
         "cpus": os.cpu_count(),
         "background": f"{cfg.background.pattern}, load {cfg.background.load}, {cfg.background.pairs} pairs"
@@ -212,7 +213,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         plan = plan.dilated(cfg.emulation.time_dilation)
     backend_kind = preflight(cfg)
     model_bytes = check_model(cfg.task.model, cfg.task.model_args, cfg.task.dataset, cfg.task.dataset_args)  # a broken model: exit 2, nothing started
-    training_cost(cfg.task)  # the modelled compute's profile, measured (once) before anything starts
+    compute_model.resolve(cfg.task, cfg.compute)  # the modelled training, counted before anything starts
     if backend_kind == "docker":
         from orchestrator.runtime.backends import ensure_worker_image
 

@@ -26,6 +26,7 @@ from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
+from orchestrator.runtime.compute_model import ModelledTraining, for_training, resolve
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate, emulated_rate
 from orchestrator.simulation.background import SimBackground
@@ -33,6 +34,7 @@ from orchestrator.simulation.calibration import CalibrationMismatch, default_pat
 from orchestrator.simulation.ports import SimBatch, SimCompute, SimNetwork
 from orchestrator.simulation.spec import SimParams
 from topologies.plan import EmulationPlan
+from workers.compute import TrainingCost
 
 LOG = logging.getLogger("netai.simulation")
 
@@ -40,19 +42,16 @@ LOG = logging.getLogger("netai.simulation")
 def sim_params(cfg: ExperimentConfig) -> SimParams:
     """The model's parameters from the config's `simulation` section. With ``compute_timing: modeled``
     and no training figure of its own, training is the emulation's compute model (`workers.compute`):
-    the task's measured profile (per example and per round), its epochs and its dataset's examples."""
+    the run's modelled training (`compute_model.resolve` of its task and ``compute`` section: the
+    cost per example and per round), its epochs and its dataset's examples, at each site's speed."""
     params = SimParams(**{k: v for k, v in asdict(cfg.simulation).items() if k != "calibration"})
     defaults = SimulationConfig()
     if cfg.task.compute_timing == "modeled" and params.seconds_per_example == defaults.seconds_per_example \
             and params.seconds_per_round == defaults.seconds_per_round:
-        from orchestrator.runtime.profiles import load_profile
-
-        task = cfg.task
-        profile = load_profile(task.model, dataset=task.dataset, batch_size=task.batch_size,
-                               model_args=task.model_args, dataset_args=task.dataset_args)
-        params = replace(params, seconds_per_example=profile.train_cpu_s_per_example,
-                         seconds_per_round=profile.train_cpu_s_per_round, local_epochs=task.local_epochs,
-                         train_examples=profile.train_examples, site_speed=True)
+        training = resolve(cfg.task, cfg.compute)
+        params = replace(params, seconds_per_example=training.cost.s_per_example,
+                         seconds_per_round=training.cost.s_per_round, local_epochs=cfg.task.local_epochs,
+                         train_examples=training.train_examples, site_speed=True)
     return params
 
 
@@ -109,18 +108,16 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     db = ResultsDB(run_dir / "results.db")
     run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation")
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
-    background = SimBackground.plan(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed,
-                                    emulated_rates=params.rates == "emulated", share=BACKGROUND_SHARE)
-    if background is not None:
-        background = background.routed(lambda a, b: controller_route(plan, a, b))
-    db.set_environment(run_id, _environment(cfg, plan, params, background, calibration)
+    background = _background(cfg, model, plan, params)
+    db.set_environment(run_id, _environment(cfg, plan, params, background, calibration,
+                                            training := _training(cfg, params))
                        | {"frame_headers": "modelled" if frame_bytes is not None else "not modelled"})
     status, note = "failed", ""
     try:
         batch = SimBatch(model, params, rate, background, frame_bytes)
         network = SimNetwork(batch, propagation=params.propagation, replay=None if replay is None else replay.by_task)
-        core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir),
-                         recorder=SimRecorder(db, run_id), clock=batch, model=model, schedulers=cfg.scheduler,
+        core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir), recorder=SimRecorder(db, run_id),
+                         clock=batch, model=model, schedulers=_planning(cfg, training),
                          whole_updates=cfg.task.compression == "none")
         t0 = time.monotonic()
         admitted = _admit_all(cfg, core, model, model_bytes)
@@ -201,12 +198,36 @@ def _new_run_dir(out_root: Path, stamp: str) -> Path:
             n += 1
 
 
+def _background(cfg: ExperimentConfig, model: Any, plan: EmulationPlan, params: SimParams) -> SimBackground | None:
+    """The simulated background: the emulation's plan, seed and on/off processes, on the controller's routes."""
+    background = SimBackground.plan(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed,
+                                    emulated_rates=params.rates == "emulated", share=BACKGROUND_SHARE)
+    return None if background is None else background.routed(lambda a, b: controller_route(plan, a, b))
+
+
+def _planning(cfg: ExperimentConfig, training: ModelledTraining) -> Callable[[str], Any]:
+    """The config's schedulers by label, a ``joint`` planning with the run's modelled training, as
+    the emulation's do (`compute_model.for_training`)."""
+    return lambda label: for_training(cfg.scheduler(label), training, cfg.task.local_epochs)
+
+
+def _training(cfg: ExperimentConfig, params: SimParams) -> ModelledTraining:
+    """The run's modelled training as the simulation takes it (recorded under the emulation's keys,
+    `ModelledTraining.environment`): the compute model's (`sim_params`; counted once per process),
+    or the simulation section's own figures where they stand instead."""
+    if params.site_speed or cfg.task.compute_timing != "modeled":
+        return resolve(cfg.task, cfg.compute)
+    return ModelledTraining("set in the simulation section (seconds_per_example, seconds_per_round)",
+                            TrainingCost(s_per_example=params.seconds_per_example, s_per_round=params.seconds_per_round),
+                            params.train_examples, cfg.compute)
+
+
 def _environment(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams, background: SimBackground | None,
-                 calibration: dict[str, Any]) -> dict[str, Any]:
-    """The run's environment: the engine, every parameter of the model and the calibration used,
-    so the report says the run was simulated and how (the settings left at their defaults and not
-    calibrated listed under ``defaults``)."""
-    env = {**_parameters(cfg, plan, params, background), **calibration}
+                 calibration: dict[str, Any], training: ModelledTraining) -> dict[str, Any]:
+    """The run's environment: the engine, every parameter of the model, the calibration used and
+    the modelled training (the emulation's ``compute_*`` keys), so the report says the run was
+    simulated and how (the settings left at their defaults and not calibrated listed under ``defaults``)."""
+    env = {**_parameters(cfg, plan, params, background), **calibration, **training.environment()}
     env["defaults"] = [k for k in env["defaults"] if k not in calibration.get("calibrated_params", [])]
     if calibration.get("calibrated") is True:
         env["calibration"] = calibration["calibration_summary"]

@@ -410,9 +410,9 @@ class Lifecycle:
             trainings=undilate_overruns(training_rows(events), self.dilation),
             hops=hop_rows(self.model, live.schedule, node_rows, chunk_bytes=result.chunk_bytes,
                           model_bytes=task.model_bytes, rate=rate, propagation=delay, copies=copies,
-                          payload_share=self.network.payload_share),
+                          payload_share=self.network.payload_share, burst_bytes=self.network.link_burst_bytes),
             link_rates=link_rate_rows(self.model, live.schedule, node_rows, model_bytes=task.model_bytes, rate=rate,
-                                      propagation=delay, copies=copies))
+                                      propagation=delay, copies=copies, burst_bytes=self.network.link_burst_bytes))
         # the round as recorded: emulated seconds (the roles measured wall seconds, K times as many)
         last = undilate_round(result.rounds[-1], self.dilation) if result.rounds else None
         LOG.info("task %d %s: %d rounds, last latency %.3f s%s, accuracy %s, start overhead %s s", task.id, label,

@@ -3,10 +3,12 @@ broadcast tree, computed the same way for every engine from the records the core
 
 A *hop* is one broadcast edge in one round: ``hop_s`` is the child's receive time (it holds the
 whole global model) minus its parent's. Its *floor* is what the emulated network alone allows:
-the child cannot finish before the parent's last chunk has crossed the edge (one chunk at the
-edge's share of its slowest link, plus its propagation where delay is emulated), nor before the
-whole model has crossed the edge since the round started (G starts with the whole model; a relay
-forwards as it receives). The whole model is the bytes that must cross the link: the copy's frame
+the child cannot finish before the parent's last chunk has crossed the edge (one chunk at its
+slowest link's rate, plus its propagation where delay is emulated), nor before every link of the
+edge has carried, since the round started, as many whole copies as had arrived across it by then
+(G starts with the whole model; a relay forwards as it receives). Where G sends several copies
+down one link, the first to arrive thus has a floor of one copy and the last of all of them,
+whichever order the sender took. The whole model is the bytes that must cross the link: the copy's frame
 bytes (its child's ``global_received`` ``nbytes``, `copy_rows`: the chunks with their headers; the
 model's bytes where the engine logs none) over the share of the link's rate its transport leaves
 them (the network port's ``payload_share``: TCP payload per Ethernet frame at MTU 1500 in the
@@ -17,7 +19,7 @@ added (software, CPU waits). docs/architecture.md, "Fidelity", says how the verd
 
 A *link rate* (`link_rate_rows`) is what a shaped link delivered while it was busy with the task's
 broadcast: for each directed link that is the bottleneck of G's broadcast edges and carries at least
-`SATURATING_BYTES` of copies, per round, the bytes the copies crossing it put on it at the link's
+`SATURATING_BURSTS` times its burst in copies, per round, the bytes the copies crossing it put on it at the link's
 configured rate (under dilation the dilated one: the rate is the undilated rate and the times are
 emulated) over the time the link was busy with them. A copy's bytes are the frame bytes its child
 received (the ``nbytes`` of its ``global_received``: the chunks with their headers, TCP/IP's not);
@@ -30,8 +32,8 @@ link that delivers less while it carries the copies still shows below 1. Where a
 log a figure, the definition falls back, per copy: its start to the round's start at G, its bytes
 to the model's (the simulation logs ``forward_first`` but frames nothing: its transfers carry the
 model's bytes at the link's rate times its TCP efficiency). Only links carrying at least
-`SATURATING_BYTES` of copies (of the model's bytes) count, so that the part the links' htb burst
-passes at the veth's speed is small.
+`SATURATING_BURSTS` times its burst in copies (of the model's bytes) count, so that the part the
+link's htb burst passes at the veth's speed is small.
 """
 
 from __future__ import annotations
@@ -44,17 +46,32 @@ from orchestrator.scheduling.cost import RateFn, link_copies, overlay_edge_s
 from orchestrator.scheduling.schedule import DirectedLink, OverlayEdge
 from topologies.model import NetworkModel
 
-#: Bytes of the task's copies a link must carry from the round's start to count as saturated: ten
-#: times the links' htb burst (15 KB, `controller/htb.py`), which passes at the veth's speed.
-SATURATING_BYTES = 150_000
+#: How many times its burst (the bytes it passes ahead of its rate after an idle gap, the network
+#: port's ``link_burst_bytes``) a round's copies must put on a link for it to count as saturated: the
+#: part that passes at the port's speed is then at most a tenth. With the emulation's burst of one
+#: frame (`controller.htb.burst_bytes`) that is 16 KB: one copy of the default mlp counts.
+SATURATING_BURSTS = 10
+#: The least a round's copies must put on a link to count, whatever its burst (a link that bursts
+#: nothing, as in the simulation, still needs a copy's worth): one frame's payload ten times.
+SATURATING_FLOOR_BYTES = 14_480
 
 
 def hop_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mapping[str, Any]], *,
              chunk_bytes: int, model_bytes: int, rate: RateFn, propagation: bool,
              copies: Mapping[tuple[int, str], Mapping[str, Any]] | None = None,
-             payload_share: float = 1.0) -> list[dict[str, Any]]:
+             payload_share: float = 1.0, burst_bytes: Callable[[str, str], int] = lambda a, b: 0,
+             ) -> list[dict[str, Any]]:
     """One row per broadcast edge and round that both ends logged: round, parent, child, hop_s,
-    chunk_s (one chunk's payload over the edge), floor_s and overhead_s (seconds).
+    chunk_s (one chunk's payload over the edge, at the edge's share of its links), floor_s and
+    overhead_s (seconds).
+
+    The floor holds whatever order the copies sharing a link take (see the module docstring): the
+    child's copy cannot be whole before the parent's last chunk crossed the edge alone at the links'
+    rate, nor before as many whole copies as had arrived by then across each of its links (its own
+    included: its *rank* there) crossed that link since the round started. A floor that charged every
+    copy all the copies of the link (the edge's share) was beaten by the copies G sent first. Each
+    link lets its burst pass ahead of its rate (`burst_bytes`, the network port's ``link_burst_bytes``):
+    the floor leaves it out, so that an ideal run on the shaped link does not beat it.
 
     Parameters
     ----------
@@ -67,15 +84,19 @@ def hop_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mappin
         the model's bytes).
     payload_share
         The share of a link's rate left to the copies' bytes by the transport (1: none lost).
+    burst_bytes
+        What each directed link passes ahead of its rate after an idle gap (0: nothing).
     """
     received = {(r["site"], r["round"]): r.get("received_s") for r in node_rows}
     g = schedule.global_site
     n_copies = link_copies(schedule, "broadcast")
     logged = copies or {}
+    delay_s = {e: model.path_delay_ms(e.path) / 1e3 if propagation else 0.0 for e in schedule.edges_of("broadcast")}
+    chunk = chunk_bytes if 0 < chunk_bytes < model_bytes else model_bytes
     out = []
     for e in schedule.edges_of("broadcast"):
-        chunk = chunk_bytes if 0 < chunk_bytes < model_bytes else model_bytes
         chunk_s = overlay_edge_s(model, e, n_copies, chunk, rate=rate, propagation=propagation)
+        alone_s = _shaped_s(e, dict.fromkeys(e.links(), float(chunk)), rate, burst_bytes) + delay_s[e]
         for (site, rnd), child_t in received.items():
             if site != e.dst or child_t is None:
                 continue
@@ -83,12 +104,31 @@ def hop_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mappin
             if parent_t is None or start_t is None:
                 continue
             wire = int(logged.get((rnd, site), {}).get("bytes", model_bytes)) / payload_share
-            whole_s = overlay_edge_s(model, e, n_copies, round(wire), rate=rate, propagation=propagation)
-            floor = max(chunk_s, start_t + whole_s - parent_t)
+            rank = _arrival_ranks(schedule, e, received, rnd, child_t)
+            whole_s = _shaped_s(e, {ln: n * wire for ln, n in rank.items()}, rate, burst_bytes) + delay_s[e]
+            floor = max(alone_s, start_t + whole_s - parent_t)
             hop = child_t - parent_t
             out.append({"round": rnd, "parent": e.src, "child": e.dst, "hop_s": hop, "chunk_s": chunk_s,
                         "floor_s": floor, "overhead_s": hop - floor})
     return sorted(out, key=lambda r: (r["round"], r["child"]))
+
+
+def _shaped_s(e: OverlayEdge, link_bytes: Mapping[DirectedLink, float], rate: RateFn,
+              burst_bytes: Callable[[str, str], int]) -> float:
+    """The least time each link of `e` takes to carry its bytes, less the burst it passes ahead of
+    its rate: the slowest link's."""
+    return max((max(0.0, link_bytes[ln] - burst_bytes(*ln)) * 8 / (rate(*ln) * 1e6) for ln in e.links()), default=0.0)
+
+
+def _arrival_ranks(schedule: Schedule, e: OverlayEdge, received: Mapping[tuple[str, int], float | None], rnd: int,
+                   child_t: float) -> dict[DirectedLink, int]:
+    """For each link of `e`: how many of the round's broadcast copies crossing it were whole by
+    `child_t` (e's own included): the copies the link must have carried by then."""
+    out = {}
+    for ln in e.links():
+        done = [received.get((o.dst, rnd)) for o in schedule.edges_of("broadcast") if ln in o.links()]
+        out[ln] = max(1, sum(1 for t in done if t is not None and t <= child_t))
+    return out
 
 
 def _bottlenecks(schedule: Schedule, rate: RateFn) -> dict[DirectedLink, list[OverlayEdge]]:
@@ -133,14 +173,16 @@ def _busy_s(spans: Sequence[tuple[float, float]]) -> float:
 
 def link_rate_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mapping[str, Any]], *,
                    model_bytes: int, rate: RateFn, propagation: bool,
-                   copies: Mapping[tuple[int, str], Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:
+                   copies: Mapping[tuple[int, str], Mapping[str, Any]] | None = None,
+                   burst_bytes: Callable[[str, str], int] = lambda a, b: 0) -> list[dict[str, Any]]:
     """One row per round and saturated directed link (see the module docstring): round, a, b, bytes
     (what the copies crossing it put on it), expected_s (those bytes at the configured rate, plus the
     longest of the copies' propagations where delay is emulated), measured_s (the time the link was
     busy: the union of the copies' flights) and rate_share (expected over measured: 1 is the
     configured rate; TCP/IP's headers alone give about 0.95).
 
-    `copies` is `copy_rows` of the task's events (None: every copy falls back, see the module docstring)."""
+    `copies` is `copy_rows` of the task's events (None: every copy falls back, see the module docstring);
+    `burst_bytes` what each directed link passes ahead of its rate (the network port's ``link_burst_bytes``)."""
     received = {(r["site"], r["round"]): r.get("received_s") for r in node_rows}
     g = schedule.global_site
     n_copies = link_copies(schedule, "broadcast")
@@ -148,7 +190,7 @@ def link_rate_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[
     logged_copies = copies or {}
     out = []
     for (a, b) in sorted(_bottlenecks(schedule, rate)):
-        if n_copies[(a, b)] * model_bytes < SATURATING_BYTES:
+        if n_copies[(a, b)] * model_bytes < max(SATURATING_FLOOR_BYTES, SATURATING_BURSTS * burst_bytes(a, b)):
             continue
         crossing = [e for e in schedule.edges_of("broadcast") if (a, b) in e.links()]
         delay = max(overlay_edge_s(model, e, n_copies, 0, rate=rate, propagation=propagation) for e in crossing)

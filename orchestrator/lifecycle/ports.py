@@ -13,7 +13,7 @@ This module must not import any engine: it only states the contracts.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -64,6 +64,10 @@ class NetworkPort(Protocol):
     counter_settle_s: float
     #: The share of a link's rate the transport leaves a task's bytes (the per-hop floor's).
     payload_share: float
+    #: Bytes a directed link passes ahead of its rate after an idle gap (its shaper's burst; 0 where
+    #: nothing bursts): the link-rate check judges a link only where a round's copies on it are many
+    #: times that (`orchestrator.lifecycle.fidelity.SATURATING_BURSTS`).
+    link_burst_bytes: Callable[[str, str], int]
 
     def new_install_id(self) -> int: ...
 

@@ -10,6 +10,11 @@ A point is *faithful* when
   model over a shared link, the same allowance on top of that floor;
 - **compute**: its locals' training was modelled (``compute_timing: modeled``) and no node-round's
   real training ran past the modelled time of its site (no overrun);
+- **no faster than allowed**: the rounds do not beat their lower bound beyond noise (the upper end of
+  the 95 % bootstrap interval of the mean of latency / lower bound stays at or above 1), and the median
+  hop is not below its floor by more than ``NEGATIVE_HOP_SHARE`` of one chunk's time: a round or a
+  hop faster than the emulated network allows is the instrument distorting time (a shaper's burst
+  passing copies unshaped), not a fast system;
 - **link rate**: where the task's broadcast saturated a shaped link (`orchestrator.lifecycle.fidelity`,
   ``link_rate_rows``), the median share of the configured rate it delivered while busy with the
   task's copies is within [``RATE_LOW``, ``RATE_HIGH``]: TCP/IP's headers alone cost about 5 %, a
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.results import queries
+from orchestrator.results.bootstrap import bootstrap_ci
 from orchestrator.results.db import ResultsDB
 
 HOP_FACTOR = 2.0
@@ -37,6 +43,9 @@ HOP_SLACK_S = 0.5e-3
 SATURATED = 0.95
 RATE_LOW = 0.8
 RATE_HIGH = 1.2
+#: A median hop this share of one chunk's time below its floor is beyond noise (the emulation's burst
+#: passes one frame ahead of the rate: a tenth of a 19 KB copy).
+NEGATIVE_HOP_SHARE = 0.1
 
 
 @dataclass(frozen=True)
@@ -60,6 +69,18 @@ class Verdict:
     #: The largest share of its modelled time a node-round's real training used (None: not modelled).
     #: Not part of the verdict (an overrun is), but the margin `time_dilation: auto` asks of a trial.
     training_use_max: float | None = None
+    #: The point's rounds: their mean latency over their lower bound, its 95 % interval, how many.
+    bound_ratio_mean: float | None = None
+    bound_ratio_ci: tuple[float, float] | None = None
+    bounded_rounds: int = 0
+
+    @property
+    def bound_text(self) -> str:
+        """``1.23 [1.20, 1.26]`` (latency / lower bound, 95 % interval), or ``-`` without rounds."""
+        if self.bound_ratio_mean is None:
+            return "-"
+        ci = "" if self.bound_ratio_ci is None else f" [{self.bound_ratio_ci[0]:.2f}, {self.bound_ratio_ci[1]:.2f}]"
+        return f"{self.bound_ratio_mean:.2f}{ci}"
 
     @property
     def faithful(self) -> bool:
@@ -74,21 +95,43 @@ def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overruns: Sequence[dict[str, Any]],
-            trained: int, *, compute_modelled: bool, link_rates: Sequence[dict[str, Any]] = (),
-            training_use_max: float | None = None) -> Verdict:
-    """The verdict of one point from its hop rows, its overrun rows, its trained node-rounds and its
-    saturated links' ``rate_share`` rows."""
-    share = _median([r["rate_share"] for r in link_rates])
-    hop = _median([h["hop_s"] for h in hops])
-    chunk = _median([h["chunk_s"] for h in hops])
-    over = _median([h["overhead_s"] for h in hops])
-    late = _median([o["real_s"] - o["modelled_s"] for o in overruns])
+def _bound_figures(bound_ratios: Sequence[float]) -> tuple[float | None, tuple[float, float] | None]:
+    if not bound_ratios:
+        return None, None
+    mean = statistics.fmean(bound_ratios)
+    return mean, (bootstrap_ci(list(bound_ratios)) if len(bound_ratios) > 1 else None)
+
+
+def _time_reasons(hop: float | None, chunk: float | None, over: float | None, ratio: float | None,
+                  ci: tuple[float, float] | None, rounds: int) -> list[str]:
+    """What the per-hop figures and the rounds' latency / bound say against the point."""
     reasons = []
     if hop is not None and chunk is not None and over is not None and over > (HOP_FACTOR - 1) * chunk + HOP_SLACK_S:
         reasons.append(f"per-hop time: the instrument adds {over * 1e3:.2f} ms a hop (median) to what the emulated "
                        f"network allows, against {chunk * 1e3:.2f} ms of one chunk on the link (median hop "
                        f"{hop * 1e3:.2f} ms)")
+    if hop is not None and chunk is not None and over is not None and over < -NEGATIVE_HOP_SHARE * chunk:
+        reasons.append(f"per-hop time: hops are {-over * 1e3:.2f} ms (median) shorter than the emulated network "
+                       f"allows, more than {NEGATIVE_HOP_SHARE:g} of one chunk ({chunk * 1e3:.2f} ms): copies pass "
+                       "faster than their links' rate")
+    if ratio is not None and ci is not None and ci[1] < 1.0:
+        reasons.append(f"lower bound: the rounds beat it, latency / bound {ratio:.3f} [{ci[0]:.3f}, {ci[1]:.3f}] "
+                       f"over {rounds} rounds: the emulated network cannot run them that fast")
+    return reasons
+
+
+def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overruns: Sequence[dict[str, Any]],
+            trained: int, *, compute_modelled: bool, link_rates: Sequence[dict[str, Any]] = (),
+            training_use_max: float | None = None, bound_ratios: Sequence[float] = ()) -> Verdict:
+    """The verdict of one point from its hop rows, its overrun rows, its trained node-rounds, its
+    saturated links' ``rate_share`` rows and its rounds' latency over their lower bound."""
+    share = _median([r["rate_share"] for r in link_rates])
+    hop = _median([h["hop_s"] for h in hops])
+    chunk = _median([h["chunk_s"] for h in hops])
+    over = _median([h["overhead_s"] for h in hops])
+    late = _median([o["real_s"] - o["modelled_s"] for o in overruns])
+    ratio, ci = _bound_figures(bound_ratios)
+    reasons = _time_reasons(hop, chunk, over, ratio, ci, len(bound_ratios))
     if share is not None and not RATE_LOW <= share <= RATE_HIGH:
         reasons.append(f"shaped-link rate: saturated links delivered {share:.2f} of their configured rate (median of "
                        f"{len(link_rates)} link-rounds; allowed {RATE_LOW:g} to {RATE_HIGH:g})")
@@ -100,7 +143,8 @@ def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overr
     return Verdict(scheduler=scheduler, n_locals=n_locals, hops=len(hops), hop_median_s=hop, chunk_median_s=chunk,
                    overhead_median_s=over, trained=trained, overruns=len(overruns), overrun_median_s=late,
                    compute_modelled=compute_modelled, reasons=tuple(reasons), link_rounds=len(link_rates),
-                   rate_share_median=share, training_use_max=training_use_max)
+                   rate_share_median=share, training_use_max=training_use_max, bound_ratio_mean=ratio,
+                   bound_ratio_ci=ci, bounded_rounds=len(bound_ratios))
 
 
 def run_verdicts(db: ResultsDB, run_id: int, points: Sequence[tuple[str, int]], *,
@@ -111,12 +155,15 @@ def run_verdicts(db: ResultsDB, run_id: int, points: Sequence[tuple[str, int]], 
     rates = queries.point_link_rates(db.conn, run_id)
     trained = {(r["scheduler"], r["n_locals"]): int(r["trained"]) for r in queries.point_trainings(db.conn, run_id)}
     use = {(r["scheduler"], r["n_locals"]): float(r["use"]) for r in queries.point_training_use(db.conn, run_id)}
+    bounds: dict[tuple[str, int], list[float]] = {}
+    for r in queries.point_bound_ratios(db.conn, run_id):
+        bounds.setdefault((r["scheduler"], r["n_locals"]), []).append(float(r["ratio"]))
     return tuple(
         verdict(s, n, [h for h in hops if (h["scheduler"], h["n_locals"]) == (s, n)],
                 [o for o in overruns if (o["scheduler"], o["n_locals"]) == (s, n)], trained.get((s, n), 0),
                 compute_modelled=compute_modelled,
                 link_rates=[r for r in rates if (r["scheduler"], r["n_locals"]) == (s, n)],
-                training_use_max=use.get((s, n)))
+                training_use_max=use.get((s, n)), bound_ratios=bounds.get((s, n), ()))
         for s, n in points)
 
 

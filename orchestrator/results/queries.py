@@ -337,6 +337,14 @@ def point_link_rates(conn: sqlite3.Connection, run_id: int) -> list[dict[str, An
                        "WHERE l.run_id = ?", (run_id,))
 
 
+def point_bound_ratios(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every round of the run's tasks with a lower bound: its latency over the bound (``ratio``), with
+    the task's scheduler and number of locals."""
+    return _rows(conn, "SELECT r.scheduler, t.n_locals, r.latency_s / r.lower_bound_s AS ratio FROM rounds r "
+                       "JOIN tasks t ON t.run_id = r.run_id AND t.scheduler = r.scheduler AND t.task_id = r.task_id "
+                       "WHERE r.run_id = ? AND r.lower_bound_s > 0", (run_id,))
+
+
 def point_training_use(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
     """Per point, the largest share of its modelled time a node-round's real training used (``use``)."""
     return _rows(conn, "SELECT r.scheduler, t.n_locals, MAX(r.real_s / r.modelled_s) AS use FROM trainings r "

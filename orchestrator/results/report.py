@@ -70,7 +70,7 @@ def summary_lines(summary: RunSummary, run_dir: Path) -> list[str]:
             lines.append(f"{key} mst/spff at {c['n_locals']} locals: {c[f'{key}_ratio']:.3f}")
     lines += dilation_lines(summary.environment)[:1]
     for v in summary.verdicts:
-        lines.append(f"fidelity {v.scheduler} at {v.n_locals} locals: {v.word}"
+        lines.append(f"fidelity {v.scheduler} at {v.n_locals} locals: {v.word}, latency / bound {v.bound_text}"
                      + (f" ({'; '.join(v.reasons)})" if v.reasons else ""))
     if summary.unfaithful:
         lines.append(f"netai: warning: {len(summary.unfaithful)} of {len(summary.verdicts)} points did not measure "
@@ -163,13 +163,15 @@ def fidelity_section(summary: RunSummary) -> list[str]:
     modelled = summary.engine != "simulation"
     lines = ["", "## Fidelity", "",
              "| scheduler | locals | hops | median hop ms | one chunk ms | instrument ms/hop | overruns / trained "
-             "| most training / modelled | link rate / configured (link-rounds) | TCP retransmitted | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| most training / modelled | link rate / configured (link-rounds) | TCP retransmitted "
+             "| latency / bound [95 % CI] | verdict |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in summary.verdicts:
         lines.append(f"| {v.scheduler} | {v.n_locals} | {v.hops} | {fmt(v.hop_median_s, 1e3)} "
                      f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {v.overruns} / {v.trained} "
                      f"| {fmt(v.training_use_max, 1, 2)} | {fmt(v.rate_share_median, 1, 3)} ({v.link_rounds}) "
-                     f"| {retrans_text(shares.get((v.scheduler, v.n_locals)), modelled=modelled)} | {v.word} |")
+                     f"| {retrans_text(shares.get((v.scheduler, v.n_locals)), modelled=modelled)} | {v.bound_text} "
+                     f"| {v.word} |")
     lines += [""] + [f"- {v.scheduler} at {v.n_locals} locals: {r}" for v in summary.verdicts for r in v.reasons]
     lines.append("- TCP retransmitted: the data bytes the task's agents' connections retransmitted over those they "
                  "sent (kernel tcp_info), summed over the point's tasks; they cross the links again, so the "

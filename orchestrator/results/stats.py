@@ -15,9 +15,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from orchestrator.results import queries
+from orchestrator.results.bootstrap import (
+    bootstrap_ci as bootstrap_ci,  # its home before; callers import it here
+)
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.schema import NOT_APPLIED
 from orchestrator.results.summary import TaskSummary, mean_or_none
@@ -37,15 +38,6 @@ class PairedRatio:
     def half_width_rel(self) -> float:
         """Half the interval's width over the mean (the figure a reviewer reads as precision)."""
         return (self.high - self.low) / 2 / self.mean if self.mean else float("inf")
-
-
-def bootstrap_ci(values: list[float], *, resamples: int = 10_000, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile-bootstrap interval of the mean of `values` (seeded: reproducible)."""
-    arr = np.asarray(values, dtype=float)
-    rng = np.random.default_rng(seed)
-    means = arr[rng.integers(0, len(arr), size=(resamples, len(arr)))].mean(axis=1)
-    lo, hi = np.percentile(means, [2.5, 97.5])
-    return float(lo), float(hi)
 
 
 def paired_ratio(tasks: Sequence[TaskSummary], *, n_locals: int, numerator: str, denominator: str,

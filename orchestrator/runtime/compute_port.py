@@ -104,9 +104,10 @@ class ServerCompute:
     checkpoint
         G checkpoints after every round and lost roles other than G are tolerated (faults, moves).
     training
-        The tasks' modelled training cost, per round and per example (`orchestrator.runtime.profiles.
-        training_cost`; none: training takes what it takes on this host). A local's site runs it at
-        the site's ``cpu`` (cores, at most the role's training threads) times one host core's speed.
+        The tasks' modelled training cost, per round and per example, in seconds of one emulated
+        core (`orchestrator.runtime.compute_model.training_cost`; none: training takes what it takes
+        on this host). A local's site runs it on its ``cpu`` emulated cores, at most the role's
+        training threads.
     time_dilation
         The emulation's time dilation: modelled durations last this many times as long.
     links_dir

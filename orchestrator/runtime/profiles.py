@@ -8,9 +8,14 @@ its set-up, the partial batch's step, the training thread, which a per-example f
 the whole split spreads thin and a local with a small part pays in full); it aggregates updates
 with the round engine's accumulator (`workers.aggregate.WeightedAccumulator`), timing both in CPU seconds (training in the
 process's, since the workers train on a thread of their own; aggregation in the measuring
-thread's): the figure is the work, not the wait, so other processes on the machine do not inflate it. `load_profile` measures once per model and caches the result in a JSON
-file (`DEFAULT_CACHE`, or the path given); `training_profile` turns it into the
-`orchestrator.scheduling.joint.TrainingProfile` the ``joint`` scheduler predicts rounds with.
+thread's): the figure is the work, not the wait, so other processes on the machine do not inflate it.
+`load_profile` measures once per model and caches the result in a JSON file (`default_cache`, or
+the path given); `training_profile` turns it into the `orchestrator.scheduling.joint.TrainingProfile`
+the ``joint`` scheduler predicts rounds with.
+
+A profile is this host's figure, and it depends on how busy the host was when it was measured:
+modelled training takes it only when an experiment asks for it (``compute: {cost: profile}``,
+`orchestrator.runtime.compute_model`); by default the cost is counted from the model itself.
 
 Cache file (JSON, written atomically; a file that does not parse is measured again and replaced)::
 
@@ -36,14 +41,15 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.scheduling.joint import TrainingProfile
-from workers.compute import TrainingCost
 from workers.config import check_cost
 from workers.spec import DEFAULTS
 
 log = logging.getLogger(__name__)
 
 CACHE_VERSION = 2
-DEFAULT_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netai" / "profiles.json"
+#: Environment variable naming the folder of the project's caches (else ``$XDG_CACHE_HOME/netai``,
+#: default ``~/.cache/netai``); the tests point it at a folder of their own.
+ENV_CACHE_DIR = "NETAI_CACHE_DIR"
 #: Children whose updates `measure` folds into one aggregate.
 AGGREGATE_CHILDREN = 4
 #: The small partition `measure` also trains on: one of this many parts of the training split (a
@@ -53,6 +59,15 @@ PROFILE_PARTS = 24
 #: the host alike); each size's figure is the median (one run is at the mercy of the host's other
 #: work; the minimum would under-model what a site pays).
 REPEATS = 9
+
+
+def default_cache() -> Path:
+    """The profile cache file: ``profiles.json`` in `$NETAI_CACHE_DIR`, else in
+    ``$XDG_CACHE_HOME/netai`` (default ``~/.cache/netai``); read when called."""
+    folder = os.environ.get(ENV_CACHE_DIR)
+    if folder:
+        return Path(folder) / "profiles.json"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netai" / "profiles.json"
 
 
 @dataclass(frozen=True)
@@ -251,7 +266,7 @@ def load_profile(
     and added to the cache file when absent (or when `refresh`)."""
     import torch
 
-    path = cache or DEFAULT_CACHE
+    path = cache or default_cache()
     key = profile_key(model, dataset=dataset, batch_size=batch_size, model_args=model_args,
                       dataset_args=dataset_args, torch_version=str(torch.__version__))
     profiles = _read_cache(path)
@@ -279,14 +294,3 @@ def training_profile(measured: MeasuredProfile, *,
         aggregate_cpu_s_per_mb=measured.aggregate_cpu_s_per_mb,
     )
 
-
-def training_cost(options: Any, cache: Path | None = None) -> TrainingCost:
-    """What a task's locals model their training with (`workers.compute`): its model's profile (CPU
-    seconds per example and epoch, and per round) when its ``compute_timing`` is ``modeled``
-    (measured once and cached), else none (training takes what it takes on this host). Call it
-    before anything starts: a first measurement trains the model for real."""
-    if getattr(options, "compute_timing", "measured") != "modeled":
-        return TrainingCost()
-    p = load_profile(options.model, dataset=options.dataset, batch_size=options.batch_size,
-                     model_args=options.model_args, dataset_args=options.dataset_args, cache=cache)
-    return TrainingCost(s_per_example=p.train_cpu_s_per_example, s_per_round=p.train_cpu_s_per_round)

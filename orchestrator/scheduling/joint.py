@@ -58,8 +58,9 @@ from orchestrator.scheduling.trees import SPT, Steiner
 from topologies.model import NetworkModel
 
 #: CPU seconds per training example of the default model (``mlp`` on ``digits``, one thread), as
-#: `orchestrator.runtime.profiles` measured it on the development machine; pass a measured
-#: profile (`orchestrator.runtime.profiles.training_profile`) for this machine's figures.
+#: `orchestrator.runtime.profiles` measured it on the development machine: a `Joint` built without a
+#: profile predicts with these figures, unless an experiment gives it its task's modelled training
+#: (`orchestrator.runtime.compute_model.with_training`; `profile_given` says which).
 DEFAULT_TRAIN_CPU_S_PER_EXAMPLE = 7e-6
 #: CPU seconds a local's round of training costs whatever its examples (set-up, the partial batch's
 #: step, the training thread): `orchestrator.runtime.profiles` measured mostly 0.64-1.06 ms for the
@@ -243,6 +244,8 @@ class Joint(Scheduler):
             raise ValueError(f"profile must be a TrainingProfile, got {type(profile).__name__}")
         self.weight: WeightName = weight
         self.profile = profile or TrainingProfile()
+        #: Whether `profile` was given (else an experiment may set its task's, `with_training`).
+        self.profile_given = profile is not None
         self.site_load = bool(site_load)
         hops_only = weight == "hops"
         self.candidates: list[Scheduler] = [

@@ -85,6 +85,7 @@ class SimNetwork:
         self.rate = batch.rate
         self.delay_emulated = propagation
         self.payload_share = batch.params.tcp_efficiency  # its transfers' share of a link's rate
+        self.link_burst_bytes = lambda a, b: 0  # a flow-level link carries at its rate from the first byte
         self._ids = itertools.count(1)
         #: install id -> the run's key in the batch.
         self.keys: dict[int, str] = {}

@@ -95,6 +95,7 @@ class FakeNetwork:
         self.delay_emulated = delay_emulated
         self.counter_settle_s = counter_settle_s
         self.payload_share = 1.0
+        self.link_burst_bytes = lambda a, b: 0
         self.enforced = enforced
         self.default_bytes = default_bytes
         #: Per directed link rate (Mbit/s), else `rate_mbps`: the bounds' rates.

@@ -20,11 +20,14 @@ from controller.core import NO_SHAPER, ControllerCore
 from controller.errors import ControllerError
 from controller.htb import (
     BACKGROUND_QUEUE_PACKETS,
+    BURST_FLOOR_BYTES,
     FIRST_TASK_CLASS,
     MIN_RATE_MBPS,
     background_queue,
     base_layout,
+    burst_bytes,
     delay_leaves,
+    htb_args,
     interface_switch,
     shaped_links,
     task_budget_mbps,
@@ -41,7 +44,7 @@ from topologies.plan import EmulationPlan
 # The triangle: every link 100 Mbit/s emulated; A=s1, B=s2, C=s3; A-B on s1-eth2/s2-eth2,
 # B-C on s2-eth3/s3-eth2, A-C on s1-eth3/s3-eth3; hosts 10.0.0.1, .2, .3.
 LINK = 100.0
-HTB = "burst 15k cburst 15k quantum 1514"
+HTB = "burst 1600 cburst 1600 quantum 1514"
 
 
 @pytest.fixture
@@ -142,6 +145,30 @@ def test_base_layout_is_root_link_background_best_effort_and_ack_classes() -> No
         "filter add dev s1-eth2 parent 5:0 protocol ip prio 2 u32 match ip protocol 6 0xff "
         "match u16 0x0000 0xff80 at 2 flowid 5:4",
     ]
+
+
+def test_the_burst_is_one_frame_up_to_128_mbps_and_100_us_of_the_rate_above() -> None:
+    assert burst_bytes(0.001) == burst_bytes(3.125) == burst_bytes(100) == BURST_FLOOR_BYTES == 1600
+    assert burst_bytes(500) == 6250  # 100 us at 500 Mbit/s
+    assert burst_bytes(1000) == 12500
+
+
+@pytest.mark.parametrize("k", [1, 2, 8, 32, 128])
+@pytest.mark.parametrize("link_mbps", [10, 100, 1000])
+def test_no_class_burst_passes_a_whole_small_model(link_mbps: float, k: float) -> None:
+    """The default mlp's copy is about 20 KB of frames: whatever the link's dilated rate, at most one
+    frame of it (up to 128 Mbit/s) and never more than two-thirds of it pass ahead of the rate."""
+    dilated = link_mbps / k
+    args = htb_args(dilated, dilated)
+    burst, cburst = int(args[args.index("burst") + 1]), int(args[args.index("cburst") + 1])
+    assert burst == cburst <= 0.65 * 19_924
+    assert burst == BURST_FLOOR_BYTES or dilated > 128
+
+
+def test_a_class_takes_its_burst_from_its_rate_and_its_cburst_from_its_ceil() -> None:
+    args = htb_args(1.0, 1000.0, 0)
+    assert args[args.index("burst") + 1] == "1600"
+    assert args[args.index("cburst") + 1] == "12500"
 
 
 def test_the_background_leaf_gets_a_short_pfifo() -> None:

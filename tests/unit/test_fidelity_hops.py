@@ -5,7 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.lifecycle.fidelity import SATURATING_BYTES, copy_rows, hop_rows, link_rate_rows
+from orchestrator.lifecycle.fidelity import (
+    SATURATING_BURSTS,
+    SATURATING_FLOOR_BYTES,
+    copy_rows,
+    hop_rows,
+    link_rate_rows,
+)
 from orchestrator.scheduling import Schedule
 from orchestrator.scheduling.schedule import OverlayEdge
 from tests.unit.controller_fakes import handmade_schedule
@@ -103,16 +109,34 @@ def test_a_saturated_link_rate_is_its_copies_at_the_configured_rate_over_the_tim
     assert rows[1]["rate_share"] == pytest.approx(0.020 / 0.021)
 
 
-def test_a_link_carrying_less_than_the_saturating_bytes_gives_no_rate() -> None:
+@pytest.mark.parametrize("burst", [0, 1600, 6250])
+def test_a_link_carrying_less_than_ten_bursts_gives_no_rate(burst: int) -> None:
+    """A link counts once a round's copies on it are `SATURATING_BURSTS` times its burst (and at least
+    `SATURATING_FLOOR_BYTES`); one byte less and it has no rate figure."""
     model = load("triangle")
     schedule = handmade_schedule(EmulationPlan.from_model(model))  # one copy on A -> B
+    enough = max(SATURATING_FLOOR_BYTES, SATURATING_BURSTS * burst)
     received = {("A", 1): 0.0, ("B", 1): 0.002, ("C", 1): 0.004}
-    assert link_rate_rows(model, schedule, _rows(received), model_bytes=SATURATING_BYTES - 1,
-                          rate=lambda a, b: MBPS, propagation=False) == []
-    rows = link_rate_rows(model, schedule, _rows(received | {("B", 1): 0.0125}), model_bytes=SATURATING_BYTES,
-                          rate=lambda a, b: MBPS, propagation=False)
+    assert link_rate_rows(model, schedule, _rows(received), model_bytes=enough - 1, rate=lambda a, b: MBPS,
+                          propagation=False, burst_bytes=lambda a, b: burst) == []
+    late = _rows(received | {("B", 1): 0.0125})
+    rows = link_rate_rows(model, schedule, late, model_bytes=enough, rate=lambda a, b: MBPS, propagation=False,
+                          burst_bytes=lambda a, b: burst)
     assert [(r["a"], r["b"]) for r in rows] == [("A", "B")]  # only G's edges: B -> C is a relay's
-    assert rows[0]["rate_share"] == pytest.approx(0.012 / 0.0125)
+    assert rows[0]["rate_share"] == pytest.approx(enough * 8 / 100e6 / 0.0125)
+
+
+def test_one_copy_of_the_default_mlp_counts_on_an_emulated_link() -> None:
+    """The emulation's burst is one frame (1,600 B) up to 128 Mbit/s: one 19 KB copy is ten of them,
+    so a small model's broadcast has a rate figure, which with a 15 KB burst it never had."""
+    from controller.htb import burst_bytes
+
+    model = load("triangle")
+    schedule = handmade_schedule(EmulationPlan.from_model(model))
+    rows = link_rate_rows(model, schedule, _rows({("A", 1): 0.0, ("B", 1): 0.0016, ("C", 1): 0.003}),
+                          model_bytes=19_000, rate=lambda a, b: MBPS, propagation=False,
+                          burst_bytes=lambda a, b: burst_bytes(MBPS / 32))
+    assert [(r["a"], r["b"]) for r in rows] == [("A", "B")]
 
 
 # -- the link's busy time: copies in flight from their sender's first chunk to their child's receipt --
@@ -172,3 +196,65 @@ def test_copy_rows_reads_each_copy_s_start_and_bytes_through_the_clock() -> None
                     {"event": "forward_first", "round": 2, "t": 12.5, "peer": "C"}],
               "C": [{"event": "global_received", "round": 2, "t": 13.0}]}  # an engine that frames nothing
     assert copy_rows(events, lambda t: t / 2) == {(2, "B"): {"start_s": 5.0, "bytes": 900}, (2, "C"): {"start_s": 6.25}}
+
+
+def _spff_on_triangle() -> Schedule:
+    """G=A sends B's copy and C's copy down the one link A->B (C's path is A, B, C)."""
+    edges = (
+        OverlayEdge("broadcast", "A", "B", ("A", "B")),
+        OverlayEdge("broadcast", "A", "C", ("A", "B", "C")),
+        OverlayEdge("upload", "B", "A", ("B", "A")),
+        OverlayEdge("upload", "C", "A", ("C", "B", "A")),
+    )
+    return Schedule(task_id=7, scheduler="handmade", global_site="A", local_sites=("B", "C"), demand_mbps=10.0,
+                    broadcast_parent={"B": "A", "C": "A"}, upload_parent={"B": "A", "C": "A"}, edges=edges)
+
+
+@pytest.mark.parametrize("first", ["B", "C"])
+def test_copies_sent_in_turn_down_one_link_each_have_a_floor_they_reach(first: str) -> None:
+    """An ideal sender that sends the two copies one after the other at the link's rate (10 ms each)
+    adds nothing: neither copy's overhead is negative (the floor of the first is one copy, of the
+    second two), whichever it sends first."""
+    model = load("triangle")
+    second = "C" if first == "B" else "B"
+    rows = hop_rows(model, _spff_on_triangle(), _rows({("A", 1): 0.0, (first, 1): 0.010, (second, 1): 0.020}),
+                    chunk_bytes=0, model_bytes=125_000, rate=lambda a, b: MBPS, propagation=False)
+    by_child = {r["child"]: r for r in rows}
+    assert by_child[first]["floor_s"] == pytest.approx(0.010)
+    assert by_child[second]["floor_s"] == pytest.approx(0.020)
+    assert all(r["overhead_s"] == pytest.approx(0.0, abs=1e-12) for r in rows)
+
+
+def test_copies_sharing_a_link_fairly_show_the_wait_of_the_early_finisher_only() -> None:
+    """Both copies interleaved, both whole at 20 ms: the one ranked first had a floor of one copy
+    (10 ms) and shows 10 ms, the one ranked second none; no overhead is ever below zero."""
+    model = load("triangle")
+    rows = hop_rows(model, _spff_on_triangle(), _rows({("A", 1): 0.0, ("B", 1): 0.0199, ("C", 1): 0.020}),
+                    chunk_bytes=0, model_bytes=125_000, rate=lambda a, b: MBPS, propagation=False)
+    by_child = {r["child"]: r for r in rows}
+    assert by_child["B"]["overhead_s"] == pytest.approx(0.0099)
+    assert by_child["C"]["overhead_s"] == pytest.approx(0.0)
+    assert min(r["overhead_s"] for r in rows) >= 0
+
+
+def test_a_copy_faster_than_the_link_allows_shows_a_negative_overhead() -> None:
+    """The check can fail: a copy whole before its bytes could cross the link (a burst passing it
+    unshaped) gives a negative overhead, which the verdict judges."""
+    model = load("triangle")
+    rows = hop_rows(model, _spff_on_triangle(), _rows({("A", 1): 0.0, ("B", 1): 0.004, ("C", 1): 0.020}),
+                    chunk_bytes=0, model_bytes=125_000, rate=lambda a, b: MBPS, propagation=False)
+    assert next(r for r in rows if r["child"] == "B")["overhead_s"] == pytest.approx(-0.006)
+
+
+def test_the_floor_leaves_out_the_burst_each_link_passes_ahead_of_its_rate() -> None:
+    """With a 1,600 B burst at 100 Mbit/s (0.128 ms), the copy's floor is its bytes less the burst at
+    the rate: an ideal hop on the shaped link reaches it, and is not below it."""
+    model = load("triangle")
+    rows = hop_rows(model, _spff_on_triangle(), _rows({("A", 1): 0.0, ("B", 1): 0.010 - 0.000128,
+                                                       ("C", 1): 0.020 - 0.000128}),
+                    chunk_bytes=0, model_bytes=125_000, rate=lambda a, b: MBPS, propagation=False,
+                    burst_bytes=lambda a, b: 1600)
+    by_child = {r["child"]: r for r in rows}
+    assert by_child["B"]["floor_s"] == pytest.approx(0.010 - 0.000128)
+    assert by_child["C"]["floor_s"] == pytest.approx(0.020 - 0.000128)
+    assert all(r["overhead_s"] == pytest.approx(0.0, abs=1e-12) for r in rows)

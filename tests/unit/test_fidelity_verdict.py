@@ -98,3 +98,33 @@ def test_the_report_and_the_printed_summary_carry_the_verdict(tmp_path: Path, ho
     assert ("**Not faithful:**" in report.splitlines()[2]) is not faithful  # the report's first line says so
     assert (f"fidelity mst at 2 locals: {'faithful' if faithful else 'NOT faithful'}") in printed
     assert ("netai: warning:" in printed) is not faithful
+
+
+def test_rounds_that_beat_their_lower_bound_flip_the_verdict_and_say_by_how_much() -> None:
+    fast = verdict("mst", 8, [_hop(1e-3)], [], 24, compute_modelled=True, bound_ratios=[0.93, 0.95, 0.96, 0.94])
+    assert not fast.faithful
+    assert fast.reasons[0].startswith("lower bound: the rounds beat it, latency / bound 0.945 [")
+    assert fast.bound_ratio_ci is not None and fast.bound_ratio_ci[1] < 1
+    assert fast.bound_text.startswith("0.94 [") or fast.bound_text.startswith("0.95 [")
+
+
+@pytest.mark.parametrize("ratios", [[1.34, 1.30, 1.38], [0.99, 1.02, 1.01, 0.98], [0.97]])
+def test_rounds_at_or_above_the_bound_within_noise_stay_faithful(ratios: list[float]) -> None:
+    """Above the bound, around it (the interval reaches 1), or one round only (no interval): not judged."""
+    v = verdict("mst", 8, [_hop(1e-3)], [], 24, compute_modelled=True, bound_ratios=ratios)
+    assert v.faithful
+    assert v.bounded_rounds == len(ratios) and v.bound_ratio_mean == pytest.approx(sum(ratios) / len(ratios))
+
+
+def test_a_median_hop_below_its_floor_beyond_a_tenth_of_a_chunk_flips_the_verdict() -> None:
+    # floor 0.4 ms (one chunk): hops of 0.30 ms are 0.1 ms below it, a quarter of a chunk
+    below = verdict("mst", 8, [_hop(0.30e-3), _hop(0.30e-3, 2), _hop(0.5e-3, 3)], [], 24, compute_modelled=True)
+    assert not below.faithful
+    assert below.reasons[0].startswith("per-hop time: hops are 0.10 ms (median) shorter than the emulated network")
+    near = verdict("mst", 8, [_hop(0.37e-3), _hop(0.37e-3, 2), _hop(0.5e-3, 3)], [], 24, compute_modelled=True)
+    assert near.faithful  # 0.03 ms below: within a tenth of a chunk (0.04 ms)
+
+
+def test_latency_over_bound_is_given_with_its_interval() -> None:
+    v = verdict("mst", 8, [_hop(1e-3)], [], 24, compute_modelled=True, bound_ratios=[1.2, 1.3])
+    assert v.bound_text.startswith("1.25 [1.20, 1.30]")

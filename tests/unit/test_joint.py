@@ -14,6 +14,7 @@ import pytest
 
 from orchestrator.errors import ConfigError
 from orchestrator.runtime import profiles
+from orchestrator.runtime.compute_model import ComputeModel, training_cost
 from orchestrator.runtime.profiles import (
     CACHE_VERSION,
     MeasuredProfile,
@@ -21,7 +22,6 @@ from orchestrator.runtime.profiles import (
     load_profile,
     measure,
     profile_key,
-    training_cost,
     training_profile,
 )
 from orchestrator.scheduling import SCHEDULERS, NetworkState, get_scheduler
@@ -301,13 +301,18 @@ def test_the_predicted_training_includes_the_rounds_fixed_cost() -> None:
         TrainingProfile(train_cpu_s_per_round=-1.0)
 
 
-def test_a_modelled_tasks_training_cost_is_its_profiles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_modelled_tasks_training_cost_with_cost_profile_is_its_profiles(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: the measurement faked; the profile asked for explicitly (the default is counted).
     monkeypatch.setattr(profiles, "measure", _fake_measure([]))
-    options = LearningSpec()
+    options, compute = LearningSpec(), ComputeModel(cost="profile")
     assert options.compute_timing == "modeled"
-    assert training_cost(options, cache=tmp_path / "p.json") == TrainingCost(s_per_example=1e-5, s_per_round=1e-3)
+
+    # Execute / Assert
+    got = training_cost(options, compute, cache=tmp_path / "p.json")
+    assert got == TrainingCost(s_per_example=1e-5, s_per_round=1e-3)
     measured = dataclasses.replace(options, compute_timing="measured")
-    assert training_cost(measured, cache=tmp_path / "p.json") == TrainingCost()
+    assert training_cost(measured, compute, cache=tmp_path / "p.json") == TrainingCost()
 
 
 def test_profiling_a_model_that_cannot_be_built_is_one_clear_error() -> None:

@@ -267,7 +267,7 @@ def test_a_simulated_runs_training_and_bound_include_the_rounds_fixed_cost(tmp_p
     assert "0.3 s per round and 1e-06 s per example and epoch" in (outcome.run_dir / "report.md").read_text()
 
 
-def test_a_modelled_simulation_takes_the_profiles_fixed_cost(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_modelled_simulation_with_cost_profile_takes_the_profiles_fixed_cost(monkeypatch: pytest.MonkeyPatch) -> None:
     from orchestrator.experiment import simulated
     from orchestrator.runtime import profiles
 
@@ -275,7 +275,7 @@ def test_a_modelled_simulation_takes_the_profiles_fixed_cost(monkeypatch: pytest
                                         train_cpu_s_per_round=2e-3, aggregate_cpu_s_per_mb=0.5, train_examples=1438,
                                         model_bytes=19240, torch_version="x")
     monkeypatch.setattr(profiles, "load_profile", lambda *_a, **_kw: measured)
-    params = simulated.sim_params(parse_config({"name": "x", "engine": "simulation"}))
+    params = simulated.sim_params(parse_config({"name": "x", "engine": "simulation", "compute": {"cost": "profile"}}))
     assert (params.seconds_per_example, params.seconds_per_round, params.site_speed) == (1e-5, 2e-3, True)
     # a config's own training figures stand
     own = simulated.sim_params(parse_config({"name": "x", "engine": "simulation",
