@@ -54,7 +54,7 @@ def test_cluster_benchmark_measures_each_link_kind_and_the_isolation_across_tunn
     assert tunnel > 0 and local > 0 and rtt_two > 0 and rtt_local > 0
     assert per_hop == pytest.approx(rtt_two / 2, abs=0.01)
     assert hop_ratio == pytest.approx(per_hop / rtt_local, abs=0.02)
-    assert float(isolation.group(1)) > 0
+    assert 0 < float(isolation.group(1)) <= 1.15, res.stdout  # the target the benchmark prints
     figures.extend(line for line in res.stdout.splitlines() if line.startswith(("cluster links", "isolation")))
     assert leftovers() == NOTHING
     assert _test_docker_objects() == []
