@@ -49,7 +49,8 @@ from topologies.model import NetworkModel
 #: How many times its burst (the bytes it passes ahead of its rate after an idle gap, the network
 #: port's ``link_burst_bytes``) a round's copies must put on a link for it to count as saturated: the
 #: part that passes at the port's speed is then at most a tenth. With the emulation's burst of one
-#: frame (`controller.htb.burst_bytes`) that is 16 KB: one copy of the default mlp counts.
+#: frame (`controller.htb.burst_bytes`, a 100 Mbit/s link from K = 47) that is 16 KB: one copy of
+#: the default mlp counts.
 SATURATING_BURSTS = 10
 #: The least a round's copies must put on a link to count, whatever its burst (a link that bursts
 #: nothing, as in the simulation, still needs a copy's worth): one frame's payload ten times.

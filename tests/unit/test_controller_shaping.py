@@ -44,7 +44,9 @@ from topologies.plan import EmulationPlan
 # The triangle: every link 100 Mbit/s emulated; A=s1, B=s2, C=s3; A-B on s1-eth2/s2-eth2,
 # B-C on s2-eth3/s3-eth2, A-C on s1-eth3/s3-eth3; hosts 10.0.0.1, .2, .3.
 LINK = 100.0
-HTB = "burst 1600 cburst 1600 quantum 1514"
+def _htb(rate_bit: int, ceil_bit: int) -> str:
+    """The burst, cburst and quantum of a class at these rates (the rule pinned by the burst tests)."""
+    return f"burst {burst_bytes(rate_bit / 1e6)} cburst {burst_bytes(ceil_bit / 1e6)} quantum 1514"
 
 
 @pytest.fixture
@@ -135,40 +137,40 @@ def test_base_layout_is_root_link_background_best_effort_and_ack_classes() -> No
 
     assert text.splitlines() == [
         "qdisc add dev s1-eth2 root handle 5:0 htb default 2",
-        f"class add dev s1-eth2 parent 5:0 classid 5:1 htb rate 50000000bit ceil 50000000bit {HTB}",
-        f"class add dev s1-eth2 parent 5:1 classid 5:2 htb rate 500000bit ceil 50000000bit {HTB} prio 1",
+        f"class add dev s1-eth2 parent 5:0 classid 5:1 htb rate 50000000bit ceil 50000000bit {_htb(50000000, 50000000)}",
+        f"class add dev s1-eth2 parent 5:1 classid 5:2 htb rate 500000bit ceil 50000000bit {_htb(500000, 50000000)} prio 1",
         # best-effort: next to nothing guaranteed, the worst prio; fed by packets marked Lower Effort (DSCP 1)
-        f"class add dev s1-eth2 parent 5:1 classid 5:3 htb rate 1000bit ceil 50000000bit {HTB} prio 2",
+        f"class add dev s1-eth2 parent 5:1 classid 5:3 htb rate 1000bit ceil 50000000bit {_htb(1000, 50000000)} prio 2",
         "filter add dev s1-eth2 parent 5:0 protocol ip prio 1 u32 match ip dsfield 0x04 0xfc flowid 5:3",
         # pure ACKs of every flow: TCP datagrams under 128 bytes, at the tasks' prio with 2 % guaranteed
-        f"class add dev s1-eth2 parent 5:1 classid 5:4 htb rate 1000000bit ceil 50000000bit {HTB} prio 0",
+        f"class add dev s1-eth2 parent 5:1 classid 5:4 htb rate 1000000bit ceil 50000000bit {_htb(1000000, 50000000)} prio 0",
         "filter add dev s1-eth2 parent 5:0 protocol ip prio 2 u32 match ip protocol 6 0xff "
         "match u16 0x0000 0xff80 at 2 flowid 5:4",
     ]
 
 
-def test_the_burst_is_one_frame_up_to_128_mbps_and_100_us_of_the_rate_above() -> None:
-    assert burst_bytes(0.001) == burst_bytes(3.125) == burst_bytes(100) == BURST_FLOOR_BYTES == 1600
-    assert burst_bytes(500) == 6250  # 100 us at 500 Mbit/s
-    assert burst_bytes(1000) == 12500
+def test_the_burst_is_one_frame_up_to_2_13_mbps_then_6_ms_of_the_rate_up_to_its_cap() -> None:
+    assert burst_bytes(0.001) == burst_bytes(100 / 128) == burst_bytes(2.13) == BURST_FLOOR_BYTES == 1600
+    assert burst_bytes(100 / 32) == 2344 and burst_bytes(20) == 15_000  # 6 ms of the rate
+    assert burst_bytes(50) == burst_bytes(100) == burst_bytes(1000) == 16_000  # the cap
 
 
 @pytest.mark.parametrize("k", [1, 2, 8, 32, 128])
 @pytest.mark.parametrize("link_mbps", [10, 100, 1000])
 def test_no_class_burst_passes_a_whole_small_model(link_mbps: float, k: float) -> None:
-    """The default mlp's copy is about 20 KB of frames: whatever the link's dilated rate, at most one
-    frame of it (up to 128 Mbit/s) and never more than two-thirds of it pass ahead of the rate."""
+    """The default mlp's copy is about 20 KB of frames: whatever the link's dilated rate, some of it
+    crosses at the rate, and a 100 Mbit/s link from K = 47 passes only one frame ahead of it."""
     dilated = link_mbps / k
     args = htb_args(dilated, dilated)
     burst, cburst = int(args[args.index("burst") + 1]), int(args[args.index("cburst") + 1])
-    assert burst == cburst <= 0.65 * 19_924
-    assert burst == BURST_FLOOR_BYTES or dilated > 128
+    assert burst == cburst <= 16_000 < 19_924
+    assert burst == BURST_FLOOR_BYTES or dilated > 2.13
 
 
 def test_a_class_takes_its_burst_from_its_rate_and_its_cburst_from_its_ceil() -> None:
-    args = htb_args(1.0, 1000.0, 0)
+    args = htb_args(1.0, 100.0, 0)
     assert args[args.index("burst") + 1] == "1600"
-    assert args[args.index("cburst") + 1] == "12500"
+    assert args[args.index("cburst") + 1] == "16000"
 
 
 def test_the_background_leaf_gets_a_short_pfifo() -> None:
@@ -206,13 +208,13 @@ def test_one_path_gets_its_rate_on_the_data_links_and_a_class_for_acks_on_the_re
     data = "match ip protocol 6 0xff match ip src 10.0.0.1/32 match ip dst 10.0.0.3/32 match ip dport 20014 0xffff"
     acks = "match ip protocol 6 0xff match ip src 10.0.0.3/32 match ip dst 10.0.0.1/32 match ip sport 20014 0xffff"
     assert text.splitlines() == [
-        f"class add dev s1-eth2 parent 5:1 classid 5:10 htb rate 30000000bit ceil 100000000bit {HTB} prio 0",
+        f"class add dev s1-eth2 parent 5:1 classid 5:10 htb rate 30000000bit ceil 100000000bit {_htb(30000000, 100000000)} prio 0",
         f"filter add dev s1-eth2 parent 5:0 protocol ip prio 16 u32 {data} flowid 5:10",
-        f"class add dev s2-eth2 parent 5:1 classid 5:10 htb rate 1000bit ceil 100000000bit {HTB} prio 0",
+        f"class add dev s2-eth2 parent 5:1 classid 5:10 htb rate 1000bit ceil 100000000bit {_htb(1000, 100000000)} prio 0",
         f"filter add dev s2-eth2 parent 5:0 protocol ip prio 16 u32 {acks} flowid 5:10",
-        f"class add dev s2-eth3 parent 5:1 classid 5:10 htb rate 30000000bit ceil 100000000bit {HTB} prio 0",
+        f"class add dev s2-eth3 parent 5:1 classid 5:10 htb rate 30000000bit ceil 100000000bit {_htb(30000000, 100000000)} prio 0",
         f"filter add dev s2-eth3 parent 5:0 protocol ip prio 16 u32 {data} flowid 5:10",
-        f"class add dev s3-eth2 parent 5:1 classid 5:10 htb rate 1000bit ceil 100000000bit {HTB} prio 0",
+        f"class add dev s3-eth2 parent 5:1 classid 5:10 htb rate 1000bit ceil 100000000bit {_htb(1000, 100000000)} prio 0",
         f"filter add dev s3-eth2 parent 5:0 protocol ip prio 16 u32 {acks} flowid 5:10",
     ]
     assert [(lc.demand.link, lc.guaranteed_mbps) for lc in classes.links] == [

@@ -127,15 +127,16 @@ def test_a_link_carrying_less_than_ten_bursts_gives_no_rate(burst: int) -> None:
 
 
 def test_one_copy_of_the_default_mlp_counts_on_an_emulated_link() -> None:
-    """The emulation's burst is one frame (1,600 B) up to 128 Mbit/s: one 19 KB copy is ten of them,
-    so a small model's broadcast has a rate figure, which with a 15 KB burst it never had."""
+    """The emulation's burst is one frame (1,600 B) up to 2.13 Mbit/s (a 100 Mbit/s link from K = 47):
+    one 19 KB copy is ten of them, so a small model's broadcast has a rate figure there, which with a
+    15 KB burst it never had."""
     from controller.htb import burst_bytes
 
     model = load("triangle")
     schedule = handmade_schedule(EmulationPlan.from_model(model))
     rows = link_rate_rows(model, schedule, _rows({("A", 1): 0.0, ("B", 1): 0.0016, ("C", 1): 0.003}),
                           model_bytes=19_000, rate=lambda a, b: MBPS, propagation=False,
-                          burst_bytes=lambda a, b: burst_bytes(MBPS / 32))
+                          burst_bytes=lambda a, b: burst_bytes(MBPS / 64))
     assert [(r["a"], r["b"]) for r in rows] == [("A", "B")]
 
 
