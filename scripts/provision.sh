@@ -135,7 +135,7 @@ fi
 stamp="$VENV/.netai-installed"
 want=$(cat setup.py | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    log "installing the project into the venv (torch CPU wheel, os-ken, test tools)"
+    log "installing the project into the venv (torch CPU wheel, os-ken, test and docs tools)"
     pip_quiet "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
     pip_quiet "$VENV/bin/pip" install -q -e ".[net,fl,experiment,test]"
     echo "$want" > "$stamp"

@@ -2,7 +2,7 @@
 second into a run's `link_stats` table, through its own database connection; `latest` is the
 last sample. The experiment runner and `netai net up` record with it; the dashboard reads it.
 With each sample it also records how busy the host's CPU was since the last (`host_samples`, from
-/proc/stat): one of the fidelity figures (docs/architecture.md, "Fidelity").
+/proc/stat): one of the fidelity figures (docs/fidelity.md, "Fidelity").
 """
 
 from __future__ import annotations
