@@ -153,3 +153,26 @@ def test_the_checks_see_a_figure_without_a_command_and_a_broken_anchor() -> None
     assert found == ["We measured 3.7 s against 36 s."]
     assert slug("The claim point, true to the config") == "the-claim-point-true-to-the-config"
     assert slug("Choosing K: `time_dilation: auto`") == "choosing-k-time_dilation-auto"
+
+
+def test_an_optional_page_joins_the_nav_only_when_it_exists(tmp_path: Path) -> None:
+    # Prepare: the site's hooks module, and a nav with the section the optional page joins
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
+    assert spec is not None and spec.loader is not None
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+
+    def nav() -> list[object]:
+        return [{"Home": "index.md"}, {"Topics": [{"Fidelity": "fidelity.md"}, {"Data plane": "data-plane.md"},
+                                                  {"Dashboard": "dashboard.md"}]}]
+
+    # Execute: without the page, then with it
+    without = hooks.on_config({"docs_dir": str(tmp_path), "nav": nav()})["nav"]
+    (tmp_path / "datapaths.md").write_text("# Datapaths\n")
+    with_page = hooks.on_config({"docs_dir": str(tmp_path), "nav": nav()})["nav"]
+
+    # Assert: the nav is untouched without it; with it, the page follows the data plane
+    assert without == nav()
+    assert with_page[1]["Topics"][2] == {"Kernel datapaths (tc)": "datapaths.md"}
