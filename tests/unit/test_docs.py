@@ -176,3 +176,11 @@ def test_an_optional_page_joins_the_nav_only_when_it_exists(tmp_path: Path) -> N
     # Assert: the nav is untouched without it; with it, the page follows the data plane
     assert without == nav()
     assert with_page[1]["Topics"][2] == {"Kernel datapaths (tc)": "datapaths.md"}
+
+
+def test_the_readme_keeps_the_two_commands_and_points_to_the_pages() -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text.split("## The two commands", 1)[1].split("```", 2)[1]
+    assert [line.split("#")[0].strip() for line in block.splitlines()[1:] if line.strip()] == \
+        ["sudo make experiment", "make test"]
+    assert "(docs/tutorial.md)" in text and "(docs/architecture.md)" in text
