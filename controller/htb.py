@@ -84,7 +84,7 @@ QUANTUM = 1514
 #: the burst; a smaller one buys no accuracy.
 BURST_FLOOR_BYTES = 1600
 #: What a class's burst covers at its own rate, wall seconds: the timer slack htb must absorb to hold
-#: the rate on a loaded host (docs/architecture.md, "Shaping"). On idle forwarding veths one frame
+#: the rate on a loaded host (docs/fidelity.md, "Shaping"). On idle forwarding veths one frame
 #: held 0.95 of 100 Mbit/s, but in the emulation it did not: with 1 ms, the pipelined broadcast at
 #: 20 Mbit/s took 1.48 x S/B against 1.13 with 6 ms (`benchmarks/bench_dataplane.py`), and at K = 1 a
 #: one-frame burst left saturated links at 0.11-0.41 of their rate. 6 ms is one frame up to 2.13

@@ -48,7 +48,7 @@ PATTERNS = ("constant", "poisson", "demand-matrix")
 MODES = ("sequential", "online")
 ARRIVALS = ("poisson", "all")
 #: ``emulation``: Mininet, real workers; ``simulation``: the flow-level model on SimGrid
-#: (`orchestrator.simulation`; docs/architecture.md, "Flow-level simulation").
+#: (`orchestrator.simulation`; docs/simulation.md, "Flow-level simulation").
 ENGINES = ("emulation", "simulation")
 ORDERS = ("rotate", "fixed")  # ``order``: the schedulers' order on each task (`ExperimentConfig.order`)
 #: ``emulation.time_dilation``: ``auto`` (K from trials before the run), ``host`` (this host's, `netai calibrate`).
@@ -106,7 +106,7 @@ class EmulationConfig:
     datapath: str = "auto"
     #: Time dilation K (DieCast, TDF): link rates divided by K, delays, modelled training and the
     #: training allowance multiplied by K, and every recorded duration divided by K, so a small host
-    #: emulates a large network faithfully at K times the wall time (docs/architecture.md, "Fidelity").
+    #: emulates a large network faithfully at K times the wall time (docs/fidelity.md, "Fidelity").
     time_dilation: float = 1.0
     #: ``time_dilation: auto``: K is the smallest of 1, 2, 4, ... up to `max_time_dilation` at which a
     #: short calibration before the run shows no fidelity violation (`orchestrator.experiment.calibration`);

@@ -2,8 +2,8 @@
 second into a run's `link_stats` table, through its own database connection; `latest` is the
 last sample. The experiment runner and `netai net up` record with it; the dashboard reads it.
 With each sample it also records how busy the host's CPU was since the last (`host_samples`, from
-/proc/stat): one of the fidelity figures (docs/architecture.md, "Fidelity"); and, given a `CpuAccount`,
-samples where that CPU went by component.
+/proc/stat): one of the fidelity figures (docs/fidelity.md); and, given the emulation's run id, where
+that CPU went by component (`orchestrator.emulation.cpu_use`).
 """
 
 from __future__ import annotations

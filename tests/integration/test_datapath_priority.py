@@ -1,4 +1,4 @@
-"""When an emulation starts, every thread of ovs-vswitchd runs at the nice value docs/architecture.md
+"""When an emulation starts, every thread of ovs-vswitchd runs at the nice value docs/data-plane.md
 gives the switch datapath (-10), as /proc reads back, and the run records what was applied."""
 
 from __future__ import annotations
