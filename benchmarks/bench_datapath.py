@@ -113,6 +113,9 @@ class DatapathNet(HopNet):
             sh("tc", "filter", "add", "dev", lk, "ingress", "protocol", "ip", "pref", "10", "u32", "match", "ip", "dst",
                f"{addr}/32", "action", "mirred", "egress", "redirect", "dev", hp)
             self._shape(lk)
+        for side, peer_side, peer in (("A", "B", ADDR_B), ("B", "A", ADDR_A)):  # no ARP: static, as the emulation's
+            mac = json.loads(sh(*self.exec(peer_side, "ip", "-j", "link", "show", self.host_if[peer_side])).stdout)[0]
+            sh(*self.exec(side, "ip", "neigh", "replace", peer, "lladdr", mac["address"], "dev", self.host_if[side]))
 
     def _check_afxdp(self) -> None:
         for side in ("A", "B"):

@@ -60,8 +60,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller.htb import htb_args  # noqa: E402
-from controller.shaping import ROOT_MAJOR, TASK_PRIO, background_queue, base_layout, classid  # noqa: E402
+from controller.htb import ROOT_MAJOR, TASK_PRIO, background_queue, base_layout, classid, htb_args  # noqa: E402
 from orchestrator.emulation.datapath_priority import (  # noqa: E402
     DATAPATH_NICE,
     daemon_pids,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import subprocess
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +30,7 @@ from controller.flows import (
     FlowEntry,
 )
 from controller.southbound import FlowStat, PortStat
-from controller.tc import ShapingError, SubprocessTc, TcRunner
+from controller.tc import ShapingError, SubprocessTc, TcRunner, batch_text
 from controller.tc_flows import (
     PrefBook,
     TcFlowError,
@@ -40,12 +41,14 @@ from controller.tc_flows import (
     filter_del,
     fixed_pref,
     installable,
-    parse_block,
+    parse_blocks,
     port_device,
 )
 from topologies.plan import HOST_PORT, EmulationPlan
 
 SYSFS_NET = Path("/sys/class/net")
+#: How long one read of every switch's filters serves the core's per-switch calls that follow it.
+READ_REUSE_S = 0.05
 
 
 class TcDatapathError(ControllerError):
@@ -78,6 +81,7 @@ class TcFlowSender:
         self._held: dict[int, set[int]] = {}  # dpid -> preferences with filters there
         self._background_devices: dict[int, set[str]] = {}  # dpid -> links given background filters
         self._lock = threading.Lock()
+        self._reads: dict[int | None, tuple[float, dict[int, list[FlowStat]]]] = {}  # cookie -> (when, unread parts)
 
     # -- the plan --------------------------------------------------------------------------------
     def switch_name(self, dpid: int) -> str:
@@ -108,10 +112,10 @@ class TcFlowSender:
         except (ShapingError, ValueError) as e:
             raise TcDatapathError(f"{what}: {e}") from e
 
-    def _show(self, argv: Sequence[str]) -> str:
+    def _show(self, argv: Sequence[str], stdin: str | None = None) -> str:
         try:
-            res = subprocess.run([self.tc, *argv], capture_output=True, text=True, timeout=self.timeout_s,
-                                 check=False)
+            res = subprocess.run([self.tc, *argv], input=stdin, capture_output=True, text=True,
+                                 timeout=self.timeout_s, check=False)
         except (OSError, subprocess.SubprocessError) as e:
             raise TcDatapathError(f"tc {' '.join(argv)} failed: {e}") from e
         if res.returncode != 0:
@@ -162,15 +166,29 @@ class TcFlowSender:
         return self._prefs.task_pref(cookie)
 
     def flow_stats(self, dpid: int, cookie: int | None) -> list[FlowStat]:
-        name = self.switch_name(dpid)
+        """Switch `dpid`'s filters (of `cookie`). The core asks switch by switch, at once: the first
+        call reads every switch holding them in one ``tc -batch`` (one process, one moment), and the
+        others within `READ_REUSE_S` take their part of that read."""
         pref = None if cookie is None else self._pref_of_cookie(cookie)
-        if cookie is not None and (pref is None or pref not in self._held.get(dpid, set())):
+        with self._lock:
+            holders = {sw.name: sw.dpid for sw in self.plan.switches
+                       if pref is None or pref in self._held.get(sw.dpid, set())}
+        if dpid not in holders.values():
             return []  # nothing of it on this switch: not worth a tc process
-        text = self._show(["-s", "filter", "show", "block", str(dpid), *([] if pref is None else ["pref", str(pref)])])
+        now = time.monotonic()
+        cached = self._reads.get(cookie)
+        if cached is not None and now - cached[0] <= READ_REUSE_S and dpid in cached[1]:
+            return cached[1].pop(dpid)  # each switch's part is handed out once
+        shows = [["filter", "show", "block", str(d), *([] if pref is None else ["pref", str(pref)])]
+                 for d in holders.values()]
+        text = self._show(["-s", "-batch", "-"], stdin=batch_text(shows))
         try:
-            return parse_block(dpid, name, text, cookie, pref=pref)
+            got = parse_blocks(holders, text, cookie, pref=pref)
         except TcFlowError as e:
-            raise TcDatapathError(f"reading {name}'s filters: {e}") from e
+            raise TcDatapathError(f"reading the switches' filters: {e}") from e
+        mine = got.pop(dpid)
+        self._reads[cookie] = (now, got)
+        return mine
 
     def port_stats(self, dpid: int) -> list[PortStat]:
         name = self.switch_name(dpid)

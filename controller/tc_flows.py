@@ -288,6 +288,25 @@ def parse_block(dpid: int, switch: str, text: str, cookie: int | None = None, *,
     return sorted(stats, key=lambda s: s.entry.sort_key())
 
 
+def parse_blocks(dpids: dict[str, int], text: str, cookie: int | None = None, *,
+                 pref: int | None = None) -> dict[int, list[FlowStat]]:
+    """`parse_block` of several switches' blocks shown one after another (``tc -s -batch`` of one
+    ``filter show block N [pref P]`` each): every filter goes to the switch `dpids` (name -> datapath
+    id) whose port it redirects to. A filter redirecting to no such switch's port raises `TcFlowError`."""
+    out: dict[int, list[FlowStat]] = {dpid: [] for dpid in dpids.values()}
+    for f in _filters(text, pref):
+        if f.cookie is None or (cookie is not None and f.cookie != cookie):
+            continue
+        switch = (f.device or "").rpartition("-eth")[0]
+        port = device_port(switch, f.device or "")
+        if switch not in dpids or port is None:
+            raise TcFlowError(f"a filter redirects to {f.device!r}, no port of the switches read")
+        entry = FlowEntry(dpid=dpids[switch], priority=priority_of_pref(f.pref), cookie=f.cookie,
+                          match=make_match(**match_of_keys(f.keys)), out_port=port)
+        out[dpids[switch]].append(FlowStat(entry=entry, packets=f.packets, bytes=f.bytes, duration_s=f.installed_s))
+    return {d: sorted(v, key=lambda s: s.entry.sort_key()) for d, v in out.items()}
+
+
 def as_installed(entry: FlowEntry) -> FlowEntry | None:
     """What reading `entry` back from the tc datapath gives: None for a drop, no DSCP rewrite."""
     if not installable(entry):

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 from orchestrator.cli.dashboard import add_dashboard_args
 from orchestrator.experiment.config import load_config
 from orchestrator.experiment.faults import mixed_triggers
+from orchestrator.experiment.k_store import ENV_RECALIBRATE
 
 
 def cmd_experiment(args: argparse.Namespace) -> int:
@@ -16,6 +18,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     from orchestrator.results.report import print_summary
 
     cfg = load_config(args.config)  # every config error is raised here, before anything starts
+    if getattr(args, "recalibrate", False):
+        os.environ[ENV_RECALIBRATE] = "1"  # orchestrator.experiment.k_store
     for warning in mixed_triggers(cfg.events):
         print(f"netai: warning: {warning}", file=sys.stderr)
     if args.locals or args.tasks or args.rounds:
@@ -63,6 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "smallest faithful K from trials before the run) or host (this host's, netai calibrate)")
     p.add_argument("--max-time-dilation", metavar="CAP", type=float,
                    help="with --time-dilation auto: the largest K its trials try")
+    p.add_argument("--recalibrate", action="store_true",
+                   help="with time dilation auto: run the trials even if this host chose a K for the same workload")
     p.add_argument("--no-progress", action="store_true", help="no progress bars (log lines only)")
     p.add_argument("--no-figures", action="store_true",
                    help="results, CSVs and report without the plots (faster, e.g. in scripted runs)")

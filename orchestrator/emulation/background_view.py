@@ -89,8 +89,8 @@ class ViewSettings:
             raise ValueError(f"need 0 < poll_s < piece_s <= window_s <= timeout_s, got {self}")
 
 
-#: How often live counters are read: a tenth of a window's piece is plenty when every read is exact.
-LIVE_POLL_S = 0.1
+#: How often live counters are read: a few times a piece is plenty when every read is exact.
+LIVE_POLL_S = 0.25
 
 
 def settings_for(pattern: str, *, mean_on_s: float = 0.0, mean_off_s: float = 0.0, live: bool = False) -> ViewSettings:

@@ -51,10 +51,20 @@ class Trial:
     emulated_s: float | None = None
     #: The share of the host's CPU samples with both cores saturated during the trial.
     host_saturated: float | None = None
+    #: The most of its modelled time any training of the trial used (None: none recorded).
+    training_use: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "faithful": self.faithful, "reasons": list(self.reasons), "wall_s": round(self.wall_s, 3),
-                "emulated_s": self.emulated_s, "host_saturated": self.host_saturated}
+                "emulated_s": self.emulated_s, "host_saturated": self.host_saturated,
+                "training_use": self.training_use}
+
+    def compute_bound(self) -> float:
+        """The smallest K at which the trial's trainings could be faithful: a training's wall time
+        stays what it is while its modelled time grows with K, so its use falls as 1 / K and must
+        reach `TRIAL_TRAINING_USE` (K itself when nothing overran its margin)."""
+        use = self.training_use or 0.0
+        return self.k * use / TRIAL_TRAINING_USE if use > TRIAL_TRAINING_USE else self.k
 
 
 @dataclass(frozen=True)
@@ -66,6 +76,8 @@ class Calibration:
     faithful: bool
     cap: float
     trials: tuple[Trial, ...]
+    #: When this host chose K for the same workload, if K was reused without trials (`k_store`).
+    reused_from: str = ""
 
     @property
     def wall_s(self) -> float:
@@ -74,7 +86,7 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "faithful": self.faithful, "cap": self.cap, "wall_s": round(self.wall_s, 3),
-                "trials": [t.to_dict() for t in self.trials]}
+                "trials": [t.to_dict() for t in self.trials]} | ({"reused_from": self.reused_from} if self.reused_from else {})
 
 
 def ladder(cap: float) -> tuple[float, ...]:
@@ -95,16 +107,23 @@ def ladder(cap: float) -> tuple[float, ...]:
 
 
 def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], None]) -> Calibration:
-    """The smallest K of `ladder(cap)` whose trial (`try_k`) is faithful, else the cap.
+    """The smallest K of `ladder(cap)` whose trial (`try_k`) is faithful, else the cap. A K below the
+    compute bound of a trial before it (`Trial.compute_bound`) is skipped, not tried.
 
     `say` gets one line per K tried (K, faithful or what was violated, the trial's wall time) and one
     for the choice, for the console and the log."""
     trials: list[Trial] = []
+    bound = 1.0
     for k in ladder(cap):
+        if k < bound and k < cap:
+            say(f"time dilation auto: K={k:g} skipped: training needs K >= {bound:.1f} (the compute bound "
+                f"from K={trials[-1].k:g}'s trial)")
+            continue
         trial = try_k(k)
         trials.append(trial)
         word = "faithful" if trial.faithful else "NOT faithful: " + "; ".join(trial.reasons)
         say(f"time dilation auto: K={k:g} {word} (trial {trial.wall_s:.0f} s)")
+        bound = max(bound, trial.compute_bound())
         if trial.faithful:
             cal = Calibration(k=k, faithful=True, cap=cap, trials=tuple(trials))
             say(f"time dilation auto: K={k:g} chosen (the calibration took {cal.wall_s:.0f} s)")
@@ -138,5 +157,7 @@ def judge(k: float, wall_s: float, summary: Any) -> Trial:
                 f"time (a trial needs at most {TRIAL_TRAINING_USE:g}: its margin for the run's longer variation)"
                 for v in verdicts if v.faithful and v.training_use_max is not None
                 and v.training_use_max > TRIAL_TRAINING_USE]
+    uses = [v.training_use_max for v in verdicts if v.training_use_max is not None]
     return Trial(k=k, faithful=not reasons, reasons=tuple(reasons), wall_s=wall_s,
-                 emulated_s=summary.environment.get("clock_end_s"), host_saturated=summary.host_saturated)
+                 emulated_s=summary.environment.get("clock_end_s"), host_saturated=summary.host_saturated,
+                 training_use=max(uses) if uses else None)

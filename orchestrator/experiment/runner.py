@@ -39,9 +39,10 @@ from typing import Any
 from orchestrator import interrupts
 from orchestrator.dashboard.server import Dashboard
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.calibration import Calibration, Trial, calibration_config, judge, search
+from orchestrator.experiment.calibration import Calibration, Trial, calibration_config, judge
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.faults import LinkWatcher, follow_links
+from orchestrator.experiment.k_store import after_run, search_or_reuse, workload_key
 from orchestrator.experiment.link_recorder import LinkRecorder
 from orchestrator.experiment.lost_machines import lost_note
 from orchestrator.experiment.online import run_online
@@ -224,8 +225,10 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
         ensure_worker_image()  # the image carries the project's code: keep it in step with the checkout
     remote = remote_clients(cfg, plan, backend_kind)  # SSH and host keys checked: nothing started yet
     try:
-        return _run_emulated(cfg, out_root, plan, model, backend_kind, model_bytes, remote, dashboard_port,
-                             progress, figures=figures)
+        outcome = _run_emulated(cfg, out_root, plan, model, backend_kind, model_bytes, remote, dashboard_port,
+                                progress, figures=figures)
+        after_run(cfg, backend_kind, outcome.summary)  # a reused K the run found not faithful is dropped
+        return outcome
     finally:
         for client in {id(c): c for c in remote.values()}.values():
             client.close()
@@ -478,7 +481,7 @@ def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model
     trial_cfg = calibration_config(cfg, 1)
     say(f"time dilation auto: calibrating on 1 task of {trial_cfg.locals[0]} locals, {trial_cfg.task.rounds} "
         f"rounds, under {', '.join(cfg.schedulers)}, K up to {cfg.emulation.max_time_dilation:g}")
-    return search(trial, cfg.emulation.max_time_dilation, say=say)
+    return search_or_reuse(workload_key(cfg, backend_kind), trial, cfg.emulation.max_time_dilation, say=say)
 
 
 def _write_results(db: ResultsDB, run_id: int, run_dir: Path, *,

@@ -206,6 +206,8 @@ def dilation_lines(env: Mapping[str, Any]) -> list[str]:
     fixed = (f"this host's K, from its calibration {env['time_dilation_from']} (time_dilation: host)"
              if env.get("time_dilation_from") else "set in the config")
     how = fixed if not cal else (
+        f"reused: this host chose it for the same workload on {cal['reused_from']}, no trials"
+        if cal.get("reused_from") else
         f"chosen by calibration, the smallest faithful K of those tried up to {cal['cap']:g}" if cal["faithful"]
         else f"NO K up to the calibration's cap {cal['cap']:g} was faithful: the run used the cap")
     wall, emulated = env.get("run_wall_s"), env.get("clock_end_s")

@@ -51,3 +51,13 @@ def test_auto_dilation_picks_a_k_and_the_run_records_it(tmp_path: Path) -> None:
     report = (run_dir / "report.md").read_text()
     assert "link rate / configured" in report and "## Time dilation" in report and f"time dilation K={cal['k']:g} (" in report
     assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
+
+    # The same workload again on this host: a faithful K is reused, with no trials, and the report says so.
+    status, stdout, _, db = run_config(config, tmp_path / "again", timeout=600)
+    assert status == 0, stdout[-3000:]
+    again = db.run(1)["environment"]["time_dilation_calibration"]
+    if cal["faithful"]:
+        assert again["trials"] == [] and again["k"] == cal["k"] and again["reused_from"]
+        assert "as this host chose for the same workload" in stdout
+    else:  # nothing faithful was stored: it calibrates again
+        assert again["trials"] and "reused_from" not in again

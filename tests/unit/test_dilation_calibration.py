@@ -92,6 +92,23 @@ def test_search_takes_the_smallest_faithful_k_and_says_what_each_k_violated() ->
     assert [t["k"] for t in record["trials"]] == [1, 2, 4, 8] and record["k"] == 8 and record["wall_s"] == 150
 
 
+def test_search_skips_what_the_compute_bound_rules_out() -> None:
+    """A trial whose training used 4x its modelled time at K = 1 rules out K = 2 and 4 (use falls as 1 / K
+    and must reach the trial's margin, 0.8): the next K tried is 8."""
+    tried: list[float] = []
+    said: list[str] = []
+
+    def try_k(k: float) -> Trial:
+        tried.append(k)
+        return Trial(k=k, faithful=k >= 8, reasons=() if k >= 8 else ("overran",), wall_s=1.0, training_use=4.0 / k)
+
+    cal = search(try_k, 64, say=said.append)
+    assert tried == [1, 8] and cal.k == 8 and cal.faithful
+    assert Trial(k=1, faithful=False, reasons=(), wall_s=1, training_use=4.0).compute_bound() == pytest.approx(5.0)
+    assert any(line.startswith("time dilation auto: K=4 skipped: training needs K >= 5.0") for line in said)
+    assert Trial(k=2, faithful=True, reasons=(), wall_s=1, training_use=0.5).compute_bound() == 2
+
+
 def test_search_with_no_faithful_k_runs_at_the_cap_and_warns() -> None:
     tried: list[float] = []
     said: list[str] = []

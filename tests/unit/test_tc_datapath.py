@@ -36,6 +36,7 @@ from controller.tc_flows import (
     match_args,
     match_of_keys,
     parse_block,
+    parse_blocks,
 )
 from orchestrator.emulation.kernel import DatapathUnavailable, KernelFeatures, choose_datapath
 from topologies.loaders import load
@@ -234,3 +235,12 @@ def test_one_preference_shown_is_read_with_it() -> None:
     one = "\n".join(line.replace(" pref 256", "") for line in SHOWN.split("filter protocol ip pref 257")[0].splitlines())
     stats = parse_block(1, "s1", one, 7, pref=0x100)
     assert {st.entry for st in stats} == set(CAPTURED[:2])
+
+
+def test_several_blocks_read_at_once_go_to_the_switch_each_filter_redirects_to() -> None:
+    two = SHOWN + SHOWN.replace("s1-eth", "s2-eth")  # what one tc -batch of two blocks' shows prints
+    got = parse_blocks({"s1": 1, "s2": 2}, two, 7)
+    assert {st.entry for st in got[1]} == set(CAPTURED[:2])
+    assert {st.entry.dpid for st in got[2]} == {2} and len(got[2]) == 2
+    with pytest.raises(TcFlowError, match="no port of the switches read"):
+        parse_blocks({"s1": 1}, two)

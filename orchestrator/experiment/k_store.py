@@ -1,0 +1,108 @@
+"""``time_dilation: auto`` without its trials, when this host already chose a K for the same workload.
+
+`search_or_reuse` looks up the K an earlier auto run on this host chose for the same workload shape
+(`workload_key`: topology, link rates, model, compute, the largest number of locals, schedulers,
+rounds, backend, datapath, background) in a small store beside the host's calibrations
+(``auto_k.json`` next to `orchestrator.simulation.calibration.default_path`). Found: the run uses it,
+with no trials, and says where it came from. Not found: the trials run (`calibration.search`) and a
+faithful choice is stored. A run at a reused K that turns out not faithful drops it (`forget`), so the
+next run of that workload calibrates again; ``netai experiment --recalibrate`` ignores the store.
+
+The key holds the host's identity too (hostname, machine id, CPU, cores, kernel: the calibration's),
+and the project's version, so a K is never taken to another host or version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from orchestrator.experiment.calibration import Calibration, Trial, search
+from orchestrator.simulation.calibration import HostIdentity, default_path
+
+#: Set to ignore the store for one run (``netai experiment --recalibrate``).
+ENV_RECALIBRATE = "NETAI_RECALIBRATE"
+
+
+def store_path() -> Path:
+    return default_path().with_name("auto_k.json")
+
+
+def workload_key(cfg: Any, backend: str) -> str:
+    """A digest of what sets a workload's K on this host (see the module docstring)."""
+    shape = {
+        "host": asdict(HostIdentity.here()),
+        "topology": cfg.topology, "max_link_mbps": cfg.emulation.max_link_mbps,
+        "task": repr(cfg.task), "compute": repr(cfg.compute), "locals": max(cfg.locals),
+        "schedulers": [repr(s) for s in cfg.schedulers], "backend": backend,
+        "datapath": cfg.emulation.datapath, "connectivity": cfg.emulation.connectivity,
+        "background": repr(cfg.background), "cap": cfg.emulation.max_time_dilation,
+    }
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def find(key: str, path: Path | None = None) -> dict[str, Any] | None:
+    """The stored choice for `key` ({"k", "date"}), None if there is none or the store is unreadable."""
+    entry = _load(path or store_path()).get(key)
+    ok = isinstance(entry, dict) and isinstance(entry.get("k"), int | float) and entry["k"] >= 1
+    return entry if ok else None
+
+
+def save(key: str, k: float, path: Path | None = None) -> None:
+    path = path or store_path()
+    data = _load(path)
+    data[key] = {"k": k, "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def forget(key: str, path: Path | None = None) -> bool:
+    """Drop `key`'s K (its run was not faithful); whether there was one."""
+    path = path or store_path()
+    data = _load(path)
+    if data.pop(key, None) is None:
+        return False
+    path.write_text(json.dumps(data, indent=1, sort_keys=True))
+    return True
+
+
+def search_or_reuse(key: str, trial: Callable[[float], Trial], cap: float, *, say: Callable[[str], None],
+                    path: Path | None = None) -> Calibration:
+    """This host's K for the workload `key` if one is stored (no trials), else `search` (storing a
+    faithful choice)."""
+    stored = None if os.environ.get(ENV_RECALIBRATE) else find(key, path)
+    if stored is not None and float(stored["k"]) <= cap:
+        k = float(stored["k"])
+        say(f"time dilation auto: K={k:g}, as this host chose for the same workload on {stored['date']} "
+            f"(no trials; --recalibrate runs them again)")
+        return Calibration(k=k, faithful=True, cap=cap, trials=(), reused_from=str(stored["date"]))
+    cal = search(trial, cap, say=say)
+    if cal.faithful:
+        save(key, cal.k, path)
+    return cal
+
+
+def after_run(cfg: Any, backend: str, summary: Any) -> None:
+    """After an auto run: if its K was reused and a point was not faithful, forget that K (the next
+    run of the workload calibrates again)."""
+    if not getattr(cfg.emulation, "time_dilation_auto", False) or summary is None:
+        return
+    reused = (summary.environment.get("time_dilation_calibration") or {}).get("reused_from")
+    if reused and any(not v.faithful for v in summary.verdicts):
+        forget(workload_key(cfg, backend))
