@@ -202,7 +202,9 @@ class Lifecycle:
         if schedule.blocked:
             LOG.info("task %d (%d locals) blocked by %s: %s", task.id, len(task.local_sites), label, schedule.reason)
             live.status, live.reason = st.BLOCKED, schedule.reason
+            self.recorder.hold(label, task.id)
             self.set_state(label, task.id, st.BLOCKED, schedule.reason)
+            self.recorder.seal(label, task.id)  # its record whole: a blocked task ends here
             self.outcomes[st.BLOCKED] += 1
             return live
         state.admit(schedule)
@@ -309,9 +311,12 @@ class Lifecycle:
             self.end(live, st.FAILED, reason)
 
     def end(self, live: LiveTask, outcome: str, reason: str) -> None:
-        """Record how `live` ended and release what it holds, whatever goes wrong on the way."""
+        """Record how `live` ended and release what it holds, whatever goes wrong on the way. The end's
+        records are held back (`Recorder.hold`) and written in one transaction once its flows' carried
+        bytes are in (`settle_counters`), or now if it installed none."""
         label, task = live.label, live.task
         finished = self.clock.now()
+        self.recorder.hold(label, task.id)
         try:
             if live.execution is not None:
                 live.execution.stop()
@@ -332,6 +337,13 @@ class Lifecycle:
                     live.state.release(task.id)
             if live.install_id:
                 self.counters.pending[(label, task.id, live.install_id)] = (time.monotonic(), None)
+            self._seal_if_settled(label, task.id)
+
+    def _seal_if_settled(self, label: str, task_id: int) -> None:
+        """Seal the record of a task that ended once none of its installs' counters is pending."""
+        if self._states.get((label, task_id)) in st.FINAL and \
+                not any(key[:2] == (label, task_id) for key in self.counters.pending):
+            self.recorder.seal(label, task_id)
 
     # -- records ---------------------------------------------------------------------------------------
     def record_rounds(self, live: LiveTask, rounds: list[Any], events: Events) -> None:
@@ -444,6 +456,7 @@ class Lifecycle:
                     with contextlib.suppress(Exception):
                         self.network.remove(install_id)
                     del self.counters.pending[key]
+                    self._seal_if_settled(label, task_id)
                 else:
                     self.counters.pending[key] = (now, got)
             if not wait and not at_once:
