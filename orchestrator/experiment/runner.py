@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import logging
 import os
 import platform
@@ -45,8 +46,10 @@ from orchestrator.experiment.faults import LinkWatcher, follow_links
 from orchestrator.experiment.link_recorder import LinkRecorder
 from orchestrator.experiment.lost_machines import lost_note
 from orchestrator.experiment.online import run_online
+from orchestrator.experiment.resume import Resume, reopen
 from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
 from orchestrator.experiment.runs import RunOutcome, scheduler_order, task_sets
+from orchestrator.results import queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.results.summary import RunSummary
@@ -184,7 +187,8 @@ def round_progress(events: Any, schedule: Schedule) -> tuple[int, int]:
 
 # -- the run --------------------------------------------------------------------------------------
 def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True,
-                   dashboard_port: int | None = None, figures: bool = True) -> RunOutcome:
+                   dashboard_port: int | None = None, figures: bool = True, source: dict[str, Any] | None = None,
+                   resume: Path | None = None) -> RunOutcome:
     """Run `cfg` for real (see the module docstring); returns where the results are.
 
     The status is ``completed`` when at least one task completed, ``failed`` when none did (or the
@@ -192,20 +196,24 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     served on 127.0.0.1 while the run lasts (a port in use is a `ConfigError` before anything starts).
     A config with ``engine: simulation`` runs on the flow-level model instead (no root, no network:
     `orchestrator.experiment.simulated`). Without `figures` the run folder has the CSVs and the report
-    but no plots (``netai experiment --no-figures``).
+    but no plots (``netai experiment --no-figures``). `source` is recorded for a resume (`resume.source_record`);
+    `resume` (a run folder, or a sweep's) continues that run instead of starting one
+    (`orchestrator.experiment.resume`: checked before this is called).
     """
     from orchestrator.experiment.host_dilation import resolve
 
+    if resume is not None and not cfg.sweep and cfg.engine != "simulation":
+        cfg = _recorded_dilation(cfg, resume)  # the K the run started with, not this host's today
     cfg = resolve(cfg)  # `time_dilation: host`: this host's K, or a ConfigError before anything starts
     if cfg.sweep:  # one run per entry, then the sweep's report (orchestrator.experiment.sweep)
         from orchestrator.experiment.sweep import run_sweep
 
         return run_sweep(cfg, run_one=run_experiment, out_root=out_root, progress=progress,
-                         dashboard_port=dashboard_port, figures=figures)
+                         dashboard_port=dashboard_port, figures=figures, source=source, resume=resume)
     if cfg.engine == "simulation":
         from orchestrator.experiment.simulated import run_simulated
 
-        return run_simulated(cfg, out_root=out_root, figures=figures)
+        return run_simulated(cfg, out_root=out_root, figures=figures, source=source, resume=resume)
 
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
@@ -221,10 +229,23 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     remote = remote_clients(cfg, plan, backend_kind)  # SSH and host keys checked: nothing started yet
     try:
         return _run_emulated(cfg, out_root, plan, model, backend_kind, model_bytes, remote, dashboard_port,
-                             progress, figures=figures)
+                             progress, figures=figures, source=source, resume=resume)
     finally:
         for client in {id(c): c for c in remote.values()}.values():
             client.close()
+
+
+def _recorded_dilation(cfg: ExperimentConfig, run_dir: Path) -> ExperimentConfig:
+    """`cfg` at the K its run in `run_dir` recorded in its plan (no calibration, no host K again)."""
+    from orchestrator.experiment.host_dilation import with_dilation
+
+    with ResultsDB(run_dir / "results.db") as db:
+        run_id = int(queries.last_run_id(db.conn) or 0)
+        topo, run = queries.topology(db.conn, run_id), db.run(run_id)
+    if cfg.emulation.time_dilation_auto and "time_dilation_calibration" not in run["environment"]:
+        return cfg  # it stopped while calibrating: calibrate again
+    k = (json.loads(topo["plan_json"]) if topo else {}).get("time_dilation")
+    return cfg if k is None else with_dilation(cfg, str(float(k)), where=str(run_dir / "results.db"))
 
 
 def remote_clients(cfg: ExperimentConfig, plan: EmulationPlan, backend_kind: str) -> dict[str, Any]:
@@ -245,13 +266,15 @@ def remote_clients(cfg: ExperimentConfig, plan: EmulationPlan, backend_kind: str
 
 def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any, backend_kind: str,
                   model_bytes: int, remote: dict[str, Any], dashboard_port: int | None, progress: bool, *,
-                  figures: bool = True) -> RunOutcome:
+                  figures: bool = True, source: dict[str, Any] | None = None,
+                  resume: Path | None = None) -> RunOutcome:
     from orchestrator.emulation.network import Emulation
     from orchestrator.runtime.backends import emulation_options, open_compute
     from orchestrator.runtime.forked import early_fork_server
 
     started = time.monotonic()
-    run_dir, dash, log_handler, db, run_id = _open_run(cfg, out_root, plan, model, dashboard_port)
+    run_dir, dash, log_handler, db, run_id, again = _open_run(cfg, out_root, plan, model, dashboard_port,
+                                                              source=source, resume=resume)
     status, note, tm = "failed", "", None
     try:
         calibration = None
@@ -278,10 +301,10 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
                 if cfg.mode == "online":
                     run_online(run, model_bytes)
                 else:
-                    _run_sequential(run, model_bytes, progress=progress)
+                    _run_sequential(run, model_bytes, progress=progress, again=again)
             finally:
                 _settle_and_record(tm, recorder, background, db, run_id, plan)
-        status, note = _outcome(tm.outcomes, lost_note(emu))
+        status, note = _outcome(_with_kept(tm.outcomes, again), lost_note(emu))
         if emu.info is not None and emu.info.cluster.get("far", {}).get("lost"):
             db.update_environment(run_id, cluster=emu.info.cluster)  # with the lost machines
     except KeyboardInterrupt:
@@ -315,19 +338,30 @@ def _outcome(outcomes: dict[str, int], lost: str) -> tuple[str, str]:
     return ("completed" if done else "failed"), note
 
 
+def _with_kept(outcomes: dict[str, int], again: Resume | None) -> dict[str, int]:
+    """The run's task outcomes: this session's and, on a resume, those of the tasks it kept."""
+    total = dict(outcomes)
+    for rec in (again.kept.values() if again is not None else ()):
+        if rec["state"] in total:
+            total[rec["state"]] += 1
+    return total
+
+
 def _open_run(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any,
-              dashboard_port: int | None) -> tuple[Path, Dashboard | None, logging.Handler, ResultsDB, int]:
-    """The run's folder, log file, results database (run started, topology recorded) and live
-    dashboard (started), before the emulation comes up.
+              dashboard_port: int | None, *, source: dict[str, Any] | None = None, resume: Path | None = None,
+              ) -> tuple[Path, Dashboard | None, logging.Handler, ResultsDB, int, Resume | None]:
+    """The run's folder, log file, results database (run started, topology recorded; or, with
+    `resume`, the run in that folder reopened) and live dashboard (started), before the emulation
+    comes up.
 
     The caller owns what this returns: it closes the dashboard, finishes the run, closes the database
     and removes the log handler on every exit path. Only a run folder that cannot be created closes
     the dashboard here (nothing else is open yet).
     """
-    run_dir = out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = resume or out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     dash = None if dashboard_port is None else Dashboard(run_dir / "results.db", port=dashboard_port, live=True)
     try:
-        run_dir.mkdir(parents=True, exist_ok=False)
+        run_dir.mkdir(parents=True, exist_ok=resume is not None)
     except BaseException:
         if dash is not None:
             dash.close()
@@ -337,13 +371,18 @@ def _open_run(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model:
     logging.getLogger().addHandler(log_handler)
     logging.getLogger().setLevel(logging.INFO)
     db = ResultsDB(run_dir / "results.db")
-    run_id = db.start_run(cfg.name, cfg.to_dict())
-    db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    again = None
+    if resume is None:
+        run_id = db.start_run(cfg.name, cfg.to_dict(), source=source)
+        db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    else:
+        run_id = int(queries.last_run_id(db.conn) or 0)
+        again = reopen(db, run_id, run_dir)
     if dash is not None:
         dash.start()
         print(f"netai: live dashboard at {dash.url}", flush=True)
         LOG.info("live dashboard at %s", dash.url)
-    return run_dir, dash, log_handler, db, run_id
+    return run_dir, dash, log_handler, db, run_id, again
 
 
 def _record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan: EmulationPlan,
@@ -351,7 +390,7 @@ def _record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan:
     """Record the machine, the emulation just brought up and whether it enforces reservations."""
     info = emu.info
     reservations = emu.client.health().get("reservations", {})
-    db.set_environment(run_id, environment(cfg, plan, info, backend_kind) | {
+    db.update_environment(run_id, **environment(cfg, plan, info, backend_kind) | {  # a resume's adds to the first
         "remote_sites": {site: server.docker for server in cfg.remote_servers for site in server.sites},
         "reservations_enforced": bool(reservations.get("enforced")),
         "reservations_note": reservations.get("reason", ""), "mode": cfg.mode})
@@ -411,10 +450,12 @@ def _settle_and_record(core: Any, recorder: LinkRecorder, background: _Backgroun
                              None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)
 
 
-def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> None:
+def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool, again: Resume | None = None) -> None:
     """Every point's tasks, one at a time, every scheduler on the same task before the next (so
     background load and machine noise hit the schedulers alike), in the order `scheduler_order`
-    gives the task (by default rotated from task to task, so no scheduler always runs first)."""
+    gives the task (by default rotated from task to task, so no scheduler always runs first). On a
+    resume (`again`) the tasks the run kept are not run again: their reservations go back on their
+    scheduler's network state."""
     cfg, core = run.cfg, run.core
     tasks = task_sets(cfg, run.model, model_bytes)
     bar = Progress(sum(len(ts) for ts in tasks.values()) * len(cfg.schedulers), enabled=progress)
@@ -428,6 +469,10 @@ def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> 
         for n in cfg.locals:
             for k, task in enumerate(tasks[n]):
                 for name in scheduler_order(cfg.schedulers, k, cfg.order):
+                    if again is not None and again.has(name, task.id):
+                        again.readmit(name, task.id, states[(name, n)])
+                        bar.advance_run()
+                        continue
                     if watcher is not None and run.machines is not None:
                         run.machines.label = name
                         run.machines.refresh()

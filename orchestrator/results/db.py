@@ -138,10 +138,11 @@ class ResultsDB:
         durability.reap(self.conn, run_id)
         run = self.run(run_id)
         with self._tx() as c:
-            gone = durability.discard_incomplete(c, run_id, "half recorded when the run was resumed")
+            durability.discard_incomplete(c, run_id, "half recorded when the run was resumed")
+            earlier = sum(r["discarded"] for r in queries.resumes(c, run_id))
             row = {"run_id": run_id, "at": time.time(), "previous_status": run["status"],
-                   "kept": queries.task_count(c, run_id),
-                   "discarded": len(gone)}
+                   "kept": queries.task_count(c, run_id),  # discarded since the last start: found crashed or now
+                   "discarded": queries.discarded_count(c, run_id) - earlier}
             c.execute("INSERT INTO resumes VALUES (:run_id, :at, :previous_status, :kept, :discarded)", row)
             c.execute("UPDATE runs SET status = 'running', finished_at = NULL, owner = ? WHERE id = ?",
                       (durability.owner_stamp(), run_id))

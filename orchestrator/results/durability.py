@@ -126,3 +126,15 @@ def migrate_statuses(conn: sqlite3.Connection) -> None:
         raise
     conn.execute("COMMIT")
     conn.execute("PRAGMA foreign_keys=ON")
+
+
+def resume_lines(conn: sqlite3.Connection, run_id: int) -> list[str]:
+    """The report's lines on a resumed run: how often, when, from what (none for a run never resumed)."""
+    rows = queries.resumes(conn, run_id)
+    if not rows:
+        return []
+    times = "; ".join(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(r['at']))} (it was {r['previous_status']}: "
+                      f"{r['kept']} task runs kept, {r['discarded']} half-recorded discarded and run again)"
+                      for r in rows)
+    n = len(rows)
+    return [f"Resumed {n} time{'' if n == 1 else 's'} (`netai experiment --resume`, docs/long-runs.md): {times}.", ""]

@@ -477,3 +477,9 @@ def task_ends(conn: sqlite3.Connection, run_id: int) -> dict[tuple[str, int], in
     rows = conn.execute("SELECT scheduler, task_id, count(*) FROM task_events WHERE run_id = ? AND state IN "
                         "('done', 'blocked', 'failed') GROUP BY scheduler, task_id", (run_id,)).fetchall()
     return {(str(r[0]), int(r[1])): int(r[2]) for r in rows}
+
+
+def discarded_count(conn: sqlite3.Connection, run_id: int) -> int:
+    """How many half-recorded task runs the run discarded (``discarded`` events in `task_events`)."""
+    return int(conn.execute("SELECT count(*) FROM task_events WHERE run_id = ? AND state = 'discarded'",
+                            (run_id,)).fetchone()[0])
