@@ -80,9 +80,13 @@ def _whole_tasks(db_path: Path) -> int:
 
 
 def run_killed(argv: Sequence[str], kill: Kill, find_db: Callable[[], Path | None], *, limit_s: float,
-               env: Mapping[str, str]) -> str:
-    """Run `argv` and SIGKILL its session at `kill` (`find_db`: the run's database once it exists);
-    the phase it was killed in (``done``: it ended first)."""
+               env: Mapping[str, str], total: int) -> str:
+    """Run `argv` and SIGKILL its session at `kill` (`find_db`: the run's database once it exists; a
+    count of whole tasks is counted on top of those it had, up to `total` - 1); the phase it was
+    killed in (``done``: it ended first)."""
+    db_path = find_db()
+    base = _whole_tasks(db_path) if db_path is not None else 0  # a resume's tasks so far: the count is on top
+    target = None if kill.after_tasks is None else min(base + kill.after_tasks, max(total - 1, base))
     proc = subprocess.Popen(list(argv), cwd=ROOT, env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     t0 = time.monotonic()
@@ -91,7 +95,8 @@ def run_killed(argv: Sequence[str], kill: Kill, find_db: Callable[[], Path | Non
             if kill.after_s is not None and time.monotonic() - t0 >= kill.after_s:
                 break
             db_path = find_db()
-            if kill.after_tasks is not None and db_path is not None and _whole_tasks(db_path) >= kill.after_tasks:
+            if target is not None and db_path is not None and _whole_tasks(db_path) >= target and \
+                    (target > base or _whole_tasks_seen_reopen(db_path)):
                 break
             time.sleep(0.01)
         if proc.poll() is not None:
@@ -103,6 +108,19 @@ def run_killed(argv: Sequence[str], kill: Kill, find_db: Callable[[], Path | Non
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def _whole_tasks_seen_reopen(db_path: Path) -> bool:
+    """Whether the run in `db_path` is running again (a resume reopened it): a kill planned at a count
+    of whole tasks it already has lands then, not before the resume started."""
+    try:
+        conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=0.2)
+        try:
+            return conn.execute("SELECT status FROM runs ORDER BY id DESC LIMIT 1").fetchone()[0] == "running"
+        finally:
+            conn.close()
+    except (sqlite3.Error, TypeError):
+        return False
 
 
 def check_whole(db_path: Path) -> tuple[list[str], int, int]:
@@ -196,7 +214,7 @@ class Chain:
 
 
 def run_chain(config: Path, out: Path, kills: Sequence[Kill], *, extra: Sequence[str], limit_s: float,
-              env: Mapping[str, str], check_after: Callable[[], list[str]] = list) -> Chain:
+              env: Mapping[str, str], total: int, check_after: Callable[[], list[str]] = list) -> Chain:
     """Start `config` in `out` and kill it at `kills[0]`, resume and kill it at `kills[1]`, ... then
     resume it to its end; the database checked after every kill, and `check_after` (e.g. what the
     killed runs left on the machine, which the next run must clean) once the chain is done."""
@@ -212,7 +230,7 @@ def run_chain(config: Path, out: Path, kills: Sequence[Kill], *, extra: Sequence
                      *extra)
 
     for kill in kills:
-        phase = run_killed(command(), kill, find_db, limit_s=limit_s, env=env)
+        phase = run_killed(command(), kill, find_db, limit_s=limit_s, env=env, total=total)
         db_path = find_db()
         problems, whole, discarded = check_whole(db_path) if db_path is not None and _has_run(db_path) \
             else ([], 0, 0)
@@ -265,7 +283,7 @@ def campaign(config: Path, out: Path, *, seed: int, chains: int, kills_per_chain
     for c in range(chains):
         kills = plan_kills(seed * 1000 + c, kills_per_chain, wall_s=wall_s, task_runs=task_runs)
         chain = run_chain(config, out / f"chain-{c}", kills, extra=extra, limit_s=limit_s, env=env,
-                          check_after=check_after)
+                          total=task_runs, check_after=check_after)
         for k in chain.kills:
             problems += [f"chain {c}, kill {k.kill}: {p}" for p in k.problems]
         problems += [f"chain {c}: {p}" for p in chain.problems]

@@ -71,7 +71,12 @@ def _resume(args: argparse.Namespace) -> int:
         raise ConfigError("--resume runs the rest of the run as it started: no --locals, --tasks, --rounds or "
                           "--time-dilation")
     if (run_dir / "sweep.json").is_file():
+        from orchestrator.experiment.resume import sweep_complete
+
         cfg = load_sweep_for_resume(run_dir, args.config, load_config_as)
+        if sweep_complete(run_dir, cfg):
+            print(f"netai: the sweep in {run_dir} is complete: nothing to resume, nothing changed")
+            return 0
     else:
         found, cfg = load_for_resume(run_dir, args.config, load_config_as)
         from orchestrator.experiment.resume import is_complete

@@ -195,6 +195,21 @@ def load_config_as(path: str | Path, overrides: Mapping[str, Any]) -> Experiment
     return apply_overrides(load_config(path), overrides, where=str(path))
 
 
+def remove_unstarted(sweep_dir: Path) -> list[Path]:
+    """Remove the sweep's run folders whose database holds no run (the sweep stopped between making
+    the folder and recording the run in it: nothing of the run is there); the folders removed."""
+    import shutil
+
+    gone = []
+    for sub in sorted(p for p in sweep_dir.iterdir() if (p / "results.db").is_file()):
+        with ResultsDB(sub / "results.db") as db:
+            empty = queries.last_run_id(db.conn) is None
+        if empty:
+            shutil.rmtree(sub)
+            gone.append(sub)
+    return gone
+
+
 def entry_run_dir(sweep_dir: Path, name: str) -> Path | None:
     """The folder of the sweep's run named `name` (its database's run name), None if it never started."""
     for sub in sorted(p for p in sweep_dir.iterdir() if (p / "results.db").is_file()):
@@ -218,3 +233,12 @@ def load_sweep_for_resume(sweep_dir: Path, config_path: str | None, build: Any) 
         return build(path, source.get("overrides", {}))
     base = Path(path).resolve().parent if path else None
     return parse_config(source["config"], where=str(sweep_dir / SWEEP_FILE), base_dir=base)
+
+
+def sweep_complete(sweep_dir: Path, cfg: ExperimentConfig) -> bool:
+    """Whether every entry of the sweep in `sweep_dir` has a complete run (`is_complete`)."""
+    for run in cfg.sweep:
+        earlier = entry_run_dir(sweep_dir, run.name)
+        if earlier is None or not is_complete(find_run(earlier), run):
+            return False
+    return True

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -163,8 +164,12 @@ def _open(cfg: ExperimentConfig, out_root: Path, model: Any, plan: EmulationPlan
         run_id = int(queries.last_run_id(db.conn) or 0)
         return resume, db, run_id, reopen(db, run_id, resume)
     run_dir = _new_run_dir(out_root, f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
-    db = ResultsDB(run_dir / "results.db")
-    run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation", source=source)
+    try:
+        db = ResultsDB(run_dir / "results.db")
+        run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation", source=source)
+    except BaseException:  # e.g. Ctrl-C: no run recorded, so no folder left that holds none
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
     return run_dir, db, run_id, None
 

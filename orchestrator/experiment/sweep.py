@@ -37,6 +37,11 @@ def run_sweep(cfg: ExperimentConfig, *, run_one: Callable[..., RunOutcome], out_
     if resume is None:
         sweep_dir.mkdir(parents=True, exist_ok=False)
         (sweep_dir / SWEEP_FILE).write_text(json.dumps({"name": cfg.name, "source": source or {}}, sort_keys=True))
+    else:
+        from orchestrator.experiment.resume import remove_unstarted
+
+        for gone in remove_unstarted(sweep_dir):
+            print(f"netai: removed {gone.name}: its run stopped before it was recorded (it runs again)", flush=True)
     outcomes: list[RunOutcome] = []
     status = "interrupted"
     try:
