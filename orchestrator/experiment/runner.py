@@ -48,7 +48,7 @@ from orchestrator.experiment.lost_machines import lost_note
 from orchestrator.experiment.online import run_online
 from orchestrator.experiment.resume import Resume, reopen
 from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
-from orchestrator.experiment.runs import RunOutcome, scheduler_order, task_sets
+from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, task_sets
 from orchestrator.results import queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
@@ -222,6 +222,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     backend_kind = preflight(cfg)
     model_bytes = check_model(cfg.task.model, cfg.task.model_args, cfg.task.dataset, cfg.task.dataset_args)  # a broken model: exit 2, nothing started
     compute_model.resolve(cfg.task, cfg.compute)  # the modelled training, counted before anything starts
+    check_memory(cfg, model, model_bytes)  # a task a site's memory cannot hold: exit 2, nothing started
     if backend_kind == "docker":
         from orchestrator.runtime.backends import ensure_worker_image
 
@@ -304,6 +305,7 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
                     _run_sequential(run, model_bytes, progress=progress, again=again)
             finally:
                 _settle_and_record(tm, recorder, background, db, run_id, plan)
+                db.update_environment(run_id, **site_peaks(compute, model_bytes))
         status, note = _outcome(_with_kept(tm.outcomes, again), lost_note(emu))
         if emu.info is not None and emu.info.cluster.get("far", {}).get("lost"):
             db.update_environment(run_id, cluster=emu.info.cluster)  # with the lost machines
@@ -434,6 +436,17 @@ class _Background:
     def stop(self) -> list[Any]:
         """Stop the current flows; the results of every run of the background, in order."""
         return [*self._stopped, *self._traffic.stop()]
+
+
+def site_peaks(compute: Any, model_bytes: int) -> dict[str, Any]:
+    """The environment's record of every site server's peak resident memory (its status replies) against
+    the model's size: ``site_peak_rss_mb`` {site: MB} and ``site_peak_per_model`` (the largest peak
+    over the model's bytes); empty when the servers reported none."""
+    peaks = dict(getattr(compute, "peak_rss", {}) or {})
+    if not peaks:
+        return {}
+    return {"site_peak_rss_mb": {site: round(b / 2**20, 1) for site, b in sorted(peaks.items())},
+            "site_peak_per_model": round(max(peaks.values()) / max(model_bytes, 1), 1)}
 
 
 def _settle_and_record(core: Any, recorder: LinkRecorder, background: _Background, db: ResultsDB, run_id: int,

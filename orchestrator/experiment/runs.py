@@ -63,3 +63,25 @@ def scheduler_order(schedulers: Sequence[str], k: int, order: str = "rotate") ->
         raise ValueError(f"unknown scheduler order {order!r}")
     i = k % len(names)
     return names[i:] + names[:i]
+
+
+def check_memory(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> None:
+    """Refuse, before anything starts, a run one of whose tasks a site cannot hold: G's and the
+    locals' roles at their sites (`orchestrator.runtime.memory`; relays are only known once scheduled,
+    and admission blocks a task whose relay would not fit).
+
+    Raises
+    ------
+    ConfigError
+        One line naming the task, the site and its memory.
+    """
+    from orchestrator.errors import ConfigError
+    from orchestrator.runtime.memory import refusal, roles_by_site
+
+    memory = {site: s.memory_mb for site, s in model.sites.items()}
+    for tasks in task_sets(cfg, model, model_bytes).values():
+        for task in tasks:
+            why = refusal(memory, roles_by_site(task.global_site, task.local_sites, ()), model_bytes)
+            if why is not None:
+                raise ConfigError(f"task {task.id} ({len(task.local_sites)} locals) cannot run: {why} "
+                                  "(a smaller model, or more memory_mb for the site in the topology)")

@@ -23,7 +23,7 @@ from typing import Any
 from controller.htb import BACKGROUND_SHARE
 from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
 from orchestrator.experiment.resume import Resume, reopen
-from orchestrator.experiment.runs import RunOutcome, scheduler_order, task_sets
+from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, task_sets
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results import queries
@@ -109,6 +109,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
     params, calibration = apply_calibration(cfg, sim_params(cfg), calibration_store or default_path())
     model_bytes, frame_bytes = _model_sizes(cfg, model_bytes)
+    check_memory(cfg, model, model_bytes)  # as the emulation: before anything starts
     rate = emulated_rate(plan) if params.rates == "emulated" else capacity_rate(model)
     run_dir, db, run_id, again = _open(cfg, out_root, model, plan, source=source, resume=resume)
     background = _background(cfg, model, plan, params)

@@ -198,6 +198,7 @@ class Lifecycle:
         self.recorder.network_state(label, task.id, state)
         if schedule is None:
             schedule = self.schedule(label, task, state)
+        schedule = self.within_memory(task, schedule)
         live = LiveTask(label=label, task=task, schedule=schedule, state=state, figures=None, install_id=0)
         if schedule.blocked:
             LOG.info("task %d (%d locals) blocked by %s: %s", task.id, len(task.local_sites), label, schedule.reason)
@@ -223,6 +224,18 @@ class Lifecycle:
         live.status = st.RUNNING
         self.set_state(label, task.id, st.RUNNING)
         return live
+
+    def within_memory(self, task: Task, schedule: Schedule) -> Schedule:
+        """`schedule`, or a blocked one naming the site whose memory its roles would exceed
+        (`orchestrator.runtime.memory`)."""
+        from orchestrator.runtime.memory import refusal, roles_by_site
+
+        if schedule.blocked:
+            return schedule
+        roles = roles_by_site(schedule.global_site, schedule.local_sites, schedule.overlay_nodes)
+        memory = {site: s.memory_mb for site, s in self.model.sites.items()}
+        why = refusal(memory, roles, task.model_bytes)
+        return schedule if why is None else Schedule.blocked_for(task, schedule.scheduler, why)
 
     def figures(self, schedule: Schedule, model_bytes: int) -> RoundFigures:
         """The schedule's bounds and references on this network (`cost.round_figures`)."""

@@ -350,6 +350,20 @@ class ExecHandle:
     def __init__(self, host: Any, exec_id: str) -> None:
         self.host = host
         self.exec_id = exec_id
+        #: The container's memory limit (the site's ``memory_mb``), for a server killed for memory.
+        self.memory_mb: int | None = getattr(host, "memory_mb", None)
+
+    def memory(self) -> Any:
+        """The container's memory cgroup (limit, peak, OOM kills; `orchestrator.runtime.memory`), read
+        through its init process, which outlives the server; None when it cannot be read."""
+        from orchestrator.runtime.memory import cgroup_dir, cgroup_memory
+
+        container = self.host.container
+        if container is None:
+            return None
+        container.reload()
+        directory = cgroup_dir(int(container.attrs["State"]["Pid"]))
+        return None if directory is None else cgroup_memory(directory)
 
     def poll(self) -> int | None:
         try:
