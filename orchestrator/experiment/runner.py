@@ -30,6 +30,7 @@ import logging
 import os
 import platform
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -49,7 +50,7 @@ from orchestrator.experiment.online import run_online
 from orchestrator.experiment.resume import Resume, reopen
 from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
 from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, task_sets
-from orchestrator.results import queries
+from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.results.summary import RunSummary
@@ -316,13 +317,14 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
         status, note = "interrupted", f"terminated ({e})"
         raise
     except BaseException as e:
-        note = f"{type(e).__name__}: {e}"
+        note = durability.failure_note(e)
         raise
     finally:
         if dash is not None:
             dash.close()
-        db.update_environment(run_id, run_wall_s=round(time.monotonic() - started, 3))
-        db.finish_run(run_id, status, note)
+        with contextlib.suppress(sqlite3.Error):  # a full disk: the run's marking below says what it can
+            db.update_environment(run_id, run_wall_s=round(time.monotonic() - started, 3))
+        durability.finish_or_leave(db, run_id, status, note, LOG)
         report, summary = _write_results(db, run_id, run_dir, figures=figures)
         db.close()
         logging.getLogger().removeHandler(log_handler)

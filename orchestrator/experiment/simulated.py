@@ -26,7 +26,7 @@ from orchestrator.experiment.resume import Resume, reopen
 from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, task_sets
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.lifecycle.recorder import DbRecorder
-from orchestrator.results import queries
+from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.runtime.compute_model import ModelledTraining, for_training, resolve
@@ -144,10 +144,10 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         status, note = "interrupted", "interrupted by the user (Ctrl-C)"
         raise
     except BaseException as e:
-        note = f"{type(e).__name__}: {e}"
+        note = durability.failure_note(e)
         raise
     finally:
-        db.finish_run(run_id, status, note)
+        durability.finish_or_leave(db, run_id, status, note, LOG)
         report, summary = None, None
         try:
             report, summary = write_results(db, run_id, run_dir, figures=figures)

@@ -84,7 +84,8 @@ class ResultsDB:
         try:
             yield self.conn
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:  # SQLite already rolled it back on some errors (SQLITE_FULL)
+                self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
 

@@ -19,6 +19,7 @@ import socket
 import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
 from orchestrator.results import queries
 
@@ -92,7 +93,8 @@ def reap(conn: sqlite3.Connection, run_id: int) -> str | None:
         conn.execute("UPDATE runs SET status = 'crashed', finished_at = ?, note = ? WHERE id = ? AND status = 'running'",
                      (time.time(), note, run_id))
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
     return note
@@ -122,7 +124,8 @@ def migrate_statuses(conn: sqlite3.Connection) -> None:
         conn.execute("DROP TABLE runs")
         conn.execute("ALTER TABLE runs_new RENAME TO runs")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise
     conn.execute("COMMIT")
     conn.execute("PRAGMA foreign_keys=ON")
@@ -138,3 +141,29 @@ def resume_lines(conn: sqlite3.Connection, run_id: int) -> list[str]:
                       for r in rows)
     n = len(rows)
     return [f"Resumed {n} time{'' if n == 1 else 's'} (`netai experiment --resume`, docs/long-runs.md): {times}.", ""]
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether `exc` says the disk (or the database's size limit) is full: SQLite's SQLITE_FULL, or ENOSPC."""
+    import errno
+
+    if isinstance(exc, sqlite3.OperationalError):
+        return getattr(exc, "sqlite_errorname", "") == "SQLITE_FULL" or "disk is full" in str(exc)
+    return isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def failure_note(exc: BaseException) -> str:
+    """The note a run that `exc` ended gets: a full disk said so (with what to do), else the error."""
+    if disk_full(exc):
+        return f"the disk is full ({exc}): the run stopped with every task it recorded whole; free space, then " \
+               "netai experiment --resume RUN_DIR"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def finish_or_leave(db: Any, run_id: int, status: str, note: str, log: Any) -> None:
+    """`db.finish_run`, or, when even that cannot be written (a full disk), a log line: the run is
+    left running and is found crashed the next time it is looked at (`reap`)."""
+    try:
+        db.finish_run(run_id, status, note)
+    except sqlite3.Error as e:
+        log.error("could not mark run %d %s (%s): it will be found crashed and can be resumed", run_id, status, e)
