@@ -64,6 +64,8 @@ class ResultsDB:
         self.conn.execute(
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )
+        #: Runs this open found running with their process gone, marked crashed ({run id: note}).
+        self.crashed = durability.reap_all(self.conn)
 
     def close(self) -> None:
         self.conn.close()

@@ -112,10 +112,13 @@ with db.transaction():
 
     # Assert: killed inside task 2's end; the file is whole, task 1 whole, task 2 not ended
     assert proc.returncode == -signal.SIGKILL, proc.stderr
-    with ResultsDB(path) as db:
-        assert db.query("PRAGMA integrity_check")[0]["integrity_check"] == "ok"
-        rows = db.query("SELECT task_id, state, complete FROM tasks ORDER BY task_id")
-        note = durability.reap(db.conn, 1)
+    raw = sqlite3.connect(path)
+    assert raw.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    rows = [dict(zip(("task_id", "state", "complete"), r, strict=True))
+            for r in raw.execute("SELECT task_id, state, complete FROM tasks ORDER BY task_id")]
+    raw.close()
+    with ResultsDB(path) as db:  # opening it finds the run crashed
+        note = db.crashed.get(1)
         run = db.run(1)
         left = db.query("SELECT task_id FROM tasks")
         events = db.query("SELECT task_id, state FROM task_events WHERE state = 'discarded'")
@@ -237,3 +240,19 @@ def test_owner_stamps_name_this_process() -> None:
     host, pid, _boot, ticks = durability.owner_stamp().split()
     assert (host, int(pid)) == (socket.gethostname(), os.getpid())
     assert ticks.isdigit()
+
+
+def test_opening_a_database_marks_its_crashed_runs(tmp_path: Path) -> None:
+    # Prepare: a run killed with a task running
+    path = tmp_path / "results.db"
+    with ResultsDB(path) as db:
+        run_id = db.start_run("r", {})
+        _running_task(db, run_id)
+        db.conn.execute("UPDATE runs SET owner = ? WHERE id = ?", (_dead_owner(), run_id))
+
+    # Execute
+    with ResultsDB(path) as db:
+        crashed, run = db.crashed, db.run(run_id)
+
+    # Assert
+    assert list(crashed) == [run_id] and run["status"] == "crashed"
