@@ -353,6 +353,15 @@ class ExecHandle:
         #: The container's memory limit (the site's ``memory_mb``), for a server killed for memory.
         self.memory_mb: int | None = getattr(host, "memory_mb", None)
 
+    @property
+    def host_pid(self) -> int | None:
+        """The server's pid on this machine (not the container's own numbering); None once it is gone."""
+        try:
+            pid = self.host.dclient.api.exec_inspect(self.exec_id).get("Pid")
+        except Exception:  # noqa: BLE001 -- the container is gone, and the server with it
+            return None
+        return int(pid) if pid else None
+
     def memory(self) -> Any:
         """The container's memory cgroup (limit, peak, OOM kills; `orchestrator.runtime.memory`), read
         through its init process, which outlives the server; None when it cannot be read."""

@@ -121,6 +121,15 @@ class SiteBackend(Protocol):
         """Stop what the backend started beside the servers (the local backends' fork server)."""
 
 
+def process_state(pid: int) -> str | None:
+    """A process's state letter (R, S, D, T, t, Z, ...; /proc/PID/stat); None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 @dataclass
 class _Server:
     site: str
@@ -341,12 +350,21 @@ class ComputeManager:
     def _mark_lost(self, srv: _Server, why: str) -> None:
         time.sleep(0.1)  # let a dying process be reaped so its exit status is known
         status = srv.proc.poll()
-        self.lost[srv.site] = why if status is None else self._exit_reason(srv, status)
+        self.lost[srv.site] = self._silent_reason(srv, why) if status is None else self._exit_reason(srv, status)
         LOG.warning("site server of %r lost: %s", srv.site, self.lost[srv.site])
         if srv.conn is not None:
             with contextlib.suppress(OSError):
                 srv.conn.close()
             srv.conn = None
+
+    def _silent_reason(self, srv: _Server, why: str) -> str:
+        """Why a server that still runs counts as lost: `why`, and whether its process is stopped
+        (SIGSTOP, a debugger: it cannot answer until continued). Its host pid: the handle's, or the one
+        it said hello with (the same pid namespace but in a container)."""
+        pid = getattr(srv.proc, "host_pid", None) or srv.pid
+        if pid and process_state(int(pid)) in ("T", "t"):
+            return f"it stopped answering ({why}): its process {pid} is stopped (SIGSTOP or a debugger)"
+        return why
 
     def _exit_reason(self, srv: _Server, status: int) -> str:
         """Why `srv` exited, one line: killed for memory (its cgroup's limit and peak, `runtime.memory`)

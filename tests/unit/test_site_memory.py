@@ -3,6 +3,7 @@ reported with its site, limit and peak; admission refusing a task a site cannot 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -130,3 +131,34 @@ def test_a_sites_need_counts_its_server_once_and_each_role() -> None:
     assert roles == {"a": ["global", "local"], "b": ["local"], "c": ["relay"]}
     assert memory.site_need_bytes(roles["a"], MB) == memory.SERVER_BASE_BYTES + 9 * MB
     assert memory.site_need_bytes(roles["c"], MB) == memory.SERVER_BASE_BYTES + 2 * MB
+
+
+def test_a_stopped_server_is_lost_at_its_request_timeout_and_said_to_be_stopped() -> None:
+    import signal
+    import socket
+    import subprocess
+    import threading
+
+    from orchestrator.runtime.compute import ServerLost, _Server
+
+    # Prepare: a server process stopped with SIGSTOP, whose control connection answers nothing
+    child = subprocess.Popen(["sleep", "30"])
+    os.kill(child.pid, signal.SIGSTOP)
+    ours, theirs = socket.socketpair()
+    ours.settimeout(0.2)  # the request timeout (REQUEST_TIMEOUT_S in a run)
+    manager: Any = ComputeManager.__new__(ComputeManager)
+    manager.lost, manager.peak_rss, manager._lock = {}, {}, threading.Lock()
+    manager.servers = {"Gdansk": _Server(site="Gdansk", proc=SimpleNamespace(poll=lambda: None), sock_path=Path("x"),
+                                         conn=ours, pid=child.pid)}
+    try:
+        # Execute
+        with pytest.raises(ServerLost) as got:
+            manager._request("Gdansk", {"op": "status"})
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait()
+        theirs.close()
+
+    # Assert
+    assert "Gdansk" in manager.lost
+    assert f"its process {child.pid} is stopped (SIGSTOP" in str(got.value)
