@@ -301,3 +301,22 @@ def table(chains: Sequence[Chain]) -> list[str]:
             moment = f"{k.kill.after_s:.2f} s" if k.kill.after_s is not None else f"{k.kill.after_tasks} whole tasks"
             lines.append(f"{c:>5}  {i:>4}  {moment:<21}  {k.phase:<19}  {k.whole:>5}  {k.discarded:>9}")
     return lines
+
+
+def processes_naming(text: str) -> list[int]:
+    """The pids of the processes whose command line contains `text` (e.g. a test's folder)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and proc.name != str(os.getpid()):
+            try:
+                if text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+    return pids
+
+
+def sim_leftovers(root: Path) -> list[str]:
+    """What killed simulated runs under `root` left: engine files, or processes still running."""
+    return [f"left {p}" for p in sorted(root.glob("**/netai-sim-*"))] + \
+        [f"process {pid} still runs" for pid in processes_naming(str(root))]

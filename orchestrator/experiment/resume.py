@@ -232,7 +232,12 @@ def load_sweep_for_resume(sweep_dir: Path, config_path: str | None, build: Any) 
             raise ConfigError(f"{sweep_dir}: its sweep.json records no config to resume it with")
         return build(path, source.get("overrides", {}))
     base = Path(path).resolve().parent if path else None
-    return parse_config(source["config"], where=str(sweep_dir / SWEEP_FILE), base_dir=base)
+    cfg = parse_config(source["config"], where=str(sweep_dir / SWEEP_FILE), base_dir=base)
+    online = [run.name for run in cfg.sweep if run.mode == "online"]
+    if online:
+        raise ConfigError(f"{sweep_dir}: its online run(s) {', '.join(online)} cannot be resumed (their tasks "
+                          "arrive on the run's clock and share the network): start the sweep again")
+    return cfg
 
 
 def sweep_complete(sweep_dir: Path, cfg: ExperimentConfig) -> bool:

@@ -203,6 +203,8 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     """
     from orchestrator.experiment.host_dilation import resolve
 
+    if resume is not None and cfg.mode == "online":
+        raise ConfigError(f"{resume}: an online run cannot be resumed (its tasks arrive on the run's clock)")
     if resume is not None and not cfg.sweep and cfg.engine != "simulation":
         cfg = _recorded_dilation(cfg, resume)  # the K the run started with, not this host's today
     cfg = resolve(cfg)  # `time_dilation: host`: this host's K, or a ConfigError before anything starts

@@ -119,6 +119,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     status, note = "failed", ""
     try:
         batch = SimBatch(model, params, rate, background, frame_bytes)
+        batch.work_dir = run_dir
         network = SimNetwork(batch, propagation=params.propagation, replay=None if replay is None else replay.by_task)
         core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir), recorder=SimRecorder(db, run_id),
                          clock=batch, model=model, schedulers=_planning(cfg, training),
@@ -161,6 +162,9 @@ def _open(cfg: ExperimentConfig, out_root: Path, model: Any, plan: EmulationPlan
           resume: Path | None) -> tuple[Path, ResultsDB, int, Resume | None]:
     """A new run's folder and database (run started, topology recorded), or the run in `resume` reopened."""
     if resume is not None:
+        for stale in sorted(resume.glob("netai-sim-*")):  # a killed run's engine files
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"netai: removed {stale.name}: the engine files of the run that stopped", flush=True)
         db = ResultsDB(resume / "results.db")
         run_id = int(queries.last_run_id(db.conn) or 0)
         return resume, db, run_id, reopen(db, run_id, resume)

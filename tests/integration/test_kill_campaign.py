@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kill_campaign import campaign, table
+from tests.kill_campaign import campaign, sim_leftovers, table
 
 pytestmark = [pytest.mark.slow]
 
@@ -46,8 +46,10 @@ def test_kill_campaign_on_the_simulation(tmp_path: Path, figures: list[str]) -> 
     config.write_text(SIM_CONFIG)
 
     # Execute: 4 chains of 6 seeded kills each.
-    _reference, chains, problems = campaign(config, tmp_path / "runs", seed=48, chains=4, kills_per_chain=6,
-                                            extra=("--no-progress", "--no-figures"), limit_s=120)
+    runs = tmp_path / "runs"
+    _reference, chains, problems = campaign(config, runs, seed=48, chains=4, kills_per_chain=6,
+                                            extra=("--no-progress", "--no-figures"), limit_s=120,
+                                            check_after=lambda: sim_leftovers(runs))
 
     # Assert
     figures.extend(["kill campaign (simulation):", *table(chains)])
