@@ -21,6 +21,7 @@ simulation's engine processes (its children) die with it and nothing is left run
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -28,7 +29,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,28 +44,47 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Kill:
-    """One seeded moment: `after_s` seconds after the process starts, or once the database holds
-    `after_tasks` whole task records (whichever the kill is planned by)."""
+    """One seeded moment: `after_s` seconds after the run is live (its database says ``running``: a fresh
+    run recorded, or a resume reopened it), or after `after_tasks` more whole task records, or, with
+    `at_start`, `after_s` seconds after the process starts (its start-up, before the run is live)."""
 
     after_s: float | None = None
     after_tasks: int | None = None
+    at_start: bool = False
+
+    def __str__(self) -> str:
+        if self.after_tasks is not None:
+            return f"+{self.after_tasks} whole tasks"
+        return f"{self.after_s:.2f} s {'from start' if self.at_start else 'live'}"
 
 
 @dataclass
 class KillResult:
     kill: Kill
-    phase: str  # before the database / while running / after it finished (the process ended first)
+    phase: str  # start-up (before the run was live) / running
     whole: int
     discarded: int
     problems: list[str] = field(default_factory=list)
 
 
-def plan_kills(seed: int, n: int, *, wall_s: float, task_runs: int) -> list[Kill]:
-    """`n` seeded moments, alternately a time (uniform in [0.5, wall_s]) and a count of whole task
-    records (uniform in [0, task_runs - 1])."""
-    rng = random.Random(seed)
-    return [Kill(after_s=round(rng.uniform(0.5, wall_s), 3)) if i % 2 == 0
-            else Kill(after_tasks=rng.randrange(0, max(1, task_runs))) for i in range(n)]
+@dataclass(frozen=True)
+class Timing:
+    """An uninterrupted run's seconds from its start to live and from live to its end, and its task runs."""
+
+    start_s: float
+    live_s: float
+    task_runs: int
+
+
+def next_kill(rng: random.Random, i: int, timing: Timing) -> Kill:
+    """The `i`-th seeded moment: in turn a time while live, a count of whole tasks, a time while
+    live, a count, and a time in the start-up."""
+    kind = i % 5
+    if kind in (1, 3):
+        return Kill(after_tasks=rng.randrange(0, max(1, timing.task_runs)))
+    if kind == 4:
+        return Kill(after_s=round(rng.uniform(0.1, max(0.2, timing.start_s)), 3), at_start=True)
+    return Kill(after_s=round(rng.uniform(0.0, timing.live_s), 3))
 
 
 def _whole_tasks(db_path: Path) -> int:
@@ -80,39 +100,46 @@ def _whole_tasks(db_path: Path) -> int:
 
 
 def run_killed(argv: Sequence[str], kill: Kill, find_db: Callable[[], Path | None], *, limit_s: float,
-               env: Mapping[str, str], total: int) -> str:
-    """Run `argv` and SIGKILL its session at `kill` (`find_db`: the run's database once it exists; a
-    count of whole tasks is counted on top of those it had, up to `total` - 1); the phase it was
-    killed in (``done``: it ended first)."""
+               env: Mapping[str, str]) -> str:
+    """Run `argv` and SIGKILL its session at `kill` (`find_db`: the run's database once it exists); the
+    phase it was killed in (``start-up``, ``running``), or ``done`` when it ended first."""
     db_path = find_db()
-    base = _whole_tasks(db_path) if db_path is not None else 0  # a resume's tasks so far: the count is on top
-    target = None if kill.after_tasks is None else min(base + kill.after_tasks, max(total - 1, base))
+    base = _whole_tasks(db_path) if db_path is not None else 0  # a resume's whole tasks: the count is on top
     proc = subprocess.Popen(list(argv), cwd=ROOT, env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    t0 = time.monotonic()
+    t0, live_at = time.monotonic(), None
     try:
         while proc.poll() is None and time.monotonic() - t0 < limit_s:
-            if kill.after_s is not None and time.monotonic() - t0 >= kill.after_s:
-                break
+            now = time.monotonic()
             db_path = find_db()
-            if target is not None and db_path is not None and _whole_tasks(db_path) >= target and \
-                    (target > base or _whole_tasks_seen_reopen(db_path)):
+            if live_at is None and db_path is not None and _is_live(db_path):
+                live_at = now
+            if _due(kill, now - t0, live_at and now - live_at, db_path, base):
                 break
             time.sleep(0.01)
         if proc.poll() is not None:
             return "done"
-        phase = "running" if find_db() is not None else "before the database"
         os.killpg(proc.pid, signal.SIGKILL)
-        return phase
+        return "running" if live_at is not None else "start-up"
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
 
 
-def _whole_tasks_seen_reopen(db_path: Path) -> bool:
-    """Whether the run in `db_path` is running again (a resume reopened it): a kill planned at a count
-    of whole tasks it already has lands then, not before the resume started."""
+def _due(kill: Kill, since_start: float, since_live: float | None, db_path: Path | None, base: int) -> bool:
+    if kill.at_start:
+        return since_start >= (kill.after_s or 0.0)
+    if since_live is None or db_path is None:
+        return False
+    if kill.after_tasks is not None:
+        return _whole_tasks(db_path) >= base + kill.after_tasks
+    return since_live >= (kill.after_s or 0.0)
+
+
+def _is_live(db_path: Path) -> bool:
+    """Whether the run in `db_path` is running: recorded by a fresh run, or reopened by a resume (a killed
+    run is found crashed before the next process starts)."""
     try:
         conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True, timeout=0.2)
         try:
@@ -213,11 +240,11 @@ class Chain:
     problems: list[str]
 
 
-def run_chain(config: Path, out: Path, kills: Sequence[Kill], *, extra: Sequence[str], limit_s: float,
-              env: Mapping[str, str], total: int, check_after: Callable[[], list[str]] = list) -> Chain:
-    """Start `config` in `out` and kill it at `kills[0]`, resume and kill it at `kills[1]`, ... then
-    resume it to its end; the database checked after every kill, and `check_after` (e.g. what the
-    killed runs left on the machine, which the next run must clean) once the chain is done."""
+def run_chain(config: Path, out: Path, moments: Iterator[Kill], *, kills: int, extra: Sequence[str],
+              limit_s: float, env: Mapping[str, str]) -> Chain:
+    """Start `config` in `out`, kill it at the next moment, resume it and kill it at the next, ...: up
+    to `kills` kills (a moment the process outlives ends the chain: the run completed), then resume
+    it to its end; the database checked after every kill."""
     run_dir: Path | None = None
     results: list[KillResult] = []
 
@@ -229,22 +256,25 @@ def run_chain(config: Path, out: Path, kills: Sequence[Kill], *, extra: Sequence
         return netai("experiment", *(["--resume", str(run_dir)] if run_dir else [str(config), "--out", str(out)]),
                      *extra)
 
-    for kill in kills:
-        phase = run_killed(command(), kill, find_db, limit_s=limit_s, env=env, total=total)
+    while len(results) < kills:
+        kill = next(moments)
+        phase = run_killed(command(), kill, find_db, limit_s=limit_s, env=env)
         db_path = find_db()
-        problems, whole, discarded = check_whole(db_path) if db_path is not None and _has_run(db_path) \
-            else ([], 0, 0)
         if db_path is not None and _has_run(db_path):
             run_dir = db_path.parent
         elif db_path is not None:  # killed between creating the database and recording the run: start again
             _remove_tree(db_path.parent)
+        if phase == "done":
+            break
+        problems, whole, discarded = check_whole(db_path) if run_dir is not None and db_path is not None \
+            else ([], 0, 0)
         results.append(KillResult(kill, phase, whole, discarded, problems))
     final = subprocess.run(command(), cwd=ROOT, env=dict(env), capture_output=True, text=True, timeout=limit_s * 4)
     if final.returncode != 0:
-        return Chain(run_dir, results, [f"the last resume exited {final.returncode}: {final.stderr[-500:]}"])
+        return Chain(run_dir, results, [f"the last run exited {final.returncode}: {final.stderr[-500:]}"])
     if run_dir is None:
         run_dir = sorted(out.glob("*/results.db"))[0].parent
-    return Chain(run_dir, results, check_after())
+    return Chain(run_dir, results, [])
 
 
 def _has_run(db_path: Path) -> bool:
@@ -263,43 +293,59 @@ def _remove_tree(path: Path) -> None:
     shutil.rmtree(path)
 
 
-def campaign(config: Path, out: Path, *, seed: int, chains: int, kills_per_chain: int, extra: Sequence[str] = (),
+def measure(config: Path, out: Path, *, extra: Sequence[str], env: Mapping[str, str], limit_s: float) -> tuple[Path, Timing]:
+    """The uninterrupted run of `config` in `out`: its database and its `Timing`."""
+    proc = subprocess.Popen(netai("experiment", str(config), "--out", str(out), *extra), cwd=ROOT, env=dict(env),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t0, live_at = time.monotonic(), None
+    while proc.poll() is None and time.monotonic() - t0 < limit_s:
+        found = sorted(out.glob("*/results.db"))
+        if live_at is None and found and _is_live(found[0]):
+            live_at = time.monotonic()
+        time.sleep(0.01)
+    end = time.monotonic()
+    _, err = proc.communicate(timeout=limit_s)
+    if proc.returncode != 0:
+        raise RuntimeError(f"the uninterrupted run failed: {err[-1000:]}")
+    reference = sorted(out.glob("*/results.db"))[0]
+    start_s = (live_at or end) - t0
+    return reference, Timing(start_s=start_s, live_s=end - (live_at or end), task_runs=len(task_set(reference)))
+
+
+def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, extra: Sequence[str] = (),
              env: Mapping[str, str] | None = None, limit_s: float = 300.0,
              check_after: Callable[[], list[str]] = list) -> tuple[Path, list[Chain], list[str]]:
-    """The uninterrupted run of `config`, then `chains` chains of `kills_per_chain` seeded kills each;
-    (the uninterrupted run's folder, the chains, the problems: none expected)."""
+    """The uninterrupted run of `config`, then chains of up to `per_chain` seeded kills until `kills`
+    kills have landed (a chain whose run completes before its next moment ends early); each chain's
+    run is compared with the uninterrupted one, and `check_after` (e.g. what the killed runs left on
+    the machine) is checked after it. Returns (the uninterrupted run's folder, the chains, the
+    problems: none expected)."""
     env = dict(os.environ if env is None else env)
-    ref_out = out / "uninterrupted"
-    t0 = time.monotonic()
-    done = subprocess.run(netai("experiment", str(config), "--out", str(ref_out), *extra), cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=limit_s)
-    wall_s = time.monotonic() - t0
-    if done.returncode != 0:
-        raise RuntimeError(f"the uninterrupted run failed: {done.stderr[-1000:]}")
-    reference = sorted(ref_out.glob("*/results.db"))[0]
-    task_runs = len(task_set(reference))
-    problems = check_after()
-    out_chains = []
-    for c in range(chains):
-        kills = plan_kills(seed * 1000 + c, kills_per_chain, wall_s=wall_s, task_runs=task_runs)
-        chain = run_chain(config, out / f"chain-{c}", kills, extra=extra, limit_s=limit_s, env=env,
-                          total=task_runs, check_after=check_after)
+    reference, timing = measure(config, out / "uninterrupted", extra=extra, env=env, limit_s=limit_s)
+    rng = random.Random(seed)
+    moments = (next_kill(rng, i, timing) for i in itertools.count())
+    problems, chains = check_after(), list[Chain]()
+    landed = 0
+    while landed < kills and len(chains) < 4 * kills:
+        c = len(chains)
+        want = min(per_chain, kills - landed)
+        chain = run_chain(config, out / f"chain-{c}", moments, kills=want, extra=extra, limit_s=limit_s, env=env)
         for k in chain.kills:
             problems += [f"chain {c}, kill {k.kill}: {p}" for p in k.problems]
-        problems += [f"chain {c}: {p}" for p in chain.problems]
+        problems += [f"chain {c}: {p}" for p in chain.problems + check_after()]
         if chain.run_dir is not None and not chain.problems:
             problems += [f"chain {c}: {p}" for p in compare(chain.run_dir / "results.db", reference)]
-        out_chains.append(chain)
-    return reference.parent, out_chains, problems
+        chains.append(chain)
+        landed += len(chain.kills)
+    return reference.parent, chains, problems
 
 
 def table(chains: Sequence[Chain]) -> list[str]:
     """One line per kill: the chain, the moment, the phase, the whole tasks and those discarded so far."""
-    lines = ["chain  kill  moment                 phase                whole  discarded"]
+    lines = ["chain  kill  moment                 phase       whole  discarded"]
     for c, chain in enumerate(chains):
         for i, k in enumerate(chain.kills):
-            moment = f"{k.kill.after_s:.2f} s" if k.kill.after_s is not None else f"{k.kill.after_tasks} whole tasks"
-            lines.append(f"{c:>5}  {i:>4}  {moment:<21}  {k.phase:<19}  {k.whole:>5}  {k.discarded:>9}")
+            lines.append(f"{c:>5}  {i:>4}  {k.kill!s:<21}  {k.phase:<10}  {k.whole:>5}  {k.discarded:>9}")
     return lines
 
 
