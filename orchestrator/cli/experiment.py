@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -21,29 +20,8 @@ def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
     return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
 
-def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any], *, where: str) -> ExperimentConfig:
-    """`cfg` with `overrides_of`'s overrides, validated again."""
-    from orchestrator.experiment.runner import trimmed
-
-    if overrides.get("locals") or overrides.get("tasks") or overrides.get("rounds"):
-        cfg = trimmed(
-            cfg,
-            locals_=tuple(int(x) for x in str(overrides["locals"]).split(",")) if overrides.get("locals") else cfg.locals,
-            tasks_per_point=overrides.get("tasks") or cfg.tasks_per_point,
-            rounds=overrides.get("rounds") or cfg.task.rounds,
-        )
-        from orchestrator.experiment.config import parse_config
-
-        cfg = parse_config(cfg.to_dict(), where=where)  # re-validate the trimmed copy
-    if overrides.get("time_dilation") is not None or overrides.get("max_time_dilation") is not None:
-        from orchestrator.experiment.host_dilation import with_dilation
-
-        cfg = with_dilation(cfg, overrides.get("time_dilation"), overrides.get("max_time_dilation"), where=where)
-    return cfg
-
-
 def cmd_experiment(args: argparse.Namespace) -> int:
-    from orchestrator.experiment.resume import source_record
+    from orchestrator.experiment.resume import apply_overrides, source_record
     from orchestrator.experiment.runner import run_experiment
 
     if getattr(args, "resume", None):

@@ -188,10 +188,30 @@ def load_for_resume(run_dir: Path, config_path: str | None, build: Any) -> tuple
     return found, recorded_config(found, base)
 
 
-def load_config_as(path: str | Path, overrides: Mapping[str, Any]) -> ExperimentConfig:
-    """A config file with a run's recorded overrides, as `netai experiment` made it (`cli.experiment`)."""
-    from orchestrator.cli.experiment import apply_overrides
+def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any], *, where: str) -> ExperimentConfig:
+    """`cfg` with the command line's overrides (`cli.experiment.overrides_of`: locals, tasks, rounds,
+    time_dilation, max_time_dilation), validated again."""
+    from orchestrator.experiment.runner import trimmed
 
+    if overrides.get("locals") or overrides.get("tasks") or overrides.get("rounds"):
+        cfg = trimmed(
+            cfg,
+            locals_=tuple(int(x) for x in str(overrides["locals"]).split(",")) if overrides.get("locals") else cfg.locals,
+            tasks_per_point=overrides.get("tasks") or cfg.tasks_per_point,
+            rounds=overrides.get("rounds") or cfg.task.rounds,
+        )
+        from orchestrator.experiment.config import parse_config
+
+        cfg = parse_config(cfg.to_dict(), where=where)  # re-validate the trimmed copy
+    if overrides.get("time_dilation") is not None or overrides.get("max_time_dilation") is not None:
+        from orchestrator.experiment.host_dilation import with_dilation
+
+        cfg = with_dilation(cfg, overrides.get("time_dilation"), overrides.get("max_time_dilation"), where=where)
+    return cfg
+
+
+def load_config_as(path: str | Path, overrides: Mapping[str, Any]) -> ExperimentConfig:
+    """A config file with a run's recorded overrides, as `netai experiment` made it (`apply_overrides`)."""
     return apply_overrides(load_config(path), overrides, where=str(path))
 
 
