@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,14 @@ class Resume:
 
     def has(self, label: str, task_id: int) -> bool:
         return (label, task_id) in self.kept
+
+    def outcomes(self, session: dict[str, int]) -> dict[str, int]:
+        """The run's task outcomes: this session's (the core's, by state) and those of the tasks it kept."""
+        total = dict(session)
+        for rec in self.kept.values():
+            if rec["state"] in total:
+                total[rec["state"]] += 1
+        return total
 
     def readmit(self, label: str, task_id: int, state: NetworkState) -> None:
         """Put a kept task's reservation back on its scheduler's network state, as it was when the
@@ -191,17 +199,10 @@ def load_for_resume(run_dir: Path, config_path: str | None, build: Any) -> tuple
 def apply_overrides(cfg: ExperimentConfig, overrides: Mapping[str, Any], *, where: str) -> ExperimentConfig:
     """`cfg` with the command line's overrides (`cli.experiment.overrides_of`: locals, tasks, rounds,
     time_dilation, max_time_dilation), validated again."""
-    from orchestrator.experiment.runner import trimmed
-
     if overrides.get("locals") or overrides.get("tasks") or overrides.get("rounds"):
-        cfg = trimmed(
-            cfg,
-            locals_=tuple(int(x) for x in str(overrides["locals"]).split(",")) if overrides.get("locals") else cfg.locals,
-            tasks_per_point=overrides.get("tasks") or cfg.tasks_per_point,
-            rounds=overrides.get("rounds") or cfg.task.rounds,
-        )
-        from orchestrator.experiment.config import parse_config
-
+        locals_ = tuple(int(x) for x in str(overrides["locals"]).split(",")) if overrides.get("locals") else cfg.locals
+        cfg = replace(cfg, locals=locals_, tasks_per_point=overrides.get("tasks") or cfg.tasks_per_point,
+                      task=replace(cfg.task, rounds=overrides.get("rounds") or cfg.task.rounds))
         cfg = parse_config(cfg.to_dict(), where=where)  # re-validate the trimmed copy
     if overrides.get("time_dilation") is not None or overrides.get("max_time_dilation") is not None:
         from orchestrator.experiment.host_dilation import with_dilation
@@ -267,3 +268,16 @@ def sweep_complete(sweep_dir: Path, cfg: ExperimentConfig) -> bool:
         if earlier is None or not is_complete(find_run(earlier), run):
             return False
     return True
+
+
+def recorded_dilation(cfg: ExperimentConfig, run_dir: Path) -> ExperimentConfig:
+    """`cfg` at the K its run in `run_dir` recorded in its plan (no calibration, no host K again)."""
+    from orchestrator.experiment.host_dilation import with_dilation
+
+    with ResultsDB(run_dir / "results.db") as db:
+        run_id = int(queries.last_run_id(db.conn) or 0)
+        topo, run = queries.topology(db.conn, run_id), db.run(run_id)
+    if cfg.emulation.time_dilation_auto and "time_dilation_calibration" not in run["environment"]:
+        return cfg  # it stopped while calibrating: calibrate again
+    k = (json.loads(topo["plan_json"]) if topo else {}).get("time_dilation")
+    return cfg if k is None else with_dilation(cfg, str(float(k)), where=str(run_dir / "results.db"))

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import logging
 import os
 import platform
@@ -47,16 +46,18 @@ from orchestrator.experiment.faults import LinkWatcher, follow_links
 from orchestrator.experiment.link_recorder import LinkRecorder
 from orchestrator.experiment.lost_machines import lost_note
 from orchestrator.experiment.online import run_online
-from orchestrator.experiment.resume import Resume, reopen
+from orchestrator.experiment.progress import Progress
+from orchestrator.experiment.progress import round_progress as round_progress  # its home before
+from orchestrator.experiment.resume import Resume, recorded_dilation, reopen
 from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
-from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, task_sets
+from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, site_peaks, task_sets
 from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.results.summary import RunSummary
 from orchestrator.runtime import compute_model
 from orchestrator.runtime.compute import check_model
-from orchestrator.scheduling import NetworkState, Schedule
+from orchestrator.scheduling import NetworkState
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger("netai.experiment")
@@ -130,62 +131,6 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
     } | ({"cluster": cluster} if cluster else {})  # {servers: {server: [sites]}, cut: [[a, b]..], cut_mbps, ..}
 
 
-# -- progress -------------------------------------------------------------------------------------
-class Progress:
-    """Bars for the run, the task and the round on a terminal; plain log lines elsewhere."""
-
-    def __init__(self, total_runs: int, *, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self._p: Any = None
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as RichProgress
-
-            self._p = RichProgress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                                   TimeElapsedColumn(), transient=False)
-            self._p.start()
-            self.run_bar = self._p.add_task("run (tasks x schedulers)", total=total_runs)
-            self.task_bar = self._p.add_task("task", total=1)
-            self.round_bar = self._p.add_task("round", total=1)
-
-    def task(self, label: str, rounds: int) -> None:
-        LOG.info("%s", label)
-        if self._p:
-            self._p.reset(self.task_bar, total=rounds, description=label[:34])
-
-    def round_progress(self, done_rounds: int, locals_done: int, n_locals: int, rnd: int) -> None:
-        if self._p:
-            self._p.update(self.task_bar, completed=done_rounds)
-            self._p.reset(self.round_bar, total=n_locals, completed=locals_done, description=f"round {rnd}: locals trained")
-
-    def follow(self, live: Any, events: Any) -> None:
-        """Move the task and round bars from a running task's events (the core's ``on_events``)."""
-        if self._p:
-            done, trained = round_progress(events, live.schedule)
-            self.round_progress(done, trained, len(live.schedule.local_sites), min(done + 1, live.task.rounds))
-
-    def advance_run(self) -> None:
-        if self._p:
-            self._p.advance(self.run_bar)
-
-    def close(self) -> None:
-        if self._p:
-            self._p.stop()
-
-
-def round_progress(events: Any, schedule: Schedule) -> tuple[int, int]:
-    """(rounds G has completed, locals that finished training in the round under way), from the
-    agents' timing events by site."""
-    done = max((int(ev.get("round", 0)) for ev in events.get(schedule.global_site, [])
-                if ev.get("event") == "round_complete"), default=0)
-    current = done + 1
-    trained = sum(
-        1 for site in schedule.local_sites
-        if any(ev.get("event") == "train_end" and ev.get("round") == current for ev in events.get(site, []))
-    )
-    return done, trained
-
-
 # -- the run --------------------------------------------------------------------------------------
 def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True,
                    dashboard_port: int | None = None, figures: bool = True, source: dict[str, Any] | None = None,
@@ -206,7 +151,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     if resume is not None and cfg.mode == "online":
         raise ConfigError(f"{resume}: an online run cannot be resumed (its tasks arrive on the run's clock)")
     if resume is not None and not cfg.sweep and cfg.engine != "simulation":
-        cfg = _recorded_dilation(cfg, resume)  # the K the run started with, not this host's today
+        cfg = recorded_dilation(cfg, resume)  # the K the run started with, not this host's today
     cfg = resolve(cfg)  # `time_dilation: host`: this host's K, or a ConfigError before anything starts
     if cfg.sweep:  # one run per entry, then the sweep's report (orchestrator.experiment.sweep)
         from orchestrator.experiment.sweep import run_sweep
@@ -237,19 +182,6 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     finally:
         for client in {id(c): c for c in remote.values()}.values():
             client.close()
-
-
-def _recorded_dilation(cfg: ExperimentConfig, run_dir: Path) -> ExperimentConfig:
-    """`cfg` at the K its run in `run_dir` recorded in its plan (no calibration, no host K again)."""
-    from orchestrator.experiment.host_dilation import with_dilation
-
-    with ResultsDB(run_dir / "results.db") as db:
-        run_id = int(queries.last_run_id(db.conn) or 0)
-        topo, run = queries.topology(db.conn, run_id), db.run(run_id)
-    if cfg.emulation.time_dilation_auto and "time_dilation_calibration" not in run["environment"]:
-        return cfg  # it stopped while calibrating: calibrate again
-    k = (json.loads(topo["plan_json"]) if topo else {}).get("time_dilation")
-    return cfg if k is None else with_dilation(cfg, str(float(k)), where=str(run_dir / "results.db"))
 
 
 def remote_clients(cfg: ExperimentConfig, plan: EmulationPlan, backend_kind: str) -> dict[str, Any]:
@@ -309,7 +241,7 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
             finally:
                 _settle_and_record(tm, recorder, background, db, run_id, plan)
                 db.update_environment(run_id, **site_peaks(compute, model_bytes))
-        status, note = _outcome(_with_kept(tm.outcomes, again), lost_note(emu))
+        status, note = _outcome(again.outcomes(tm.outcomes) if again else tm.outcomes, lost_note(emu))
         if emu.info is not None and emu.info.cluster.get("far", {}).get("lost"):
             db.update_environment(run_id, cluster=emu.info.cluster)  # with the lost machines
     except KeyboardInterrupt:
@@ -322,16 +254,25 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
         note = durability.failure_note(e)
         raise
     finally:
-        if dash is not None:
-            dash.close()
-        with contextlib.suppress(sqlite3.Error):  # a full disk: the run's marking below says what it can
-            db.update_environment(run_id, run_wall_s=round(time.monotonic() - started, 3))
-        durability.finish_or_leave(db, run_id, status, note, LOG)
-        report, summary = _write_results(db, run_id, run_dir, figures=figures)
-        db.close()
-        logging.getLogger().removeHandler(log_handler)
-        log_handler.close()
+        report, summary = _close_run(db, run_id, run_dir, status, note, dash=dash, log_handler=log_handler,
+                                     wall_s=time.monotonic() - started, figures=figures)
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _close_run(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *, dash: Dashboard | None,
+               log_handler: logging.Handler, wall_s: float, figures: bool) -> tuple[Path | None, RunSummary | None]:
+    """On every exit path: the dashboard closed, the run marked (`durability.finish_or_leave`: a full
+    disk leaves it to be found crashed), its results written, the database and the log closed."""
+    if dash is not None:
+        dash.close()
+    with contextlib.suppress(sqlite3.Error):  # a full disk: the run's marking below says what it can
+        db.update_environment(run_id, run_wall_s=round(wall_s, 3))
+    durability.finish_or_leave(db, run_id, status, note, LOG)
+    report, summary = _write_results(db, run_id, run_dir, figures=figures)
+    db.close()
+    logging.getLogger().removeHandler(log_handler)
+    log_handler.close()
+    return report, summary
 
 
 def _outcome(outcomes: dict[str, int], lost: str) -> tuple[str, str]:
@@ -342,15 +283,6 @@ def _outcome(outcomes: dict[str, int], lost: str) -> tuple[str, str]:
     if lost:
         return "failed", f"{lost}; {note or 'every task completed'}"
     return ("completed" if done else "failed"), note
-
-
-def _with_kept(outcomes: dict[str, int], again: Resume | None) -> dict[str, int]:
-    """The run's task outcomes: this session's and, on a resume, those of the tasks it kept."""
-    total = dict(outcomes)
-    for rec in (again.kept.values() if again is not None else ()):
-        if rec["state"] in total:
-            total[rec["state"]] += 1
-    return total
 
 
 def _open_run(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any,
@@ -440,17 +372,6 @@ class _Background:
     def stop(self) -> list[Any]:
         """Stop the current flows; the results of every run of the background, in order."""
         return [*self._stopped, *self._traffic.stop()]
-
-
-def site_peaks(compute: Any, model_bytes: int) -> dict[str, Any]:
-    """The environment's record of every site server's peak resident memory (its status replies) against
-    the model's size: ``site_peak_rss_mb`` {site: MB} and ``site_peak_per_model`` (the largest peak
-    over the model's bytes); empty when the servers reported none."""
-    peaks = dict(getattr(compute, "peak_rss", {}) or {})
-    if not peaks:
-        return {}
-    return {"site_peak_rss_mb": {site: round(b / 2**20, 1) for site, b in sorted(peaks.items())},
-            "site_peak_per_model": round(max(peaks.values()) / max(model_bytes, 1), 1)}
 
 
 def _settle_and_record(core: Any, recorder: LinkRecorder, background: _Background, db: ResultsDB, run_id: int,

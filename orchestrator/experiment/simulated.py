@@ -29,6 +29,7 @@ from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
+from orchestrator.results.summary import RunSummary
 from orchestrator.runtime.compute_model import ModelledTraining, for_training, resolve
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate, emulated_rate
@@ -134,7 +135,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
             core.check(live, {})
             core.settle_counters()
         core.settle_counters(wait=True)
-        done = core.outcomes["done"] + sum(r["state"] == "done" for r in (again.kept.values() if again else ()))
+        done = (again.outcomes(core.outcomes) if again else core.outcomes)["done"]
         db.update_environment(run_id, clock_end_s=round(float(result["sim_end_s"]), 6),
                               simulation_wall_s=round(time.monotonic() - t0, 3),
                               simulation_peak_rss_mb=round(result.get("peak_rss_bytes", 0) / 2**20, 1),
@@ -148,14 +149,22 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
         note = durability.failure_note(e)
         raise
     finally:
-        durability.finish_or_leave(db, run_id, status, note, LOG)
-        report, summary = None, None
-        try:
-            report, summary = write_results(db, run_id, run_dir, figures=figures)
-        except Exception:
-            LOG.exception("writing the results failed")
-        db.close()
+        report, summary = _close(db, run_id, run_dir, status, note, figures=figures)
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _close(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *,
+           figures: bool) -> tuple[Path | None, RunSummary | None]:
+    """On every exit path: the run marked (`durability.finish_or_leave`), its results written (best
+    effort: logged if they cannot be), the database closed."""
+    durability.finish_or_leave(db, run_id, status, note, LOG)
+    try:
+        return write_results(db, run_id, run_dir, figures=figures)
+    except Exception:
+        LOG.exception("writing the results failed")
+        return None, None
+    finally:
+        db.close()
 
 
 def _open(cfg: ExperimentConfig, out_root: Path, model: Any, plan: EmulationPlan, *, source: dict[str, Any] | None,

@@ -227,8 +227,8 @@ class Lifecycle:
 
     def within_memory(self, task: Task, schedule: Schedule) -> Schedule:
         """`schedule`, or a blocked one naming the site whose memory its roles would exceed
-        (`orchestrator.runtime.memory`)."""
-        from orchestrator.runtime.memory import refusal, roles_by_site
+        (`orchestrator.scheduling.memory`)."""
+        from orchestrator.scheduling.memory import refusal, roles_by_site
 
         if schedule.blocked:
             return schedule

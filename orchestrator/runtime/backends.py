@@ -24,6 +24,7 @@ container or process behind on any exit path (the computing manager stops every 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -355,24 +356,16 @@ class ExecHandle:
 
     @property
     def host_pid(self) -> int | None:
-        """The server's pid on this machine (not the container's own numbering); None once it is gone."""
-        try:
-            pid = self.host.dclient.api.exec_inspect(self.exec_id).get("Pid")
-        except Exception:  # noqa: BLE001 -- the container is gone, and the server with it
-            return None
-        return int(pid) if pid else None
+        """The server's pid on this machine (not the container's numbering); None once it is gone."""
+        with contextlib.suppress(Exception):  # the container is gone, and the server with it
+            return int(self.host.dclient.api.exec_inspect(self.exec_id).get("Pid") or 0) or None
+        return None
 
     def memory(self) -> Any:
-        """The container's memory cgroup (limit, peak, OOM kills; `orchestrator.runtime.memory`), read
-        through its init process, which outlives the server; None when it cannot be read."""
-        from orchestrator.runtime.memory import cgroup_dir, cgroup_memory
+        """The container's memory cgroup (`runtime.memory.container_memory`); None if it cannot be read."""
+        from orchestrator.runtime.memory import container_memory
 
-        container = self.host.container
-        if container is None:
-            return None
-        container.reload()
-        directory = cgroup_dir(int(container.attrs["State"]["Pid"]))
-        return None if directory is None else cgroup_memory(directory)
+        return container_memory(self.host.container)
 
     def poll(self) -> int | None:
         try:

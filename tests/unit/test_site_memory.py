@@ -18,6 +18,7 @@ from orchestrator.runtime import memory
 from orchestrator.runtime.backends import ExecHandle
 from orchestrator.runtime.compute import ComputeManager
 from orchestrator.scheduling import NetworkState
+from orchestrator.scheduling import memory as need
 from tests.unit.lifecycle_fakes import make_rig, small_ring
 from topologies.loaders import load
 
@@ -126,11 +127,11 @@ def test_a_run_is_refused_before_it_starts_when_a_site_cannot_hold_a_task() -> N
 
 
 def test_a_sites_need_counts_its_server_once_and_each_role() -> None:
-    roles = memory.roles_by_site("a", ["a", "b"], ["a", "b", "c"])
+    roles = need.roles_by_site("a", ["a", "b"], ["a", "b", "c"])
 
     assert roles == {"a": ["global", "local"], "b": ["local"], "c": ["relay"]}
-    assert memory.site_need_bytes(roles["a"], MB) == memory.SERVER_BASE_BYTES + 9 * MB
-    assert memory.site_need_bytes(roles["c"], MB) == memory.SERVER_BASE_BYTES + 2 * MB
+    assert need.site_need_bytes(roles["a"], MB) == need.SERVER_BASE_BYTES + 9 * MB
+    assert need.site_need_bytes(roles["c"], MB) == need.SERVER_BASE_BYTES + 2 * MB
 
 
 def test_a_stopped_server_is_lost_at_its_request_timeout_and_said_to_be_stopped() -> None:
