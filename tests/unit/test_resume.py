@@ -167,3 +167,36 @@ def test_the_expected_tasks_are_every_scheduler_on_every_seeded_task() -> None:
     got = expected_tasks(parse_config(RAW))
 
     assert got == {(s, t) for s in ("spff", "mst") for t in (201, 202, 203)}
+
+
+@pytest.mark.parametrize(("calibrated", "expected"), [(True, 8.0), (False, None)])
+def test_a_resumed_emulated_run_keeps_the_k_its_plan_recorded(tmp_path: Path, calibrated: bool,
+                                                              expected: float | None) -> None:
+    from orchestrator.experiment.config import parse_config
+    from orchestrator.experiment.resume import recorded_dilation
+    from topologies.plan import EmulationPlan
+
+    # Prepare: a `time_dilation: auto` run whose calibration chose K = 8 (or stopped before it did)
+    cfg = parse_config({"name": "k", "topology": "triangle", "locals": [2], "emulation": {"time_dilation": "auto"}})
+    model = load_triangle()
+    plan = EmulationPlan.from_model(model).dilated(8.0 if calibrated else 1.0)
+    with ResultsDB(tmp_path / "results.db") as db:
+        run_id = db.start_run("k", cfg.to_dict())
+        db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+        if calibrated:
+            db.update_environment(run_id, time_dilation_calibration={"k": 8.0})
+
+    # Execute
+    got = recorded_dilation(cfg, tmp_path)
+
+    # Assert: K fixed at the recorded one (no calibration again), or still auto (calibrate again)
+    if expected is None:
+        assert got.emulation.time_dilation_auto
+    else:
+        assert not got.emulation.time_dilation_auto and got.emulation.time_dilation == expected
+
+
+def load_triangle() -> Any:
+    from topologies.loaders import load
+
+    return load("triangle")
