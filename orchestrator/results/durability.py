@@ -167,3 +167,11 @@ def finish_or_leave(db: Any, run_id: int, status: str, note: str, log: Any) -> N
         db.finish_run(run_id, status, note)
     except sqlite3.Error as e:
         log.error("could not mark run %d %s (%s): it will be found crashed and can be resumed", run_id, status, e)
+
+
+def status_of(run: dict[str, Any]) -> str:
+    """A run's status as a reader should show it: ``crashed`` for one still marked running whose process
+    is gone (a read-only reader cannot mark it: `reap` does when the database is next opened to write)."""
+    if run.get("status") == "running" and owner_alive(str(run.get("owner") or "")) is False:
+        return "crashed"
+    return str(run.get("status"))

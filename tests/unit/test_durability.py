@@ -256,3 +256,9 @@ def test_opening_a_database_marks_its_crashed_runs(tmp_path: Path) -> None:
 
     # Assert
     assert list(crashed) == [run_id] and run["status"] == "crashed"
+
+
+def test_a_reader_shows_a_dead_owners_running_run_as_crashed() -> None:
+    assert durability.status_of({"status": "running", "owner": _dead_owner()}) == "crashed"
+    assert durability.status_of({"status": "running", "owner": durability.owner_stamp()}) == "running"
+    assert durability.status_of({"status": "completed", "owner": _dead_owner()}) == "completed"
