@@ -366,7 +366,7 @@ class Emulation:
                 f"bringing up {self.plan.topology} failed before anything was started: {len(held)} of its "
                 f"switch interfaces already exist ({shown}{'; ...' if len(held) > 4 else ''}). Stop that run "
                 f"(exit its Mininet CLI, or Ctrl-C), or remove another program's interfaces (mn -c removes a "
-                f"crashed Mininet's)")
+                f"crashed Mininet's; sudo make clean what this testbed's own runs left)")
 
     def _start_mininet(self, *, use_kernel: bool, delay_emulated: bool) -> None:
         from functools import partial
