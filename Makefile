@@ -1,6 +1,7 @@
 # netai-testbed: the commands the README gives.
 #   make setup        OS packages, Open vSwitch daemons, the venv (idempotent)
-#   make test         setup, then ruff, mypy and pytest (unit, integration, docker): scripts/test.sh
+#   make test         setup, then ruff, mypy, the docs site and pytest (unit, integration, docker): scripts/test.sh
+#   make docs         the documentation site from docs/ into site/ (mkdocs, strict, offline)
 #   sudo make experiment   setup, then the quick experiment (experiments/quick.yaml)
 #   make clean        remove what a crashed run left (Mininet, OVS bridges, containers)
 
@@ -10,7 +11,7 @@ NETAI := $(VENV)/bin/netai
 PYTEST_ARGS ?=
 CONFIG ?= experiments/quick.yaml
 
-.PHONY: setup test lint typecheck unit integration experiment clean benchmark
+.PHONY: setup test lint typecheck docs unit integration experiment clean benchmark
 
 setup:
 	bash scripts/provision.sh
@@ -20,6 +21,11 @@ lint:
 
 typecheck:
 	$(VENV)/bin/mypy
+
+# Strict: a warning (a broken link or anchor, a page left out of the nav, an API reference that
+# does not resolve) fails the build. Nothing is fetched.
+docs:
+	$(VENV)/bin/mkdocs build --strict --quiet --site-dir site
 
 test:
 	VENV=$(VENV) PYTEST_ARGS="$(PYTEST_ARGS)" bash scripts/test.sh

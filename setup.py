@@ -39,6 +39,8 @@ setup(
                  "types-Markdown",
                  # drives Debian's chromium (chromium-driver) in the dashboard's browser tests
                  "selenium>=4.20"],
+        # `make docs`: the documentation site (mkdocs.yml), its API reference from the docstrings.
+        "docs": ["mkdocs==1.6.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"],
     },
     entry_points={"console_scripts": ["netai = orchestrator.cli:main"]},
 )

@@ -6,8 +6,9 @@ ports, each switch-to-switch link shaped with htb at the plan's rate (``bw=`` in
 `TCLink`), with the link's netem delay when the kernel has netem, and tx/rx checksum offload off
 with the userspace datapath (the parameters of `topologies.mininet_topo.PlanTopo`, which both use
 as their Mininet `Topo`: pure data). The switches are `OVSSwitch` with the same datapath (the
-kernel's when it has the openvswitch module, else userspace: `orchestrator.emulation.kernel`, as
-`Emulation` picks it), OpenFlow 1.3, fail mode secure, and both connect to the same controller:
+kernel's when it has the openvswitch module, else userspace: Open vSwitch's datapath, which the
+project is asked for by name where ``auto`` would pick the tc datapath, `orchestrator.emulation.kernel`),
+OpenFlow 1.3, fail mode secure, and both connect to the same controller:
 the project's os-ken app (``osken-manager controller.app``, best-effort connectivity). "Every
 switch connected" means the same in both: the controller's ``/health`` counts every switch of the
 plan as connected, i.e. it has sent the switch its initial entries and got the barrier back
@@ -90,10 +91,10 @@ class PlainRemoteController(RemoteController):
         return None
 
 
-def run_project(plan: EmulationPlan, timeout_s: float) -> dict[str, Any]:
-    """Variant A: ``with Emulation(plan)``; the whole ``__enter__`` timed, then ``__exit__``."""
+def run_project(plan: EmulationPlan, timeout_s: float, datapath: str) -> dict[str, Any]:
+    """Variant A: ``with Emulation(plan, datapath=...)``; the whole ``__enter__`` timed, then ``__exit__``."""
     t0 = time.monotonic()
-    emu = Emulation(plan, connect_timeout_s=timeout_s)
+    emu = Emulation(plan, connect_timeout_s=timeout_s, datapath=datapath)
     with emu:
         enter_s = time.monotonic() - t0
         info = emu.info
@@ -202,7 +203,7 @@ def repetition(plan: EmulationPlan, i: int, *, use_kernel: bool, delay_emulated:
     out: dict[str, Any] = {"order": list(order)}
     for variant in order:
         if variant == "project":
-            out[variant] = run_project(plan, timeout_s)
+            out[variant] = run_project(plan, timeout_s, "kernel" if use_kernel else "user")
         else:
             out[variant] = run_plain(plan, use_kernel=use_kernel, delay_emulated=delay_emulated, timeout_s=timeout_s)
         if not out[variant]["teardown_clean"]:

@@ -52,11 +52,14 @@ from controller.flows import (
     FlowEntry,
     make_match,
 )
+from controller.htb import BACKGROUND_CLASS, BEST_EFFORT_CLASS
 from controller.rest import RestApi
 from controller.shaping import ENV_LINK_DELAY, TcShaper
 from controller.southbound import FlowStat, PortStat
 from controller.state_store import ENV_STATE_DB, StateStore
 from controller.tc import runner_from_env
+from controller.tc_datapath import TcFlowSender
+from controller.tc_flows import ENV_DATAPATH, OPENFLOW, SOUTHBOUNDS, TC
 from topologies.plan import EmulationPlan
 
 ENV_PLAN_FILE = "NETAI_PLAN_FILE"
@@ -65,6 +68,8 @@ DEFAULT_REST_PORT = 8181
 REST_HOST = "127.0.0.1"
 REPLY_TIMEOUT_S = 5.0
 PORT_POLL_INTERVAL_S = 1.0
+#: How often the tc datapath's switches and port carriers are looked at once all are connected.
+TC_WATCH_INTERVAL_S = 0.2
 
 
 class SwitchError(ControllerError):
@@ -161,10 +166,17 @@ class NetaiController(BaseApp):
         connectivity = os.environ.get(ENV_CONNECTIVITY) or BEST_EFFORT
         if connectivity not in CONNECTIVITY_MODES:
             raise RuntimeError(f"{ENV_CONNECTIVITY} must be one of {', '.join(CONNECTIVITY_MODES)}, got {connectivity!r}")
-        shaper = TcShaper(self.plan, runner_from_env(), delay=os.environ.get(ENV_LINK_DELAY) == "1")
+        southbound = os.environ.get(ENV_DATAPATH) or OPENFLOW
+        if southbound not in SOUTHBOUNDS:
+            raise RuntimeError(f"{ENV_DATAPATH} must be one of {', '.join(SOUTHBOUNDS)}, got {southbound!r}")
+        runner = runner_from_env(BEST_EFFORT_CLASS if southbound == TC else BACKGROUND_CLASS)
+        shaper = TcShaper(self.plan, runner, delay=os.environ.get(ENV_LINK_DELAY) == "1")
         state_db = os.environ.get(ENV_STATE_DB)
         store = StateStore(Path(state_db)) if state_db else None
-        self.core = ControllerCore(self.plan, self, shaper=shaper, connectivity=connectivity, store=store)
+        #: The southbound the core drives: this app over OpenFlow, or tc filters (the tc datapath).
+        self.tc_sender = TcFlowSender(self.plan) if southbound == TC else None
+        sender = self.tc_sender if self.tc_sender is not None else self
+        self.core = ControllerCore(self.plan, sender, shaper=shaper, connectivity=connectivity, store=store)
         restored = self.core.restore()
         if restored:
             self.logger.info("restored %d installed tasks from %s: %s", len(restored), state_db, restored)
@@ -176,11 +188,13 @@ class NetaiController(BaseApp):
         # Bind now, so that a taken port stops the manager at once with a clear error.
         self._server = hub.WSGIServer((REST_HOST, rest_port), RestApi(self.core))
         self.logger.info(
-            "netai controller (%s): topology %s, %d switches, connectivity %s, REST on %s:%d",
-            FRAMEWORK, self.plan.topology, len(self.plan.switches), connectivity, REST_HOST, rest_port,
+            "netai controller (%s, %s southbound): topology %s, %d switches, connectivity %s, REST on %s:%d",
+            FRAMEWORK, southbound, self.plan.topology, len(self.plan.switches), connectivity, REST_HOST, rest_port,
         )
         self.threads.append(hub.spawn(self._server.serve_forever))
         self.threads.append(hub.spawn(self._poll_ports))
+        if self.tc_sender is not None:
+            self.threads.append(hub.spawn(self._watch_tc_switches, self.tc_sender))
 
     # -- the one sending helper --------------------------------------------------------------------
     def _datapath(self, dpid: int) -> Any:
@@ -342,12 +356,55 @@ class NetaiController(BaseApp):
                 # A failed stats request gets no reply: complete it now.
                 pending.done.set()
 
+    # -- the tc datapath's switches -----------------------------------------------------------------
+    def _watch_tc_switches(self, sender: TcFlowSender) -> None:
+        """Connect each tc switch once its ports carry its block (clear it, install what the core
+        expects), disconnect it when they no longer do, and report its ports' carrier changes as
+        port-status events, as an OpenFlow switch's messages would."""
+        carrier: dict[int, dict[int, bool]] = {}
+        while True:
+            if len(self.core.connected) < len(self.plan.switches):
+                ready = sender.ready_switches()
+                for sw in self.plan.switches:
+                    if sw.dpid in ready and sw.dpid not in self.core.connected:
+                        self._init_tc_switch(sender, sw.dpid)
+                        carrier[sw.dpid] = sender.link_down(sw.dpid)
+            for dpid in sorted(self.core.connected):
+                now = sender.link_down(dpid)
+                if not now:  # every port gone: the switch was taken down
+                    self.core.switch_disconnected(dpid)
+                    self.logger.info("tc switch dpid %s gone", dpid)
+                else:
+                    self._tc_port_changes(dpid, carrier, now)
+            hub.sleep(TC_WATCH_INTERVAL_S if len(self.core.connected) == len(self.plan.switches) else 0.05)
+
+    def _init_tc_switch(self, sender: TcFlowSender, dpid: int) -> None:
+        entries = self.core.expected_entries(dpid)
+        try:
+            sender.reset(dpid)
+            sender.install(dpid, entries)
+        except ControllerError as e:
+            self.logger.error("tc switch dpid %s: initial filters failed: %s", dpid, e)
+            self.core.record_error(dpid, f"initial filters failed: {e}")
+            return
+        self.core.switch_connected(dpid)
+        self.logger.info("tc switch dpid %s ready, %d entries", dpid, len(entries))
+
+    def _tc_port_changes(self, dpid: int, carrier: dict[int, dict[int, bool]], now: dict[int, bool]) -> None:
+        before = carrier.setdefault(dpid, {})
+        for port, down in now.items():
+            if before.get(port) is not None and before[port] != down:
+                self.core.record_port_status(dpid, port, "modify", down)
+                self.logger.info("port status dpid %s port %s: modify%s", dpid, port, " (link down)" if down else "")
+        carrier[dpid] = now
+
     # -- port counters -----------------------------------------------------------------------------
     def _poll_ports(self) -> None:
+        sender = self.core.sender
         while True:
             for dpid in sorted(self.core.connected):
                 try:
-                    self.core.record_port_stats(dpid, self.port_stats(dpid))
+                    self.core.record_port_stats(dpid, sender.port_stats(dpid))
                 except ControllerError as e:
                     self.logger.debug("port stats of dpid %s: %s", dpid, e)
             hub.sleep(PORT_POLL_INTERVAL_S)

@@ -3,7 +3,8 @@
 Every shaped switch-to-switch egress interface (the directed link a->b leaves a's switch on
 ``<switch of a>-eth<plan.port_towards(a, b)>``) carries this htb tree::
 
-    5:0   root qdisc htb, default 5:2 (what no filter claims is background)
+    5:0   root qdisc htb, default 5:2 (what no filter claims is background; best effort, 5:3, on the
+          tc datapath: `controller.tc_flows`)
     └─ 5:1   the link: rate = ceil = the plan's emulated rate
        ├─ 5:2    background: rate = BACKGROUND_SHARE of the link, ceil = the link, prio 1
        ├─ 5:3    best-effort connectivity: rate = MIN_RATE_MBPS, ceil = the link, prio 2
@@ -47,7 +48,7 @@ BACKGROUND_CLASS = 2
 BEST_EFFORT_CLASS = 3
 ACK_CLASS = 4
 FIRST_TASK_CLASS = 0x10
-LAST_TASK_CLASS = 0xFFFF
+LAST_TASK_CLASS = 0xFFEF
 #: htb priorities (lower is better): spare capacity goes to task classes before the background.
 TASK_PRIO = 0
 BACKGROUND_PRIO = 1
@@ -56,6 +57,9 @@ BEST_EFFORT_PRIO = 2
 BEST_EFFORT_FILTER_PRIO = 1
 #: The preference of the small-segment filter (after best effort's: best-effort ACKs stay there).
 ACK_FILTER_PRIO = 2
+#: The preference of the tc datapath's background filters (`controller.tc_flows`), after every task's
+#: (a task's filter preference is its class minor, up to `LAST_TASK_CLASS`).
+BACKGROUND_FILTER_PRIO = 0xFFF0
 #: The ACK class's guaranteed share of every link.
 ACK_SHARE = 0.02
 #: The background's guaranteed share of every link (the tasks' guarantees share the rest).
@@ -80,7 +84,7 @@ QUANTUM = 1514
 #: the burst; a smaller one buys no accuracy.
 BURST_FLOOR_BYTES = 1600
 #: What a class's burst covers at its own rate, wall seconds: the timer slack htb must absorb to hold
-#: the rate on a loaded host (docs/architecture.md, "Shaping"). On idle forwarding veths one frame
+#: the rate on a loaded host (docs/fidelity.md, "Shaping"). On idle forwarding veths one frame
 #: held 0.95 of 100 Mbit/s, but in the emulation it did not: with 1 ms, the pipelined broadcast at
 #: 20 Mbit/s took 1.48 x S/B against 1.13 with 6 ms (`benchmarks/bench_dataplane.py`), and at K = 1 a
 #: one-frame burst left saturated links at 0.11-0.41 of their rate. 6 ms is one frame up to 2.13
@@ -155,11 +159,13 @@ def small_segment_match() -> list[str]:
     return ["match", "ip", "protocol", "6", "0xff", "match", "u16", "0x0000", "0xff80", "at", "2"]
 
 
-def base_layout(dev: str, link_mbps: float) -> list[TcCommand]:
+def base_layout(dev: str, link_mbps: float, default_class: int = BACKGROUND_CLASS) -> list[TcCommand]:
     """The root qdisc, the link, background, best-effort and ACK classes and the best-effort and
-    small-segment filters of one interface (see the module docstring)."""
+    small-segment filters of one interface (see the module docstring). `default_class` is what no
+    filter claims: the background on Open vSwitch, best effort on the tc datapath
+    (`controller.tc_flows`, which cannot mark best-effort packets)."""
     return [
-        ["qdisc", "add", "dev", dev, "root", "handle", f"{ROOT_MAJOR}:0", "htb", "default", f"{BACKGROUND_CLASS:x}"],
+        ["qdisc", "add", "dev", dev, "root", "handle", f"{ROOT_MAJOR}:0", "htb", "default", f"{default_class:x}"],
         ["class", "add", "dev", dev, "parent", f"{ROOT_MAJOR}:0", "classid", classid(LINK_CLASS),
          *htb_args(link_mbps, link_mbps)],
         ["class", "add", "dev", dev, "parent", classid(LINK_CLASS), "classid", classid(BACKGROUND_CLASS),

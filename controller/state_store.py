@@ -1,5 +1,5 @@
 """The controller's own database of what it installed, so that a restarted controller comes back
-with it (docs/architecture.md, "Faults and rescheduling").
+with it (docs/faults.md, "Faults and rescheduling").
 
 One SQLite file (`ENV_STATE_DB` names it; the emulation puts it in the run's log directory): the
 installed tasks (their paths as the REST body gave them, and the htb class minor their reservation

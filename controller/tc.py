@@ -46,9 +46,11 @@ class TcRunner(Protocol):
 class SubprocessTc:
     """`TcRunner` running the ``tc`` binary (root, in the namespace of the switch interfaces)."""
 
-    def __init__(self, tc: str | None = None, *, timeout_s: float = 20.0) -> None:
+    def __init__(self, tc: str | None = None, *, timeout_s: float = 20.0, default_class: int = BACKGROUND_CLASS) -> None:
         self.tc = tc
         self.timeout_s = timeout_s
+        #: The htb default class the layout must have (`controller.htb.base_layout`).
+        self.default_class = default_class
 
     def _binary(self) -> str | None:
         return self.tc or shutil.which("tc") or next(
@@ -69,7 +71,7 @@ class SubprocessTc:
             return f"tc qdisc show failed: {e}"
         if not isinstance(qdiscs, list):
             return f"tc qdisc show failed: {res.stderr.strip()[:200]}"
-        return layout_problem(devices, qdiscs)
+        return layout_problem(devices, qdiscs, self.default_class)
 
     def run(self, commands: Sequence[Sequence[str]], *, force: bool = False) -> None:
         if not commands:
@@ -87,10 +89,11 @@ class SubprocessTc:
             raise ShapingError(f"tc -batch exited {res.returncode}: {(res.stderr or res.stdout).strip()[:500]}")
 
 
-def layout_problem(devices: Sequence[str], qdiscs: Iterable[Mapping[str, Any]]) -> str | None:
+def layout_problem(devices: Sequence[str], qdiscs: Iterable[Mapping[str, Any]],
+                   default_class: int = BACKGROUND_CLASS) -> str | None:
     """Why `devices` lack the base layout, from ``tc -j qdisc show`` (None if every one has it)."""
     roots = {q.get("dev"): q for q in qdiscs if q.get("root")}
-    expected_default = f"{BACKGROUND_CLASS:#x}"
+    expected_default = f"{default_class:#x}"
     bad = []
     for dev in devices:
         q = roots.get(dev)
@@ -101,7 +104,7 @@ def layout_problem(devices: Sequence[str], qdiscs: Iterable[Mapping[str, Any]]) 
         return None
     shown = ", ".join(bad[:4]) + (", ..." if len(bad) > 4 else "")
     return (f"{len(bad)} of {len(devices)} switch-to-switch interfaces lack the htb layout "
-            f"(root {ROOT_MAJOR}: default {BACKGROUND_CLASS:x}): {shown}")
+            f"(root {ROOT_MAJOR}: default {default_class:x}): {shown}")
 
 
 #: Names a JSON file that places switch interfaces on other servers (cluster mode): ``{"servers":
@@ -189,11 +192,12 @@ class ClusterTc:
             raise ShapingError("; ".join(errors))
 
 
-def runner_from_env() -> TcRunner:
-    """`SubprocessTc`, or a `ClusterTc` when `ENV_TC_SERVERS` names a file of far interfaces."""
+def runner_from_env(default_class: int = BACKGROUND_CLASS) -> TcRunner:
+    """`SubprocessTc`, or a `ClusterTc` when `ENV_TC_SERVERS` names a file of far interfaces;
+    `default_class` is the links' htb default (`controller.htb.base_layout`)."""
     path = os.environ.get(ENV_TC_SERVERS)
     if not path:
-        return SubprocessTc()
+        return SubprocessTc(default_class=default_class)
     with open(path) as f:
         spec = json.load(f)
     return ClusterTc(SubprocessTc(), spec["servers"], spec["devices"])

@@ -24,9 +24,10 @@ pip_quiet() { "$@" 2>&1 | { grep -v "is ignored: it is neither a file nor a dire
 
 if [ -z "${NETAI_NO_SYSTEM:-}" ]; then
 # 1. OS packages --------------------------------------------------------------------------------
-# (chromium and chromium-driver: the browser the dashboard's tests drive, headless)
+# (chromium and chromium-driver: the browser the dashboard's tests drive, headless; curl: the
+# tutorial's look at the dashboard's API, docs/tutorial.md)
 PKGS="mininet openvswitch-switch iperf3 ethtool iproute2 net-tools iputils-ping python3-venv python3-dev
-      python3-pip debootstrap procps psmisc chromium chromium-driver python3-simgrid openssh-server"
+      python3-pip debootstrap procps psmisc chromium chromium-driver python3-simgrid openssh-server curl"
 if [ -z "${NETAI_SKIP_DOCKER:-}" ]; then PKGS="$PKGS docker.io"; fi
 missing=""
 for p in $PKGS; do
@@ -135,7 +136,7 @@ fi
 stamp="$VENV/.netai-installed"
 want=$(cat setup.py | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    log "installing the project into the venv (torch CPU wheel, os-ken, test tools)"
+    log "installing the project into the venv (torch CPU wheel, os-ken, test and docs tools)"
     pip_quiet "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
     pip_quiet "$VENV/bin/pip" install -q -e ".[net,fl,experiment,test]"
     echo "$want" > "$stamp"

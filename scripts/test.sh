@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make test`: set-up, then ruff, mypy and pytest (README, "Tests").
+# `make test`: set-up, then ruff, mypy, the docs site (strict) and pytest (README, "Tests").
 #
 # The stock-kernel checks (tests/guest) boot a QEMU guest and take minutes of one core. When the whole
 # suite runs and the guest's build is cached, they start first, before the set-up, with the system's
@@ -32,6 +32,6 @@ if [ -z "$PYTEST_ARGS" ] && [ "${NETAI_GUEST_EARLY:-1}" != 0 ] && [ "$(id -u)" =
 fi
 
 bash scripts/provision.sh
-make --no-print-directory lint typecheck VENV="$VENV"  # the Makefile's own recipes
+make --no-print-directory lint typecheck docs VENV="$VENV"  # the Makefile's own recipes
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pytest --durations=25 $PYTEST_ARGS

@@ -7,7 +7,7 @@ counted from the model by default, `orchestrator.runtime.compute_model`), the si
 (its ``cpu``, at most the role's training threads), and the emulation's time dilation. Real training still runs, for real accuracy: when it ends early, the local holds its
 update until the modelled end (`hold`); when it overruns (the host is too small for what it
 emulates), the round keeps the real time and the local logs ``train_overrun``, so that the run can
-say the round did not measure the emulated site (docs/architecture.md, "Fidelity").
+say the round did not measure the emulated site (docs/fidelity.md, "Fidelity").
 
 With both figures 0 (``compute.timing: measured``) training takes what it takes.
 This module imports no torch.

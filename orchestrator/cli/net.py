@@ -27,6 +27,7 @@ from typing import Any
 
 from orchestrator import interrupts
 from orchestrator.cli.dashboard import add_dashboard_args
+from orchestrator.emulation.kernel import DATAPATHS
 from orchestrator.errors import ConfigError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
 from topologies.model import NetworkModel
@@ -41,11 +42,17 @@ def _need_root(what: str) -> None:
 # -- net up ---------------------------------------------------------------------------------------
 def cmd_net_up(args: argparse.Namespace) -> int:
     _need_root("netai net up")
+    from orchestrator.emulation.kernel import DatapathUnavailable, choose_datapath, probe_kernel
     from orchestrator.emulation.network import Emulation, EmulationError
 
     model = load(args.topology)
     plan = EmulationPlan.from_model(model, max_link_mbps=args.max_link_mbps)
-    emu = Emulation(plan, mininet_log_level="info", connect_timeout_s=args.timeout,
+    try:  # before anything starts
+        choose_datapath(args.datapath, probe_kernel())
+    except DatapathUnavailable as e:
+        print(f"netai net up: {e}", file=sys.stderr)
+        return 2
+    emu = Emulation(plan, mininet_log_level="info", connect_timeout_s=args.timeout, datapath=args.datapath,
                     connectivity="strict" if args.strict else "best-effort")
     live = LiveRecord(emu, model, plan, port=args.dashboard_port if args.dashboard else None)  # a taken port: exit 2
     try:
@@ -336,6 +343,9 @@ def register(subparsers: Any) -> None:
                     help="seconds to wait for the controller, then for all switches")
     up.add_argument("--strict", action="store_true",
                     help="no best-effort connectivity: only tasks' paths and background routes carry traffic")
+    up.add_argument("--datapath", choices=DATAPATHS, default="auto",
+                    help="what forwards packets: Open vSwitch's kernel module, its userspace datapath, or tc "
+                         "filters in the kernel (auto: the kernel module where the kernel has it, else tc)")
     add_dashboard_args(up)
     up.set_defaults(func=cmd_net_up)
 

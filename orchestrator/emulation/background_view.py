@@ -80,20 +80,29 @@ class ViewSettings:
     timeout_s: float = 20.0
     poll_s: float = 0.05
     max_age_s: float = 10.0
+    #: Counters exact whenever read (the tc datapath's, `controller.tc_flows`), not swept by Open
+    #: vSwitch: every read is a boundary, and reads can be far fewer.
+    live: bool = False
 
     def __post_init__(self) -> None:
         if not 0 < self.poll_s < self.piece_s <= self.window_s <= self.timeout_s:
             raise ValueError(f"need 0 < poll_s < piece_s <= window_s <= timeout_s, got {self}")
 
 
-def settings_for(pattern: str, *, mean_on_s: float = 0.0, mean_off_s: float = 0.0) -> ViewSettings:
+#: How often live counters are read: a tenth of a window's piece is plenty when every read is exact.
+LIVE_POLL_S = 0.1
+
+
+def settings_for(pattern: str, *, mean_on_s: float = 0.0, mean_off_s: float = 0.0, live: bool = False) -> ViewSettings:
     """The view's settings for a background `pattern`: steady flows settle to a CV criterion; an
     on/off (``poisson``) background is averaged over four mean on+off cycles (at least 3 s) and
-    never held to a CV, since its pieces differ by design."""
+    never held to a CV, since its pieces differ by design. `live`: the counters are exact when read."""
+    poll_s = LIVE_POLL_S if live else ViewSettings.poll_s
     if pattern != "poisson":
-        return ViewSettings()
+        return ViewSettings(poll_s=poll_s, live=live)
     window = max(3.0, 4.0 * (mean_on_s + mean_off_s))
-    return ViewSettings(window_s=window, max_cv=None, timeout_s=window + 10.0, max_age_s=max(10.0, window))
+    return ViewSettings(window_s=window, max_cv=None, timeout_s=window + 10.0, max_age_s=max(10.0, window),
+                        poll_s=poll_s, live=live)
 
 
 @dataclass(frozen=True)
@@ -195,6 +204,7 @@ class _Reader:
     last: dict[DirectedLink, int] | None = None
     changed_t: float | None = None
     reset: bool = False
+    live: bool = False
 
     def poll(self) -> Boundary | None:
         """Read once; a boundary when a sweep has just been seen whole. `reset` is set when the
@@ -209,6 +219,8 @@ class _Reader:
         if any(sent[k] < prev.get(k, 0) for k in sent):
             self.reset, self.changed_t = True, None
             return None
+        if self.live:  # exact as of the read
+            return Boundary(t, sent)
         if sent != prev:
             if self.changed_t is None:
                 self.changed_t = (prev_t + t) / 2
@@ -266,7 +278,7 @@ class BackgroundView:
             return BackgroundMeasurement({link: 0.0 for link in self.ports.values()}, window_s=0.0, pieces=0,
                                          cv=0.0, settled=True, waited_s=0.0, key=key, taken_at=start)
         s = self.settings
-        reader = _Reader(self.client, self.ports, self.clock)
+        reader = _Reader(self.client, self.ports, self.clock, live=self.settings.live)
         bounds: list[Boundary] = []
         while True:
             bound = reader.poll()

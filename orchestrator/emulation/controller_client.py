@@ -110,7 +110,7 @@ class ControllerClient:
     def task_bytes(self, task_id: int) -> int:
         """Carried bytes of a task: the byte counters of its entries that forward onto a link between
         switches, summed, so that a byte counts once per link it crosses (the entry delivering to a
-        host, on the last switch of a path, is not a link; docs/architecture.md, "Carried bytes").
+        host, on the last switch of a path, is not a link; docs/metrics.md, "Carried bytes").
 
         Open vSwitch updates OpenFlow counters from its datapath every ~0.5-1 s, so read this a
         second after the traffic stops (or poll it) for a final figure.

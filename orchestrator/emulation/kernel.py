@@ -15,6 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 _delay_warning_given = False
+#: The datapaths a run can ask for: Open vSwitch's kernel module (``kernel``), its userspace datapath
+#: (``user``), tc filters in the kernel (``tc``, `controller.tc_flows`), or ``auto``
+#: (`orchestrator.emulation.network.choose_datapath`).
+KERNEL, USER, TC = "kernel", "user", "tc"
+DATAPATHS = ("auto", KERNEL, USER, TC)
+
+
+class DatapathUnavailable(RuntimeError):
+    """The datapath asked for is not one this kernel (or this mode) can give."""
 
 
 @dataclass(frozen=True)
@@ -67,3 +76,38 @@ def warn_no_delay(delay_emulated: bool) -> None:
             "(results record delay_emulated=false)",
             file=sys.stderr,
         )
+
+
+def choose_datapath(choice: str, features: KernelFeatures, *, cluster: bool = False) -> str:
+    """The datapath a run uses: `choice` if this kernel can give it; for ``auto``, Open vSwitch's
+    kernel module where the kernel has it, else the tc datapath (the userspace datapath in cluster
+    mode, whose tunnel ports are Open vSwitch's).
+
+    Raises
+    ------
+    DatapathUnavailable
+        `choice` is ``kernel`` without the openvswitch module, or ``tc`` in cluster mode.
+    """
+    if choice == KERNEL and not features.ovs_kernel_datapath:
+        # Else Mininet adds bridges that ovs-vswitchd cannot open, and the run only times out
+        # waiting for switches that never connect.
+        raise DatapathUnavailable(
+            "the kernel datapath was asked for, but this kernel has no openvswitch module "
+            "(modprobe openvswitch failed): use datapath 'auto', 'tc' or 'user'")
+    if choice == TC and cluster:
+        raise DatapathUnavailable("the tc datapath does not run in cluster mode (its tunnels are Open vSwitch "
+                             "ports): use datapath 'auto' or 'user'")
+    if choice != "auto":
+        return choice
+    if features.ovs_kernel_datapath:
+        return KERNEL
+    return USER if cluster else TC
+
+
+def datapath_problem(choice: str, *, cluster: bool = False) -> str | None:
+    """Why this host cannot give datapath `choice` (None: it can), probing the kernel."""
+    try:
+        choose_datapath(choice, probe_kernel(), cluster=cluster)
+    except DatapathUnavailable as e:
+        return str(e)
+    return None

@@ -13,7 +13,14 @@ import subprocess
 from functools import partial
 from typing import Any
 
-from controller.htb import BACKGROUND_CLASS, background_queue, base_layout, classid, delay_leaves
+from controller.htb import (
+    BACKGROUND_CLASS,
+    BEST_EFFORT_CLASS,
+    background_queue,
+    base_layout,
+    classid,
+    delay_leaves,
+)
 from orchestrator.emulation.cleanup import BRIDGE_TAG
 from topologies.plan import IP_PREFIX_LEN
 
@@ -52,11 +59,17 @@ class TcBatch:
         return ""
 
 
-def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
-    """(switch class, controller class, link class) for Mininet, imported only when needed."""
+#: The switch classes' datapaths: Open vSwitch's kernel module or userspace datapath, or tc filters.
+TC_DATAPATH = "tc"
+
+
+def mininet_classes(run_id: str, datapath: str = "user") -> tuple[Any, Any, Any]:
+    """(switch class, controller class, link class) for Mininet, imported only when needed (the switch:
+    Open vSwitch's, or `tc_switch_class`'s with `datapath` ``tc``)."""
     from mininet.link import TCIntf, TCLink
     from mininet.node import OVSSwitch, RemoteController
 
+    default_class = BEST_EFFORT_CLASS if datapath == TC_DATAPATH else BACKGROUND_CLASS
     class NetaiSwitch(OVSSwitch):
         """OVSSwitch whose bridge carries the run's tag from the moment it is created."""
 
@@ -91,7 +104,7 @@ def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
                 cmds, parent = super().bwCmds(bw=bw, **kwargs)
                 return cmds, parent
             # Mininet fills in the tc binary and the interface: "%s <args>" % (tc, intf).
-            cmds = [" ".join(["%s", *args]) for args in base_layout("%s", float(bw))]
+            cmds = [" ".join(["%s", *args]) for args in base_layout("%s", float(bw), default_class)]
             return cmds, f" parent {classid(BACKGROUND_CLASS)} "
 
         @staticmethod
@@ -109,7 +122,44 @@ def mininet_classes(run_id: str) -> tuple[Any, Any, Any]:
             return cmds, out
 
     link = partial(TCLink, cls1=ShapedIntf, cls2=ShapedIntf)
-    return NetaiSwitch, NetaiController, link
+    return (tc_switch_class() if datapath == TC_DATAPATH else NetaiSwitch), NetaiController, link
+
+
+def tc_switch_class() -> Any:
+    """The tc datapath's Mininet switch class (Mininet imported only when it is needed)."""
+    from mininet.node import Switch
+
+    class TcSwitch(Switch):
+        """A switch that forwards in the kernel (`controller.tc_flows`): its ports' ingress qdiscs share
+        one filter block numbered by its datapath id, which the controller fills. Its ports stay in
+        the root namespace, as an Open vSwitch bridge's do, with IPv6 off (nothing of the switch's
+        own crosses the links). The OpenFlow options Mininet passes every switch are ignored."""
+
+        def __init__(self, name: str, dpid: str | None = None, **params: Any) -> None:
+            for key in ("datapath", "protocols", "failMode"):
+                params.pop(key, None)
+            super().__init__(name, dpid=dpid, **params)
+
+        def start(self, controllers: Any) -> None:
+            block = str(int(self.dpid, 16))
+            ports = [intf.name for intf in self.intfList() if intf.name != "lo"]
+            for dev in ports:
+                disable_ipv6(dev)
+            out = run_tc_batch(self, [" ".join(["qdisc", "add", "dev", dev, "ingress_block", block, "ingress"])
+                                      for dev in ports])
+            if out:
+                raise RuntimeError(f"{self.name}: its ingress block could not be made: {out}")
+
+    return TcSwitch
+
+
+def disable_ipv6(dev: str) -> None:
+    """No IPv6 on a root-namespace switch port (no link-local address, no router solicitations)."""
+    try:
+        with open(f"/proc/sys/net/ipv6/conf/{dev}/disable_ipv6", "w") as f:
+            f.write("1")
+    except OSError:
+        pass  # IPv6 not built in: nothing to turn off
 
 
 def run_tc_batch(node: Any, commands: list[str]) -> str:
@@ -121,11 +171,33 @@ def run_tc_batch(node: Any, commands: list[str]) -> str:
     return str(out).strip()
 
 
-def tune_host(host: Any) -> None:
-    """What every emulated host needs: no IPv6, and a short TCP minimum retransmission timeout."""
+def tune_host(host: Any, *, segmentation_offload: bool = True) -> None:
+    """What every emulated host needs: no IPv6, and a short TCP minimum retransmission timeout; with
+    `segmentation_offload` False, no TSO or GSO on its interface (see `no_segmentation_offload`)."""
     # IPv6 neighbour discovery would only be dropped by the table-miss entry; keep counters clean.
     host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
     set_rto_min(host)
+    if not segmentation_offload:
+        no_segmentation_offload(host)
+
+
+def no_segmentation_offload(host: Any) -> None:
+    """TSO and GSO off on the host's interface, checksum offload left on.
+
+    On the tc datapath a host's TCP segments cross the switches as the host sent them (no
+    re-segmentation on the way), and htb charges a GSO super-packet of up to 64 KB as one: it leaves
+    when the class has any token, so a whole small model would cross an idle link at once. Segments of
+    one frame each keep htb's burst what `controller.htb.burst_bytes` says.
+    """
+    intf = host.defaultIntf()
+    if intf is None:
+        return
+    proc = host.popen(["ethtool", "-K", str(intf), "tso", "off", "gso", "off"], stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE)
+    _out, err = proc.communicate(timeout=10)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{host.name}: turning segmentation offload off failed: "
+                           f"{err.decode(errors='replace').strip()}")
 
 
 def set_rto_min(host: Any) -> None:

@@ -51,6 +51,7 @@ from typing import Any
 from controller.flows import BEST_EFFORT, CONNECTIVITY_MODES, ENV_CONNECTIVITY
 from controller.shaping import ENV_LINK_DELAY
 from controller.tc import ENV_TC_SERVERS
+from controller.tc_flows import ENV_DATAPATH, OPENFLOW, TC
 from orchestrator.emulation import cluster as clustering
 from orchestrator.emulation import datapath_priority, ovs_socket
 from orchestrator.emulation.cleanup import (
@@ -70,7 +71,15 @@ from orchestrator.emulation.cluster_far import FarSide, far_side, tc_servers_fil
 from orchestrator.emulation.cluster_nodes import cluster_classes, create_underlay
 from orchestrator.emulation.controller_client import ControllerClient
 from orchestrator.emulation.controller_process import ControllerProcess
-from orchestrator.emulation.kernel import probe_kernel, warn_no_delay
+from orchestrator.emulation.kernel import (
+    DATAPATHS,
+    KERNEL,
+    USER,
+    DatapathUnavailable,
+    choose_datapath,
+    probe_kernel,
+    warn_no_delay,
+)
 from orchestrator.emulation.links import set_link
 from orchestrator.emulation.mininet_nodes import mininet_classes, tune_host
 from orchestrator.emulation.signals import ignore_signals, restore_signals, terminate_on_signals
@@ -170,8 +179,8 @@ class Emulation:
     ) -> None:
         if connectivity not in CONNECTIVITY_MODES:
             raise TopologyError(f"connectivity must be one of {', '.join(CONNECTIVITY_MODES)}, got {connectivity!r}")
-        if datapath not in {"auto", "kernel", "user"}:
-            raise TopologyError(f"datapath must be auto, kernel or user, got {datapath!r}")
+        if datapath not in DATAPATHS:
+            raise TopologyError(f"datapath must be one of {', '.join(DATAPATHS)}, got {datapath!r}")
         if delay not in {"auto", False}:
             raise TopologyError(f"delay must be 'auto' or False, got {delay!r}")
         self.plan = plan
@@ -244,9 +253,9 @@ class Emulation:
         """
         t0 = time.monotonic()
         self._clear_the_way()
-        use_kernel, delay_emulated = self._choose_datapath_and_delay()
-        budget = None if use_kernel else ovs_socket.prepare_userspace_datapath()
-        self.info = self._new_info(use_kernel=use_kernel, delay_emulated=delay_emulated, send_buffer=budget)
+        datapath, delay_emulated = self._choose_datapath_and_delay()
+        budget = ovs_socket.prepare_userspace_datapath() if datapath == USER else None
+        self.info = self._new_info(datapath=datapath, delay_emulated=delay_emulated, send_buffer=budget)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.state = self._new_state()
         # Every child from here on (controller, host shells, what runs in them) carries the mark.
@@ -255,10 +264,10 @@ class Emulation:
         try:
             if self.cluster is not None:
                 self._prepare_cluster(self.cluster)
-            self.controller = self._start_controller(delay_emulated)
-            self._start_mininet(use_kernel=use_kernel, delay_emulated=delay_emulated)
-            datapath_priority.raise_datapath(self.info)  # switch threads above training (its docstring)
-            if not use_kernel:
+            self.controller = self._start_controller(delay_emulated, datapath)
+            self._start_mininet(datapath=datapath, delay_emulated=delay_emulated)
+            if datapath == USER:
+                datapath_priority.raise_datapath(self.info)  # switch threads above training (its docstring)
                 self.info.ovs_receive_buffer = ovs_socket.smallest_receive_buffer(self.state.interfaces)
             self._record_hosts()
             health = self.controller.wait_switches(self.connect_timeout_s)
@@ -273,27 +282,22 @@ class Emulation:
         LOG.info("%s up in %.1f s (run %s)", self.plan.topology, self.info.bringup_s, self.run_id)
         return self.info
 
-    def _choose_datapath_and_delay(self) -> tuple[bool, bool]:
-        """(kernel datapath?, delay emulated?) from the choices and what the kernel offers."""
+    def _choose_datapath_and_delay(self) -> tuple[str, bool]:
+        """(datapath, delay emulated?) from the choices and what the kernel offers (`choose_datapath`)."""
         features = probe_kernel()
-        if self._datapath_choice == "kernel" and not features.ovs_kernel_datapath:
-            # Else Mininet adds bridges that ovs-vswitchd cannot open, and the run only times out
-            # waiting for switches that never connect.
-            raise EmulationError(
-                "the kernel datapath was asked for, but this kernel has no openvswitch module "
-                "(modprobe openvswitch failed): use datapath 'auto' or 'user' (the userspace datapath)")
-        use_kernel = self._datapath_choice == "kernel" or (
-            self._datapath_choice == "auto" and features.ovs_kernel_datapath
-        )
+        try:
+            datapath = choose_datapath(self._datapath_choice, features, cluster=self.cluster is not None)
+        except DatapathUnavailable as e:
+            raise EmulationError(str(e)) from None
         delay_emulated = self._delay_choice == "auto" and features.netem
         warn_no_delay(delay_emulated)
-        return use_kernel, delay_emulated
+        return datapath, delay_emulated
 
-    def _new_info(self, *, use_kernel: bool, delay_emulated: bool, send_buffer: int | None) -> EmulationInfo:
+    def _new_info(self, *, datapath: str, delay_emulated: bool, send_buffer: int | None) -> EmulationInfo:
         info = EmulationInfo(
             run_id=self.run_id,
             topology=self.plan.topology,
-            datapath="kernel" if use_kernel else "user",
+            datapath=datapath,
             delay_emulated=delay_emulated,
             switches=len(self.plan.switches),
             hosts=len(self.plan.hosts),
@@ -328,10 +332,11 @@ class Emulation:
         elif self.info is not None:
             self.info.cluster["far"] = self._far.to_dict()
 
-    def _start_controller(self, delay_emulated: bool) -> ControllerProcess:
+    def _start_controller(self, delay_emulated: bool, datapath: str) -> ControllerProcess:
         """Start the controller, record its pid and REST address in the run's state (`_controller_ready` waits)."""
         assert self.state is not None
-        env = {ENV_LINK_DELAY: "1" if delay_emulated else "0", ENV_CONNECTIVITY: self.connectivity}
+        env = {ENV_LINK_DELAY: "1" if delay_emulated else "0", ENV_CONNECTIVITY: self.connectivity,
+               ENV_DATAPATH: TC if datapath == TC else OPENFLOW}
         if self._far is not None:  # the far switches' interfaces are shaped over SSH
             env[ENV_TC_SERVERS] = str(tc_servers_file(self.log_dir / "tc-servers.json", self._far, self.plan,
                                                       self.placement))
@@ -368,7 +373,7 @@ class Emulation:
                 f"(exit its Mininet CLI, or Ctrl-C), or remove another program's interfaces (mn -c removes a "
                 f"crashed Mininet's; sudo make clean what this testbed's own runs left)")
 
-    def _start_mininet(self, *, use_kernel: bool, delay_emulated: bool) -> None:
+    def _start_mininet(self, *, datapath: str, delay_emulated: bool) -> None:
         from functools import partial
 
         from mininet.log import setLogLevel
@@ -377,9 +382,9 @@ class Emulation:
         setLogLevel(self.mininet_log_level)
         assert self.controller is not None
         topo = PlanTopo(
-            self.plan, delay_emulated=delay_emulated, checksum_offload=use_kernel, host_params=self.host_params
+            self.plan, delay_emulated=delay_emulated, checksum_offload=datapath != USER, host_params=self.host_params
         )
-        switch_cls, controller_cls, link_cls = mininet_classes(self.run_id)
+        switch_cls, controller_cls, link_cls = mininet_classes(self.run_id, datapath)
         extra = {"host": self.host_cls} if self.host_cls is not None else {}
         if self.cluster is not None:
             assert self._ssh_dir is not None
@@ -388,7 +393,7 @@ class Emulation:
             extra = {"host": host}
         switch = partial(
             switch_cls,
-            datapath="kernel" if use_kernel else "user",
+            datapath="kernel" if datapath == KERNEL else "user",
             protocols="OpenFlow13",
             failMode="secure",
         )
@@ -404,7 +409,7 @@ class Emulation:
         self.net.start()  # the controller answers already (`_start_controller`): no switch waits out a back-off
         self.net.staticArp()
         for h in self.net.hosts:
-            tune_host(h)
+            tune_host(h, segmentation_offload=datapath != TC)
             if self._far is not None:  # no frame larger than a tunnel carries
                 h.cmd("ip", "link", "set", "dev", h.intf().name, "mtu", str(self._far.inner_mtu))
 
@@ -487,14 +492,3 @@ class Emulation:
             self.stop()
         finally:
             restore_signals(self._old_handlers)
-
-
-def dump_flows(emu: Emulation) -> str:
-    """``ovs-ofctl dump-flows`` of every switch of a running emulation (for failure reports)."""
-    out = []
-    for sw in emu.plan.switches:
-        res = subprocess.run(
-            ["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", sw.name], capture_output=True, text=True, check=False
-        )
-        out.append(f"--- {sw.name} ({sw.site})\n{res.stdout}{res.stderr}")
-    return "\n".join(out)

@@ -30,6 +30,7 @@ from controller.flows import (
     table_miss_entries,
     task_entries,
 )
+from controller.tc_flows import TC, as_installed, parse_block
 from orchestrator.emulation.background import wait_listening
 from orchestrator.emulation.network import DEFAULT_CONNECT_TIMEOUT_S, Emulation
 from orchestrator.emulation.task_paths import task_paths
@@ -127,12 +128,25 @@ def ping_ok(src: Any, dst: Any) -> bool:
 
 
 def switch_flow_table(emu: Emulation, site: str) -> list[FlowEntry]:
-    """The flow table of a site's switch as ``ovs-ofctl`` reports it."""
+    """The flow table of a site's switch as the switch itself reports it: ``ovs-ofctl`` on Open
+    vSwitch, ``tc filter show`` on the tc datapath (`controller.tc_flows`)."""
     sw = emu.plan.switch(site)
+    if emu.info is not None and emu.info.datapath == TC:
+        res = subprocess.run(["tc", "-s", "filter", "show", "block", str(sw.dpid)], capture_output=True, text=True,
+                             check=True)
+        return [st.entry for st in parse_block(sw.dpid, sw.name, res.stdout)]
     res = subprocess.run(
         ["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", sw.name], capture_output=True, text=True, check=True
     )
     return parse_ofctl_dump(sw.dpid, res.stdout)
+
+
+def as_switch_holds(emu: Emulation, expected: Sequence[FlowEntry]) -> list[FlowEntry]:
+    """`expected` as the run's switches hold it: unchanged on Open vSwitch; on the tc datapath
+    without drops and DSCP rewrites (`controller.tc_flows.as_installed`)."""
+    if emu.info is None or emu.info.datapath != TC:
+        return list(expected)
+    return [e for e in map(as_installed, expected) if e is not None]
 
 
 def expected_entries(
@@ -152,6 +166,7 @@ def expected_entries(
 def compare_flow_tables(emu: Emulation, expected: Sequence[FlowEntry]) -> dict[str, dict[str, list[str]]]:
     """Per switch whose table differs from `expected`: missing and unexpected entries (as text)."""
     diffs = {}
+    expected = as_switch_holds(emu, expected)
     for sw in emu.plan.switches:
         actual = switch_flow_table(emu, sw.site)
         diff = diff_entries([e for e in expected if e.dpid == sw.dpid], actual)
@@ -358,3 +373,16 @@ def _check_iperf(emu: Emulation, pair: tuple[str, str, list[str]], seconds: floa
     )
     say(f"iperf3 {a}->{b} over {len(path) - 1} shaped links: {r.mbps:.1f} of {configured:g} Mbit/s "
         f"(ratio {result['iperf_ratio']:.3f} of line rate)")
+
+
+def dump_flows(emu: Emulation) -> str:
+    """``ovs-ofctl dump-flows`` (``tc filter show`` on the tc datapath) of every switch of a running
+    emulation (for failure reports)."""
+    out = []
+    tc = emu.info is not None and emu.info.datapath == TC
+    for sw in emu.plan.switches:
+        argv = (["tc", "-s", "filter", "show", "block", str(sw.dpid)] if tc
+                else ["ovs-ofctl", "-O", "OpenFlow13", "dump-flows", sw.name])
+        res = subprocess.run(argv, capture_output=True, text=True, check=False)
+        out.append(f"--- {sw.name} ({sw.site})\n{res.stdout}{res.stderr}")
+    return "\n".join(out)

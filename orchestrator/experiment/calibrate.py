@@ -1,5 +1,5 @@
 """`netai calibrate`: this host's time dilation and the flow-level simulation's parameters at it,
-once per host and version (docs/architecture.md, "Flow-level simulation", calibration).
+once per host and version (docs/simulation.md, "Flow-level simulation", calibration).
 
 An emulation on a small host measures the host's contention as much as the emulated network unless
 it is time-dilated to a K at which its own fidelity verdict finds it faithful. So the host's

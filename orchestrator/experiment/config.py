@@ -16,6 +16,7 @@ import yaml
 
 from controller.flows import CONNECTIVITY_MODES, STRICT
 from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
+from orchestrator.emulation.kernel import DATAPATHS
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config_checks import (
     Check,
@@ -47,7 +48,7 @@ PATTERNS = ("constant", "poisson", "demand-matrix")
 MODES = ("sequential", "online")
 ARRIVALS = ("poisson", "all")
 #: ``emulation``: Mininet, real workers; ``simulation``: the flow-level model on SimGrid
-#: (`orchestrator.simulation`; docs/architecture.md, "Flow-level simulation").
+#: (`orchestrator.simulation`; docs/simulation.md, "Flow-level simulation").
 ENGINES = ("emulation", "simulation")
 ORDERS = ("rotate", "fixed")  # ``order``: the schedulers' order on each task (`ExperimentConfig.order`)
 #: ``emulation.time_dilation``: ``auto`` (K from trials before the run), ``host`` (this host's, `netai calibrate`).
@@ -99,9 +100,13 @@ class EmulationConfig:
     #: strays from its paths fails instead of being carried best-effort) or ``best-effort`` (every
     #: host pair also routed, in the links' lowest class; see `controller.flows`).
     connectivity: str = STRICT
+    #: What forwards the packets: ``auto`` (Open vSwitch's kernel module where the kernel has it, else
+    #: tc filters in the kernel; the userspace datapath in cluster mode), ``kernel``, ``user`` or ``tc``
+    #: (`orchestrator.emulation.kernel.choose_datapath`; docs/datapaths.md).
+    datapath: str = "auto"
     #: Time dilation K (DieCast, TDF): link rates divided by K, delays, modelled training and the
     #: training allowance multiplied by K, and every recorded duration divided by K, so a small host
-    #: emulates a large network faithfully at K times the wall time (docs/architecture.md, "Fidelity").
+    #: emulates a large network faithfully at K times the wall time (docs/fidelity.md, "Fidelity").
     time_dilation: float = 1.0
     #: ``time_dilation: auto``: K is the smallest of 1, 2, 4, ... up to `max_time_dilation` at which a
     #: short calibration before the run shows no fidelity violation (`orchestrator.experiment.calibration`);
@@ -293,7 +298,7 @@ def _task(raw: Any) -> TaskConfig:
 
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": num_check(0, MAX_EMULATED_MBPS, lo_open=True), "backend": choice_check(BACKENDS),
-    "connectivity": choice_check(CONNECTIVITY_MODES), "time_dilation": _dilation,
+    "connectivity": choice_check(CONNECTIVITY_MODES), "datapath": choice_check(DATAPATHS), "time_dilation": _dilation,
     "max_time_dilation": num_check(2, MAX_TIME_DILATION),
 }
 BACKGROUND_SCHEMA: dict[str, Check] = {

@@ -1,5 +1,5 @@
 """Dynamics and faults of a run: scheduled events, what the orchestrator learns of them, and the
-rescheduling policy (docs/architecture.md, "Faults and rescheduling").
+rescheduling policy (docs/faults.md, "Faults and rescheduling").
 
 - `FaultEvent` / `parse_events`: the config's ``events:`` list, validated before anything starts.
   Each fires at a time (``at_s``, counted from the start of the first task of each scheduler's trace,

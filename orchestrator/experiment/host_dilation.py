@@ -1,5 +1,5 @@
 """This host's time dilation K, from its calibration (``emulation.time_dilation: host``; `netai
-validate` for a config that sets no K): docs/architecture.md, "Fidelity" and "Flow-level simulation".
+validate` for a config that sets no K): docs/fidelity.md, "Fidelity" and "Flow-level simulation".
 
 `netai calibrate` runs the auto-dilation trials once on the calibration set's workload and stores the
 K they chose with the host's calibration (`orchestrator.simulation.calibration.Calibration.time_dilation`).

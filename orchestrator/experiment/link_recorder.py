@@ -2,7 +2,8 @@
 second into a run's `link_stats` table, through its own database connection; `latest` is the
 last sample. The experiment runner and `netai net up` record with it; the dashboard reads it.
 With each sample it also records how busy the host's CPU was since the last (`host_samples`, from
-/proc/stat): one of the fidelity figures (docs/architecture.md, "Fidelity").
+/proc/stat): one of the fidelity figures (docs/fidelity.md); and, given the emulation's run id, where
+that CPU went by component (`orchestrator.emulation.cpu_use`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from orchestrator.emulation.cpu_use import CpuAccount
 from orchestrator.emulation.link_load import LinkLoadSampler
 from orchestrator.results.db import ResultsDB
 from topologies.plan import EmulationPlan
@@ -47,8 +49,12 @@ class LinkRecorder:
     """
 
     def __init__(self, client: Any, plan: EmulationPlan, db_path: Path, run_id: int, *,
-                 clock: Callable[[], float], period_s: float = 1.0) -> None:
+                 clock: Callable[[], float], period_s: float = 1.0, cpu: str | None = None) -> None:
         self.sampler = LinkLoadSampler(client, plan)
+        #: Given the emulation's run id (`cpu`): where the host's CPU goes, by component, sampled with the
+        #: links from `start` on (`orchestrator.emulation.cpu_use`).
+        self.cpu_run = cpu
+        self.cpu: CpuAccount | None = None
         self.db_path = db_path
         self.run_id = run_id
         self.clock = clock
@@ -60,6 +66,8 @@ class LinkRecorder:
         self._thread: threading.Thread | None = None
 
     def start(self) -> LinkRecorder:
+        if self.cpu_run is not None:
+            self.cpu = CpuAccount(self.cpu_run)
         self._thread = threading.Thread(target=self._loop, name="link-recorder", daemon=True)
         self._thread.start()
         return self
@@ -77,6 +85,8 @@ class LinkRecorder:
                     if busy is not None:
                         db.record_host_sample(self.run_id, t, busy)
                     db.record_link_stats(self.run_id, t, rows)
+                    if self.cpu is not None:
+                        self.cpu.sample()
                     self.latest = rows
                     self.samples += 1
                 except Exception as e:  # noqa: BLE001 -- a missed sample is not the run's failure
@@ -90,6 +100,12 @@ class LinkRecorder:
         if self._thread is not None:
             self._thread.join(timeout=10)
             self._thread = None
+            if self.cpu is not None:
+                self.cpu.sample()
+
+    def cpu_environment(self) -> dict[str, float]:
+        """Where the host's CPU went by component up to `stop` (`CpuAccount.environment`; {} without one)."""
+        return self.cpu.environment() if self.cpu is not None else {}
 
     def __enter__(self) -> LinkRecorder:
         return self.start()

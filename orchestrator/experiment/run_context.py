@@ -33,11 +33,12 @@ def fl_options(task: TaskConfig, *, rounds: int, seed: int) -> FLOptions:
 
 
 def background_view(cfg: ExperimentConfig, client: Any, plan: EmulationPlan, *, db: ResultsDB, run_id: int,
-                    clock: RunClock) -> BackgroundView:
+                    clock: RunClock, live: bool = False) -> BackgroundView:
     """What measures the background the schedulers see (`orchestrator.emulation.background_view`),
-    settled to the config's pattern; each measurement, and the settings, go into the database."""
+    settled to the config's pattern (`live`: counters exact when read, the tc datapath's); each
+    measurement, and the settings, go into the database."""
     bg = cfg.background
-    settings = settings_for(bg.pattern, mean_on_s=bg.mean_on_s, mean_off_s=bg.mean_off_s)
+    settings = settings_for(bg.pattern, mean_on_s=bg.mean_on_s, mean_off_s=bg.mean_off_s, live=live)
     db.update_environment(run_id, background_view={"source": "background flow counters", "window_s": settings.window_s,
                                                    "max_cv": settings.max_cv, "timeout_s": settings.timeout_s})
     return BackgroundView(client, plan, settings, on_measured=lambda m: db.record_background_view(
@@ -69,9 +70,10 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
     delay = bool(getattr(emu.info, "delay_emulated", False))
     k = plan.time_dilation
     clock = RunClock(dilation=k)
-    network = ControllerNetwork(emu.client, plan, delay_emulated=delay,
-                                background_view=background_view(cfg, emu.client, plan, db=db, run_id=run_id, clock=clock),
-                                background_per_task=cfg.mode != "online")
+    live = getattr(emu.info, "datapath", "") == "tc"  # the tc datapath's counters are exact when read
+    view = background_view(cfg, emu.client, plan, db=db, run_id=run_id, clock=clock, live=live)
+    network = ControllerNetwork(emu.client, plan, delay_emulated=delay, background_view=view,
+                                background_per_task=cfg.mode != "online", live_counters=live)
     faults = bool(getattr(cfg, "faults", False))
     compute = ServerCompute(manager, model=model, rate=emulated_rate(plan), propagation=delay,
                             train_allowance_s=cfg.task.train_allowance_s * k, time_dilation=k,

@@ -84,6 +84,10 @@ def preflight(cfg: ExperimentConfig) -> str:
         raise ConfigError("Open vSwitch is not running: run `sudo make setup`")
     if cfg.background.enabled and shutil.which("iperf3") is None:
         raise ConfigError("background traffic needs iperf3: run `sudo make setup`")
+    from orchestrator.emulation.kernel import datapath_problem
+
+    if problem := datapath_problem(cfg.emulation.datapath, cluster=cfg.emulation.cluster is not None):
+        raise ConfigError(problem)
     from orchestrator.runtime.backends import pick_backend
 
     backend = pick_backend(cfg.emulation.backend)
@@ -220,7 +224,7 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
         hosting = emulation_options(backend_kind, log_dir=run_dir / "workers", clients=remote)
         with early_fork_server(backend_kind, log_root=run_dir / "workers") as forks, \
                 Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
-                          cluster=cfg.emulation.cluster, **hosting) as emu, \
+                          datapath=cfg.emulation.datapath, cluster=cfg.emulation.cluster, **hosting) as emu, \
                 open_compute(backend_kind, emu, log_root=run_dir / "workers", forks=forks) as compute:
             _record_environment(db, run_id, cfg, plan, backend_kind, emu, compute)
             if calibration is not None:
@@ -231,7 +235,7 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
             clock = run.core.clock
             if dash is not None:
                 dash.controller = emu.client
-            recorder = LinkRecorder(emu.client, plan, run_dir / "results.db", run_id, clock=clock.now).start()
+            recorder = LinkRecorder(emu.client, plan, db.path, run_id, clock=clock.now, cpu=emu.run_id).start()
             tm = run.core
             try:
                 if cfg.mode == "online":
@@ -383,6 +387,7 @@ def _settle_and_record(core: Any, recorder: LinkRecorder, background: _Backgroun
     recorder.stop()
     db.update_environment(run_id, clock_end_s=round(core.clock.now(), 3), link_samples=recorder.samples,
                           wall_s=round(core.clock.now() * plan.time_dilation, 3))
+    db.update_environment(run_id, **recorder.cpu_environment())  # where the host's CPU went (cpu_use)
     for r in background.stop():
         db.record_background(run_id, r.src, r.dst, r.offered_mbps / plan.bw_scale,
                              None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)

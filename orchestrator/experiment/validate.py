@@ -1,5 +1,5 @@
 """`netai validate CONFIG`: run a config both ways, emulated and simulated, on the same tasks, and
-say how far apart they are (docs/architecture.md, "Flow-level simulation", validation).
+say how far apart they are (docs/simulation.md, "Flow-level simulation", validation).
 
 Both runs take their tasks from the config's seed (`runs.task_sets`), in the same order under the
 same schedulers, so every task is compared with itself (`orchestrator.results.agreement`). The

@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +36,9 @@ from orchestrator.errors import ConfigError
 from orchestrator.lifecycle import states as st
 from orchestrator.lifecycle.dilation import undilate_overruns, undilate_round, undilate_setup
 from orchestrator.lifecycle.fidelity import copy_rows, hop_rows, link_rate_rows, overrun_rows, training_rows
-from orchestrator.lifecycle.ports import Clock, ComputePort, Events, Execution, Link, NetworkPort, Recorder
+from orchestrator.lifecycle.live import CounterReads, LiveTask
+from orchestrator.lifecycle.policy import follow_lost_roles
+from orchestrator.lifecycle.ports import Clock, ComputePort, Events, Link, NetworkPort, Recorder, link_name
 from orchestrator.lifecycle.recorder import round_bound, round_policy, round_reference_s
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import RoundFigures, round_figures
@@ -59,58 +61,6 @@ class RunClock:
 
     def of(self, monotonic_t: float) -> float:
         return (monotonic_t - self.t0) / self.dilation
-
-
-@dataclass
-class LiveTask:
-    """A task the core has admitted (or tried to): its schedule and roles, and how it ended."""
-
-    label: str
-    task: Task
-    schedule: Schedule
-    state: NetworkState
-    figures: RoundFigures | None
-    #: The id its flows (cookie), ports and roles carry (`NetworkPort.new_install_id`).
-    install_id: int
-    execution: Execution | None = None
-    admitted_s: float = 0.0
-    reservation_enforced: bool = False
-    #: The task's state (`orchestrator.lifecycle.states`) and, once final, why.
-    status: str = st.SCHEDULED
-    reason: str = ""
-    #: The last round recorded while the task ran, and when its events were last read (monotonic).
-    rounds_recorded: int = 0
-    progress_read_t: float = 0.0
-    #: Moves so far; the move whose next round start is not yet recorded; when the last good round
-    #: ended (roles' clock); G's first round start (from the first execution); G's latest checkpoint.
-    moves: int = 0
-    pending_move: int | None = None
-    last_round_end_t: float | None = None
-    first_broadcast_t: float | None = None
-    checkpoint: Path | None = None
-    #: Sites whose role loss was already recorded (this execution).
-    lost_seen: set[str] = field(default_factory=set)
-    #: The log directory of the task (each move's roles log in a subdirectory).
-    log_dir: Path | None = None
-    last_move_s: float = 0.0
-    #: The task's result once done (`orchestrator.runtime.summaries.TaskResult`).
-    result: Any = None
-
-    @property
-    def scheduler(self) -> str:
-        """The label the task is recorded under (kept for the drivers' readability)."""
-        return self.label
-
-    @property
-    def ended(self) -> bool:
-        return self.status in st.FINAL
-
-
-@dataclass
-class CounterReads:
-    """Tasks whose flow counters are still settling: (label, task id, install id) -> (last read, bytes)."""
-
-    pending: dict[tuple[str, int, int], tuple[float, int | None]] = field(default_factory=dict)
 
 
 class Lifecycle:
@@ -245,8 +195,6 @@ class Lifecycle:
     def schedule(self, label: str, task: Task, state: NetworkState) -> Schedule:
         """`task` scheduled by `label`'s scheduler on `state` without the links cut now (blocked,
         with the reason, if the cut separates its sites)."""
-        from orchestrator.lifecycle.policy import link_name
-
         name = self.labels.get(label, (label, ""))[0]
         view = state
         if self.down:
@@ -305,8 +253,6 @@ class Lifecycle:
     # -- following -----------------------------------------------------------------------------------------
     def check(self, live: LiveTask, statuses: Mapping[str, Mapping[str, Any]]) -> bool:
         """Whether `live` has ended (done or failed; recorded either way)."""
-        from orchestrator.lifecycle.policy import follow_lost_roles
-
         assert live.execution is not None
         try:
             if not live.execution.check(statuses):

@@ -15,7 +15,7 @@ them (the network port's ``payload_share``: TCP payload per Ethernet frame at MT
 emulation, whose htb counts frames; the simulation's ``tcp_efficiency``). Without the headers, a
 2.8 MB model's edge from G showed 12-14 ms of "overhead" (6 %) at every K, more than one chunk's
 time, though the instrument added none. ``overhead_s = hop_s - floor_s`` is what the instrument
-added (software, CPU waits). docs/architecture.md, "Fidelity", says how the verdict reads these.
+added (software, CPU waits). docs/fidelity.md, "Fidelity", says how the verdict reads these.
 
 A *link rate* (`link_rate_rows`) is what a shaped link delivered while it was busy with the task's
 broadcast: for each directed link that is the bottleneck of G's broadcast edges and carries at least

@@ -1,4 +1,4 @@
-"""The core's policy for faults and moves (docs/architecture.md, "Faults and rescheduling").
+"""The core's policy for faults and moves (docs/faults.md, "Faults and rescheduling").
 
 While links are cut, schedulers see the network without them. A running task whose paths cross a
 link that went down fails (policy ``never``) or is *moved* (``on_failure``, ``periodic``): its roles
@@ -11,7 +11,9 @@ same schedule so the site rejoins. Every move is recorded (``moves``): when, why
 the round resumed, the interruption (last good round end to the next round start) and the
 predicted saving.
 
-These are functions of the core (`orchestrator.lifecycle.core.Lifecycle`), not of any port.
+These are functions of the core (`orchestrator.lifecycle.core.Lifecycle`), not of any port. They
+take the core as a `Core`: what they use of it, stated here, so that this module does not import
+the core's (the core imports this one).
 """
 
 from __future__ import annotations
@@ -20,23 +22,48 @@ import copy
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from orchestrator.lifecycle import states as st
-from orchestrator.lifecycle.ports import Link
-from orchestrator.scheduling import Schedule
-
-if TYPE_CHECKING:
-    from orchestrator.lifecycle.core import Lifecycle, LiveTask
+from orchestrator.lifecycle.live import CounterReads, LiveTask
+from orchestrator.lifecycle.ports import Clock, ComputePort, Events, Link, NetworkPort, Recorder, link_name
+from orchestrator.scheduling import NetworkState, Schedule
+from orchestrator.scheduling.cost import RoundFigures
+from orchestrator.scheduling.tasks import Task
 
 LOG = logging.getLogger("netai.tasks")
 #: A task moved more often than this fails (a role that fails again at every restart must not loop).
 MAX_MOVES = 8
 
+__all__ = ["Core", "Link", "crosses", "follow_lost_roles", "link_name", "links_changed", "move", "periodic"]
 
-def link_name(link: Link) -> str:
-    """``A - B`` (site names may contain hyphens)."""
-    return f"{link[0]} - {link[1]}"
+
+class Core(Protocol):
+    """What the policy uses of the lifecycle core (`orchestrator.lifecycle.core.Lifecycle`)."""
+
+    network: NetworkPort
+    compute: ComputePort
+    recorder: Recorder
+    clock: Clock
+    counters: CounterReads
+    #: Links cut now; label -> (scheduler name, rescheduling policy).
+    down: set[Link]
+    labels: dict[str, tuple[str, str]]
+
+    def set_state(self, label: str, task_id: int, new: str, reason: str = "", *,
+                  at_s: float | None = None) -> float: ...
+
+    def end(self, live: LiveTask, outcome: str, reason: str) -> None: ...
+
+    def record_progress(self, live: LiveTask, *, events: Events | None = None) -> None: ...
+
+    def schedule(self, label: str, task: Task, state: NetworkState) -> Schedule: ...
+
+    def figures(self, schedule: Schedule, model_bytes: int) -> RoundFigures: ...
+
+    def launch(self, live: LiveTask, log_dir: Path, *, first_round: int = 1,
+               init_model: Path | None = None) -> None: ...
 
 
 def crosses(schedule: Any, links: set[Link]) -> list[Link]:
@@ -45,7 +72,7 @@ def crosses(schedule: Any, links: set[Link]) -> list[Link]:
     return sorted(link for link in links if link in used)
 
 
-def follow_lost_roles(core: Lifecycle, live: LiveTask) -> bool:
+def follow_lost_roles(core: Core, live: LiveTask) -> bool:
     """Record roles newly lost; once every lost role's server is back, move the task onto the same
     schedule so those sites rejoin. False if the task ended."""
     assert live.execution is not None
@@ -61,7 +88,7 @@ def follow_lost_roles(core: Lifecycle, live: LiveTask) -> bool:
     return True
 
 
-def links_changed(core: Lifecycle, went_down: set[Link], came_up: set[Link], live: list[LiveTask]) -> None:
+def links_changed(core: Core, went_down: set[Link], came_up: set[Link], live: list[LiveTask]) -> None:
     """React to links the controller reports cut or restored: every running task in `live` whose
     paths cross a cut link fails (policy ``never``) or moves; a task that ended leaves `live`."""
     core.down = (core.down | went_down) - came_up
@@ -81,7 +108,7 @@ def links_changed(core: Lifecycle, went_down: set[Link], came_up: set[Link], liv
             live.remove(lv)
 
 
-def periodic(core: Lifecycle, live: list[LiveTask], threshold: float) -> None:
+def periodic(core: Core, live: list[LiveTask], threshold: float) -> None:
     """Policy ``periodic``: move each running task of a ``periodic`` label whose new schedule (on
     the network as it is now, without the task's own reservation) predicts a round latency lower
     by more than `threshold` (a fraction); a task that ended leaves `live`."""
@@ -105,7 +132,7 @@ def periodic(core: Lifecycle, live: list[LiveTask], threshold: float) -> None:
             live.remove(lv)
 
 
-def _stop_for_move(core: Lifecycle, live: LiveTask) -> int:
+def _stop_for_move(core: Core, live: LiveTask) -> int:
     """Stop `live`'s roles, record what they completed; the last round G completed."""
     assert live.execution is not None
     old_exec = live.execution
@@ -125,7 +152,7 @@ def _stop_for_move(core: Lifecycle, live: LiveTask) -> int:
     return done
 
 
-def move(core: Lifecycle, live: LiveTask, reason: str, *, same: bool = False, new: Schedule | None = None) -> bool:
+def move(core: Core, live: LiveTask, reason: str, *, same: bool = False, new: Schedule | None = None) -> bool:
     """Move a running task (see the module docstring): onto `new`, onto its own schedule (`same`),
     or onto a fresh schedule of its scheduler. False if the task ended instead (blocked, failed
     to restart, or moved too often), recorded as failed with the reason."""

@@ -27,6 +27,11 @@ Events = Mapping[str, Sequence[Mapping[str, Any]]]
 Link = tuple[str, str]
 
 
+def link_name(link: Link) -> str:
+    """``A - B`` (site names may contain hyphens)."""
+    return f"{link[0]} - {link[1]}"
+
+
 class Clock(Protocol):
     """The run's clock: seconds since the run started (what every recorded time is on)."""
 

@@ -13,7 +13,7 @@ from orchestrator.results.agreement import ClaimAgreement, PointAgreement
 from orchestrator.results.figures import pyplot, scheduler_colours
 from orchestrator.results.summary import TaskSummary, retrans_text
 
-#: The targets the validation is read against (docs/architecture.md, "Flow-level simulation").
+#: The targets the validation is read against (docs/simulation.md, "Flow-level simulation").
 LATENCY_TOLERANCE = 0.10
 CARRIED_TOLERANCE = 0.02
 

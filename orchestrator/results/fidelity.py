@@ -1,5 +1,5 @@
 """The fidelity verdict: per point (scheduler, number of locals), did the rounds measure the emulated
-network and the emulated sites' compute, or the host? docs/architecture.md, "Fidelity".
+network and the emulated sites' compute, or the host? docs/fidelity.md, "Fidelity".
 
 A point is *faithful* when
 

@@ -5,10 +5,14 @@ printed at the end of a run: two renderings of one `RunSummary`.
 writes the CSVs, the figures and the report from it; the driver keeps the summary and prints it
 (`print_summary`), so the numbers on the terminal are those of the report's summary table.
 
-The report: the environment, the summary table, the paper's two claims, the paired ratios, where
-the time went, the online section, faults and moves, local-model selection, and every figure of the
-run folder (`orchestrator.results.summary_figures.draw_figures`; one line why for each one not drawn).
-Everything else is read from the database through `orchestrator.results.queries`.
+The report reads top-down, the answer first: the status and any failures; the paper's two claims
+with their intervals and the verdict of the points they rest on (`report_parts.claims_section`);
+the main figure (`latency_vs_locals`); then the tables (summary, fidelity, time dilation, the paired
+ratios, outside the rounds, where the time went, the online section, faults and moves, local-model
+selection); every other figure of the run folder (`orchestrator.results.summary_figures.draw_figures`;
+one line why for each one not drawn); a simulated run's model; and last the environment, as a table
+(`report_parts.environment_section`). Everything else is read from the database through
+`orchestrator.results.queries`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from orchestrator.results.csvs import write_csvs
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.figures import Figure
 from orchestrator.results.report_html import markdown_to_html
+from orchestrator.results.report_parts import claims_section, environment_section, fmt
 from orchestrator.results.stats import (
     fault_figures,
     max_overlap,
@@ -34,10 +39,8 @@ from orchestrator.results.stats import (
 from orchestrator.results.summary import RunSummary, TaskSummary, retrans_text, run_summary
 from orchestrator.results.summary_figures import draw_figures
 
-
-def fmt(x: float | None, scale: float = 1.0, digits: int = 2) -> str:
-    """A figure scaled and rounded for a table; ``-`` when it was not measured."""
-    return "-" if x is None else f"{x * scale:.{digits}f}"
+#: The figure the report shows right after the claims: the paper's latency against locals.
+MAIN_FIGURE = "latency_vs_locals"
 
 
 def write_results(db: ResultsDB, run_id: int, out_dir: Path, *, figures: bool = True) -> tuple[Path, RunSummary]:
@@ -97,17 +100,22 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
     if figures is None:
         figures = draw_figures(db, run_id, out_dir, summary=summary)
     env = summary.environment
-    lines = _head(summary) + summary_table(summary) + fidelity_section(summary) + dilation_section(env)
-    at = next((i + 2 for i, line in enumerate(lines) if line.startswith("Status: ")), 2)
+    main = next((f for f in figures if f.ok and f.name == MAIN_FIGURE), None)
+    lines = _head(summary)
+    at = next((i + 2 for i, line in enumerate(lines) if line.startswith("Status: ")), len(lines))
     lines[at:at] = durability.resume_lines(db.conn, run_id)  # below its status: a resumed run says so
-    lines += _claims_section(summary)
+    lines += claims_section(summary) + _main_figure(main)
+    lines += summary_table(summary) + fidelity_section(summary) + dilation_section(env)
     lines += _paired_section(summary.tasks, summary.locals_seen)
     lines += _time_section(summary.tasks, env.get("clock_end_s"))
     if env.get("mode") == "online":
         lines += _online_section(db, run_id, summary.tasks)
     lines += faults_section(db, run_id)
     lines += selection_section(db)
-    lines += _figures_section(figures)
+    lines += _figures_section([f for f in figures if f is not main])
+    if summary.engine == "simulation":
+        lines += simulation_model(env)
+    lines += environment_section(env)
     path = out_dir / "report.md"
     text = "\n".join(lines)
     path.write_text(text)
@@ -116,8 +124,8 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
 
 
 def _head(summary: RunSummary) -> list[str]:
-    """Title, status, the first failures, the simulation model (simulated runs) and the environment.
-    An uncalibrated simulated run says so on the first line, and by how much it may be off."""
+    """Title, status and the first failures; a simulated run says so (and, uncalibrated, says so on
+    the first line, and by how much it may be off)."""
     lines = [f"# Run {summary.run_id}: {summary.name}", ""]
     if summary.engine == "simulation" and summary.environment.get("calibrated") is False:
         lines.insert(0, uncalibrated_line(summary.environment))
@@ -132,10 +140,17 @@ def _head(summary: RunSummary) -> list[str]:
         lines += [f"- {t.scheduler} task {t.task_id}: {t.reason or 'no reason recorded'}" for t in failed[:5]]
         lines.append("")
     if summary.engine == "simulation":
-        lines += _simulation_model(summary.environment)
-    lines += ["## Environment", ""]
-    lines += [f"- {k}: {v}" for k, v in sorted(summary.environment.items())]
+        lines += ["**Simulated run**: these figures come from the flow-level model on SimGrid "
+                  "(`orchestrator/simulation`), not from the emulation; no model was trained (no accuracy); "
+                  "the model's parameters are under \"Simulation model\".", ""]
     return lines
+
+
+def _main_figure(figure: Figure | None) -> list[str]:
+    """The report's main figure, right after the claims (`MAIN_FIGURE`, when drawn)."""
+    if figure is None:
+        return []
+    return ["", f"## Main figure: `{figure.name}`", "", f"![{figure.name}]({figure.name}.svg)", "", figure.caption]
 
 
 def summary_table(summary: RunSummary) -> list[str]:
@@ -212,29 +227,6 @@ def dilation_section(env: Mapping[str, Any]) -> list[str]:
     """The report's "Time dilation" section (`dilation_lines`); none for a run in real time."""
     lines = dilation_lines(env)
     return ["", "## Time dilation", ""] + [f"- {x}" for x in lines] if lines else []
-
-
-def _claims_section(summary: RunSummary) -> list[str]:
-    c = summary.claims()
-    if c is None:
-        return []
-    lines = ["", f"## The paper's two claims, at {c['n_locals']} local models", ""]
-    bad = [v for v in summary.unfaithful if v.n_locals == c["n_locals"] and v.scheduler in ("mst", "spff")]
-    if bad:
-        lines += [f"**Not faithful:** {', '.join(v.scheduler for v in bad)} at {c['n_locals']} locals measured the "
-                  "host as well as the emulated network and sites (see \"Fidelity\"): these ratios are the "
-                  "instrument's too.", ""]
-    for key, text in (("bandwidth", "reserved bandwidth"), ("latency", "mean round latency")):
-        ratio = c[f"{key}_ratio"]
-        if ratio is None:
-            lines.append(f"- {text}: not measured (no data for both schedulers)")
-        else:
-            verdict = "lower" if ratio < 1 else "not lower"
-            lines.append(
-                f"- {text}: mst / spff = {ratio:.3f} (mst is {verdict}); spread over tasks (std/mean): "
-                f"mst {fmt(c[f'{key}_cv_mst'], 1, 3)}, spff {fmt(c[f'{key}_cv_spff'], 1, 3)}"
-            )
-    return lines
 
 
 def _paired_section(tasks: Sequence[TaskSummary], locals_seen: list[int]) -> list[str]:
@@ -399,7 +391,7 @@ def uncalibrated_line(env: Mapping[str, Any]) -> str:
             f"latency was off the emulated one by up to {off:.0%} per point ({env.get('uncalibrated_where', '?')}).")
 
 
-def _simulation_model(env: Mapping[str, Any]) -> list[str]:
+def simulation_model(env: Mapping[str, Any]) -> list[str]:
     """The report's "Simulation model" section: each parameter of a simulated run and how it was set."""
     defaults = set(env.get("defaults", []))
 
@@ -413,9 +405,7 @@ def _simulation_model(env: Mapping[str, Any]) -> list[str]:
         return "set in the config" + (" (see how below)" if env.get("calibration") else "")
 
     cpu = int(env.get("cpu_cores") or 0)
-    lines = ["**Simulated run**: these figures come from the flow-level model on SimGrid "
-             "(`orchestrator/simulation`), not from the emulation; no model was trained (no accuracy).", "",
-             "## Simulation model", "",
+    lines = ["", "## Simulation model", "",
              f"- link rates: {env.get('rates', '?')} (bw_scale {env.get('bw_scale', '?')}); flows share links max-min",
              f"- TCP efficiency factor {env.get('tcp_efficiency', '?')} ({how('tcp_efficiency')}; 1.0 by default, "
              "the calibration derives 1448/1514: TCP payload per Ethernet frame at MTU 1500, as htb counts it)",

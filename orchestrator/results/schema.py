@@ -236,7 +236,7 @@ CREATE TABLE IF NOT EXISTS round_selection (
     upload_bytes INTEGER NOT NULL,
     PRIMARY KEY (run_id, scheduler, task_id, round)
 );
--- Fidelity (docs/architecture.md, "Fidelity"): per round of a task, each broadcast hop's time, the
+-- Fidelity (docs/fidelity.md, "Fidelity"): per round of a task, each broadcast hop's time, the
 -- emulated network's floor for it and the rest (the instrument's overhead), seconds.
 CREATE TABLE IF NOT EXISTS hops (
     run_id INTEGER NOT NULL,

@@ -11,7 +11,7 @@ What this version joins to the emulation: a container whose daemon runs on this 
 daemon, reached through SSH, as the test does with an sshd bound to 127.0.0.1), by the same
 technique as local containers (`orchestrator.runtime.docker_host`). A daemon on another machine is
 refused with a clear error: its container would have to reach the site's switch through a tunnel
-(VXLAN on Open vSwitch), which is not built yet (docs/architecture.md, "Remote compute servers").
+(VXLAN on Open vSwitch), which is not built yet (docs/cluster.md, "Remote compute servers").
 """
 
 from __future__ import annotations

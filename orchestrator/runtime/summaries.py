@@ -3,7 +3,7 @@
 
 Pure functions of a schedule and the events (no network, no process): the emulated run, the
 simulation and the live views (`rounds_so_far`, `node_rounds`) all summarize through them, so a
-figure is computed once (docs/architecture.md, "Definitions of the measured quantities"):
+figure is computed once (docs/metrics.md, "Definitions of the measured quantities"):
 
 - ``latency_s``: G's round start to G holding the aggregate;
 - the breakdown follows the round's critical path, the local model whose training ended last:

@@ -34,11 +34,15 @@ class Scheduler(ABC):
     name: str = ""
 
     def schedule(self, state: NetworkState, task: Task) -> Schedule:
+        """`task` placed on `state` (see the class's contract): the task checked against the
+        network, then `_schedule`."""
         validate_task(state.model, task)
         return self._schedule(state, task)
 
     @abstractmethod
-    def _schedule(self, state: NetworkState, task: Task) -> Schedule: ...
+    def _schedule(self, state: NetworkState, task: Task) -> Schedule:
+        """What a subclass implements: the task's trees on `state` (a valid task), as a `Schedule`,
+        usually through `tree_schedule`; a blocked one when it cannot be admitted."""
 
 
 def link_weight_fn(state: NetworkState, weight: WeightName) -> Callable[[str, str], float]:

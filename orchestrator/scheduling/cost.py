@@ -1,6 +1,6 @@
 """Analytic cost model of a schedule: reserved bandwidth, the per-round lower bound, references.
 
-Definitions (docs/architecture.md, "Definitions of the measured quantities"):
+Definitions (docs/metrics.md, "Definitions of the measured quantities"):
 
 - Reserved bandwidth of a task: the sum over directed links of what the schedule reserves
   (`Schedule.reserved_mbps_total`).

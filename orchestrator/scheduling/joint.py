@@ -64,7 +64,7 @@ from topologies.model import NetworkModel
 DEFAULT_TRAIN_CPU_S_PER_EXAMPLE = 7e-6
 #: CPU seconds a local's round of training costs whatever its examples (set-up, the partial batch's
 #: step, the training thread): `orchestrator.runtime.profiles` measured mostly 0.64-1.06 ms for the
-#: mlp on digits on a 2-core machine shared with other work (docs/architecture.md, "Fidelity").
+#: mlp on digits on a 2-core machine shared with other work (docs/fidelity.md, "Fidelity").
 DEFAULT_TRAIN_CPU_S_PER_ROUND = 8e-4
 #: Training examples per round of the default task: the 1,438 of ``digits``' training split,
 #: ``local_epochs`` = 2 times, split over the locals.

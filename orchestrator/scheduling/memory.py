@@ -3,8 +3,8 @@
 one of whose tasks cannot fit before anything starts).
 
 A site server is one process (`workers.site_server`) whose roles are threads, so a site needs the
-server's own memory once (`SERVER_BASE_BYTES`: torch and the project imported, measured 222 MB resident
-here, 146 MB of it anonymous) and, per role it hosts, a number of copies of the model's weights:
+server's own memory once (`SERVER_BASE_BYTES`: torch and the project imported; on this 2-core host a
+loopback server reported 156 MB resident, a fresh interpreter with torch 222 MB, 146 MB of it anonymous) and, per role it hosts, a number of copies of the model's weights:
 
 - a local (`LOCAL_COPIES`): the global model it receives, its weights, their gradients, the momentum
   buffers of its optimizer (`workers.sgd`), and the update it sends;

@@ -1,5 +1,5 @@
 """The simulation's calibrations: parameters fitted on one host, stored with the host's identity and
-the project's version (docs/architecture.md, "Flow-level simulation", calibration).
+the project's version (docs/simulation.md, "Flow-level simulation", calibration).
 
 A calibration (`Calibration`) holds this host's time dilation K (the smallest K of the auto-dilation
 trials at which the emulation measured the emulated network, not the host; `time_dilation`, with the
@@ -246,9 +246,9 @@ def new_id(host: HostIdentity) -> tuple[str, str]:
 #: How far the uncalibrated model was measured to be, when no calibration in the store says it:
 #: sim/emu mean round latency per point of experiments/quick.yaml with the default parameters
 #: (`netai validate`, no calibration) ranged 0.455 to 0.831 (measured 2026-11-25 on a 2-core
-#: host; docs/architecture.md, "Flow-level simulation").
+#: host; docs/measurements/simulation.md, "The uncalibrated model").
 UNCALIBRATED_OFF_BY = 0.55
-UNCALIBRATED_WHERE = "experiments/quick.yaml, measured 2026-11-25 (docs/architecture.md, \"Flow-level simulation\")"
+UNCALIBRATED_WHERE = "experiments/quick.yaml, measured 2026-11-25 (docs/measurements/simulation.md, \"The uncalibrated model\")"
 
 
 def uncalibrated_note(path: Path, reason: str) -> dict[str, Any]:

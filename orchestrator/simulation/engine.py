@@ -49,7 +49,7 @@ chunk was most of the time):
   a segment of q chunks carries their bytes and q x `alpha_s` of work, so one hop's time is
   unchanged and a chain of h hops fills its pipeline with one segment instead of one chunk,
   at most (h - 1) x (q - 1) x (alpha_s + chunk / rate) later per procedure (see
-  docs/architecture.md, "Flow-level simulation").
+  docs/simulation.md, "Flow-level simulation").
 
 Background (only when the spec has a ``background`` section, `orchestrator.simulation.background`):
 each flow is a daemon actor that sends along its path, at most at its rate (a link of its own in

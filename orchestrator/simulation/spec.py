@@ -103,7 +103,7 @@ class SimParams:
     #: A fixed chunk size in bytes (0: the emulation's choice, `optimal_chunk_bytes`).
     chunk_bytes: int = 0
     #: At most this many segments per transfer: chunks merged into segments (faster, with a
-    #: pipeline-fill error bounded in docs/architecture.md, "Flow-level simulation"); 0: one per chunk.
+    #: pipeline-fill error bounded in docs/simulation.md, "Flow-level simulation"); 0: one per chunk.
     max_segments: int = 0
     #: The CPU model (0 cores: off): the cores every site's processes share; the workers' CPU
     #: seconds per byte and per chunk of a transfer (framing, socket, check, aggregation, hand-offs),

@@ -6,7 +6,7 @@ its path over the same without. Nothing of the run stays: no bridge, switch veth
 no test machine or test network.
 
 Behaviour only: every figure is measured and printed, none is compared with a target here (the
-machine is shared; docs/cluster.md, "Measured on the test machines", gives runs of it).
+machine is shared; docs/measurements/cluster.md, "Measured on the test machines", gives runs of it).
 """
 
 from __future__ import annotations

@@ -153,7 +153,7 @@ FAR_SITES = (("Houston", "Salt-Lake-City"), ("Pittsburgh",))
 #: host's cost rather than the tunnel's), more than the schedulers' difference, and the latency
 #: intervals did not overlap. At K = 16 they overlapped in six pairs but missed in a CI run (mst's hops
 #: through the far machines' switches 0.4-1.2 ms longer in emulated time). At K = 32 every pair
-#: overlapped, the two sides' means within 0.07 (docs/cluster.md, "Measured on the test machines").
+#: overlapped, the two sides' means within 0.07 (docs/measurements/cluster.md, "Measured on the test machines").
 TIME_DILATION = 32
 
 

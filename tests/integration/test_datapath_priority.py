@@ -1,4 +1,4 @@
-"""When an emulation starts, every thread of ovs-vswitchd runs at the nice value docs/architecture.md
+"""When an emulation starts, every thread of ovs-vswitchd runs at the nice value docs/data-plane.md
 gives the switch datapath (-10), as /proc reads back, and the run records what was applied."""
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ def test_the_emulation_raises_every_ovs_vswitchd_thread() -> None:
     saved = {tid: os.getpriority(os.PRIO_PROCESS, tid) for tid in thread_ids(pid)}
     set_threads_nice(pid, 0)  # start from the daemon's default, so the emulation has to act
     try:
-        with Emulation(EmulationPlan.from_model(load("triangle"))) as emu:
-            assert emu.info is not None
+        # the userspace datapath, asked for by name (auto picks the kernel module or tc): its smoke test too
+        with Emulation(EmulationPlan.from_model(load("triangle")), datapath="user") as emu:
+            assert emu.info is not None and emu.info.datapath == "user"
             record = emu.info.datapath_priority  # type: ignore[attr-defined]
             seen = {tid: thread_sched(pid, tid) for tid in thread_ids(pid)}
+            a, b = emu.net.hosts[0], emu.net.hosts[-1]
+            pinged = a.cmd("ping", "-c2", "-W2", b.IP())
     finally:
         for tid, nice in saved.items():
             try:
@@ -40,3 +43,4 @@ def test_the_emulation_raises_every_ovs_vswitchd_thread() -> None:
     assert record["applied"] is True and record["pid"] == pid and record["nice"] == DATAPATH_NICE
     assert record["threads"] >= 1 and record["nice_before"] == [0]
     assert seen and set(seen.values()) == {(0, DATAPATH_NICE)}, seen
+    assert " 0% packet loss" in pinged, pinged

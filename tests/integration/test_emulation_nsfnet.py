@@ -7,6 +7,7 @@ every switch's flow table and the end of the controller's log.
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -16,9 +17,10 @@ import pytest
 from controller.flows import BACKGROUND_COOKIE, table_miss_entries
 from orchestrator.emulation import ovs_socket
 from orchestrator.emulation.controller_client import ControllerHTTPError
-from orchestrator.emulation.network import Emulation, dump_flows
+from orchestrator.emulation.network import Emulation
 from orchestrator.emulation.selftest import (
     compare_flow_tables,
+    dump_flows,
     edge_port,
     expected_entries,
     iperf,
@@ -89,8 +91,15 @@ def test_nsfnet_comes_up_with_every_switch_connected_quickly(nsfnet: Emulation, 
                    f"(datapath {info.datapath}, delay emulated: {info.delay_emulated})")
     assert health["switches_connected"] == health["switches_expected"] == 14
     assert info.bringup_s < MAX_BRINGUP_S
-    bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout.split()
-    assert {sw.name for sw in nsfnet.plan.switches} <= set(bridges)
+    if info.datapath == "tc":  # every switch is its ports, which share its ingress block
+        qdiscs = json.loads(subprocess.run(["tc", "-j", "qdisc", "show"], capture_output=True, text=True,
+                                           check=True).stdout)
+        blocks = {q["dev"]: q.get("ingress_block") for q in qdiscs if q.get("kind") == "ingress"}
+        wanted = {dev: int(dev.split("-eth")[0][1:]) for dev in switch_interfaces(nsfnet.plan)}
+        assert {dev: blocks.get(dev) for dev in wanted} == wanted
+    else:
+        bridges = subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True, check=True).stdout.split()
+        assert {sw.name for sw in nsfnet.plan.switches} <= set(bridges)
 
 
 def test_every_switch_port_is_read_with_the_full_receive_buffer(nsfnet: Emulation) -> None:

@@ -1,4 +1,4 @@
-"""Faults and rescheduling, for real (docs/architecture.md, "Faults and rescheduling"): Mininet, OVS,
+"""Faults and rescheduling, for real (docs/faults.md, "Faults and rescheduling"): Mininet, OVS,
 the controller, site servers and PyTorch training, with events injected while a task runs.
 
 - A link under a running task is cut: with ``on_failure`` the task completes on new paths, the move

@@ -41,8 +41,8 @@ from controller.htb import (
 )
 from controller.paths import PathSpec, TaskPaths
 from orchestrator.emulation.background import wait_listening
-from orchestrator.emulation.network import Emulation, dump_flows
-from orchestrator.emulation.selftest import GOODPUT_CEILING
+from orchestrator.emulation.network import Emulation
+from orchestrator.emulation.selftest import GOODPUT_CEILING, dump_flows
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
 

@@ -31,8 +31,8 @@ import pytest
 
 from orchestrator.emulation.cleanup import RunState, marked_processes, run_states
 from orchestrator.emulation.controller_client import ControllerClient
-from orchestrator.emulation.network import Emulation, dump_flows
-from orchestrator.emulation.selftest import compare_flow_tables, expected_entries
+from orchestrator.emulation.network import Emulation
+from orchestrator.emulation.selftest import compare_flow_tables, dump_flows, expected_entries
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
 

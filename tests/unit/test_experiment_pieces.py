@@ -73,10 +73,10 @@ def test_malformed_and_missing_config_files(tmp_path: Path) -> None:
         load_config(tmp_path / "missing.yaml")
 
 
-def fill(db: ResultsDB) -> int:
+def fill(db: ResultsDB, environment: dict[str, Any] | None = None) -> int:
     """A run with real schedules and made-up round timings (the runner is not under test)."""
     model = load("sndlib/nobel-us")
-    run_id = db.start_run("t", {"k": 1}, {"delay_emulated": False})
+    run_id = db.start_run("t", {"k": 1}, {"delay_emulated": False, **(environment or {})})
     for scheduler in ("spff", "mst"):
         state = NetworkState(model)
         sched = get_scheduler(scheduler)
@@ -146,13 +146,40 @@ def test_report_csvs_and_claims(tmp_path: Path) -> None:
     csvs = write_csvs(db, run_id, tmp_path)
     c = claims(run_summary(db, run_id).points, n_locals=8)
 
-    assert "delay_emulated: False" in report
+    assert "| delay_emulated | no |" in report
     assert "## The paper's two claims, at 8 local models" in report
     assert c["bandwidth_ratio"] is not None and c["bandwidth_ratio"] < 1  # real schedules: mst < spff
     assert c["latency_ratio"] is not None and c["latency_ratio"] < 1  # made-up timings favour mst
     assert f"mst / spff = {c['bandwidth_ratio']:.3f}" in report
     assert [p.name for p in csvs] == ["rounds.csv", "tasks.csv", "summary.csv"]
     assert len((tmp_path / "rounds.csv").read_text().splitlines()) == 1 + 2 * 2 * 3 * 3
+
+
+def test_the_report_leads_with_the_claims_and_ends_with_the_environment(tmp_path: Path) -> None:
+    # Prepare: a run whose environment holds a mapping, a list of mappings and a list
+    db = ResultsDB(tmp_path / "results.db")
+    run_id = fill(db, {"background_view": {"max_cv": 0.1, "window_s": 3.0},
+                       "trials": [{"k": 1, "faithful": False}, {"k": 2, "faithful": True}], "pinned": ["a", "b"]})
+
+    # Execute
+    report = write_report(db, run_id, tmp_path).read_text()
+    page = (tmp_path / "report.html").read_text()
+
+    # Assert: the claims (with their intervals) come first, then the main figure, the tables, and the
+    # environment last, as a table of plain values; the same order in report.html.
+    heads = [line for line in report.splitlines() if line.startswith("## ")]
+    assert heads[0] == "## The paper's two claims, at 8 local models"
+    assert heads[1] == "## Main figure: `latency_vs_locals`"
+    assert heads[-1] == "## Environment" and heads.index("## Summary") > 1
+    claims_at, env_at = report.index("## The paper's two claims"), report.index("## Environment")
+    assert "| reserved bandwidth | " in report[claims_at:env_at] and "95 % CI" in report[claims_at:env_at]
+    assert "delay_emulated" not in report[:claims_at] and "background_view" not in report[:env_at]
+    environment = report[env_at:]
+    assert "| background_view.max_cv | 0.1 |" in environment and "| delay_emulated | no |" in environment
+    assert "| trials[1] | faithful: no; k: 1 |" in environment and "| pinned | a, b |" in environment
+    assert "{" not in environment and "'" not in environment and "True" not in environment
+    assert page.index("The paper&#x27;s two claims" if "&#x27;" in page else "The paper's two claims") \
+        < page.index("Environment</h2>")
 
 
 def test_interrupted_run_keeps_finished_rounds(tmp_path: Path) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,32 +20,56 @@ ROOT = Path(__file__).resolve().parents[2]
 #: The project's packages: every module in them is a node of the import graph.
 PACKAGES = ("topologies", "orchestrator", "controller", "workers")
 
-#: Package (path prefix, as a module name) -> module prefixes it must not import.
-FORBIDDEN = {
-    "topologies": ("orchestrator", "controller", "workers"),
-    "orchestrator.scheduling": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.experiment",
-                                "orchestrator.cli", "controller", "workers"),
-    "controller": ("orchestrator", "workers"),
-    "workers": ("orchestrator", "controller"),
-    "orchestrator.emulation": ("orchestrator.runtime", "orchestrator.experiment", "orchestrator.cli", "workers"),
-    "orchestrator.runtime": ("orchestrator.experiment", "orchestrator.cli"),
-    "orchestrator.experiment": ("orchestrator.cli",),
-    # The flow-level simulation models the network and the rounds: no emulation, workers or runner.
-    "orchestrator.simulation": ("orchestrator.emulation", "orchestrator.experiment", "orchestrator.cli",
-                                "controller", "workers"),
-    # The results (schema, queries, report, figures) read a run's database: no code that makes a run.
-    "orchestrator.results": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.experiment",
-                             "orchestrator.cli", "orchestrator.dashboard", "controller", "workers"),
-    # The lifecycle core states its ports and holds the policy: no engine behind a port (emulation,
-    # site servers, simulation), no driver. It records through orchestrator.results.
-    "orchestrator.lifecycle": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.simulation",
-                               "orchestrator.experiment", "orchestrator.cli", "orchestrator.dashboard",
-                               "controller", "workers"),
-    # The dashboard reads a run's database through orchestrator.results.queries and serves it: it needs
-    # no emulation, worker or runner code.
-    "orchestrator.dashboard": ("orchestrator.emulation", "orchestrator.runtime", "orchestrator.experiment",
-                               "orchestrator.cli", "controller", "workers"),
-}
+DOC = ROOT / "docs" / "architecture.md"
+#: The heading of the rules' section and the marker naming the workers' torch-free modules.
+SECTION = "## Layers and imports"
+TORCH_FREE_MARKER = re.compile(r"<!--\s*torch-free workers:([^>]*)-->")
+
+
+def parse_rules(markdown: str) -> dict[str, tuple[str, ...]]:
+    """Package (as a module name) -> the module prefixes it must not import, from the table of
+    `SECTION` (``| `package` | holds | `a`, `b` (a note) |``; a cell with no code span forbids nothing).
+
+    Raises
+    ------
+    ValueError
+        If the section or its table is missing, or a package is given twice.
+    """
+    lines = markdown.splitlines()
+    try:
+        start = lines.index(SECTION)
+    except ValueError as e:
+        raise ValueError(f"{DOC.name} has no {SECTION!r} section") from e
+    rows = []
+    for line in lines[start + 1:]:
+        if line.startswith("## "):
+            break
+        if line.startswith("|"):
+            rows.append(line)
+    out: dict[str, tuple[str, ...]] = {}
+    for row in rows[2:]:  # the header and its separator
+        cells = [c.strip() for c in row.strip().strip("|").split("|")]
+        package = cells[0].strip("`").replace("/", ".")
+        if package in out:
+            raise ValueError(f"{package} is listed twice")
+        stated = cells[-1].split("(")[0]
+        out[package] = tuple(m.replace("/", ".") for m in re.findall(r"`([^`]+)`", stated))
+    if not out:
+        raise ValueError(f"{DOC.name}'s {SECTION!r} has no table")
+    return out
+
+
+def parse_torch_free(markdown: str) -> tuple[str, ...]:
+    """The workers' modules the orchestrator may import at module level (the page's marker)."""
+    found = TORCH_FREE_MARKER.search(markdown)
+    if found is None:
+        raise ValueError(f"{DOC.name} has no torch-free workers marker")
+    return tuple(found.group(1).split())
+
+
+#: Package (path prefix, as a module name) -> module prefixes it must not import (the page's table).
+FORBIDDEN = parse_rules(DOC.read_text(encoding="utf-8"))
+TORCH_FREE = parse_torch_free(DOC.read_text(encoding="utf-8"))
 
 
 def _module_name(path: Path, root: Path = ROOT) -> str:
@@ -148,15 +173,15 @@ def _imported(module: str, path: Path, modules: dict[str, Path]) -> list[tuple[i
 
 
 def import_graph(root: Path = ROOT, packages: tuple[str, ...] = PACKAGES) -> nx.DiGraph:
-    """Module -> the project modules it imports (anywhere in it, when it runs); each edge keeps its
-    first line. An import for type checkers only (``if TYPE_CHECKING:``) is not an edge: it never
-    runs, and it is how an annotation names a type of a module that imports this one."""
+    """Module -> the project modules it imports (anywhere in it: at module level, in functions, and
+    for type checkers only under ``if TYPE_CHECKING:``); each edge keeps its first line. A type-only
+    import back is a cycle too: the two modules' designs depend on each other (issue 47)."""
     modules = _project_modules(root, packages)
     graph = nx.DiGraph()
     graph.add_nodes_from(modules)
     for module, path in modules.items():
-        for line, target, _, type_only in _imported(module, path, modules):
-            if target != module and not type_only and not graph.has_edge(module, target):
+        for line, target, _, _ in _imported(module, path, modules):
+            if target != module and not graph.has_edge(module, target):
                 graph.add_edge(module, target, where=f"{path.relative_to(root)}:{line}")
     return graph
 
@@ -196,7 +221,7 @@ def test_no_module_imports_another_modules_private_names() -> None:
 def test_the_checker_sees_cycles_and_private_imports(tmp_path: Path) -> None:
     # Prepare: a package whose modules import each other in a function, a three-module cycle through
     # a relative import and a package __init__, a private name taken from a sibling, and a type-only
-    # import back (no cycle: it never runs).
+    # import back (a cycle too).
     pkg = tmp_path / "pkg"
     (pkg / "sub").mkdir(parents=True)
     (pkg / "__init__.py").write_text("from pkg.sub import c\n")
@@ -212,12 +237,104 @@ def test_the_checker_sees_cycles_and_private_imports(tmp_path: Path) -> None:
     cycles = import_cycles(import_graph(tmp_path, ("pkg",)))
     private = private_imports(tmp_path, ("pkg",))
 
-    # Assert: both cycles, each hop with its line; the private name, not the dunder.
+    # Assert: the three cycles, each hop with its line; the private name, not the dunder.
     assert cycles == [
         "pkg -> pkg.sub.c (pkg/__init__.py:1); pkg.sub.c -> pkg.d (pkg/sub/c.py:1); pkg.d -> pkg (pkg/d.py:1)",
         "pkg.a -> pkg.b (pkg/a.py:2); pkg.b -> pkg.a (pkg/b.py:1)",
+        "pkg.e -> pkg.f (pkg/e.py:3); pkg.f -> pkg.e (pkg/f.py:2)",
     ]
     assert private == ["pkg/b.py:2 imports _hidden from pkg.sub.c"]
+
+
+def _runs_at_import(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
+    """The import statements that run when the module is imported: at module level, in class
+    bodies, ``if``/``try``/``with`` blocks; not in functions, nor under ``if TYPE_CHECKING:``."""
+    out: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import | ast.ImportFrom):
+                out.append(node)
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                visit(node.orelse)
+            elif not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                for field in ("body", "orelse", "finalbody", "handlers"):
+                    visit([n for n in getattr(node, field, []) if isinstance(n, ast.stmt | ast.excepthandler)])
+
+    visit(tree.body)
+    return out
+
+
+def module_level_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import that runs when `path` is imported."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    out = []
+    for node in _runs_at_import(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, a.name) for a in node.names]
+        elif node.module and node.level == 0:
+            out += [(node.lineno, f"{node.module}.{a.name}") for a in node.names]
+    return out
+
+
+def _workers_module(name: str) -> str | None:
+    """The workers module `name` (``workers.x`` or ``workers.x.y``) refers to, if it is one."""
+    while name.startswith("workers.") and not (ROOT / (name.replace(".", "/") + ".py")).exists() \
+            and not (ROOT / name.replace(".", "/") / "__init__.py").exists():
+        name = name.rpartition(".")[0]
+    return name if name.startswith("workers.") else None
+
+
+def test_the_rules_table_names_every_package_and_only_real_ones() -> None:
+    packages = {"topologies", "controller", "workers"} | {
+        f"orchestrator.{d.name}" for d in (ROOT / "orchestrator").iterdir() if (d / "__init__.py").exists()}
+    named = set(FORBIDDEN) | {m for ms in FORBIDDEN.values() for m in ms}
+    real = {m for m in named if (ROOT / m.replace(".", "/")).is_dir() or (ROOT / (m.replace(".", "/") + ".py")).exists()}
+    assert packages - set(FORBIDDEN) == set(), "packages the architecture page states no rule for"
+    assert named - real == set(), "the architecture page's rules name modules that do not exist"
+
+
+def test_parse_rules_reads_the_table_and_a_false_rule_fails() -> None:
+    # Prepare: a rules table that states a false rule (the lifecycle must not use the scheduling layer)
+    doc = ("## Layers and imports\n\n| package | holds | must not import |\n| --- | --- | --- |\n"
+           "| `orchestrator/lifecycle` | x | `orchestrator/scheduling` (it does) |\n"
+           "| `orchestrator/cli` | y | nothing |\n\n## Next\n| a | b | c |\n")
+    # Execute
+    rules = parse_rules(doc)
+    # Assert: the table as read, and the code breaks the false rule
+    assert rules == {"orchestrator.lifecycle": ("orchestrator.scheduling",), "orchestrator.cli": ()}
+    assert _violations("orchestrator.lifecycle", rules["orchestrator.lifecycle"])
+    with pytest.raises(ValueError, match="twice"):
+        parse_rules(doc.replace("`orchestrator/cli`", "`orchestrator/lifecycle`"))
+    assert parse_torch_free("a <!-- torch-free workers: workers.a workers.b --> b") == ("workers.a", "workers.b")
+
+
+def test_orchestrator_imports_only_the_torch_free_workers_modules_at_module_level() -> None:
+    bad = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+           for path in sorted((ROOT / "orchestrator").rglob("*.py"))
+           for line, name in module_level_imports(path)
+           if (mod := _workers_module(name)) is not None and mod not in TORCH_FREE]
+    assert bad == [], "module-level imports of workers modules the architecture page does not list as torch-free"
+
+
+def test_the_torch_free_workers_modules_import_no_torch_at_module_level() -> None:
+    seen: set[str] = set()
+    todo = list(TORCH_FREE)
+    loads_torch = []
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        path = ROOT / (module.replace(".", "/") + ".py")
+        if not path.exists():
+            path = ROOT / module.replace(".", "/") / "__init__.py"
+        for line, name in module_level_imports(path):
+            if name.split(".")[0] == "torch":
+                loads_torch.append(f"{path.relative_to(ROOT)}:{line}")
+            elif (mod := _workers_module(name)) is not None:
+                todo.append(mod)
+    assert loads_torch == []
 
 
 def test_cli_start_up_config_validation_and_scheduling_commands_load_no_torch() -> None:

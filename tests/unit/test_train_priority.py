@@ -1,4 +1,4 @@
-"""Each thread kind runs at the priority docs/architecture.md gives it, read back from /proc:
+"""Each thread kind runs at the priority docs/data-plane.md gives it, read back from /proc:
 training under SCHED_IDLE, network-path threads (the transport's sender, acceptor and readers, an
 agent's round loop) raised to nice -10 where the process may raise them; a refused priority is a
 logged note, never a failure."""

@@ -1,0 +1,108 @@
+"""Two parts of a run's report (`orchestrator.results.report`): the answer it leads with (the
+paper's two claims with their intervals, and the fidelity verdict of the points they rest on) and the
+environment it ends with, as a table of plain values (no Python reprs: a mapping's entries become
+rows of their own, a list its items)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from orchestrator.results.stats import paired_ratio
+from orchestrator.results.summary import RunSummary
+
+#: The claims' figures: (key of `RunSummary.claims`, the words, the task figure of the paired ratio).
+CLAIMS = (("bandwidth", "reserved bandwidth", "reserved_mbps"), ("latency", "mean round latency", "mean_latency_s"))
+
+
+def fmt(x: float | None, scale: float = 1.0, digits: int = 2) -> str:
+    return "-" if x is None else f"{x * scale:.{digits}f}"
+
+
+def lower_word(low: float, high: float) -> str:
+    """Whether the flexible scheduler's figure is lower, as its 95 % interval says."""
+    if high < 1:
+        return "yes"
+    return "no" if low >= 1 else "not decided (the interval spans 1)"
+
+
+def claims_section(summary: RunSummary) -> list[str]:
+    """The paper's two claims at the run's headline number of locals: each as a paired ratio mst /
+    spff over the tasks both ran, with its 95 % bootstrap interval and whether it says mst is lower;
+    the ratio of the means and each side's spread; the verdict of the two points they rest on."""
+    c = summary.claims()
+    if c is None:
+        return []
+    n, flexible, fixed = c["n_locals"], c["flexible"], c["fixed"]
+    lines = ["", f"## The paper's two claims, at {n} local models", ""]
+    bad = [v for v in summary.unfaithful if v.n_locals == n and v.scheduler in (flexible, fixed)]
+    if bad:
+        lines += [f"**Not faithful:** {', '.join(v.scheduler for v in bad)} at {n} locals measured the "
+                  "host as well as the emulated network and sites (see \"Fidelity\"): these ratios are the "
+                  "instrument's too.", ""]
+    lines += [f"| claim | {flexible} / {fixed} (paired, mean over tasks) | 95 % CI | tasks | {flexible} is lower |",
+              "| --- | --- | --- | --- | --- |"]
+    for _, words, figure in CLAIMS:
+        pr = paired_ratio(summary.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
+        lines.append(f"| {words} | - | - | 0 | not measured |" if pr is None else
+                     f"| {words} | {pr.mean:.3f} | [{pr.low:.3f}, {pr.high:.3f}] | {pr.tasks} "
+                     f"| {lower_word(pr.low, pr.high)} |")
+    lines.append("")
+    for key, words, _ in CLAIMS:
+        ratio = c[f"{key}_ratio"]
+        if ratio is None:
+            lines.append(f"- {words}: not measured (no data for both schedulers)")
+            continue
+        lines.append(f"- {words}: {flexible} / {fixed} = {ratio:.3f} ({flexible} is "
+                     f"{'lower' if ratio < 1 else 'not lower'}; ratio of the point means); spread over tasks "
+                     f"(std/mean): {flexible} {fmt(c[f'{key}_cv_{flexible}'], 1, 3)}, "
+                     f"{fixed} {fmt(c[f'{key}_cv_{fixed}'], 1, 3)}")
+    return lines + verdict_lines(summary, n, (flexible, fixed))
+
+
+def verdict_lines(summary: RunSummary, n_locals: int, schedulers: tuple[str, ...]) -> list[str]:
+    """The fidelity verdict of the claims' points, and how many of the run's points are faithful."""
+    if not summary.verdicts:
+        return []
+    lines = [f"- verdict: {v.scheduler} at {n_locals} locals {v.word}, latency / bound {v.bound_text}"
+             for v in summary.verdicts if v.n_locals == n_locals and v.scheduler in schedulers]
+    faithful = len(summary.verdicts) - len(summary.unfaithful)
+    return [*lines, f"- faithful points: {faithful} of {len(summary.verdicts)} (see \"Fidelity\")"]
+
+
+def plain(value: Any) -> str:
+    """A value as a report shows it: no quotes, brackets or braces of Python's reprs."""
+    if value is None or value == "":
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, Mapping):
+        return "; ".join(f"{k}: {plain(v)}" for k, v in value.items()) or "-"
+    if isinstance(value, list | tuple | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else list(value)
+        return ", ".join(plain(v) for v in items) or "-"
+    return str(value)
+
+
+def environment_rows(env: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """(key, value) rows of the environment, in key order: a mapping's entries are rows of their
+    own (``background_view.max_cv``), a list of mappings one row per item (``trials[1]``)."""
+    rows: list[tuple[str, str]] = []
+    for key in sorted(env, key=str):
+        value, name = env[key], f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            rows += environment_rows(value, f"{name}.")
+        elif isinstance(value, list | tuple) and value and all(isinstance(v, Mapping) for v in value):
+            rows += [(f"{name}[{i}]", plain(v)) for i, v in enumerate(value, 1)]
+        else:
+            rows.append((name, plain(value)))
+    return rows
+
+
+def environment_section(env: Mapping[str, Any]) -> list[str]:
+    """The report's last section: the run's environment as a two-column table."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["", "## Environment", "", "| setting | value |", "| --- | --- |"]
+    return lines + [f"| {cell(k)} | {cell(v)} |" for k, v in environment_rows(env)] + [""]
