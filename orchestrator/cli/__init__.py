@@ -80,7 +80,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         status = 2
     except KeyboardInterrupt:
         status = 130
-    except BaseException:
+    except BaseException as e:
+        from orchestrator.results.durability import disk_full
+
+        if disk_full(e) and not interrupts.INTERRUPTED.is_set():  # one line, not a traceback (issue 48)
+            print(f"netai: error: the disk is full ({e}): the results written so far are whole; free space, "
+                  "then netai experiment --resume RUN_DIR", file=sys.stderr)
+            return 1
         if not interrupts.INTERRUPTED.is_set():
             raise
         status = 130  # what an interrupt left behind (an import cut short fails as ImportError)

@@ -1,4 +1,5 @@
-"""`netai experiment CONFIG [--out DIR]`: run an experiment config end to end."""
+"""`netai experiment CONFIG [--out DIR]`: run an experiment config end to end; `netai experiment --resume
+RUN_DIR`: continue one that was interrupted, crashed or killed (`orchestrator.experiment.resume`)."""
 
 from __future__ import annotations
 
@@ -6,40 +7,75 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from orchestrator.cli.dashboard import add_dashboard_args
-from orchestrator.experiment.config import load_config
+from orchestrator.errors import ConfigError
+from orchestrator.experiment.config import ExperimentConfig, load_config
 from orchestrator.experiment.faults import mixed_triggers
 from orchestrator.experiment.k_store import ENV_RECALIBRATE
 
 
-def cmd_experiment(args: argparse.Namespace) -> int:
-    from orchestrator.experiment.runner import run_experiment, trimmed
-    from orchestrator.results.report import print_summary
+def overrides_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The command line's overrides of the config (recorded with the run, applied again on resume)."""
+    keys = ("locals", "tasks", "rounds", "time_dilation", "max_time_dilation")
+    return {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
 
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from orchestrator.experiment.resume import apply_overrides, source_record
+    from orchestrator.experiment.runner import run_experiment
+
+    if getattr(args, "resume", None):
+        return _resume(args)
+    if not args.config:
+        raise ConfigError("give an experiment CONFIG, or --resume RUN_DIR")
     cfg = load_config(args.config)  # every config error is raised here, before anything starts
     if getattr(args, "recalibrate", False):
         os.environ[ENV_RECALIBRATE] = "1"  # orchestrator.experiment.k_store
     for warning in mixed_triggers(cfg.events):
         print(f"netai: warning: {warning}", file=sys.stderr)
-    if args.locals or args.tasks or args.rounds:
-        cfg = trimmed(
-            cfg,
-            locals_=tuple(int(x) for x in args.locals.split(",")) if args.locals else cfg.locals,
-            tasks_per_point=args.tasks or cfg.tasks_per_point,
-            rounds=args.rounds or cfg.task.rounds,
-        )
-        from orchestrator.experiment.config import parse_config
-
-        cfg = parse_config(cfg.to_dict(), where=str(args.config))  # re-validate the trimmed copy
-    if args.time_dilation is not None or args.max_time_dilation is not None:
-        from orchestrator.experiment.host_dilation import with_dilation
-
-        cfg = with_dilation(cfg, args.time_dilation, args.max_time_dilation,
-                            where=str(args.config))
+    overrides = overrides_of(args)
+    cfg = apply_overrides(cfg, overrides, where=str(args.config))
     outcome = run_experiment(cfg, out_root=Path(args.out), progress=not args.no_progress,
                              dashboard_port=args.dashboard_port if args.dashboard else None,
-                             figures=not args.no_figures)
+                             figures=not args.no_figures, source=source_record(args.config, overrides, cfg))
+    return _finish(cfg, outcome)
+
+
+def _resume(args: argparse.Namespace) -> int:
+    """`--resume RUN_DIR`: every check before anything starts (`orchestrator.experiment.resume`)."""
+    from orchestrator.experiment.resume import load_config_as, load_for_resume, load_sweep_for_resume
+    from orchestrator.experiment.runner import run_experiment
+
+    run_dir = Path(args.resume)
+    if overrides_of(args):
+        raise ConfigError("--resume runs the rest of the run as it started: no --locals, --tasks, --rounds or "
+                          "--time-dilation")
+    if (run_dir / "sweep.json").is_file():
+        from orchestrator.experiment.resume import sweep_complete
+
+        cfg = load_sweep_for_resume(run_dir, args.config, load_config_as)
+        if sweep_complete(run_dir, cfg):
+            print(f"netai: the sweep in {run_dir} is complete: nothing to resume, nothing changed")
+            return 0
+    else:
+        found, cfg = load_for_resume(run_dir, args.config, load_config_as)
+        from orchestrator.experiment.resume import is_complete
+
+        if is_complete(found, cfg):
+            print(f"netai: {run_dir} is complete ({found.status}): nothing to resume, nothing changed")
+            return 0
+    outcome = run_experiment(cfg, out_root=run_dir.parent, progress=not args.no_progress,
+                             dashboard_port=args.dashboard_port if args.dashboard else None,
+                             figures=not args.no_figures, resume=run_dir)
+    return _finish(cfg, outcome)
+
+
+def _finish(cfg: ExperimentConfig, outcome: Any) -> int:
+    """Print the run's summary (a sweep printed its own) and the report; the exit status."""
+    from orchestrator.results.report import print_summary
+
     if cfg.sweep:  # the sweep printed each run's summary and its own table
         print(f"report: {outcome.report}")
         return 0 if outcome.status == "completed" else 1
@@ -58,7 +94,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("experiment", help="run an experiment config (needs root): results, figures, report")
-    p.add_argument("config", help="experiment YAML, e.g. experiments/quick.yaml")
+    p.add_argument("config", nargs="?", help="experiment YAML, e.g. experiments/quick.yaml (with --resume: "
+                   "the run's config file, if it moved)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run (or sweep) in RUN_DIR: the tasks it "
+                   "recorded are kept, the rest run as they would have (docs/long-runs.md)")
     p.add_argument("--out", default="runs", help="folder for the run folders (default: runs)")
     p.add_argument("--locals", help="override: comma-separated numbers of local models")
     p.add_argument("--tasks", type=int, help="override: tasks per point")

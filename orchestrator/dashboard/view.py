@@ -24,7 +24,7 @@ from typing import Any
 
 import networkx as nx
 
-from orchestrator.results import queries
+from orchestrator.results import durability, queries
 
 #: How many ended tasks a frame lists (the newest).
 ENDED_SHOWN = 25
@@ -89,7 +89,7 @@ class RunView:
         pos, how = layout(model["sites"], links)
         t0, t1 = self.time_range()
         return {
-            "run": {"id": self.run_id, "name": r["name"], "status": r["status"], "note": r.get("note", ""),
+            "run": {"id": self.run_id, "name": r["name"], "status": durability.status_of(r), "note": r.get("note", ""),
                     "mode": env.get("mode", "sequential"), "backend": env.get("backend"),
                     "delay_emulated": env.get("delay_emulated")},
             "topology": {

@@ -416,15 +416,37 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
     return report
 
 
+def clean_dead_runs(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
+    """Clean every run of this machine whose state file names an owner that is gone (killed, crashed):
+    its processes (controller, host shells, site servers), bridges, interfaces, worker containers and
+    state file, each carrying its mark; what was removed is logged. Runs without a state file, and
+    far run folders, are `clean`'s (``netai clean``) only."""
+    report = CleanReport()
+    dead = [s for s in run_states() if not s.live]
+    for state in dead:
+        log(f"cleaning run {state.run_id}: its process {state.owner_pid} is gone (a crashed or killed run)")
+        clean_run(state, report=report)
+    if dead:
+        ids = {s.run_id for s in dead}
+        gone = sorted(cid for cid, rid in labelled_containers().items() if rid in ids)
+        delete_containers(gone)
+        report.containers += gone
+        log(f"removed {len(report.processes)} process(es), {len(report.bridges)} bridge(s), "
+            f"{len(report.interfaces)} interface(s), {len(gone)} container(s)")
+    return report
+
+
 def clear_the_way(names: Iterable[str], *, log: Callable[[str], None] = lambda _m: None) -> dict[str, str]:
     """Make way for a new run's switch interfaces `names` (Mininet's names, the same in every run).
 
-    If none exists, nothing is done. Otherwise they may be what a run that ended without its
+    First every dead run of this machine is cleaned (`clean_dead_runs`). If none of `names` exists then,
+    nothing more is done. Otherwise they may be what a run that ended without its
     teardown (killed, or its machine's CI job cut off) left: every run that is not live is cleaned
     (`clean`, so only what carries the project's marks). Returns those still there, each with who
     holds it: a live run of this testbed, or not this testbed (left as it is).
     """
     names = list(names)
+    clean_dead_runs(log=log)
     found = existing_interfaces(names)
     if not found:
         return {}

@@ -346,12 +346,15 @@ class Emulation:
         self.state.controller_pid = controller.pid
         self.state.rest_url = controller.client.base_url
         self.state.save()
-        if self._far is not None:  # far switches reach it through the forward, made before they are
-            self._controller_ready()
+        # Ready before the Mininet build (issue 48): a controller that dies at start-up is noticed as it
+        # exits (`wait_ready` polls its process), not after the seconds of a build it would not serve; and
+        # far switches reach it through the forward, made before they are.
+        self._controller_ready()
         return controller
 
     def _controller_ready(self) -> None:
-        """Wait for the controller's /health (it starts while Mininet builds); forward its OpenFlow port."""
+        """Wait for the controller's /health (`connect_timeout_s`; its exit ends the wait at once);
+        forward its OpenFlow port to the far machines."""
         assert self.controller is not None
         self.controller.wait_ready(self.connect_timeout_s)
         if self._far is not None:
@@ -368,7 +371,7 @@ class Emulation:
                 f"bringing up {self.plan.topology} failed before anything was started: {len(held)} of its "
                 f"switch interfaces already exist ({shown}{'; ...' if len(held) > 4 else ''}). Stop that run "
                 f"(exit its Mininet CLI, or Ctrl-C), or remove another program's interfaces (mn -c removes a "
-                f"crashed Mininet's)")
+                f"crashed Mininet's; sudo make clean what this testbed's own runs left)")
 
     def _start_mininet(self, *, datapath: str, delay_emulated: bool) -> None:
         from functools import partial
@@ -403,9 +406,7 @@ class Emulation:
         unmarked = mark_interfaces(switch_interfaces(self.plan), self.run_id)
         if unmarked:
             LOG.warning("could not mark %d interface(s) with the run id: %s", len(unmarked), ", ".join(unmarked[:4]))
-        if self._far is None:  # else ready before the build (`_start_controller`)
-            self._controller_ready()  # before any switch starts: none waits out a reconnect back-off
-        self.net.start()
+        self.net.start()  # the controller answers already (`_start_controller`): no switch waits out a back-off
         self.net.staticArp()
         for h in self.net.hosts:
             tune_host(h, segmentation_offload=datapath != TC)

@@ -29,6 +29,7 @@ import logging
 import os
 import platform
 import shutil
+import sqlite3
 import subprocess
 import sys
 import time
@@ -46,14 +47,18 @@ from orchestrator.experiment.k_store import after_run, search_or_reuse, workload
 from orchestrator.experiment.link_recorder import LinkRecorder
 from orchestrator.experiment.lost_machines import lost_note
 from orchestrator.experiment.online import run_online
+from orchestrator.experiment.progress import Progress
+from orchestrator.experiment.progress import round_progress as round_progress  # its home before
+from orchestrator.experiment.resume import Resume, recorded_dilation, reopen
 from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
-from orchestrator.experiment.runs import RunOutcome, scheduler_order, task_sets
+from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, site_peaks, task_sets
+from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
 from orchestrator.results.summary import RunSummary
 from orchestrator.runtime import compute_model
 from orchestrator.runtime.compute import check_model
-from orchestrator.scheduling import NetworkState, Schedule
+from orchestrator.scheduling import NetworkState
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger("netai.experiment")
@@ -131,65 +136,10 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
     } | ({"cluster": cluster} if cluster else {})  # {servers: {server: [sites]}, cut: [[a, b]..], cut_mbps, ..}
 
 
-# -- progress -------------------------------------------------------------------------------------
-class Progress:
-    """Bars for the run, the task and the round on a terminal; plain log lines elsewhere."""
-
-    def __init__(self, total_runs: int, *, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self._p: Any = None
-        if self.enabled:
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
-            from rich.progress import Progress as RichProgress
-
-            self._p = RichProgress(TextColumn("{task.description:<34}"), BarColumn(), MofNCompleteColumn(),
-                                   TimeElapsedColumn(), transient=False)
-            self._p.start()
-            self.run_bar = self._p.add_task("run (tasks x schedulers)", total=total_runs)
-            self.task_bar = self._p.add_task("task", total=1)
-            self.round_bar = self._p.add_task("round", total=1)
-
-    def task(self, label: str, rounds: int) -> None:
-        LOG.info("%s", label)
-        if self._p:
-            self._p.reset(self.task_bar, total=rounds, description=label[:34])
-
-    def round_progress(self, done_rounds: int, locals_done: int, n_locals: int, rnd: int) -> None:
-        if self._p:
-            self._p.update(self.task_bar, completed=done_rounds)
-            self._p.reset(self.round_bar, total=n_locals, completed=locals_done, description=f"round {rnd}: locals trained")
-
-    def follow(self, live: Any, events: Any) -> None:
-        """Move the task and round bars from a running task's events (the core's ``on_events``)."""
-        if self._p:
-            done, trained = round_progress(events, live.schedule)
-            self.round_progress(done, trained, len(live.schedule.local_sites), min(done + 1, live.task.rounds))
-
-    def advance_run(self) -> None:
-        if self._p:
-            self._p.advance(self.run_bar)
-
-    def close(self) -> None:
-        if self._p:
-            self._p.stop()
-
-
-def round_progress(events: Any, schedule: Schedule) -> tuple[int, int]:
-    """(rounds G has completed, locals that finished training in the round under way), from the
-    agents' timing events by site."""
-    done = max((int(ev.get("round", 0)) for ev in events.get(schedule.global_site, [])
-                if ev.get("event") == "round_complete"), default=0)
-    current = done + 1
-    trained = sum(
-        1 for site in schedule.local_sites
-        if any(ev.get("event") == "train_end" and ev.get("round") == current for ev in events.get(site, []))
-    )
-    return done, trained
-
-
 # -- the run --------------------------------------------------------------------------------------
 def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True,
-                   dashboard_port: int | None = None, figures: bool = True) -> RunOutcome:
+                   dashboard_port: int | None = None, figures: bool = True, source: dict[str, Any] | None = None,
+                   resume: Path | None = None) -> RunOutcome:
     """Run `cfg` for real (see the module docstring); returns where the results are.
 
     The status is ``completed`` when at least one task completed, ``failed`` when none did (or the
@@ -197,20 +147,26 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     served on 127.0.0.1 while the run lasts (a port in use is a `ConfigError` before anything starts).
     A config with ``engine: simulation`` runs on the flow-level model instead (no root, no network:
     `orchestrator.experiment.simulated`). Without `figures` the run folder has the CSVs and the report
-    but no plots (``netai experiment --no-figures``).
+    but no plots (``netai experiment --no-figures``). `source` is recorded for a resume (`resume.source_record`);
+    `resume` (a run folder, or a sweep's) continues that run instead of starting one
+    (`orchestrator.experiment.resume`: checked before this is called).
     """
     from orchestrator.experiment.host_dilation import resolve
 
+    if resume is not None and cfg.mode == "online":
+        raise ConfigError(f"{resume}: an online run cannot be resumed (its tasks arrive on the run's clock)")
+    if resume is not None and not cfg.sweep and cfg.engine != "simulation":
+        cfg = recorded_dilation(cfg, resume)  # the K the run started with, not this host's today
     cfg = resolve(cfg)  # `time_dilation: host`: this host's K, or a ConfigError before anything starts
     if cfg.sweep:  # one run per entry, then the sweep's report (orchestrator.experiment.sweep)
         from orchestrator.experiment.sweep import run_sweep
 
         return run_sweep(cfg, run_one=run_experiment, out_root=out_root, progress=progress,
-                         dashboard_port=dashboard_port, figures=figures)
+                         dashboard_port=dashboard_port, figures=figures, source=source, resume=resume)
     if cfg.engine == "simulation":
         from orchestrator.experiment.simulated import run_simulated
 
-        return run_simulated(cfg, out_root=out_root, figures=figures)
+        return run_simulated(cfg, out_root=out_root, figures=figures, source=source, resume=resume)
 
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
@@ -219,6 +175,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     backend_kind = preflight(cfg)
     model_bytes = check_model(cfg.task.model, cfg.task.model_args, cfg.task.dataset, cfg.task.dataset_args)  # a broken model: exit 2, nothing started
     compute_model.resolve(cfg.task, cfg.compute)  # the modelled training, counted before anything starts
+    check_memory(cfg, model, model_bytes)  # a task a site's memory cannot hold: exit 2, nothing started
     if backend_kind == "docker":
         from orchestrator.runtime.backends import ensure_worker_image
 
@@ -226,7 +183,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
     remote = remote_clients(cfg, plan, backend_kind)  # SSH and host keys checked: nothing started yet
     try:
         outcome = _run_emulated(cfg, out_root, plan, model, backend_kind, model_bytes, remote, dashboard_port,
-                                progress, figures=figures)
+                                progress, figures=figures, source=source, resume=resume)
         after_run(cfg, backend_kind, outcome.summary)  # a reused K the run found not faithful is dropped
         return outcome
     finally:
@@ -252,13 +209,15 @@ def remote_clients(cfg: ExperimentConfig, plan: EmulationPlan, backend_kind: str
 
 def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any, backend_kind: str,
                   model_bytes: int, remote: dict[str, Any], dashboard_port: int | None, progress: bool, *,
-                  figures: bool = True) -> RunOutcome:
+                  figures: bool = True, source: dict[str, Any] | None = None,
+                  resume: Path | None = None) -> RunOutcome:
     from orchestrator.emulation.network import Emulation
     from orchestrator.runtime.backends import emulation_options, open_compute
     from orchestrator.runtime.forked import early_fork_server
 
     started = time.monotonic()
-    run_dir, dash, log_handler, db, run_id = _open_run(cfg, out_root, plan, model, dashboard_port)
+    run_dir, dash, log_handler, db, run_id, again = _open_run(cfg, out_root, plan, model, dashboard_port,
+                                                              source=source, resume=resume)
     status, note, tm = "failed", "", None
     try:
         calibration = None
@@ -285,10 +244,11 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
                 if cfg.mode == "online":
                     run_online(run, model_bytes)
                 else:
-                    _run_sequential(run, model_bytes, progress=progress)
+                    _run_sequential(run, model_bytes, progress=progress, again=again)
             finally:
                 _settle_and_record(tm, recorder, background, db, run_id, plan)
-        status, note = _outcome(tm.outcomes, lost_note(emu))
+                db.update_environment(run_id, **site_peaks(compute, model_bytes))
+        status, note = _outcome(again.outcomes(tm.outcomes) if again else tm.outcomes, lost_note(emu))
         if emu.info is not None and emu.info.cluster.get("far", {}).get("lost"):
             db.update_environment(run_id, cluster=emu.info.cluster)  # with the lost machines
     except KeyboardInterrupt:
@@ -298,18 +258,28 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
         status, note = "interrupted", f"terminated ({e})"
         raise
     except BaseException as e:
-        note = f"{type(e).__name__}: {e}"
+        note = durability.failure_note(e)
         raise
     finally:
-        if dash is not None:
-            dash.close()
-        db.update_environment(run_id, run_wall_s=round(time.monotonic() - started, 3))
-        db.finish_run(run_id, status, note)
-        report, summary = _write_results(db, run_id, run_dir, figures=figures)
-        db.close()
-        logging.getLogger().removeHandler(log_handler)
-        log_handler.close()
+        report, summary = _close_run(db, run_id, run_dir, status, note, dash=dash, log_handler=log_handler,
+                                     wall_s=time.monotonic() - started, figures=figures)
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _close_run(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *, dash: Dashboard | None,
+               log_handler: logging.Handler, wall_s: float, figures: bool) -> tuple[Path | None, RunSummary | None]:
+    """On every exit path: the dashboard closed, the run marked (`durability.finish_or_leave`: a full
+    disk leaves it to be found crashed), its results written, the database and the log closed."""
+    if dash is not None:
+        dash.close()
+    with contextlib.suppress(sqlite3.Error):  # a full disk: the run's marking below says what it can
+        db.update_environment(run_id, run_wall_s=round(wall_s, 3))
+    durability.finish_or_leave(db, run_id, status, note, LOG)
+    report, summary = _write_results(db, run_id, run_dir, figures=figures)
+    db.close()
+    logging.getLogger().removeHandler(log_handler)
+    log_handler.close()
+    return report, summary
 
 
 def _outcome(outcomes: dict[str, int], lost: str) -> tuple[str, str]:
@@ -323,18 +293,20 @@ def _outcome(outcomes: dict[str, int], lost: str) -> tuple[str, str]:
 
 
 def _open_run(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any,
-              dashboard_port: int | None) -> tuple[Path, Dashboard | None, logging.Handler, ResultsDB, int]:
-    """The run's folder, log file, results database (run started, topology recorded) and live
-    dashboard (started), before the emulation comes up.
+              dashboard_port: int | None, *, source: dict[str, Any] | None = None, resume: Path | None = None,
+              ) -> tuple[Path, Dashboard | None, logging.Handler, ResultsDB, int, Resume | None]:
+    """The run's folder, log file, results database (run started, topology recorded; or, with
+    `resume`, the run in that folder reopened) and live dashboard (started), before the emulation
+    comes up.
 
     The caller owns what this returns: it closes the dashboard, finishes the run, closes the database
     and removes the log handler on every exit path. Only a run folder that cannot be created closes
     the dashboard here (nothing else is open yet).
     """
-    run_dir = out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = resume or out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     dash = None if dashboard_port is None else Dashboard(run_dir / "results.db", port=dashboard_port, live=True)
     try:
-        run_dir.mkdir(parents=True, exist_ok=False)
+        run_dir.mkdir(parents=True, exist_ok=resume is not None)
     except BaseException:
         if dash is not None:
             dash.close()
@@ -344,13 +316,18 @@ def _open_run(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model:
     logging.getLogger().addHandler(log_handler)
     logging.getLogger().setLevel(logging.INFO)
     db = ResultsDB(run_dir / "results.db")
-    run_id = db.start_run(cfg.name, cfg.to_dict())
-    db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    again = None
+    if resume is None:
+        run_id = db.start_run(cfg.name, cfg.to_dict(), source=source)
+        db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    else:
+        run_id = int(queries.last_run_id(db.conn) or 0)
+        again = reopen(db, run_id, run_dir)
     if dash is not None:
         dash.start()
         print(f"netai: live dashboard at {dash.url}", flush=True)
         LOG.info("live dashboard at %s", dash.url)
-    return run_dir, dash, log_handler, db, run_id
+    return run_dir, dash, log_handler, db, run_id, again
 
 
 def _record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan: EmulationPlan,
@@ -358,7 +335,7 @@ def _record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan:
     """Record the machine, the emulation just brought up and whether it enforces reservations."""
     info = emu.info
     reservations = emu.client.health().get("reservations", {})
-    db.set_environment(run_id, environment(cfg, plan, info, backend_kind) | {
+    db.update_environment(run_id, **environment(cfg, plan, info, backend_kind) | {  # a resume's adds to the first
         "remote_sites": {site: server.docker for server in cfg.remote_servers for site in server.sites},
         "reservations_enforced": bool(reservations.get("enforced")),
         "reservations_note": reservations.get("reason", ""), "mode": cfg.mode})
@@ -419,10 +396,12 @@ def _settle_and_record(core: Any, recorder: LinkRecorder, background: _Backgroun
                              None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)
 
 
-def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> None:
+def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool, again: Resume | None = None) -> None:
     """Every point's tasks, one at a time, every scheduler on the same task before the next (so
     background load and machine noise hit the schedulers alike), in the order `scheduler_order`
-    gives the task (by default rotated from task to task, so no scheduler always runs first)."""
+    gives the task (by default rotated from task to task, so no scheduler always runs first). On a
+    resume (`again`) the tasks the run kept are not run again: their reservations go back on their
+    scheduler's network state."""
     cfg, core = run.cfg, run.core
     tasks = task_sets(cfg, run.model, model_bytes)
     bar = Progress(sum(len(ts) for ts in tasks.values()) * len(cfg.schedulers), enabled=progress)
@@ -436,6 +415,10 @@ def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool) -> 
         for n in cfg.locals:
             for k, task in enumerate(tasks[n]):
                 for name in scheduler_order(cfg.schedulers, k, cfg.order):
+                    if again is not None and again.has(name, task.id):
+                        again.readmit(name, task.id, states[(name, n)])
+                        bar.advance_run()
+                        continue
                     if watcher is not None and run.machines is not None:
                         run.machines.label = name
                         run.machines.refresh()

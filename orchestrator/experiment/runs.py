@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.results.summary import RunSummary
@@ -63,3 +64,36 @@ def scheduler_order(schedulers: Sequence[str], k: int, order: str = "rotate") ->
         raise ValueError(f"unknown scheduler order {order!r}")
     i = k % len(names)
     return names[i:] + names[:i]
+
+
+def check_memory(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -> None:
+    """Refuse, before anything starts, a run one of whose tasks a site cannot hold: G's and the
+    locals' roles at their sites (`orchestrator.scheduling.memory`; relays are only known once scheduled,
+    and admission blocks a task whose relay would not fit).
+
+    Raises
+    ------
+    ConfigError
+        One line naming the task, the site and its memory.
+    """
+    from orchestrator.errors import ConfigError
+    from orchestrator.scheduling.memory import refusal, roles_by_site
+
+    memory = {site: s.memory_mb for site, s in model.sites.items()}
+    for tasks in task_sets(cfg, model, model_bytes).values():
+        for task in tasks:
+            why = refusal(memory, roles_by_site(task.global_site, task.local_sites, ()), model_bytes)
+            if why is not None:
+                raise ConfigError(f"task {task.id} ({len(task.local_sites)} locals) cannot run: {why} "
+                                  "(a smaller model, or more memory_mb for the site in the topology)")
+
+
+def site_peaks(compute: Any, model_bytes: int) -> dict[str, Any]:
+    """The environment's record of every site server's peak resident memory (its status replies) against
+    the model's size: ``site_peak_rss_mb`` {site: MB} and ``site_peak_per_model`` (the largest peak
+    over the model's bytes); empty when the servers reported none."""
+    peaks = dict(getattr(compute, "peak_rss", {}) or {})
+    if not peaks:
+        return {}
+    return {"site_peak_rss_mb": {site: round(b / 2**20, 1) for site, b in sorted(peaks.items())},
+            "site_peak_per_model": round(max(peaks.values()) / max(model_bytes, 1), 1)}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import shutil
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, replace
@@ -21,11 +22,14 @@ from typing import Any
 
 from controller.htb import BACKGROUND_SHARE
 from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
-from orchestrator.experiment.runs import RunOutcome, scheduler_order, task_sets
+from orchestrator.experiment.resume import Resume, reopen
+from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, task_sets
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.lifecycle.recorder import DbRecorder
+from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results
+from orchestrator.results.summary import RunSummary
 from orchestrator.runtime.compute_model import ModelledTraining, for_training, resolve
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate, emulated_rate
@@ -91,62 +95,97 @@ class ReplayedBackground:
 
 def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None,
                   calibration_store: Path | None = None, figures: bool = True,
-                  replay: ReplayedBackground | None = None) -> RunOutcome:
+                  replay: ReplayedBackground | None = None, source: dict[str, Any] | None = None,
+                  resume: Path | None = None) -> RunOutcome:
     """Run `cfg` on the flow-level model; results in a new run folder under `out_root`.
 
     `model_bytes` skips building the model to size it (`check_model`), e.g. in a benchmark.
     `calibration_store`: where this host's calibration is looked up (`apply_calibration`; default
     `orchestrator.simulation.calibration.default_path`). `replay`: the schedulers are given these
     tasks' recorded background instead of the modelled one (recorded as ``scheduler_background``).
+    `source`: recorded for a resume; `resume`: the run folder whose run this continues (its kept
+    tasks not run again, `orchestrator.experiment.resume`).
     """
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
     params, calibration = apply_calibration(cfg, sim_params(cfg), calibration_store or default_path())
     model_bytes, frame_bytes = _model_sizes(cfg, model_bytes)
+    check_memory(cfg, model, model_bytes)  # as the emulation: before anything starts
     rate = emulated_rate(plan) if params.rates == "emulated" else capacity_rate(model)
-    run_dir = _new_run_dir(out_root, f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
-    db = ResultsDB(run_dir / "results.db")
-    run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation")
-    db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    run_dir, db, run_id, again = _open(cfg, out_root, model, plan, source=source, resume=resume)
     background = _background(cfg, model, plan, params)
-    db.set_environment(run_id, _environment(cfg, plan, params, background, calibration,
-                                            training := _training(cfg, params))
-                       | {"frame_headers": "modelled" if frame_bytes is not None else "not modelled"})
+    db.update_environment(run_id, **_environment(cfg, plan, params, background, calibration,
+                                                 training := _training(cfg, params))
+                          | {"frame_headers": "modelled" if frame_bytes is not None else "not modelled"})
     status, note = "failed", ""
     try:
         batch = SimBatch(model, params, rate, background, frame_bytes)
+        batch.work_dir = run_dir
         network = SimNetwork(batch, propagation=params.propagation, replay=None if replay is None else replay.by_task)
         core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir), recorder=SimRecorder(db, run_id),
                          clock=batch, model=model, schedulers=_planning(cfg, training),
                          whole_updates=cfg.task.compression == "none")
         t0 = time.monotonic()
-        admitted = _admit_all(cfg, core, model, model_bytes)
+        admitted = _admit_all(cfg, core, model, model_bytes, again)
         db.update_environment(run_id, scheduling_wall_s=round(time.monotonic() - t0, 3),
                               **_replay_figures(replay, network, background is None))
         t0 = time.monotonic()
         result = batch.run()
-        for live in admitted:
+        for live in admitted:  # each task's record whole, one after the other
             core.check(live, {})
+            core.settle_counters()
         core.settle_counters(wait=True)
-        done = core.outcomes["done"]
+        done = (again.outcomes(core.outcomes) if again else core.outcomes)["done"]
         db.update_environment(run_id, clock_end_s=round(float(result["sim_end_s"]), 6),
                               simulation_wall_s=round(time.monotonic() - t0, 3),
                               simulation_peak_rss_mb=round(result.get("peak_rss_bytes", 0) / 2**20, 1),
                               simulation_processes=int(result.get("processes", 0)))
         status = "completed" if done else "failed"
         note = "" if done else "no task completed"
+    except KeyboardInterrupt:
+        status, note = "interrupted", "interrupted by the user (Ctrl-C)"
+        raise
     except BaseException as e:
-        note = f"{type(e).__name__}: {e}"
+        note = durability.failure_note(e)
         raise
     finally:
-        db.finish_run(run_id, status, note)
-        report, summary = None, None
-        try:
-            report, summary = write_results(db, run_id, run_dir, figures=figures)
-        except Exception:
-            LOG.exception("writing the results failed")
-        db.close()
+        report, summary = _close(db, run_id, run_dir, status, note, figures=figures)
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _close(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *,
+           figures: bool) -> tuple[Path | None, RunSummary | None]:
+    """On every exit path: the run marked (`durability.finish_or_leave`), its results written (best
+    effort: logged if they cannot be), the database closed."""
+    durability.finish_or_leave(db, run_id, status, note, LOG)
+    try:
+        return write_results(db, run_id, run_dir, figures=figures)
+    except Exception:
+        LOG.exception("writing the results failed")
+        return None, None
+    finally:
+        db.close()
+
+
+def _open(cfg: ExperimentConfig, out_root: Path, model: Any, plan: EmulationPlan, *, source: dict[str, Any] | None,
+          resume: Path | None) -> tuple[Path, ResultsDB, int, Resume | None]:
+    """A new run's folder and database (run started, topology recorded), or the run in `resume` reopened."""
+    if resume is not None:
+        for stale in sorted(resume.glob("netai-sim-*")):  # a killed run's engine files
+            shutil.rmtree(stale, ignore_errors=True)
+            print(f"netai: removed {stale.name}: the engine files of the run that stopped", flush=True)
+        db = ResultsDB(resume / "results.db")
+        run_id = int(queries.last_run_id(db.conn) or 0)
+        return resume, db, run_id, reopen(db, run_id, resume)
+    run_dir = _new_run_dir(out_root, f"{cfg.name}-sim-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        db = ResultsDB(run_dir / "results.db")
+        run_id = db.start_run(cfg.name, cfg.to_dict(), engine="simulation", source=source)
+    except BaseException:  # e.g. Ctrl-C: no run recorded, so no folder left that holds none
+        shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
+    return run_dir, db, run_id, None
 
 
 def _replay_figures(replay: ReplayedBackground | None, network: SimNetwork, off: bool) -> dict[str, Any]:
@@ -258,16 +297,20 @@ def _parameters(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
     }
 
 
-def _admit_all(cfg: ExperimentConfig, core: Lifecycle, model: Any, model_bytes: int) -> list[LiveTask]:
+def _admit_all(cfg: ExperimentConfig, core: Lifecycle, model: Any, model_bytes: int,
+               again: Resume | None = None) -> list[LiveTask]:
     """Every point's tasks under every scheduler, in the emulation's order (`scheduler_order`), on
     its network state (the sequential mode's: every scheduler sees the point's earlier tasks'
-    reservations)."""
+    reservations); on a resume (`again`) the kept tasks' reservations instead of running them again."""
     tasks = task_sets(cfg, model, model_bytes)
     states = {(s, n): NetworkState(model) for s in cfg.schedulers for n in cfg.locals}
     admitted = []
     for n in cfg.locals:
         for k, task in enumerate(tasks[n]):
             for name in scheduler_order(cfg.schedulers, k, cfg.order):
+                if again is not None and again.has(name, task.id):
+                    again.readmit(name, task.id, states[(name, n)])
+                    continue
                 core.arrive(name, task)
                 live = core.admit(name, task, states[(name, n)])
                 if not live.ended:

@@ -6,19 +6,25 @@ its own calibration when it asks for ``time_dilation: auto``); then the sweep's 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from orchestrator.experiment.config import ExperimentConfig
+from orchestrator.experiment.resume import SWEEP_FILE
 from orchestrator.experiment.runs import RunOutcome
 from orchestrator.results.regimes import read_points, sweep_lines, write_sweep_report
 
 
 def run_sweep(cfg: ExperimentConfig, *, run_one: Callable[..., RunOutcome], out_root: Path, progress: bool,
-              dashboard_port: int | None, figures: bool = True) -> RunOutcome:
+              dashboard_port: int | None, figures: bool = True, source: dict[str, Any] | None = None,
+              resume: Path | None = None) -> RunOutcome:
     """Run every entry of `cfg`'s sweep with `run_one` (the runner's `run_experiment`); the sweep's
-    report is written on every exit path.
+    report is written on every exit path. `source` goes into the sweep's ``sweep.json`` (what a
+    resume checks); `resume` is a sweep's folder: its complete runs are kept, the others resumed
+    (`orchestrator.experiment.resume`) and the entries not started yet run.
 
     The status is ``completed`` when every run completed, ``failed`` when one did not (the others still
     ran), ``interrupted`` on Ctrl-C (the runs done so far are in the report)."""
@@ -27,16 +33,23 @@ def run_sweep(cfg: ExperimentConfig, *, run_one: Callable[..., RunOutcome], out_
 
     for run in cfg.sweep:  # every run's model is built once: a broken one stops the sweep before anything starts
         check_model(run.task.model, run.task.model_args, run.task.dataset, run.task.dataset_args)
-    sweep_dir = out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    sweep_dir.mkdir(parents=True, exist_ok=False)
+    sweep_dir = resume or out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if resume is None:
+        sweep_dir.mkdir(parents=True, exist_ok=False)
+        (sweep_dir / SWEEP_FILE).write_text(json.dumps({"name": cfg.name, "source": source or {}}, sort_keys=True))
+    else:
+        from orchestrator.experiment.resume import remove_unstarted
+
+        for gone in remove_unstarted(sweep_dir):
+            print(f"netai: removed {gone.name}: its run stopped before it was recorded (it runs again)", flush=True)
     outcomes: list[RunOutcome] = []
     status = "interrupted"
     try:
         for i, run in enumerate(cfg.sweep, 1):
             print(f"netai: sweep run {i} of {len(cfg.sweep)}: {run.name} (model {run.task.model} "
                   f"{run.task.model_args or ''})", flush=True)
-            outcome = run_one(run, out_root=sweep_dir, progress=progress, dashboard_port=dashboard_port,
-                              figures=figures)
+            outcome = _run_entry(run, run_one, sweep_dir, resume is not None, progress=progress,
+                                 dashboard_port=dashboard_port, figures=figures)
             outcomes.append(outcome)
             if outcome.summary is not None:
                 print_summary(outcome.summary, outcome.run_dir)
@@ -47,3 +60,21 @@ def run_sweep(cfg: ExperimentConfig, *, run_one: Callable[..., RunOutcome], out_
     print("\n".join(["", f"sweep {cfg.name} {status}: {len(outcomes)} of {len(cfg.sweep)} runs; results in {sweep_dir}",
                      *sweep_lines(read_points([o.run_dir for o in outcomes]))]))
     return RunOutcome(run_id=0, run_dir=sweep_dir, status=status, report=report)
+
+
+def _run_entry(run: ExperimentConfig, run_one: Callable[..., RunOutcome], sweep_dir: Path, resuming: bool,
+               **options: Any) -> RunOutcome:
+    """One entry of the sweep: run it, or on a resume continue its run (said and kept as it is when
+    it is complete)."""
+    from orchestrator.experiment.resume import entry_run_dir, find_run, is_complete
+
+    earlier = entry_run_dir(sweep_dir, run.name) if resuming else None
+    if earlier is None:
+        return run_one(run, out_root=sweep_dir, **options)
+    found = find_run(earlier)
+    if is_complete(found, run):
+        print(f"netai: {earlier.name} is complete ({found.status}): kept as it is", flush=True)
+        report = earlier / "report.md"
+        return RunOutcome(run_id=found.run_id, run_dir=earlier, status=found.status,
+                          report=report if report.exists() else None)
+    return run_one(run, out_root=sweep_dir, resume=earlier, **options)

@@ -148,11 +148,14 @@ class Lifecycle:
         self.recorder.network_state(label, task.id, state)
         if schedule is None:
             schedule = self.schedule(label, task, state)
+        schedule = self.within_memory(task, schedule)
         live = LiveTask(label=label, task=task, schedule=schedule, state=state, figures=None, install_id=0)
         if schedule.blocked:
             LOG.info("task %d (%d locals) blocked by %s: %s", task.id, len(task.local_sites), label, schedule.reason)
             live.status, live.reason = st.BLOCKED, schedule.reason
+            self.recorder.hold(label, task.id)
             self.set_state(label, task.id, st.BLOCKED, schedule.reason)
+            self.recorder.seal(label, task.id)  # its record whole: a blocked task ends here
             self.outcomes[st.BLOCKED] += 1
             return live
         state.admit(schedule)
@@ -171,6 +174,18 @@ class Lifecycle:
         live.status = st.RUNNING
         self.set_state(label, task.id, st.RUNNING)
         return live
+
+    def within_memory(self, task: Task, schedule: Schedule) -> Schedule:
+        """`schedule`, or a blocked one naming the site whose memory its roles would exceed
+        (`orchestrator.scheduling.memory`)."""
+        from orchestrator.scheduling.memory import refusal, roles_by_site
+
+        if schedule.blocked:
+            return schedule
+        roles = roles_by_site(schedule.global_site, schedule.local_sites, schedule.overlay_nodes)
+        memory = {site: s.memory_mb for site, s in self.model.sites.items()}
+        why = refusal(memory, roles, task.model_bytes)
+        return schedule if why is None else Schedule.blocked_for(task, schedule.scheduler, why)
 
     def figures(self, schedule: Schedule, model_bytes: int) -> RoundFigures:
         """The schedule's bounds and references on this network (`cost.round_figures`)."""
@@ -255,9 +270,12 @@ class Lifecycle:
             self.end(live, st.FAILED, reason)
 
     def end(self, live: LiveTask, outcome: str, reason: str) -> None:
-        """Record how `live` ended and release what it holds, whatever goes wrong on the way."""
+        """Record how `live` ended and release what it holds, whatever goes wrong on the way. The end's
+        records are held back (`Recorder.hold`) and written in one transaction once its flows' carried
+        bytes are in (`settle_counters`), or now if it installed none."""
         label, task = live.label, live.task
         finished = self.clock.now()
+        self.recorder.hold(label, task.id)
         try:
             if live.execution is not None:
                 live.execution.stop()
@@ -278,6 +296,13 @@ class Lifecycle:
                     live.state.release(task.id)
             if live.install_id:
                 self.counters.pending[(label, task.id, live.install_id)] = (time.monotonic(), None)
+            self._seal_if_settled(label, task.id)
+
+    def _seal_if_settled(self, label: str, task_id: int) -> None:
+        """Seal the record of a task that ended once none of its installs' counters is pending."""
+        if self._states.get((label, task_id)) in st.FINAL and \
+                not any(key[:2] == (label, task_id) for key in self.counters.pending):
+            self.recorder.seal(label, task_id)
 
     # -- records ---------------------------------------------------------------------------------------
     def record_rounds(self, live: LiveTask, rounds: list[Any], events: Events) -> None:
@@ -390,6 +415,7 @@ class Lifecycle:
                     with contextlib.suppress(Exception):
                         self.network.remove(install_id)
                     del self.counters.pending[key]
+                    self._seal_if_settled(label, task_id)
                 else:
                     self.counters.pending[key] = (now, got)
             if not wait and not at_once:

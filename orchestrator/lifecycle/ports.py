@@ -153,6 +153,12 @@ class Recorder(Protocol):
 
     def task(self, label: str, task: Task, *, arrival_s: float) -> None: ...
 
+    def hold(self, label: str, task_id: int) -> None:
+        """From the start of the task's end: keep its writes back until `seal`."""
+
+    def seal(self, label: str, task_id: int) -> None:
+        """Write what `hold` kept back and mark the task's record whole, in one transaction."""
+
     def state(self, label: str, task_id: int, state: str, reason: str = "", *, at_s: float) -> None: ...
 
     def times(self, label: str, task_id: int, **times: float | None) -> None: ...

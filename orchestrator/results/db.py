@@ -1,8 +1,16 @@
 """The results database's writer: an embedded SQLite store (WAL) of runs, topology, tasks, schedules,
 rounds, network state and link statistics (the tables: `orchestrator.results.schema`).
 
-Every write commits at once, so a run that is interrupted keeps every round that finished; the
-run's status says whether it completed, was interrupted or failed. Nothing here runs the
+A task's end (its end state, rounds and figures) commits as one transaction, which also marks its
+record whole (`seal_task`; the lifecycle's recorder holds the task's writes from its end until
+then). A run that ends, or is found crashed, discards the rows of its tasks that never got there
+(`orchestrator.results.durability`), so a run that is not running holds whole tasks only; the run's
+status says whether it completed, was interrupted, failed or crashed.
+
+Durability: WAL with ``synchronous=FULL``. WAL alone keeps the file whole when the process is killed
+at any moment (a transaction is in the database or not at all); FULL also syncs the log at every
+commit, so a task the run said was recorded is still there after a power loss or a reboot. The
+commits are few (one per task's end, one per sample of the link recorder), so the syncs cost little. Nothing here runs the
 experiment (the drivers call these methods) and nothing here reads what a run recorded: every
 read is a function of `orchestrator.results.queries`.
 """
@@ -18,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from orchestrator.results import queries
+from orchestrator.results import durability, queries
 from orchestrator.results.schema import (
     ADDED_COLUMNS,
     ENGINES,
@@ -40,7 +48,9 @@ class ResultsDB:
         self.conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=30)
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
         self.conn.execute("PRAGMA foreign_keys=ON")
+        durability.migrate_statuses(self.conn)
         if "ts" in queries.columns(self.conn, "link_stats"):  # schema 1's link_stats, never written: replaced by schema 2's
             self.conn.execute("DROP TABLE link_stats")
         self.conn.executescript(SCHEMA)
@@ -49,9 +59,13 @@ class ResultsDB:
             for name, kind in added:
                 if name not in have:  # names and types from the schema's fixed list, not from data
                     self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
+                    if (table, name) == ("tasks", "complete"):  # tasks of runs from before it: whole as they are
+                        self.conn.execute("UPDATE tasks SET complete = 1")
         self.conn.execute(
             "INSERT OR IGNORE INTO meta(key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
         )
+        #: Runs this open found running with their process gone, marked crashed ({run id: note}).
+        self.crashed = durability.reap_all(self.conn)
 
     def close(self) -> None:
         self.conn.close()
@@ -64,25 +78,37 @@ class ResultsDB:
 
     @contextmanager
     def _tx(self) -> Iterator[sqlite3.Connection]:
-        self.conn.execute("BEGIN")
+        """One transaction; inside another (`transaction`), part of it."""
+        if self.conn.in_transaction:
+            yield self.conn
+            return
+        self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self.conn
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:  # SQLite already rolled it back on some errors (SQLITE_FULL)
+                self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
 
+    @contextmanager
+    def transaction(self) -> Iterator[ResultsDB]:
+        """Every write of the block in one transaction (committed whole, or not at all)."""
+        with self._tx():
+            yield self
+
     # -- runs ------------------------------------------------------------------------------------
     def start_run(self, name: str, config: dict[str, Any], environment: dict[str, Any] | None = None,
-                  *, engine: str = "emulation") -> int:
-        """A new run; `engine` says whether it is emulated or simulated (``simulation``)."""
+                  *, engine: str = "emulation", source: dict[str, Any] | None = None) -> int:
+        """A new run owned by this process; `engine` says whether it is emulated or simulated
+        (``simulation``); `source` is what a resume checks (`orchestrator.experiment.resume`)."""
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; one of {', '.join(ENGINES)}")
         cur = self.conn.execute(
-            "INSERT INTO runs(name, config_json, environment_json, status, started_at, engine)"
-            " VALUES (?, ?, ?, 'running', ?, ?)",
+            "INSERT INTO runs(name, config_json, environment_json, status, started_at, engine, owner, source_json)"
+            " VALUES (?, ?, ?, 'running', ?, ?, ?, ?)",
             (name, json.dumps(config, sort_keys=True), json.dumps(environment or {}, sort_keys=True), time.time(),
-             engine),
+             engine, durability.owner_stamp(), json.dumps(source or {}, sort_keys=True)),
         )
         assert cur.lastrowid is not None
         return int(cur.lastrowid)
@@ -99,11 +125,36 @@ class ResultsDB:
         self.set_environment(run_id, env)
 
     def finish_run(self, run_id: int, status: str, note: str = "") -> None:
-        if status not in RUN_STATUSES or status == "running":
+        """End the run as `status`; its half-recorded tasks (those that were running) are discarded
+        in the same transaction (`durability.discard_incomplete`)."""
+        if status not in RUN_STATUSES or status in ("running", "crashed"):
             raise ValueError(f"a run finishes as completed, interrupted or failed, not {status!r}")
-        self.conn.execute(
-            "UPDATE runs SET status = ?, finished_at = ?, note = ? WHERE id = ?", (status, time.time(), note, run_id)
-        )
+        with self._tx() as c:
+            durability.discard_incomplete(c, run_id, f"the run ended ({status}) before the task did")
+            c.execute("UPDATE runs SET status = ?, finished_at = ?, note = ? WHERE id = ?",
+                      (status, time.time(), note, run_id))
+
+    def reopen_run(self, run_id: int) -> dict[str, Any]:
+        """Continue run `run_id` in this process (`netai experiment --resume`): a run found crashed is
+        marked so first; the run is ``running`` again, owned by this process, and the resume is
+        recorded (the ``resumes`` table). Returns the resume's row."""
+        durability.reap(self.conn, run_id)
+        run = self.run(run_id)
+        with self._tx() as c:
+            durability.discard_incomplete(c, run_id, "half recorded when the run was resumed")
+            earlier = sum(r["discarded"] for r in queries.resumes(c, run_id))
+            row = {"run_id": run_id, "at": time.time(), "previous_status": run["status"],
+                   "kept": queries.task_count(c, run_id),  # discarded since the last start: found crashed or now
+                   "discarded": queries.discarded_count(c, run_id) - earlier}
+            c.execute("INSERT INTO resumes VALUES (:run_id, :at, :previous_status, :kept, :discarded)", row)
+            c.execute("UPDATE runs SET status = 'running', finished_at = NULL, owner = ? WHERE id = ?",
+                      (durability.owner_stamp(), run_id))
+        return row
+
+    def seal_task(self, run_id: int, scheduler: str, task_id: int) -> None:
+        """Mark the task's record whole: call inside the transaction that writes its end (`transaction`)."""
+        self.conn.execute("UPDATE tasks SET complete = 1 WHERE run_id = ? AND scheduler = ? AND task_id = ?",
+                          (run_id, scheduler, task_id))
 
     def run(self, run_id: int) -> dict[str, Any]:
         """The run's row, its config and environment decoded (`queries.run_record`).
@@ -125,13 +176,17 @@ class ResultsDB:
         )
 
     # -- tasks and schedules ---------------------------------------------------------------------
-    def record_task(self, run_id: int, scheduler: str, task: Task, state: str = "pending") -> None:
+    def record_task(self, run_id: int, scheduler: str, task: Task, state: str = "pending", *,
+                    complete: bool = True) -> None:
+        """The task's row. `complete` False: its end is still to come (the lifecycle's tasks; the
+        transaction that writes its end marks it whole, `seal_task`), and it is discarded if the run
+        ends or crashes first."""
         self._check_state(state)
         self.conn.execute(
             "INSERT OR REPLACE INTO tasks(run_id, scheduler, task_id, n_locals, global_site, local_sites_json,"
-            " model, rounds, demand_mbps, model_bytes, state) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " model, rounds, demand_mbps, model_bytes, state, complete) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (run_id, scheduler, task.id, len(task.local_sites), task.global_site, json.dumps(list(task.local_sites)),
-             task.model, task.rounds, task.demand_mbps, task.model_bytes, state),
+             task.model, task.rounds, task.demand_mbps, task.model_bytes, state, int(complete)),
         )
 
     def set_task_state(self, run_id: int, scheduler: str, task_id: int, state: str, reason: str = "",

@@ -412,3 +412,74 @@ def point_parts(conn: sqlite3.Connection, run_id: int) -> dict[tuple[str, int], 
                          "GROUP BY n.scheduler, t.n_locals", (run_id,)):
         out.setdefault((str(r["scheduler"]), int(r["n_locals"])), {})["training_span_s"] = float(r["s"])
     return out
+
+
+# -- durability: whole tasks, owners, resumes (orchestrator.results.durability) --------------------------
+def table_sql(conn: sqlite3.Connection, table: str) -> str | None:
+    """The CREATE statement `table` was made with; None when it does not exist."""
+    row = conn.execute("SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def run_owner(conn: sqlite3.Connection, run_id: int) -> tuple[str, str] | None:
+    """The run's (status, owner stamp); None if there is no such run."""
+    row = conn.execute("SELECT status, owner FROM runs WHERE id = ?", (run_id,)).fetchone()
+    return None if row is None else (str(row[0]), str(row[1] or ""))
+
+
+def running_run_ids(conn: sqlite3.Connection) -> list[int]:
+    """The ids of the runs whose status is ``running``."""
+    return [int(r[0]) for r in conn.execute("SELECT id FROM runs WHERE status = 'running' ORDER BY id").fetchall()]
+
+
+def incomplete_tasks(conn: sqlite3.Connection, run_id: int) -> list[tuple[str, int]]:
+    """The run's tasks whose record is not whole (scheduler, task id), by task id."""
+    rows = conn.execute("SELECT scheduler, task_id FROM tasks WHERE run_id = ? AND complete = 0 "
+                        "ORDER BY task_id, scheduler", (run_id,)).fetchall()
+    return [(str(r[0]), int(r[1])) for r in rows]
+
+
+def recorded_tasks(conn: sqlite3.Connection, run_id: int) -> dict[tuple[str, int], dict[str, Any]]:
+    """The run's whole task records by (scheduler, task id): their state and schedule (JSON, or None
+    for a task that never got one)."""
+    rows = conn.execute(
+        "SELECT t.scheduler, t.task_id, t.state, s.schedule_json FROM tasks t LEFT JOIN schedules s ON "
+        "s.run_id = t.run_id AND s.scheduler = t.scheduler AND s.task_id = t.task_id "
+        "WHERE t.run_id = ? AND t.complete = 1", (run_id,)).fetchall()
+    return {(str(r[0]), int(r[1])): {"state": str(r[2]), "schedule": None if r[3] is None else json.loads(r[3])}
+            for r in rows}
+
+
+def last_event_s(conn: sqlite3.Connection, run_id: int) -> float:
+    """The run's latest task event on its clock (0 with none)."""
+    row = conn.execute("SELECT max(t_s) FROM task_events WHERE run_id = ?", (run_id,)).fetchone()
+    return float(row[0] or 0.0)
+
+
+def task_count(conn: sqlite3.Connection, run_id: int) -> int:
+    """How many task records (scheduler, task) the run holds."""
+    return int(conn.execute("SELECT count(*) FROM tasks WHERE run_id = ?", (run_id,)).fetchone()[0])
+
+
+def resumes(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every resume of the run, in order (at: Unix time; previous_status, kept, discarded)."""
+    if not columns(conn, "resumes"):
+        return []
+    rows = conn.execute("SELECT at, previous_status, kept, discarded FROM resumes WHERE run_id = ? ORDER BY at",
+                        (run_id,)).fetchall()
+    return [{"at": float(r[0]), "previous_status": str(r[1]), "kept": int(r[2]), "discarded": int(r[3])}
+            for r in rows]
+
+
+def task_ends(conn: sqlite3.Connection, run_id: int) -> dict[tuple[str, int], int]:
+    """How many times each task of the run reached an end state (done, blocked, failed) in
+    `task_events`: more than once means it ran again after it had ended."""
+    rows = conn.execute("SELECT scheduler, task_id, count(*) FROM task_events WHERE run_id = ? AND state IN "
+                        "('done', 'blocked', 'failed') GROUP BY scheduler, task_id", (run_id,)).fetchall()
+    return {(str(r[0]), int(r[1])): int(r[2]) for r in rows}
+
+
+def discarded_count(conn: sqlite3.Connection, run_id: int) -> int:
+    """How many half-recorded task runs the run discarded (``discarded`` events in `task_events`)."""
+    return int(conn.execute("SELECT count(*) FROM task_events WHERE run_id = ? AND state = 'discarded'",
+                            (run_id,)).fetchone()[0])

@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.results import queries
+from orchestrator.results import durability, queries
 from orchestrator.results.csvs import write_csvs
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.figures import Figure
@@ -101,7 +101,10 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
         figures = draw_figures(db, run_id, out_dir, summary=summary)
     env = summary.environment
     main = next((f for f in figures if f.ok and f.name == MAIN_FIGURE), None)
-    lines = _head(summary) + claims_section(summary) + _main_figure(main)
+    lines = _head(summary)
+    at = next((i + 2 for i, line in enumerate(lines) if line.startswith("Status: ")), len(lines))
+    lines[at:at] = durability.resume_lines(db.conn, run_id)  # below its status: a resumed run says so
+    lines += claims_section(summary) + _main_figure(main)
     lines += summary_table(summary) + fidelity_section(summary) + dilation_section(env)
     lines += _paired_section(summary.tasks, summary.locals_seen)
     lines += _time_section(summary.tasks, env.get("clock_end_s"))

@@ -10,9 +10,15 @@ SCHEMA_VERSION = 2
 #: Columns added to a table after its creation, with their type: `ResultsDB` adds those an older
 #: database lacks (NULL in its rows: not measured then; a database from before runs had an engine
 #: held emulated runs only).
-ADDED_COLUMNS = {"runs": (("engine", "TEXT NOT NULL DEFAULT 'emulation'"),),
-                 "tasks": (("sent_bytes", "INTEGER"), ("retrans_bytes", "INTEGER"))}
-RUN_STATUSES = ("running", "completed", "interrupted", "failed")
+ADDED_COLUMNS = {"runs": (("engine", "TEXT NOT NULL DEFAULT 'emulation'"), ("owner", "TEXT NOT NULL DEFAULT ''"),
+                          ("source_json", "TEXT NOT NULL DEFAULT '{}'")),
+                 "tasks": (("sent_bytes", "INTEGER"), ("retrans_bytes", "INTEGER"),
+                           ("complete", "INTEGER NOT NULL DEFAULT 0"))}
+#: ``crashed``: the run was found ``running`` with its process gone (killed, a crash, a reboot;
+#: `orchestrator.results.durability`).
+RUN_STATUSES = ("running", "completed", "interrupted", "failed", "crashed")
+#: States a task ends in: its record is whole once one of them is committed (`tasks.complete`).
+END_STATES = ("done", "blocked", "failed")
 ENGINES = ("emulation", "simulation")
 TASK_STATES = ("pending", "scheduled", "running", "done", "blocked", "failed")
 #: How a `faults` row's detail starts for an event the trace ended before (recorded, never applied).
@@ -25,12 +31,16 @@ CREATE TABLE IF NOT EXISTS runs (
     name TEXT NOT NULL,
     config_json TEXT NOT NULL,
     environment_json TEXT NOT NULL DEFAULT '{}',
-    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'interrupted', 'failed')),
+    status TEXT NOT NULL CHECK (status IN ('running', 'completed', 'interrupted', 'failed', 'crashed')),
     started_at REAL NOT NULL,
     finished_at REAL,
     note TEXT NOT NULL DEFAULT '',
     -- emulation (Mininet, real workers) or simulation (the flow-level model, orchestrator/simulation)
-    engine TEXT NOT NULL DEFAULT 'emulation'
+    engine TEXT NOT NULL DEFAULT 'emulation',
+    -- the process running it, 'host pid boot-id start-ticks' (a running run whose process is gone crashed)
+    owner TEXT NOT NULL DEFAULT '',
+    -- what `netai experiment --resume` checks: the config file, the overrides and the config as started
+    source_json TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS topology (
     run_id INTEGER PRIMARY KEY REFERENCES runs(id),
@@ -64,6 +74,9 @@ CREATE TABLE IF NOT EXISTS tasks (
     -- retransmitted (tcp_info); NULL: not measured (the simulation has no TCP: always NULL)
     sent_bytes INTEGER,
     retrans_bytes INTEGER,
+    -- 1 once the task's record is whole: set in the one transaction that writes its end (its end state,
+    -- rounds, figures); 0 while it runs. A run that is not running holds complete tasks only.
+    complete INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (run_id, scheduler, task_id)
 );
 CREATE TABLE IF NOT EXISTS schedules (
@@ -276,6 +289,15 @@ CREATE TABLE IF NOT EXISTS trainings (
     PRIMARY KEY (run_id, scheduler, task_id, round, site)
 );
 -- The host's CPU while the run lasts (the share of both cores busy, from /proc/stat), on the run's clock.
+-- Every time a run was continued (`netai experiment --resume`): when, the status it had, the tasks it kept
+-- and the ones it found half recorded (discarded: they run again).
+CREATE TABLE IF NOT EXISTS resumes (
+    run_id INTEGER NOT NULL,
+    at REAL NOT NULL,
+    previous_status TEXT NOT NULL,
+    kept INTEGER NOT NULL,
+    discarded INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS host_samples (
     run_id INTEGER NOT NULL,
     t_s REAL NOT NULL,

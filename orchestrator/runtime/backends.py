@@ -24,6 +24,7 @@ container or process behind on any exit path (the computing manager stops every 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -350,6 +351,21 @@ class ExecHandle:
     def __init__(self, host: Any, exec_id: str) -> None:
         self.host = host
         self.exec_id = exec_id
+        #: The container's memory limit (the site's ``memory_mb``), for a server killed for memory.
+        self.memory_mb: int | None = getattr(host, "memory_mb", None)
+
+    @property
+    def host_pid(self) -> int | None:
+        """The server's pid on this machine (not the container's numbering); None once it is gone."""
+        with contextlib.suppress(Exception):  # the container is gone, and the server with it
+            return int(self.host.dclient.api.exec_inspect(self.exec_id).get("Pid") or 0) or None
+        return None
+
+    def memory(self) -> Any:
+        """The container's memory cgroup (`runtime.memory.container_memory`); None if it cannot be read."""
+        from orchestrator.runtime.memory import container_memory
+
+        return container_memory(self.host.container)
 
     def poll(self) -> int | None:
         try:

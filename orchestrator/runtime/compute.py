@@ -121,6 +121,15 @@ class SiteBackend(Protocol):
         """Stop what the backend started beside the servers (the local backends' fork server)."""
 
 
+def process_state(pid: int) -> str | None:
+    """A process's state letter (R, S, D, T, t, Z, ...; /proc/PID/stat); None if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
 @dataclass
 class _Server:
     site: str
@@ -147,6 +156,8 @@ class ComputeManager:
         self.servers: dict[str, _Server] = {}
         #: Site -> why its server is gone (detected by `poll` or a failed request).
         self.lost: dict[str, str] = {}
+        #: Site -> the largest resident set its server reported (status replies), bytes.
+        self.peak_rss: dict[str, int] = {}
         #: Site -> how many times its server was restarted (a role started before knows it is gone).
         self.generation: dict[str, int] = {}
         self._shipped: dict[str, set[str]] = {}
@@ -339,12 +350,34 @@ class ComputeManager:
     def _mark_lost(self, srv: _Server, why: str) -> None:
         time.sleep(0.1)  # let a dying process be reaped so its exit status is known
         status = srv.proc.poll()
-        self.lost[srv.site] = f"exited with status {status}" if status is not None else why
+        self.lost[srv.site] = self._silent_reason(srv, why) if status is None else self._exit_reason(srv, status)
         LOG.warning("site server of %r lost: %s", srv.site, self.lost[srv.site])
         if srv.conn is not None:
             with contextlib.suppress(OSError):
                 srv.conn.close()
             srv.conn = None
+
+    def _silent_reason(self, srv: _Server, why: str) -> str:
+        """Why a server that still runs counts as lost: `why`, and whether its process is stopped
+        (SIGSTOP, a debugger: it cannot answer until continued). Its host pid: the handle's, or the one
+        it said hello with (the same pid namespace but in a container)."""
+        pid = getattr(srv.proc, "host_pid", None) or srv.pid
+        if pid and process_state(int(pid)) in ("T", "t"):
+            return f"it stopped answering ({why}): its process {pid} is stopped (SIGSTOP or a debugger)"
+        return why
+
+    def _exit_reason(self, srv: _Server, status: int) -> str:
+        """Why `srv` exited, one line: killed for memory (its cgroup's limit and peak, `runtime.memory`)
+        when its handle can tell, else its exit status."""
+        from orchestrator.runtime.memory import lost_reason
+
+        reader = getattr(srv.proc, "memory", None)
+        try:
+            memory = reader() if reader is not None else None
+        except Exception:  # noqa: BLE001 -- the figures are a note: the loss is reported without them
+            memory = None
+        return lost_reason(srv.site, status, memory, limit_mb=getattr(srv.proc, "memory_mb", None),
+                           peak_rss_bytes=self.peak_rss.get(srv.site))
 
     def ship_model(self, spec: str, sites: Iterable[str]) -> str:
         """The spec the servers of `sites` load the model by: a ``file.py:factory`` spec is read here
@@ -416,6 +449,9 @@ class ComputeManager:
             # process or Docker query per poll, which runs every few tens of milliseconds)
             with contextlib.suppress(ServerLost):
                 out[site] = self._request(site, {"op": "status"})
+                rss = int(out[site].get("rss_bytes") or 0)
+                if rss > self.peak_rss.get(site, 0):
+                    self.peak_rss[site] = rss
                 if site in self.far_sites:  # after the status: every line of a role it reports ended is here
                     self._sync(site, out[site])
         return out

@@ -41,6 +41,9 @@ class SimBatch:
         self.results: dict[str, dict[str, Any]] = {}
         self.result: dict[str, Any] = {"runs": [], "sim_end_s": 0.0}
         self.ran = False
+        #: Where the engine processes' files go (a run's own folder: what a killed run leaves stays
+        #: there, `orchestrator.experiment.simulated` removes it on resume); None: the system's temp.
+        self.work_dir: Path | None = None
 
     def add(self, run: TaskRun) -> None:
         if self.ran:
@@ -53,7 +56,7 @@ class SimBatch:
             self.ran = True
             if self.runs:
                 self.result = simulate(build_spec(self.model, self.runs, self.params, self.rate, self.background,
-                                                  self.frame_bytes))
+                                                  self.frame_bytes), work_dir=self.work_dir)
             self.results = {r["key"]: r for r in self.result["runs"]}
         return self.result
 

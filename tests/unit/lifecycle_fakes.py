@@ -404,9 +404,19 @@ class FakeRecorder:
         self.hops: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.overruns: dict[tuple[str, int], list[dict[str, Any]]] = {}
         self.link_rates: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        #: Tasks whose end is held back, and those sealed (their record whole), in order.
+        self.held: set[tuple[str, int]] = set()
+        self.sealed: list[tuple[str, int]] = []
 
     def task(self, label: str, task: Task, *, arrival_s: float) -> None:
         self.arrivals[(label, task.id)] = arrival_s
+
+    def hold(self, label: str, task_id: int) -> None:
+        self.held.add((label, task_id))
+
+    def seal(self, label: str, task_id: int) -> None:
+        self.held.discard((label, task_id))
+        self.sealed.append((label, task_id))
 
     def state(self, label: str, task_id: int, state: str, reason: str = "", *, at_s: float) -> None:
         self.states.append(StateRecord(label, task_id, state, reason, at_s))

@@ -710,3 +710,35 @@ def test_every_transition_is_exercised(request: pytest.FixtureRequest) -> None:
     if selected != defined:
         pytest.skip(f"needs the whole module ({len(defined - selected)} of its tests not selected)")
     assert {(None, st.PENDING), *ALLOWED} == EXERCISED
+
+
+# -- a task's record, whole in one transaction ---------------------------------------------------------
+def test_a_done_task_is_sealed_once_its_counters_settle(tmp_path: Path) -> None:
+    # Prepare: counters that settle on the second read
+    rig = make_rig(tmp_path, counter_settle_s=0.01)
+    live = rig.start(LABEL, rig.task(1, ["r2", "r3"], rounds=2), NetworkState(rig.model))
+    rig.network.bytes_script[live.install_id] = [100, 100]
+
+    # Execute
+    rig.run(live)
+    held_at_end = set(rig.recorder.held)
+    rig.core.settle_counters(wait=True)
+
+    # Assert: the end is held until the carried bytes are in, then sealed once
+    assert held_at_end == {(LABEL, 1)}
+    assert rig.recorder.held == set()
+    assert rig.recorder.sealed == [(LABEL, 1)]
+
+
+def test_a_blocked_task_is_sealed_at_once(tmp_path: Path) -> None:
+    # Prepare: a ring whose links carry one task each way, held by a first task
+    rig = one_wavelength_ring(tmp_path)
+    state = NetworkState(rig.model)
+    rig.start(LABEL, rig.task(1, ["r2", "r3"]), state)
+
+    # Execute
+    blocked = rig.start(LABEL, rig.task(2, ["r2", "r3"]), state)
+
+    # Assert
+    assert blocked.status == st.BLOCKED
+    assert (LABEL, 2) in rig.recorder.sealed and (LABEL, 2) not in rig.recorder.held

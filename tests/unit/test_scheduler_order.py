@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -131,3 +132,34 @@ def test_task_ids_are_unique_in_a_run_however_many_tasks_a_point_has(per_point: 
     if per_point <= 100:
         assert [t.id for t in sets[3]] == list(range(301, 301 + per_point))
     assert task_id_stride(per_point) >= per_point
+
+
+def test_a_resumed_emulated_run_skips_kept_tasks_and_holds_their_reservations(tmp_path: Path) -> None:
+    from orchestrator.experiment.resume import Resume
+
+    # Prepare: the sequential loop run whole once; then again as a resume that kept the first 2 tasks
+    cfg = parse_config({"name": "x", "topology": "ring:4", "schedulers": ["spff", "mst"], "locals": [2],
+                        "tasks_per_point": 4, "task": {"rounds": 2}})
+
+    def run_loop(again: Resume | None, where: Path) -> tuple[list[str], list[tuple[str, int, set[int]]]]:
+        rig = make_rig(where)
+        rig.core.schedulers = rig.schedulers = Schedulers(spff=SPFF(), mst=MST())
+        run = ExperimentRun(core=rig.core, cfg=cfg, emu=None, compute=rig.compute, db=None,  # type: ignore[arg-type]
+                            run_id=1, plan=None, model=rig.model)  # type: ignore[arg-type]
+        _run_sequential(run, 1_000_000, progress=False, again=again)
+        seen = [(label, tid, held) for label, tid, _bg, held in rig.recorder.network_states]
+        whole.update({(label, s.task_id): s for label, s, _ in rig.recorder.schedules})
+        return rig.schedulers.asked, seen
+
+    whole: dict[tuple[str, int], Any] = {}
+    asked_all, seen_all = run_loop(None, tmp_path / "a")
+    first = [t.id for t in task_sets(cfg, load("ring:4"), 1_000_000)[2]][:2]
+    kept = {key: {"state": "done", "schedule": s.to_dict()} for key, s in whole.items() if key[1] in first}
+
+    # Execute
+    asked, seen = run_loop(Resume(run_dir=tmp_path, run_id=1, kept=kept), tmp_path / "b")
+
+    # Assert: only the last two tasks ran, each seeing the reservations it saw in the whole run
+    assert len(asked) == len(asked_all) - 4
+    assert seen == [row for row in seen_all if row[1] not in first]
+    assert any(set(first) & held for _label, _tid, held in seen)  # the kept tasks' reservations, put back

@@ -280,3 +280,26 @@ def test_a_killed_server_fails_its_task_and_the_rest_closes_clean(tmp_path: Path
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or "zombie" in Path(f"/proc/{pid}/status").read_text()
     assert not cm.backend.ctl_dir.exists()
+
+
+@pytest.mark.slow
+def test_a_stopped_server_is_lost_at_the_request_timeout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: two real servers whose control requests time out after 1 s (30 s in a run); one stopped
+    from orchestrator.runtime import compute
+
+    monkeypatch.setattr(compute, "REQUEST_TIMEOUT_S", 1.0)
+    with ComputeManager(LoopbackBackend(("G", "A"), log_root=tmp_path / "root"), ("G", "A")) as cm:
+        victim = cm.servers["A"].pid
+        os.kill(victim, signal.SIGSTOP)
+        try:
+            # Execute: the run's poll loop, bounded
+            deadline = time.monotonic() + 30
+            while "A" not in cm.lost and time.monotonic() < deadline:
+                cm.poll()
+                time.sleep(0.05)
+        finally:
+            os.kill(victim, signal.SIGCONT)
+
+        # Assert: lost, said to be stopped; the other still answers
+        assert "A" in cm.lost and f"its process {victim} is stopped (SIGSTOP" in cm.lost["A"]
+        assert set(cm.poll()) == {"G"}

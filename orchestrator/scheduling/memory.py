@@ -1,0 +1,60 @@
+"""A site's memory at admission (issue 48): what a task's roles need at a site, and whether the site has it
+(`refusal`: the lifecycle blocks such a task, `orchestrator.experiment.runs.check_memory` refuses a run
+one of whose tasks cannot fit before anything starts).
+
+A site server is one process (`workers.site_server`) whose roles are threads, so a site needs the
+server's own memory once (`SERVER_BASE_BYTES`: torch and the project imported; on this 2-core host a
+loopback server reported 156 MB resident, a fresh interpreter with torch 222 MB, 146 MB of it anonymous) and, per role it hosts, a number of copies of the model's weights:
+
+- a local (`LOCAL_COPIES`): the global model it receives, its weights, their gradients, the momentum
+  buffers of its optimizer (`workers.sgd`), and the update it sends;
+- G (`GLOBAL_COPIES`): the global model, the aggregate it sums the updates into, the update being
+  received and the copy being sent;
+- a relay (`RELAY_COPIES`): the aggregate of its subtree's updates and one update being received (relays
+  stream the broadcast chunk by chunk: no copy per child).
+
+The copies are the design's, not measured; a real run records every site server's peak (the servers'
+status replies, `site_peak_rss_mb` in its environment) against the model's size, which is what would
+calibrate them (docs/long-runs.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+#: A site server's own memory before any role (resident set with torch and the project imported).
+SERVER_BASE_BYTES = 230 * 2**20
+#: Copies of the model's weights per role (see the module docstring).
+LOCAL_COPIES = 5
+GLOBAL_COPIES = 4
+RELAY_COPIES = 2
+
+
+def site_need_bytes(roles: Iterable[str], model_bytes: int) -> int:
+    """The memory a site needs for its server and `roles` (``global``, ``local``, ``relay``) of a task
+    whose model has `model_bytes` of weights."""
+    copies = {"global": GLOBAL_COPIES, "local": LOCAL_COPIES, "relay": RELAY_COPIES}
+    return SERVER_BASE_BYTES + sum(copies[r] for r in roles) * int(model_bytes)
+
+
+def roles_by_site(global_site: str, local_sites: Iterable[str], overlay_nodes: Iterable[str]) -> dict[str, list[str]]:
+    """Each site of a schedule and the roles it hosts (a site may be G and a local, or a relay only)."""
+    roles: dict[str, list[str]] = {global_site: ["global"]}
+    for site in local_sites:
+        roles.setdefault(site, []).append("local")
+    for site in overlay_nodes:
+        roles.setdefault(site, ["relay"])
+    return roles
+
+
+def refusal(memory_mb: Mapping[str, int], roles: Mapping[str, list[str]], model_bytes: int) -> str | None:
+    """Why a task cannot be placed for memory: the first site (in name order) whose need exceeds its
+    `memory_mb`, as one line; None when every site has room."""
+    for site in sorted(roles):
+        need = site_need_bytes(roles[site], model_bytes)
+        have = memory_mb.get(site)
+        if have is not None and need > have * 2**20:
+            what = " and ".join(sorted(set(roles[site])))
+            return (f"site {site} has {have} MB of memory; its server and {what} role(s) need about "
+                    f"{need / 2**20:.0f} MB for a model of {model_bytes / 2**20:.1f} MB")
+    return None

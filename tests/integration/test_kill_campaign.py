@@ -1,0 +1,87 @@
+"""The kill campaign of issue 48 (`tests.kill_campaign`): `netai experiment` killed with SIGKILL at
+seeded moments, the results database checked after every kill, the run resumed to its end and compared
+with an uninterrupted run of the same config. On the simulation (no root; about two minutes of one
+core) and on the emulation (root, Mininet; the process backend)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.kill_campaign import campaign, sim_leftovers, table
+
+pytestmark = [pytest.mark.slow]
+
+SIM_CONFIG = """\
+name: survive
+engine: simulation
+topology: sndlib/nobel-us
+schedulers: [spff, mst]
+locals: [2, 4]
+tasks_per_point: 6
+seed: 3
+task: {model: mlp, model_args: {hidden: 200, layers: 1}, rounds: 3, demand_mbps: 1000, partition: iid}
+emulation: {max_link_mbps: 100}
+background: {enabled: true, pattern: demand-matrix, load: 0.3, pairs: 6}
+simulation: {calibration: "kill campaign: the model's defaults, the same in every run"}
+"""
+
+EMU_CONFIG = """\
+name: survive-emu
+topology: triangle
+schedulers: [spff, mst]
+locals: [2]
+tasks_per_point: 4
+seed: 3
+task: {model: mlp, model_args: {hidden: 64, layers: 1}, rounds: 2, demand_mbps: 10, partition: iid}
+emulation: {max_link_mbps: 100, backend: process, time_dilation: 1}
+background: {enabled: false}
+"""
+
+
+def test_kill_campaign_on_the_simulation(tmp_path: Path, figures: list[str]) -> None:
+    # Prepare: a short simulated run of 24 task runs.
+    config = tmp_path / "sim.yaml"
+    config.write_text(SIM_CONFIG)
+
+    # Execute: 24 seeded kills, up to 4 in a row on one run.
+    runs = tmp_path / "runs"
+    _reference, chains, problems = campaign(config, runs, seed=48, kills=24, per_chain=4,
+                                            extra=("--no-progress", "--no-figures"), limit_s=120,
+                                            check_after=lambda: sim_leftovers(runs))
+
+    # Assert
+    figures.extend(["kill campaign (simulation):", *table(chains)])
+    assert sum(len(c.kills) for c in chains) >= 20
+    assert any(0 < k.whole < 24 for c in chains for k in c.kills), "no kill landed mid-recording"
+    assert problems == []
+
+
+@pytest.mark.root
+def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> None:
+    from orchestrator.emulation.cleanup import run_states
+    from tests.integration.test_emulation_teardown import NOTHING, leftovers
+    from topologies.loaders import load
+    from topologies.plan import EmulationPlan
+
+    # Prepare: a short emulated run of 8 task runs on the triangle, workers as processes.
+    config = tmp_path / "emu.yaml"
+    config.write_text(EMU_CONFIG)
+    plan = EmulationPlan.from_model(load("triangle"))
+
+    before = {s.run_id for s in run_states()}  # other runs of this machine are not the campaign's
+
+    def left() -> list[str]:
+        # what the killed runs left, once the chain's last run (which cleans before it starts) is done
+        return [f"run {s.run_id} left {got}" for s in run_states() if s.run_id not in before and not s.live
+                and (got := leftovers(s.run_id, plan)) != NOTHING]
+
+    # Execute: 20 seeded kills, up to 4 in a row on one run.
+    _reference, chains, problems = campaign(config, tmp_path / "runs", seed=48, kills=20, per_chain=4,
+                                            extra=("--no-progress", "--no-figures"), limit_s=600, check_after=left)
+
+    # Assert
+    figures.extend(["kill campaign (emulation):", *table(chains)])
+    assert sum(len(c.kills) for c in chains) >= 20
+    assert problems == []
