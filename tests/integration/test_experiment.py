@@ -92,6 +92,10 @@ def test_trimmed_quick_experiment_end_to_end(tmp_path: Path, figures: list[str])
 
     assert env["backend"] == pick_backend("auto")
     assert env["delay_emulated"] in (True, False)
+    # the datapath auto picked (the kernel module where there is one, else tc), and where the CPU went
+    assert env["datapath"] == ("kernel" if Path("/sys/module/openvswitch").exists() else "tc")
+    assert env["cpu_s_site_servers"] > 0 and env["cpu_s_controller"] > 0 and env["cpu_s_orchestrator"] > 0
+    assert env["cpu_s_switches"] <= 0.05 * env["cpu_s_site_servers"]  # ovs-vswitchd forwards nothing here
     tasks = db.query("SELECT scheduler, state, carried_bytes, model_bytes FROM tasks ORDER BY scheduler")
     assert [t["scheduler"] for t in tasks] == ["mst", "spff", "steiner"]
     assert all(t["state"] == "done" for t in tasks), tasks
