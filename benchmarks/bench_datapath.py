@@ -142,17 +142,6 @@ def _background(net: HopNet) -> list[subprocess.Popen[str]]:
     return procs
 
 
-def _stop(procs: list[subprocess.Popen[str]]) -> None:
-    for p in procs:
-        p.terminate()
-    for p in procs:
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def run_phase(nets: dict[str, DatapathNet], *, reps: int, count: int, warmup: int, gap_ms: float,
               load: bool) -> dict[str, dict[str, Any]]:
     """Interleaved blocks on every net; the training load (in the first net's namespaces) throughout."""
@@ -174,14 +163,14 @@ def run_phase(nets: dict[str, DatapathNet], *, reps: int, count: int, warmup: in
                     block = bench_hop._pair(nets[kind], SCHEME, trainers=0, count=count, warmup=warmup,
                                             gap_ms=gap_ms)
                 finally:
-                    _stop(background)
+                    bench_hop.stop_procs(background)
                 got[kind] = bench_hop._merge(got[kind], block)
         return got
     finally:
         for p in trainers:
             if p.stdin is not None:
                 p.stdin.close()
-        _stop(trainers)
+        bench_hop.stop_procs(trainers)
 
 
 def build(kinds: list[str], offset: int) -> tuple[dict[str, DatapathNet], dict[str, str]]:

@@ -459,13 +459,19 @@ def measure(net: HopNet, schemes: list[str], load: str, *, reps: int, count: int
         for p in procs:
             if p.stdin is not None:
                 p.stdin.close()
-            p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        stop_procs(procs)
+
+
+def stop_procs(procs: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM every process, then wait for each (SIGKILL after 10 s)."""
+    for p in procs:
+        p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
 
 
 def _breakdown(got: dict[str, Any], echo: list[list[float]], *, warmup: int, count: int) -> None:

@@ -16,6 +16,8 @@ from pathlib import Path
 import networkx as nx
 import pytest
 
+from tests.unit.doc_tables import section_rows
+
 ROOT = Path(__file__).resolve().parents[2]
 #: The project's packages: every module in them is a node of the import graph.
 PACKAGES = ("topologies", "orchestrator", "controller", "workers")
@@ -35,17 +37,7 @@ def parse_rules(markdown: str) -> dict[str, tuple[str, ...]]:
     ValueError
         If the section or its table is missing, or a package is given twice.
     """
-    lines = markdown.splitlines()
-    try:
-        start = lines.index(SECTION)
-    except ValueError as e:
-        raise ValueError(f"{DOC.name} has no {SECTION!r} section") from e
-    rows = []
-    for line in lines[start + 1:]:
-        if line.startswith("## "):
-            break
-        if line.startswith("|"):
-            rows.append(line)
+    rows = section_rows(markdown, SECTION, DOC.name)
     out: dict[str, tuple[str, ...]] = {}
     for row in rows[2:]:  # the header and its separator
         cells = [c.strip() for c in row.strip().strip("|").split("|")]

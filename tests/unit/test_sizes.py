@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.doc_tables import section_rows
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("orchestrator", "workers", "controller")
 MAX_FUNCTION_LINES = 60
@@ -69,18 +71,8 @@ def parse_exceptions(markdown: str) -> dict[str, tuple[int, str]]:
     ValueError
         If the section is missing, a row is malformed or a key is given twice.
     """
-    lines = markdown.splitlines()
-    try:
-        start = lines.index(SECTION)
-    except ValueError as e:
-        raise ValueError(f"{DOC.name} has no {SECTION!r} section") from e
     out: dict[str, tuple[int, str]] = {}
-    rows = []
-    for line in lines[start + 1:]:
-        if line.startswith("## "):
-            break
-        if line.startswith("|"):
-            rows.append(line)
+    rows = section_rows(markdown, SECTION, DOC.name)
     for row in rows[2:]:  # the header and its separator
         cells = [c.strip() for c in row.strip().strip("|").split("|")]
         if len(cells) != 3 or not re.fullmatch(r"[0-9]+", cells[1]):
