@@ -6,9 +6,11 @@ CPU time (user + system) each process used since the account began, per componen
 - ``switches``: ovs-vswitchd (the userspace datapath's threads; next to nothing on the kernel datapaths);
 - ``kernel forwarding``: the host's softirq time (``/proc/stat``), where the kernel moves packets: the
   tc datapath's and the kernel module's forwarding, every veth's receive side, htb's timers;
-- ``site servers``: the run's ``workers.site_server`` processes (training, and relaying models);
+- ``site servers``: the run's ``workers.site_server`` processes (training, and relaying models) and
+  their fork server;
 - ``background``: the run's iperf3 processes;
-- ``controller``: the run's controller (``osken-manager``);
+- ``controller``: the run's controller (``osken-manager``) and the ``tc`` processes it runs;
+- ``docker``: the container runtime (dockerd, containerd and its shims);
 - ``orchestrator``: this process (the lifecycle, recorders, dashboard);
 - ``other``: whatever else the host was busy with (the host's busy time less the above).
 
@@ -25,7 +27,10 @@ from pathlib import Path
 
 from orchestrator.emulation.cleanup import process_run_id
 
-COMPONENTS = ("switches", "kernel forwarding", "site servers", "background", "controller", "orchestrator", "other")
+COMPONENTS = ("switches", "kernel forwarding", "site servers", "background", "controller", "docker", "orchestrator",
+              "other")
+#: The container runtime's processes (the docker backend's site servers run under them).
+DOCKER_COMMS = frozenset({"dockerd", "containerd", "containerd-shim", "containerd-shim-runc-v2", "runc", "docker-proxy"})
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -52,11 +57,11 @@ def host_ticks(proc: Path = Path("/proc")) -> tuple[int, int] | None:
 
 def classify(comm: str, cmdline: str) -> str | None:
     """The component of one of the run's processes (None: not one the account names)."""
-    if "workers.site_server" in cmdline:
+    if "workers.site_server" in cmdline or "workers.forkserver" in cmdline:
         return "site servers"
     if comm == "iperf3":
         return "background"
-    if "osken-manager" in cmdline or "ryu-manager" in cmdline:
+    if "osken-manager" in cmdline or "ryu-manager" in cmdline or comm == "tc":  # tc: the controller's shaping, filters
         return "controller"
     return None
 
@@ -101,6 +106,8 @@ class CpuAccount:
             return "orchestrator"
         if comm == "ovs-vswitchd":
             return "switches"
+        if comm in DOCKER_COMMS:
+            return "docker"
         component = classify(comm, _cmdline(pid, self.proc))
         if component is None:
             return None
