@@ -138,7 +138,7 @@ want=$(cat setup.py | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     log "installing the project into the venv (torch CPU wheel, os-ken, test and docs tools)"
     pip_quiet "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
-    pip_quiet "$VENV/bin/pip" install -q -e ".[net,fl,experiment,test]"
+    pip_quiet "$VENV/bin/pip" install -q -e ".[net,fl,experiment,test,docs]"
     echo "$want" > "$stamp"
 else
     log "venv up to date"
