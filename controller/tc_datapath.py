@@ -141,9 +141,24 @@ class TcFlowSender:
                 if entry.cookie == BACKGROUND_COOKIE and entry.out_port != HOST_PORT:
                     commands.append(background_class_filter(device, entry))
                     background.add(device)
-            self._run(commands, f"installing {len(prefs)} filter(s) on {name}")
+            try:
+                self._run(commands, f"installing {len(prefs)} filter(s) on {name}")
+            except TcDatapathError:
+                self._undo(dpid, prefs)
+                raise
             self._held.setdefault(dpid, set()).update(prefs.values())
             self._background_devices.setdefault(dpid, set()).update(background)
+
+    def _undo(self, dpid: int, prefs: dict[FlowEntry, int]) -> None:
+        """After a refused batch (tc stops at the first error): remove what of it went in, of the
+        preferences it added (those already held stay), and release them."""
+        new = sorted(set(prefs.values()) - self._held.get(dpid, set()))
+        try:
+            self.runner.run([filter_del(dpid, p) for p in new], force=True)
+        except ShapingError:
+            pass  # a preference none of whose filters went in cannot be deleted: nothing to undo
+        for entry in {e for e, p in prefs.items() if p in new}:
+            self._prefs.release(dpid, entry.cookie)
 
     def remove_cookie(self, dpid: int, cookie: int) -> None:
         name = self.switch_name(dpid)

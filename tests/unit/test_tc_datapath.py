@@ -191,6 +191,9 @@ def test_a_refused_batch_is_a_controller_error_and_holds_nothing() -> None:
     with pytest.raises(TcDatapathError, match="File exists"):
         sender.install(sw.dpid, [FlowEntry(sw.dpid, TASK_PRIORITY, 7, tcp_match("10.0.0.1", "10.0.0.2"), 2)])
     rec.fail = False
+    undo, forced = rec.batches[-1]  # what of the refused batch went in is taken out again
+    assert forced and undo == [["filter", "del", "block", str(sw.dpid), "protocol", "ip", "pref", str(TASK_PREFS[0])]]
+    assert sender._prefs.task_pref(7) is None
     n = len(rec.batches)
     sender.remove_cookie(sw.dpid, 7)
     assert len(rec.batches) == n
