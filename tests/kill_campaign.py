@@ -200,8 +200,11 @@ def task_set(db_path: Path) -> set[tuple[Any, ...]]:
             "SELECT scheduler, task_id, n_locals, global_site, local_sites_json, state FROM tasks")}
 
 
-def compare(resumed: Path, reference: Path, *, flexible: str = "mst", fixed: str = "spff") -> list[str]:
-    """How the resumed run's database differs from the uninterrupted one's (none expected)."""
+def compare(resumed: Path, reference: Path, *, flexible: str = "mst", fixed: str = "spff",
+            figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> list[str]:
+    """How the resumed run's database differs from the uninterrupted one's (none expected): the task
+    sets, no task ended twice, the run completed, and each of `figures`' flexible / fixed ratio inside
+    the uninterrupted run's 95 % interval."""
     problems = []
     if task_set(resumed) != task_set(reference):
         problems.append("task sets differ")
@@ -217,7 +220,7 @@ def compare(resumed: Path, reference: Path, *, flexible: str = "mst", fixed: str
     with ResultsDB(reference) as db:
         ref = run_summary(db, 1)
     for n in sorted({t.n_locals for t in ref.tasks}):
-        for figure in ("mean_latency_s", "reserved_mbps"):
+        for figure in figures:
             a = paired_ratio(ours.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
             b = paired_ratio(ref.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
             if a is None or b is None or not b.low - 1e-9 <= a.mean <= b.high + 1e-9:
@@ -314,7 +317,8 @@ def measure(config: Path, out: Path, *, extra: Sequence[str], env: Mapping[str, 
 
 def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, extra: Sequence[str] = (),
              env: Mapping[str, str] | None = None, limit_s: float = 300.0,
-             check_after: Callable[[], list[str]] = list) -> tuple[Path, list[Chain], list[str]]:
+             check_after: Callable[[], list[str]] = list,
+             figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> tuple[Path, list[Chain], list[str]]:
     """The uninterrupted run of `config`, then chains of up to `per_chain` seeded kills until `kills`
     kills have landed (a chain whose run completes before its next moment ends early); each chain's
     run is compared with the uninterrupted one, and `check_after` (e.g. what the killed runs left on
@@ -334,7 +338,7 @@ def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, 
             problems += [f"chain {c}, kill {k.kill}: {p}" for p in k.problems]
         problems += [f"chain {c}: {p}" for p in chain.problems + check_after()]
         if chain.run_dir is not None and not chain.problems:
-            problems += [f"chain {c}: {p}" for p in compare(chain.run_dir / "results.db", reference)]
+            problems += [f"chain {c}: {p}" for p in compare(chain.run_dir / "results.db", reference, figures=figures)]
         chains.append(chain)
         landed += len(chain.kills)
     return reference.parent, chains, problems
