@@ -41,7 +41,7 @@ from controller.flows import (
     MatchValue,
     make_match,
 )
-from controller.htb import BACKGROUND_CLASS, BACKGROUND_FILTER_PRIO, ROOT_MAJOR, classid
+from controller.htb import BACKGROUND_CLASS, BACKGROUND_FILTER_PRIO, ROOT_MAJOR, classid, interface_switch
 from controller.southbound import FlowStat
 
 #: The preferences of tasks' filters (one per task, the same on every switch), then the background's
@@ -275,17 +275,7 @@ def parse_block(dpid: int, switch: str, text: str, cookie: int | None = None, *,
     """The entries of switch `switch` (block `dpid`) as ``tc -s filter show block DPID [pref P]``
     lists them (`pref`: the P shown), with their counters; only those of `cookie` when given. A
     filter that redirects elsewhere than one of the switch's ports raises `TcFlowError`."""
-    stats = []
-    for f in _filters(text, pref):
-        if f.cookie is None or (cookie is not None and f.cookie != cookie):
-            continue
-        port = device_port(switch, f.device or "")
-        if port is None:
-            raise TcFlowError(f"a filter of {switch} redirects to {f.device!r}, not one of its ports")
-        entry = FlowEntry(dpid=dpid, priority=priority_of_pref(f.pref), cookie=f.cookie,
-                          match=make_match(**match_of_keys(f.keys)), out_port=port)
-        stats.append(FlowStat(entry=entry, packets=f.packets, bytes=f.bytes, duration_s=f.installed_s))
-    return sorted(stats, key=lambda s: s.entry.sort_key())
+    return parse_blocks({switch: dpid}, text, cookie, pref=pref)[dpid]
 
 
 def parse_blocks(dpids: dict[str, int], text: str, cookie: int | None = None, *,
@@ -297,10 +287,11 @@ def parse_blocks(dpids: dict[str, int], text: str, cookie: int | None = None, *,
     for f in _filters(text, pref):
         if f.cookie is None or (cookie is not None and f.cookie != cookie):
             continue
-        switch = (f.device or "").rpartition("-eth")[0]
+        switch = interface_switch(f.device or "")
         port = device_port(switch, f.device or "")
         if switch not in dpids or port is None:
-            raise TcFlowError(f"a filter redirects to {f.device!r}, no port of the switches read")
+            raise TcFlowError(f"a filter redirects to {f.device!r}, not one of its ports: no port of the "
+                              f"switches read ({', '.join(dpids)})")
         entry = FlowEntry(dpid=dpids[switch], priority=priority_of_pref(f.pref), cookie=f.cookie,
                           match=make_match(**match_of_keys(f.keys)), out_port=port)
         out[dpids[switch]].append(FlowStat(entry=entry, packets=f.packets, bytes=f.bytes, duration_s=f.installed_s))
