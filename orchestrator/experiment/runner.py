@@ -338,7 +338,9 @@ def _record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan:
     db.update_environment(run_id, **environment(cfg, plan, info, backend_kind) | {  # a resume's adds to the first
         "remote_sites": {site: server.docker for server in cfg.remote_servers for site in server.sites},
         "reservations_enforced": bool(reservations.get("enforced")),
-        "reservations_note": reservations.get("reason", ""), "mode": cfg.mode})
+        "reservations_note": reservations.get("reason", ""), "mode": cfg.mode,
+        # the site containers' CPU weight against the host's other processes (orchestrator/runtime/site_cgroup.py)
+        "site_cpu_group": getattr(getattr(emu, "host_cls", None), "describe_groups", lambda: None)()})
     LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s; %d site servers up",
              len(plan.switches), getattr(info, "bringup_s", 0.0), getattr(info, "delay_emulated", False),
              len(compute.servers))

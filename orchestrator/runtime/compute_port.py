@@ -154,7 +154,7 @@ class ServerCompute:
     def launch(self, wire: Schedule, *, task: Task, schedule: Schedule, log_dir: Path, first_round: int,
                init_model: Path | None) -> RolesRun:
         timing = task_timing(self.model, schedule, task.model_bytes, rate=self.rate, propagation=self.propagation,
-                             train_allowance_s=self.train_allowance_s)
+                             train_allowance_s=self.train_allowance_s, time_dilation=self.time_dilation)
         options = self.options(task)
         run = RolesRun(wire, manager=self.manager, options=options, log_dir=log_dir, timing=timing,
                        first_round=first_round, init_model=init_model, checkpoint=self.checkpoint,

@@ -25,6 +25,7 @@ from orchestrator.runtime.containers import (
     shared_client,
     wait_running,
 )
+from orchestrator.runtime.site_cgroup import SiteGroup, for_daemon
 
 
 class DockerWorkerHost(Host):
@@ -46,6 +47,8 @@ class DockerWorkerHost(Host):
     #: hosts one after another, and each removal waits for the daemon (the kill, the unmount), so they
     #: run side by side. Not daemon threads: one still running at exit is finished, not dropped.
     removing: ClassVar[list[threading.Thread]] = []
+    #: The site CPU group of each Docker client's daemon (`orchestrator.runtime.site_cgroup`), by client id.
+    groups: ClassVar[dict[int, SiteGroup]] = {}
     _removing_lock: ClassVar[threading.Lock] = threading.Lock()
 
     def __init__(
@@ -74,7 +77,8 @@ class DockerWorkerHost(Host):
     def startShell(self, mnopts: str | None = None) -> None:
         if getattr(self, "shell", None):
             return
-        if self.dclient is None:
+        local = self.dclient is None
+        if local:
             self.dclient = shared_client()
         kwargs: dict[str, Any] = {
             "name": f"netai-{self.run_id}-{self.name}",
@@ -92,6 +96,12 @@ class DockerWorkerHost(Host):
             kwargs["nano_cpus"] = int(self.cpus * 1e9)
         if self.memory_mb:
             kwargs["mem_limit"] = f"{int(self.memory_mb)}m"
+        group = type(self).groups.get(id(self.dclient))
+        if group is None:
+            group = type(self).groups[id(self.dclient)] = for_daemon(self.dclient, local=local)
+        parent = group.join(self.cpus)
+        if parent is not None:
+            kwargs["cgroup_parent"] = parent
         volumes = {}
         if self.log_dir:
             volumes[self.log_dir] = {"bind": CONTAINER_LOG_DIR, "mode": "rw"}
@@ -162,7 +172,15 @@ class DockerWorkerHost(Host):
                 removed += remove_containers(client, run_id=run_id)
             except Exception:  # noqa: BLE001 -- a daemon gone (a lost server): the others still go
                 pass
+        for group in cls.groups.values():
+            group.remove()
+        cls.groups.clear()
         return removed
+
+    @classmethod
+    def describe_groups(cls) -> str | None:
+        """Where the site containers' CPU weight came from (`SiteGroup.describe`), one line; None: no container."""
+        return "; ".join(g.describe() for g in cls.groups.values()) or None
 
     def exec_server(self, argv: list[str]) -> str:
         """Start the site server (``python -m workers.site_server`` + `argv`, an argument list) by

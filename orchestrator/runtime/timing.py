@@ -13,6 +13,10 @@ that gives the least T, and the smallest chunk size giving that count, within
 [`MIN_CHUNK_BYTES`, `MAX_CHUNK_BYTES`]. No floor makes a small model one chunk: a 19 KB model on
 three 100 Mbit/s hops goes as four chunks of 4.8 KB (T = 4.8 ms against 7.4 ms store-and-forward),
 since every hop of a chain would otherwise wait for the whole model before it forwards a byte.
+The chunk size is part of the protocol the emulated sites run, so it is chosen at the emulated
+rates with `ALPHA_S` as the emulated sites' per-chunk cost, whatever the time dilation K: at the
+dilated rates (rate / K) a 19 KB model went as 20 chunks of 1 KB at K = 8 and 6 of 3.4 KB at K = 1,
+so the same config crossed its trees as different protocols on different hosts.
 
 Timeouts. A node waits for its upload children's chunks for `margin` times the task's
 store-and-forward round (broadcast + upload, at the emulated rates; `orchestrator.scheduling.cost`)
@@ -126,14 +130,18 @@ def task_timing(
     propagation: bool = False,
     margin: float = TIMEOUT_MARGIN,
     chunk_bytes: int | None = None,
+    time_dilation: float = 1.0,
 ) -> TaskTiming:
-    """Chunk size and timeouts of `schedule`'s task (see the module docstring)."""
+    """Chunk size and timeouts of `schedule`'s task (see the module docstring). `rate` is what the
+    links carry in wall time (under time dilation K, the emulated rate / K: the timeouts are wall
+    seconds); the chunk size is chosen at the emulated rates (``rate x time_dilation``), so that it is
+    the same at every K (see the module docstring)."""
     sf = sum(store_and_forward_s(model, schedule, p, model_bytes, rate=rate, propagation=propagation)
              for p in PROCEDURES)
     links = [link for e in schedule.edges for link in e.links()]
     bottleneck = min((rate(u, v) for u, v in links), default=1000.0)
     stages = max(schedule.depth("broadcast"), schedule.depth("upload")) + 1
-    chunk = chunk_bytes or optimal_chunk_bytes(model_bytes, stages, bottleneck)
+    chunk = chunk_bytes or optimal_chunk_bytes(model_bytes, stages, bottleneck * time_dilation)
     base = max(TIMEOUT_FLOOR_S, margin * sf + train_allowance_s)
     children: dict[str, list[str]] = {}
     for child, parent in schedule.upload_parent.items():

@@ -158,16 +158,15 @@ def chunk_bytes(schedule: Schedule, model_bytes: int, rate: RateFn, params: SimP
     links = [link for e in schedule.edges for link in e.links()]
     bottleneck = min((rate(u, v) for u, v in links), default=1000.0)
     stages = max(schedule.depth("broadcast"), schedule.depth("upload")) + 1
-    return optimal_chunk_bytes(model_bytes, stages, bottleneck, alpha_s=params.alpha_s)
+    return optimal_chunk_bytes(model_bytes, stages, bottleneck)  # as the emulation: ALPHA_S, whatever `alpha_s`
 
 
 def twin_simulation(*, propagation: bool, time_dilation: float = 1.0) -> dict[str, Any]:
     """The ``simulation`` section of a simulated twin of an emulated run at time dilation K: the
     emulated rates, propagation as that emulation had it, and the per-chunk work the emulation pays
     in its network's time: its agents' `ALPHA_S` of real time per chunk is `ALPHA_S` / K of its
-    recorded (emulated) time. That also gives the twin the emulation's chunk size, which it chose
-    for its dilated rates (`optimal_chunk_bytes` of rate / K with `ALPHA_S` is that of the rate with
-    `ALPHA_S` / K)."""
+    recorded (emulated) time. The chunk size stays the emulation's (`chunk_bytes`: `ALPHA_S` at
+    the emulated rates, whatever K)."""
     if time_dilation < 1:
         raise ValueError(f"a time dilation is >= 1, got {time_dilation!r}")
     out: dict[str, Any] = {"rates": "emulated", "propagation": propagation}

@@ -184,9 +184,12 @@ def test_the_twin_of_a_dilated_emulation_uses_its_chunk_size_and_per_chunk_time(
     task = Task(id=1, global_site=sites[0], local_sites=tuple(sites[1:5]), demand_mbps=100.0)
     schedule = get_scheduler("mst").schedule(NetworkState(model), task)
     model_bytes = 2_800_000
-    # what the emulation at K chooses: the dilated plan's rates, the agents' per-chunk time in real time
+    # what the emulation at K chooses: its wall-time rates are the dilated plan's, its chunk size the
+    # emulated rates' (the same at every K), and so the twin's
     emulated = task_timing(model, schedule, model_bytes, rate=emulated_rate(plan.dilated(k)),
-                           train_allowance_s=1.0).chunk_bytes
+                           train_allowance_s=1.0, time_dilation=k).chunk_bytes
+    undilated = task_timing(model, schedule, model_bytes, rate=emulated_rate(plan), train_allowance_s=1.0).chunk_bytes
+    assert emulated == undilated
     assert chunk_bytes(schedule, model_bytes, emulated_rate(plan), params) == emulated
     with pytest.raises(ValueError, match="time dilation"):
         simulated_twin(cfg, propagation=False, time_dilation=0.5)
