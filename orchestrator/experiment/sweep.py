@@ -6,14 +6,13 @@ its own calibration when it asks for ``time_dilation: auto``); then the sweep's 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.resume import SWEEP_FILE
+from orchestrator.experiment.resume import write_sweep_record
 from orchestrator.experiment.runs import RunOutcome
 from orchestrator.results.regimes import read_points, sweep_lines, write_sweep_report
 
@@ -36,7 +35,7 @@ def run_sweep(cfg: ExperimentConfig, *, run_one: Callable[..., RunOutcome], out_
     sweep_dir = resume or out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if resume is None:
         sweep_dir.mkdir(parents=True, exist_ok=False)
-        (sweep_dir / SWEEP_FILE).write_text(json.dumps({"name": cfg.name, "source": source or {}}, sort_keys=True))
+        write_sweep_record(sweep_dir, cfg.name, source or {})
     else:
         from orchestrator.experiment.resume import remove_unstarted
 
