@@ -217,6 +217,18 @@ def is_complete(found: Found, cfg: ExperimentConfig) -> bool:
     return expected_tasks(cfg) <= have
 
 
+def write_missing_results(run_dir: Path, run_id: int, *, figures: bool = True) -> bool:
+    """Write a complete run's report, CSVs and figures again when its ``report.md`` is missing (a full
+    disk stopped them: `orchestrator.results.report.write_results_on_exit`); whether it did."""
+    if (run_dir / "report.md").is_file():
+        return False
+    from orchestrator.results.report import write_results
+
+    with ResultsDB(run_dir / "results.db") as db:
+        write_results(db, run_id, run_dir, figures=figures)
+    return True
+
+
 def reopen(db: ResultsDB, run_id: int, run_dir: Path) -> Resume:
     """Reopen run `run_id` for this process (`ResultsDB.reopen_run`): what it keeps."""
     row = db.reopen_run(run_id)

@@ -65,14 +65,16 @@ def _run_entry(run: ExperimentConfig, run_one: Callable[..., RunOutcome], sweep_
                **options: Any) -> RunOutcome:
     """One entry of the sweep: run it, or on a resume continue its run (said and kept as it is when
     it is complete)."""
-    from orchestrator.experiment.resume import entry_run_dir, find_run, is_complete
+    from orchestrator.experiment.resume import entry_run_dir, find_run, is_complete, write_missing_results
 
     earlier = entry_run_dir(sweep_dir, run.name) if resuming else None
     if earlier is None:
         return run_one(run, out_root=sweep_dir, **options)
     found = find_run(earlier)
     if is_complete(found, run):
-        print(f"netai: {earlier.name} is complete ({found.status}): kept as it is", flush=True)
+        again = write_missing_results(earlier, found.run_id, figures=options.get("figures", True))
+        print(f"netai: {earlier.name} is complete ({found.status}): kept as it is"
+              f"{'; its missing report written again' if again else ''}", flush=True)
         report = earlier / "report.md"
         return RunOutcome(run_id=found.run_id, run_dir=earlier, status=found.status,
                           report=report if report.exists() else None)
