@@ -61,10 +61,14 @@ def _resume(args: argparse.Namespace) -> int:
             return 0
     else:
         found, cfg = load_for_resume(run_dir, args.config, load_config_as)
-        from orchestrator.experiment.resume import is_complete
+        from orchestrator.experiment.resume import is_complete, write_missing_results
 
         if is_complete(found, cfg):
-            print(f"netai: {run_dir} is complete ({found.status}): nothing to resume, nothing changed")
+            if write_missing_results(run_dir, found.run_id, figures=not args.no_figures):
+                print(f"netai: {run_dir} is complete ({found.status}): nothing to resume; its report, CSVs and "
+                      "figures, which were missing, written again")
+            else:
+                print(f"netai: {run_dir} is complete ({found.status}): nothing to resume, nothing changed")
             return 0
     outcome = run_experiment(cfg, out_root=run_dir.parent, progress=not args.no_progress,
                              dashboard_port=args.dashboard_port if args.dashboard else None,

@@ -7,10 +7,11 @@ A run (`orchestrator.emulation.network.Emulation`) owns:
 - its Open vSwitch bridges, tagged ``external_ids:netai-run=<run id>`` when they are created;
 - its switch interfaces (root namespace), whose alias (``ifalias``) is ``netai-run=<run id>`` from
   just after Mininet builds the links (Mininet's names, ``s1-eth2``, are the same in every run);
-- a state file ``/run/netai/run-<run id>.json`` naming the owner process, the switch interfaces
-  and the controller, written before anything is created and removed after a clean teardown.
+- a state file ``/var/lib/netai/runs/run-<run id>.json`` naming the owner process (and its boot),
+  the switch interfaces and the controller, written before anything is created and removed once
+  nothing of the run is left. It outlives a reboot, as the run's bridges and containers do.
 
-A run is *live* while its owner process runs (same pid and start time). `clean()` removes the
+A run is *live* while its owner process runs (same boot, pid and start time). `clean()` removes the
 processes, bridges and interfaces of every run that is not live (or of one given run); it never
 touches a process, bridge or interface without the run's mark, so other Mininet users, OVS
 bridges and containers on the machine are left alone. It must not call ``mn -c``.
@@ -32,7 +33,10 @@ from typing import Any
 
 ENV_RUN = "NETAI_RUN"
 BRIDGE_TAG = "netai-run"
-STATE_DIR = Path(os.environ.get("NETAI_STATE_DIR", "/run/netai"))
+DEFAULT_STATE_DIR = Path("/var/lib/netai/runs")
+STATE_DIR = Path(os.environ.get("NETAI_STATE_DIR", DEFAULT_STATE_DIR))
+#: Where earlier versions kept the state files (gone at a reboot): read too, so that their live runs are known.
+LEGACY_STATE_DIR = Path("/run/netai")
 KILL_TIMEOUT_S = 2.0
 
 
@@ -52,6 +56,14 @@ def proc_start_ticks(pid: int) -> int | None:
     """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
     fields = stat_fields(pid)
     return None if fields is None else int(fields[19])
+
+
+def boot_id() -> str:
+    """This boot of the machine (a pid and its start time name a process within one boot only)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "?"
 
 
 def process_alive(pid: int, start_ticks: int | None = None) -> bool:
@@ -275,6 +287,8 @@ class RunState:
     connectivity: str = ""
     host_pids: dict[str, int] = field(default_factory=dict)
     delay_emulated: bool = False
+    #: The owner's boot: after a reboot the run is dead whatever process has its pid now.
+    boot_id: str = field(default_factory=boot_id)
 
     @property
     def path(self) -> Path:
@@ -287,11 +301,12 @@ class RunState:
         tmp.replace(self.path)
 
     def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
+        for folder in state_dirs():
+            (folder / self.path.name).unlink(missing_ok=True)
 
     @property
     def live(self) -> bool:
-        return process_alive(self.owner_pid, self.owner_start_ticks)
+        return self.boot_id == boot_id() and process_alive(self.owner_pid, self.owner_start_ticks)
 
     @classmethod
     def load(cls, path: Path) -> RunState:
@@ -313,14 +328,21 @@ def far_run_folders(home: Path | None = None) -> dict[Path, str]:
         return {}
 
 
+def state_dirs() -> list[Path]:
+    """Where state files are: `STATE_DIR`, and the earlier versions' folder unless a test or the
+    environment chose another `STATE_DIR`."""
+    return [STATE_DIR, *([LEGACY_STATE_DIR] if STATE_DIR == DEFAULT_STATE_DIR else [])]
+
+
 def run_states() -> list[RunState]:
-    states = []
-    for path in sorted(STATE_DIR.glob("run-*.json")):
+    """Every run of this machine with a state file, live or not (one each)."""
+    states: dict[str, RunState] = {}
+    for path in sorted(p for folder in state_dirs() for p in folder.glob("run-*.json")):
         try:
-            states.append(RunState.load(path))
+            states.setdefault(path.stem[len("run-"):], RunState.load(path))
         except (OSError, ValueError, TypeError):
             continue
-    return states
+    return list(states.values())
 
 
 @dataclass
@@ -344,12 +366,14 @@ class CleanReport:
 
 
 def clean_run(state: RunState, *, report: CleanReport | None = None) -> CleanReport:
-    """Remove everything of one run: its marked processes, tagged bridges, its interfaces, its state file."""
+    """Remove everything of one run: its marked processes, tagged bridges, its interfaces, then its
+    state file, unless a process of it survived (the next bring-up tries again, knowing whose it is)."""
     report = report or CleanReport()
-    rid = state.run_id
-    report.runs.append(rid)
-    _clean_ids({rid}, report, interfaces=state.interfaces)
-    state.remove()
+    report.runs.append(state.run_id)
+    survivors = len(report.survivors)
+    _clean_ids({state.run_id}, report, interfaces=state.interfaces)
+    if len(report.survivors) == survivors:
+        state.remove()
     return report
 
 

@@ -14,16 +14,21 @@ server on this machine does not (docs/cluster.md):
   interfaces take that MTU too, so that no frame is larger than a tunnel carries.
 - **Shaping there.** The controller's tc commands for a far switch's interfaces run on that server
   over its SSH connection (`controller.tc.ClusterTc`, from the file `tc_servers_file` writes).
+- **A machine lost mid-run**, found within `LOST_TIMEOUT_S` by design (`lost_within_s`): its forward's
+  keepalives end the forward, and a fresh SSH connection that the run looks at without waiting on it
+  (`FarSide.poll_lost`) gets what is left of the timeout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import math
 import os
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,13 +55,29 @@ LOG = logging.getLogger("netai.cluster")
 VXLAN_OVERHEAD = 50
 #: How long the controller's forward may take to listen on a far machine.
 FORWARD_TIMEOUT_S = 15.0
-#: How long a far server may take to answer at teardown before it counts as lost.
+#: A far machine that stops answering is found lost within this many seconds: mid-run by the design
+#: below (`lost_within_s`), at teardown by one SSH call's timeout (`FarSide.mark_lost`).
 LOST_TIMEOUT_S = 8.0
-#: The controller's forward sends an SSH keepalive every second and ends after this many unanswered:
-#: a machine lost mid-run ends its forward within a few seconds, which `FarSide.poll_lost` notices.
-KEEPALIVE_COUNT = 3
-#: How long a far server whose forward ended may take to answer a fresh connection before it counts as lost.
-PROBE_TIMEOUT_S = 6.0
+#: The controller's forward sends an SSH keepalive every `KEEPALIVE_INTERVAL_S` and ends once
+#: `KEEPALIVE_COUNT` have gone unanswered: ssh gives up at the next one, (count + 1) intervals after
+#: the machine last answered.
+KEEPALIVE_INTERVAL_S = 1
+KEEPALIVE_COUNT = 2
+#: How often a run looks at the forwards mid-run (`FarSide.poll_lost`: the forwards' and the probes'
+#: process states; it never waits on SSH).
+LOOK_PERIOD_S = 0.5
+#: How long a far server whose forward ended may take to answer a fresh connection before it counts
+#: as lost: what is left of `LOST_TIMEOUT_S` once the forward's end and two looks are counted.
+PROBE_TIMEOUT_S = LOST_TIMEOUT_S - (KEEPALIVE_COUNT + 1) * KEEPALIVE_INTERVAL_S - 2 * LOOK_PERIOD_S
+
+
+def lost_within_s() -> float:
+    """The latest a far machine that stops answering mid-run is found lost, by design, from the moment
+    it last answered: its forward ends (`KEEPALIVE_COUNT` + 1 keepalive intervals), the next look starts
+    a probe (`LOOK_PERIOD_S`), the probe gets `PROBE_TIMEOUT_S`, and the first look after that finds the
+    machine lost (`LOOK_PERIOD_S`). Equal to `LOST_TIMEOUT_S` by construction; it holds while the run
+    looks at least every `LOOK_PERIOD_S` (its loops poll every 0.05-0.1 s)."""
+    return (KEEPALIVE_COUNT + 1) * KEEPALIVE_INTERVAL_S + LOOK_PERIOD_S + PROBE_TIMEOUT_S + LOOK_PERIOD_S
 
 
 @dataclass
@@ -74,6 +95,10 @@ class FarSide:
     lost_at: dict[str, float] = field(default_factory=dict)
     #: The controller's OpenFlow port and the run's id, once forwarded (a forward that ends is made again).
     forwarded: tuple[int, str] | None = None
+    #: Far servers whose forward ended: the fresh connection asking whether they answer, and until when.
+    probes: dict[str, tuple[subprocess.Popen[bytes], float]] = field(default_factory=dict)
+    #: The clock the probes' deadlines and `lost_at` are on (a test's fake one).
+    clock: Callable[[], float] = time.monotonic
 
     @property
     def inner_mtu(self) -> int:
@@ -104,7 +129,7 @@ class FarSide:
     def _start_forward(self, server: ClusterServer) -> None:
         assert self.forwarded is not None
         of_port, run_id = self.forwarded
-        argv = [a if a != "ServerAliveInterval=5" else "ServerAliveInterval=1"
+        argv = [a if not a.startswith("ServerAliveInterval=") else f"ServerAliveInterval={KEEPALIVE_INTERVAL_S}"
                 for a in own_connection_argv(server, self.control_dir)]
         argv += ["-N", "-o", f"ServerAliveCountMax={KEEPALIVE_COUNT}", "-o", "ExitOnForwardFailure=yes",
                  "-R", f"127.0.0.1:{of_port}:127.0.0.1:{of_port}", ssh_target(server)]
@@ -112,30 +137,54 @@ class FarSide:
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             env={**os.environ, "NETAI_RUN": run_id}, start_new_session=True)
 
-    def poll_lost(self, net: Any) -> list[str]:
-        """The far servers lost so far. Cheap while every forward runs (no SSH at all): a server whose
-        controller forward ended and which does not answer a fresh connection in `PROBE_TIMEOUT_S` is
-        lost from now on (its nodes marked, so that nothing waits on their shells); one that answers
-        gets its forward again."""
+    def _start_probe(self, server: ClusterServer) -> subprocess.Popen[bytes]:
+        """A fresh SSH connection running ``true`` there, its connect timeout within the probe's."""
+        argv = [a if not a.startswith("ConnectTimeout=") else f"ConnectTimeout={math.ceil(PROBE_TIMEOUT_S)}"
+                for a in own_connection_argv(server, self.control_dir)]
+        return subprocess.Popen([*argv, ssh_target(server), "true"], stdin=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+    def poll_lost(self, net: Any, *, settle: bool = False) -> list[str]:
+        """The far servers lost so far, looked at without waiting (`lost_within_s`). A server whose
+        controller forward ended gets a fresh SSH connection (a probe); one whose probe fails, or does
+        not answer in `PROBE_TIMEOUT_S`, is lost from now on (its nodes marked, so that nothing waits on
+        their shells); one that answers gets its forward again. `settle`: wait for the probes under way
+        to answer or time out (before a task is admitted, so that it is scheduled knowing them)."""
         for server in self.far_servers:
             proc = self.forwards.get(server.name)
             if server.name in self.lost or proc is None or proc.poll() is None:
                 continue
-            probe = [*own_connection_argv(server, self.control_dir), ssh_target(server), "true"]
-            try:
-                answered = subprocess.run(probe, stdin=subprocess.DEVNULL, capture_output=True,
-                                          timeout=PROBE_TIMEOUT_S, check=False).returncode == 0
-            except subprocess.TimeoutExpired:
-                answered = False
-            if answered:
+            if server.name not in self.probes:
+                self.probes[server.name] = (self._start_probe(server), self.clock() + PROBE_TIMEOUT_S)
+            answered = self._probe_answer(server.name, settle)
+            if answered is None:
+                continue
+            del self.probes[server.name]
+            if answered == 0:
                 LOG.warning("the controller's forward to %s ended; the server answers: forwarding again", server.name)
                 self._start_forward(server)
                 continue
-            LOG.error("cluster server %s is lost: it no longer answers over SSH", server.name)
+            LOG.error("cluster server %s is lost: it no longer answers over SSH (%s)", server.name,
+                      f"ssh exited {answered}" if answered > 0 else f"no answer in {PROBE_TIMEOUT_S:.0f} s")
             self.lost.append(server.name)
-            self.lost_at[server.name] = time.monotonic()
+            self.lost_at[server.name] = self.clock()
             self._mark_nodes(net)
         return list(self.lost)
+
+    def _probe_answer(self, name: str, settle: bool) -> int | None:
+        """The probe's exit status; -1 once its time is up (it is ended); None while it may still answer."""
+        probe, deadline = self.probes[name]
+        if settle:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                probe.wait(timeout=max(0.0, deadline - self.clock()))
+        answered = probe.poll()
+        if answered is not None:
+            return answered if answered >= 0 else 255  # ended by a signal: no answer either
+        if self.clock() < deadline:
+            return None
+        probe.kill()  # ssh waits on a machine that is gone: nothing to let it finish
+        probe.wait()
+        return -1
 
     def _mark_nodes(self, net: Any) -> None:
         for node in [*net.hosts, *net.switches]:
@@ -160,6 +209,7 @@ class FarSide:
     def mark_lost(self, net: Any) -> list[str]:
         """The far servers lost mid-run, and those that no longer answer over SSH now (at teardown);
         their nodes are marked so that teardown does not wait on their shells. Recorded in `lost`."""
+        self.poll_lost(net, settle=True)  # a probe under way decides first
         gone = [s.name for s in self.far_servers if s.name not in self.lost
                 and ssh_run(s, self.control_dir, ["true"], timeout=LOST_TIMEOUT_S).returncode != 0]
         self.lost += gone
@@ -167,9 +217,10 @@ class FarSide:
         return self.lost
 
     def stop(self) -> None:
-        """End the forwards (idempotent)."""
-        for proc in self.forwards.values():
+        """End the forwards and the probes (idempotent)."""
+        for proc in [*self.forwards.values(), *(probe for probe, _ in self.probes.values())]:
             end_process(proc)
+        self.probes.clear()
 
 
 def far_side(spec: ClusterSpec, control_dir: Path) -> FarSide | None:

@@ -317,9 +317,10 @@ class Emulation:
         state.save()
         return state
 
-    def lost_sites(self) -> dict[str, str]:
-        """{site: server} of the far servers lost so far (`FarSide.poll_lost`); {} without far servers."""
-        lost = self._far.poll_lost(self.net) if self._far is not None and self.net is not None else []
+    def lost_sites(self, *, settle: bool = False) -> dict[str, str]:
+        """{site: server} of the far servers lost so far (`FarSide.poll_lost`; `settle`: once the probes
+        under way have answered or timed out); {} without far servers."""
+        lost = self._far.poll_lost(self.net, settle=settle) if self._far is not None and self.net is not None else []
         return {site: server for site, server in self.placement.items() if server in lost}
 
     def _prepare_cluster(self, cluster: clustering.ClusterSpec) -> None:

@@ -20,12 +20,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from orchestrator.emulation.cluster_far import LOOK_PERIOD_S
 from orchestrator.lifecycle.ports import Link
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger("netai.cluster")
-#: How often the lost machines are looked at (cheap: the forwards' states, SSH only once one ended).
-PERIOD_S = 1.0
 
 
 def links_of(plan: EmulationPlan, sites: Iterable[str]) -> set[Link]:
@@ -39,31 +38,38 @@ class MachineWatch:
 
     `record` is called once per lost machine with the fault's fields (``at_s`` on the run's clock,
     from `clock`); `label` is the label its row is recorded under (the driver sets it). `on_lost`,
-    when given, is told the machine's sites and why (the site servers there are lost with it).
+    when given, is told the machine's sites and why (the site servers there are lost with it). The
+    machines are looked at every `period_s` at most (`LOOK_PERIOD_S`, part of the design that finds a
+    lost machine within `cluster_far.LOST_TIMEOUT_S`), on `monotonic`'s clock.
     """
 
     def __init__(self, emu: Any, plan: EmulationPlan, record: Callable[..., None], clock: Callable[[], float],
-                 *, period_s: float = PERIOD_S, on_lost: Callable[[list[str], str], None] | None = None) -> None:
+                 *, period_s: float = LOOK_PERIOD_S, on_lost: Callable[[list[str], str], None] | None = None,
+                 monotonic: Callable[[], float] = time.monotonic) -> None:
         self.emu, self.plan, self.record, self.clock, self.period_s = emu, plan, record, clock, period_s
-        self.on_lost = on_lost
+        self.on_lost, self.monotonic = on_lost, monotonic
         self.label = ""
         #: Lost server -> its sites.
         self.servers: dict[str, list[str]] = {}
         self._links: set[Link] = set()
         self._read = -math.inf
+        self._settle = False
 
     def refresh(self) -> None:
-        """Look at the machines again on the next `links` (before a task is admitted: a site server
-        there may have been found gone before the machine was)."""
+        """Look at the machines again on the next `links`, waiting for a machine being asked whether it
+        still answers (before a task is admitted: a site server there may have been found gone before
+        the machine was, and the task is to be scheduled knowing)."""
         self._read = -math.inf
+        self._settle = True
 
     def links(self) -> set[Link]:
         """The links down because their machine is lost (looked at again at most every `period_s`)."""
-        now = time.monotonic()
+        now = self.monotonic()
         if now - self._read < self.period_s:
             return set(self._links)
         self._read = now
-        lost = self.emu.lost_sites()
+        lost = self.emu.lost_sites(settle=self._settle)
+        self._settle = False
         for server in sorted(set(lost.values()) - set(self.servers)):
             sites = sorted(s for s, srv in lost.items() if srv == server)
             self.servers[server] = sites

@@ -18,6 +18,7 @@ The report covers the whole run and says when it was resumed (`durability.resume
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -31,6 +32,40 @@ from orchestrator.scheduling import NetworkState, Schedule
 
 #: What a sweep's folder records of it (the sweep's own `source`).
 SWEEP_FILE = "sweep.json"
+
+
+def write_sweep_record(sweep_dir: Path, name: str, source: Mapping[str, Any]) -> None:
+    """The sweep's `SWEEP_FILE`, whole or not at all: written aside, synced, then renamed over (a crash
+    or a full disk while it is written leaves no half file for a resume to stumble on)."""
+    tmp = sweep_dir / f"{SWEEP_FILE}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"name": name, "source": dict(source)}, sort_keys=True))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, sweep_dir / SWEEP_FILE)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def read_sweep_record(sweep_dir: Path) -> dict[str, Any]:
+    """The sweep's `SWEEP_FILE`.
+
+    Raises
+    ------
+    ConfigError
+        One line when it cannot be read (what a resume can do instead).
+    """
+    try:
+        record = json.loads((sweep_dir / SWEEP_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        record = e
+    if not isinstance(record, dict):
+        why = record if isinstance(record, Exception) else "not a JSON object"
+        raise ConfigError(f"{sweep_dir}: its {SWEEP_FILE} cannot be read ({why}): the sweep cannot be resumed as "
+                          f"one; resume its runs one by one (--resume {sweep_dir}/RUN_DIR) or start it again")
+    return record
 
 
 def source_record(path: str | Path | None, overrides: Mapping[str, Any], cfg: ExperimentConfig) -> dict[str, Any]:
@@ -130,6 +165,11 @@ def find_run(run_dir: Path) -> Found:
     """
     db_path = run_dir / "results.db"
     if not db_path.is_file():
+        runs = sorted(p.parent.name for p in run_dir.glob("*/results.db"))
+        if runs:  # a sweep's folder without its record
+            raise ConfigError(f"{run_dir}: no run to resume here: it holds run folders ({', '.join(runs[:3])}"
+                              f"{', ...' if len(runs) > 3 else ''}) but no {SWEEP_FILE} to resume them as one sweep: "
+                              f"resume each (--resume {run_dir}/RUN_DIR)")
         raise ConfigError(f"{run_dir}: no run to resume here (no results.db)")
     with ResultsDB(db_path) as db:
         run_id = queries.last_run_id(db.conn)
@@ -175,6 +215,18 @@ def is_complete(found: Found, cfg: ExperimentConfig) -> bool:
     with ResultsDB(found.run_dir / "results.db") as db:
         have = set(queries.recorded_tasks(db.conn, found.run_id))
     return expected_tasks(cfg) <= have
+
+
+def write_missing_results(run_dir: Path, run_id: int, *, figures: bool = True) -> bool:
+    """Write a complete run's report, CSVs and figures again when its ``report.md`` is missing (a full
+    disk stopped them: `orchestrator.results.report.write_results_on_exit`); whether it did."""
+    if (run_dir / "report.md").is_file():
+        return False
+    from orchestrator.results.report import write_results
+
+    with ResultsDB(run_dir / "results.db") as db:
+        write_results(db, run_id, run_dir, figures=figures)
+    return True
 
 
 def reopen(db: ResultsDB, run_id: int, run_dir: Path) -> Resume:
@@ -244,8 +296,7 @@ def entry_run_dir(sweep_dir: Path, name: str) -> Path | None:
 def load_sweep_for_resume(sweep_dir: Path, config_path: str | None, build: Any) -> ExperimentConfig:
     """The sweep in `sweep_dir` (its ``sweep.json``) and its config, checked as a run's is
     (`check_source`): nothing has started when this raises."""
-    record = json.loads((sweep_dir / SWEEP_FILE).read_text())
-    source = record.get("source") or {}
+    source = read_sweep_record(sweep_dir).get("source") or {}
     check_source(source, build, config_path)
     path = config_path or source.get("path")
     if "config" not in source:

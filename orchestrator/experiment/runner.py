@@ -54,7 +54,7 @@ from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
 from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, site_peaks, task_sets
 from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
-from orchestrator.results.report import write_results
+from orchestrator.results.report import write_results_on_exit
 from orchestrator.results.summary import RunSummary
 from orchestrator.runtime import compute_model
 from orchestrator.runtime.compute import check_model
@@ -275,11 +275,12 @@ def _close_run(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str
     with contextlib.suppress(sqlite3.Error):  # a full disk: the run's marking below says what it can
         db.update_environment(run_id, run_wall_s=round(wall_s, 3))
     durability.finish_or_leave(db, run_id, status, note, LOG)
-    report, summary = _write_results(db, run_id, run_dir, figures=figures)
-    db.close()
-    logging.getLogger().removeHandler(log_handler)
-    log_handler.close()
-    return report, summary
+    try:  # a full disk is raised, for the command line to say in one line
+        return write_results_on_exit(db, run_id, run_dir, figures=figures, log=LOG)
+    finally:
+        db.close()
+        logging.getLogger().removeHandler(log_handler)
+        log_handler.close()
 
 
 def _outcome(outcomes: dict[str, int], lost: str) -> tuple[str, str]:
@@ -467,17 +468,6 @@ def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model
     say(f"time dilation auto: calibrating on 1 task of {trial_cfg.locals[0]} locals, {trial_cfg.task.rounds} "
         f"rounds, under {', '.join(cfg.schedulers)}, K up to {cfg.emulation.max_time_dilation:g}")
     return search_or_reuse(workload_key(cfg, backend_kind), trial, cfg.emulation.max_time_dilation, say=say)
-
-
-def _write_results(db: ResultsDB, run_id: int, run_dir: Path, *,
-                   figures: bool = True) -> tuple[Path | None, RunSummary | None]:
-    """The run folder's results (`write_results`); without `figures` (a calibration trial), the CSVs and
-    the report only."""
-    try:
-        return write_results(db, run_id, run_dir, figures=figures)  # CSVs, figures, report.md and report.html
-    except Exception:
-        LOG.exception("writing the results failed")
-        return None, None
 
 
 def trimmed(cfg: ExperimentConfig, *, locals_: tuple[int, ...], tasks_per_point: int, rounds: int) -> ExperimentConfig:

@@ -28,7 +28,7 @@ from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
-from orchestrator.results.report import write_results
+from orchestrator.results.report import write_results_on_exit
 from orchestrator.results.summary import RunSummary
 from orchestrator.runtime.compute_model import ModelledTraining, for_training, resolve
 from orchestrator.scheduling import NetworkState
@@ -155,14 +155,11 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
 
 def _close(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *,
            figures: bool) -> tuple[Path | None, RunSummary | None]:
-    """On every exit path: the run marked (`durability.finish_or_leave`), its results written (best
-    effort: logged if they cannot be), the database closed."""
+    """On every exit path: the run marked (`durability.finish_or_leave`), its results written
+    (`write_results_on_exit`: logged if they cannot be; a full disk raised), the database closed."""
     durability.finish_or_leave(db, run_id, status, note, LOG)
     try:
-        return write_results(db, run_id, run_dir, figures=figures)
-    except Exception:
-        LOG.exception("writing the results failed")
-        return None, None
+        return write_results_on_exit(db, run_id, run_dir, figures=figures, log=LOG)
     finally:
         db.close()
 

@@ -6,14 +6,13 @@ its own calibration when it asks for ``time_dilation: auto``); then the sweep's 
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.resume import SWEEP_FILE
+from orchestrator.experiment.resume import write_sweep_record
 from orchestrator.experiment.runs import RunOutcome
 from orchestrator.results.regimes import read_points, sweep_lines, write_sweep_report
 
@@ -36,7 +35,7 @@ def run_sweep(cfg: ExperimentConfig, *, run_one: Callable[..., RunOutcome], out_
     sweep_dir = resume or out_root / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
     if resume is None:
         sweep_dir.mkdir(parents=True, exist_ok=False)
-        (sweep_dir / SWEEP_FILE).write_text(json.dumps({"name": cfg.name, "source": source or {}}, sort_keys=True))
+        write_sweep_record(sweep_dir, cfg.name, source or {})
     else:
         from orchestrator.experiment.resume import remove_unstarted
 
@@ -66,14 +65,16 @@ def _run_entry(run: ExperimentConfig, run_one: Callable[..., RunOutcome], sweep_
                **options: Any) -> RunOutcome:
     """One entry of the sweep: run it, or on a resume continue its run (said and kept as it is when
     it is complete)."""
-    from orchestrator.experiment.resume import entry_run_dir, find_run, is_complete
+    from orchestrator.experiment.resume import entry_run_dir, find_run, is_complete, write_missing_results
 
     earlier = entry_run_dir(sweep_dir, run.name) if resuming else None
     if earlier is None:
         return run_one(run, out_root=sweep_dir, **options)
     found = find_run(earlier)
     if is_complete(found, run):
-        print(f"netai: {earlier.name} is complete ({found.status}): kept as it is", flush=True)
+        again = write_missing_results(earlier, found.run_id, figures=options.get("figures", True))
+        print(f"netai: {earlier.name} is complete ({found.status}): kept as it is"
+              f"{'; its missing report written again' if again else ''}", flush=True)
         report = earlier / "report.md"
         return RunOutcome(run_id=found.run_id, run_dir=earlier, status=found.status,
                           report=report if report.exists() else None)

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.results.agreement import ClaimAgreement, PointAgreement
-from orchestrator.results.figures import pyplot, scheduler_colours
+from orchestrator.results.figures import pyplot, save_whole, scheduler_colours
 from orchestrator.results.summary import TaskSummary, retrans_text
 
 #: The targets the validation is read against (docs/simulation.md, "Flow-level simulation").
@@ -166,7 +166,7 @@ def draw_tasks(pairs: Sequence[tuple[TaskSummary, TaskSummary]], out_dir: Path, 
     fig.tight_layout()
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = (out_dir / "sim_vs_emu.png", out_dir / "sim_vs_emu.svg")
-    fig.savefig(paths[0], dpi=120)
-    fig.savefig(paths[1])
+    save_whole(fig, paths[0], dpi=120)
+    save_whole(fig, paths[1])
     plt.close(fig)
     return paths

@@ -11,13 +11,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from orchestrator.results import queries
+from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.summary import RunSummary, run_summary
 
 
 def _write(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
-    with path.open("w", newline="") as f:
+    with durability.written_whole(path) as part, part.open("w", newline="") as f:
         if rows:
             w = csv.DictWriter(f, fieldnames=list(rows[0]))
             w.writeheader()

@@ -134,6 +134,12 @@ class ResultsDB:
             c.execute("UPDATE runs SET status = ?, finished_at = ?, note = ? WHERE id = ?",
                       (status, time.time(), note, run_id))
 
+    def add_note(self, run_id: int, text: str) -> None:
+        """Add `text` to the run's note (after what it says already)."""
+        with self._tx() as c:
+            c.execute("UPDATE runs SET note = CASE WHEN note = '' THEN ? ELSE note || '; ' || ? END WHERE id = ?",
+                      (text, text, run_id))
+
     def reopen_run(self, run_id: int) -> dict[str, Any]:
         """Continue run `run_id` in this process (`netai experiment --resume`): a run found crashed is
         marked so first; the run is ``running`` again, owned by this process, and the resume is

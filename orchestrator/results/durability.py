@@ -14,10 +14,12 @@ crash, a reboot: another boot id) is marked ``crashed`` (`reap`). Another host's
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +143,21 @@ def resume_lines(conn: sqlite3.Connection, run_id: int) -> list[str]:
                       for r in rows)
     n = len(rows)
     return [f"Resumed {n} time{'' if n == 1 else 's'} (`netai experiment --resume`, docs/long-runs.md): {times}.", ""]
+
+
+@contextlib.contextmanager
+def written_whole(path: Path) -> Iterator[Path]:
+    """A run folder's file (report, CSV, figure) written whole or not at all: the caller writes the path
+    this yields (beside `path`, with its suffix, so that a figure keeps its format), which replaces `path`
+    once the writing ended and is removed if it failed. A full disk leaves the earlier file or none,
+    never half of one."""
+    part = path.with_name(f"{path.stem}.part{path.suffix}")
+    try:
+        yield part
+        os.replace(part, path)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
 
 
 def disk_full(exc: BaseException) -> bool:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.results import queries
+from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 
 LOG = logging.getLogger("netai.figures")
@@ -70,10 +70,18 @@ def pyplot() -> Any:
 def _save(fig: Any, out_dir: Path, name: str) -> tuple[Path, ...]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = (out_dir / f"{name}.png", out_dir / f"{name}.svg")
-    fig.savefig(paths[0], dpi=120)
-    fig.savefig(paths[1])
-    pyplot().close(fig)
+    try:
+        save_whole(fig, paths[0], dpi=120)
+        save_whole(fig, paths[1])
+    finally:
+        pyplot().close(fig)
     return paths
+
+
+def save_whole(fig: Any, path: Path, **options: Any) -> None:
+    """`fig.savefig` whole or not at all (`durability.written_whole`: a full disk leaves no half figure)."""
+    with durability.written_whole(path) as part:
+        fig.savefig(part, **options)
 
 
 def scheduler_colours(schedulers: list[str]) -> dict[str, str]:

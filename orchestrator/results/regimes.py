@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.results.db import ResultsDB
-from orchestrator.results.figures import Figure, pyplot, scheduler_colours
+from orchestrator.results.durability import written_whole
+from orchestrator.results.figures import Figure, pyplot, save_whole, scheduler_colours
 from orchestrator.results.report_html import markdown_to_html
 from orchestrator.results.stats import PairedRatio, paired_ratio
 from orchestrator.results.summary import RunSummary, run_summary
@@ -119,8 +120,8 @@ def plot_regimes(points: Sequence[RegimePoint], out_dir: Path) -> Figure:
     ax.legend(fontsize=8)
     fig.tight_layout()
     files = (out_dir / "regimes.png", out_dir / "regimes.svg")
-    fig.savefig(files[0], dpi=120)
-    fig.savefig(files[1])
+    save_whole(fig, files[0], dpi=120)
+    save_whole(fig, files[1])
     plt.close(fig)
     return Figure("regimes", CAPTION, files, drawn={"ratios": drawn, "pays_from": start})
 
@@ -163,6 +164,8 @@ def write_sweep_report(sweep_dir: Path, run_dirs: Sequence[Path], *, name: str) 
               else [f"- `regimes` not drawn: {figure.skipped}"])
     path = sweep_dir / "report.md"
     text = "\n".join(lines) + "\n"
-    path.write_text(text)
-    (sweep_dir / "report.html").write_text(markdown_to_html(text, base_dir=sweep_dir))
+    with written_whole(path) as part:
+        part.write_text(text)
+    with written_whole(sweep_dir / "report.html") as part:
+        part.write_text(markdown_to_html(text, base_dir=sweep_dir))
     return path

@@ -2,8 +2,10 @@
 printed at the end of a run: two renderings of one `RunSummary`.
 
 `write_results` computes the run's summary once (`orchestrator.results.summary.run_summary`) and
-writes the CSVs, the figures and the report from it; the driver keeps the summary and prints it
-(`print_summary`), so the numbers on the terminal are those of the report's summary table.
+writes the CSVs, the figures and the report from it, each file whole or not at all
+(`durability.written_whole`); the driver keeps the summary and prints it (`print_summary`), so the
+numbers on the terminal are those of the report's summary table. The drivers call it on a run's
+exit path through `write_results_on_exit` (what a failure there does).
 
 The report reads top-down, the answer first: the status and any failures; the paper's two claims
 with their intervals and the verdict of the points they rest on (`report_parts.claims_section`);
@@ -17,6 +19,8 @@ one line why for each one not drawn); a simulated run's model; and last the envi
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,6 +55,31 @@ def write_results(db: ResultsDB, run_id: int, out_dir: Path, *, figures: bool = 
     summary = run_summary(db, run_id)
     write_csvs(db, run_id, out_dir, summary=summary)
     return write_report(db, run_id, out_dir, summary=summary, figures=None if figures else ()), summary
+
+
+def write_results_on_exit(db: ResultsDB, run_id: int, out_dir: Path, *, figures: bool = True,
+                          log: logging.Logger) -> tuple[Path | None, RunSummary | None]:
+    """`write_results` on a run's exit path, once the run is marked: any other failure is logged and
+    the run's outcome stands ((None, None)).
+
+    Raises
+    ------
+    OSError, sqlite3.OperationalError
+        A full disk (`durability.disk_full`), for the command line to say in one line, once the log
+        and the run's note (when even that can be written) say what was not written.
+    """
+    try:
+        return write_results(db, run_id, out_dir, figures=figures)
+    except Exception as e:
+        if not durability.disk_full(e):
+            log.exception("writing the results failed")
+            return None, None
+        log.error("the run's report, CSVs and figures were not written, or not all: the disk is full (%s)", e)
+        try:
+            db.add_note(run_id, "its report, CSVs and figures were not written (the disk was full)")
+        except sqlite3.Error as again:
+            log.error("could not note it in the run (%s)", again)
+        raise
 
 
 # -- the terminal -----------------------------------------------------------------------------------
@@ -118,8 +147,10 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
     lines += environment_section(env)
     path = out_dir / "report.md"
     text = "\n".join(lines)
-    path.write_text(text)
-    (out_dir / "report.html").write_text(markdown_to_html(text, base_dir=out_dir))
+    with durability.written_whole(path) as part:
+        part.write_text(text)
+    with durability.written_whole(out_dir / "report.html") as part:
+        part.write_text(markdown_to_html(text, base_dir=out_dir))
     return path
 
 

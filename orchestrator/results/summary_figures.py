@@ -20,7 +20,7 @@ import numpy as np
 
 from orchestrator.results import queries
 from orchestrator.results.db import ResultsDB
-from orchestrator.results.figures import Figure, draw_all, pyplot
+from orchestrator.results.figures import Figure, draw_all, pyplot, save_whole
 from orchestrator.results.stats import selection_curves
 from orchestrator.results.summary import PointSummary, RunSummary, run_summary
 
@@ -73,7 +73,7 @@ def plot(points: Sequence[PointSummary], out_dir: Path) -> dict[str, dict[str, l
         ax.legend()
         fig.tight_layout()
         for ext in ("png", "svg"):
-            fig.savefig(out_dir / f"{fig_name}.{ext}")
+            save_whole(fig, out_dir / f"{fig_name}.{ext}")
         plt.close(fig)
     return drawn
 
@@ -94,8 +94,8 @@ def plot_selection(db: ResultsDB, out_dir: Path) -> Figure:
     right.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     png = out_dir / "selection_accuracy.png"
-    fig.savefig(png, dpi=120)
-    fig.savefig(png.with_suffix(".svg"))
+    save_whole(fig, png, dpi=120)
+    save_whole(fig, png.with_suffix(".svg"))
     plt.close(fig)
     return Figure("selection_accuracy", SELECTION_CAPTION, (png, png.with_suffix(".svg")), drawn=curves)
 
@@ -123,8 +123,8 @@ def plot_online(db: ResultsDB, run_id: int, out_dir: Path) -> Path | None:
     axes[-1, 0].set_xlabel("seconds since the scheduler's first arrival")
     fig.tight_layout()
     path = out_dir / "online_bandwidth.png"
-    fig.savefig(path, dpi=120)
-    fig.savefig(path.with_suffix(".svg"))
+    save_whole(fig, path, dpi=120)
+    save_whole(fig, path.with_suffix(".svg"))
     plt.close(fig)
     return path
 

@@ -493,5 +493,6 @@ def open_compute(kind: str, emu: Any, *, log_root: Path, forks: ForkServerClient
             raise ConfigError("site servers on other machines run with the process backend")
         hosts = {site: emu.host(site) for site in placed_far}
         backend = SplitBackend(backend, FarBackend(hosts, placed_far, log_root=log_root, ctl_dir=backend.ctl_dir,
-                                                   run_id=emu.run_id, lost=lambda: set(emu.lost_sites().values())))
+                                                   run_id=emu.run_id,
+                                                   lost=lambda: set(emu.lost_sites(settle=True).values())))
     return ComputeManager(backend, [h.site for h in emu.plan.hosts])

@@ -25,6 +25,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ import pytest
 import yaml
 
 from orchestrator.emulation.cleanup import marked_processes, underlay_runs
+from orchestrator.emulation.cluster_far import LOST_TIMEOUT_S
 from orchestrator.results.db import ResultsDB
 from tests.integration.machines import Machine, Machines, restart
 from tests.integration.test_experiment import leftovers, netai
@@ -89,9 +91,19 @@ def _here() -> dict[str, list[str]]:
     return {k: v for k, v in leftovers().items() if k != "containers"}
 
 
-def _run_and_kill(config: Path, out: Path, victim: Machine) -> tuple[int, str, float]:
+def _machine_lost_recorded(out: Path) -> bool:
+    """Whether the run's database holds its `machine_lost` fault yet (read-only)."""
+    dbs = list(out.glob("*/results.db"))
+    try:
+        with sqlite3.connect(f"file:{dbs[0]}?mode=ro", uri=True, timeout=1) as conn:
+            return conn.execute("SELECT 1 FROM faults WHERE action = 'machine_lost'").fetchone() is not None
+    except (sqlite3.Error, IndexError):
+        return False
+
+
+def _run_and_kill(config: Path, out: Path, victim: Machine) -> tuple[int, str, float, float | None]:
     """Run the experiment, kill `victim` once task 1 has completed two rounds; exit status, output,
-    and how long the run took from the kill to its end."""
+    how long the run took from the kill to its end, and from the kill to its `machine_lost` fault."""
     proc = netai("experiment", str(config), "--out", str(out), "--no-progress", "--no-figures")
     try:
         deadline = time.monotonic() + 300
@@ -101,8 +113,15 @@ def _run_and_kill(config: Path, out: Path, victim: Machine) -> tuple[int, str, f
             time.sleep(0.1)
         subprocess.run(["docker", "kill", victim.name], check=True, capture_output=True)
         killed = time.monotonic()
-        stdout, _ = proc.communicate(timeout=300)  # a run that hangs fails here
-        return proc.returncode, stdout, time.monotonic() - killed
+        with ThreadPoolExecutor(1) as pool:  # its output read meanwhile, so that it never blocks on a full pipe
+            ended = pool.submit(proc.communicate, timeout=300)  # a run that hangs fails here
+            lost_after_s = None
+            while lost_after_s is None and not ended.done():
+                if _machine_lost_recorded(out):
+                    lost_after_s = time.monotonic() - killed
+                time.sleep(0.05)
+            stdout, _ = ended.result()
+        return proc.returncode, stdout, time.monotonic() - killed, lost_after_s
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -115,9 +134,11 @@ def test_a_machine_killed_mid_experiment(tmp_path: Path, machines: Machines, fig
     assert prepared.returncode == 0, prepared.stdout + prepared.stderr
     m1, m2 = machines.machines[:2]
 
-    status, stdout, after_kill_s = _run_and_kill(config, tmp_path / "runs", m2)
+    status, stdout, after_kill_s, lost_after_s = _run_and_kill(config, tmp_path / "runs", m2)
 
     assert status == 1, stdout[-3000:]
+    # found lost within its stated timeout plus 2 s (issue 48; `cluster_far.lost_within_s`)
+    assert lost_after_s is not None and lost_after_s <= LOST_TIMEOUT_S + 2, (lost_after_s, stdout[-3000:])
     db = ResultsDB(next((tmp_path / "runs").glob("*/results.db")))
     run = db.run(1)
     assert run["status"] == "failed" and f"{m2.ssh}:22" in run["note"], run["note"]
@@ -131,8 +152,8 @@ def test_a_machine_killed_mid_experiment(tmp_path: Path, machines: Machines, fig
     (fault,) = db.query("SELECT action, target, detail FROM faults")
     assert fault["action"] == "machine_lost" and fault["target"] == f"{m2.ssh}:22", fault
     figures.append(f"machine killed mid-run: exit status {status}, first task {first['state']} "
-                   f"({first['reason']}), second task {second['state']}; the run ended {after_kill_s:.1f} s "
-                   "after the kill")
+                   f"({first['reason']}), second task {second['state']}; found lost {lost_after_s:.1f} s and the "
+                   f"run ended {after_kill_s:.1f} s after the kill")
 
     # nothing left on the surviving machine, nor here
     assert _far_leftovers(m1, set()) == {"bridges": [], "vxlan": [], "namespaces": [], "processes": [], "runs": []}
@@ -174,12 +195,13 @@ def test_in_the_online_mode_a_task_moves_around_a_machine_killed_under_it(tmp_pa
     config.write_text(yaml.safe_dump(raw))
 
     try:
-        status, stdout, after_kill_s = _run_and_kill(config, tmp_path / "runs", m2)
+        status, stdout, after_kill_s, lost_after_s = _run_and_kill(config, tmp_path / "runs", m2)
     finally:
         restart(m2)
         _cli("cluster", "clean", str(config))
 
     assert status == 1, stdout[-3000:]
+    assert lost_after_s is not None and lost_after_s <= LOST_TIMEOUT_S + 2, (lost_after_s, stdout[-3000:])
     db = ResultsDB(next((tmp_path / "runs").glob("*/results.db")))
     assert db.run(1)["status"] == "failed" and f"{m2.ssh}:22" in db.run(1)["note"]
     (task,) = db.query("SELECT task_id, state, reason FROM tasks")
@@ -195,8 +217,8 @@ def test_in_the_online_mode_a_task_moves_around_a_machine_killed_under_it(tmp_pa
     assert _here() == {"bridges": [], "veths": [], "controller": []}
     assert m2.exec("ovs-vsctl", "list-br").split() == [], "the restarted machine was cleaned"
     figures.append(f"online mode, machine killed under a task: exit status {status}, the task moved at round "
-                   f"{move['resumed_round']} ({move['reason']}) and completed; the run ended {after_kill_s:.1f} s "
-                   "after the kill")
+                   f"{move['resumed_round']} ({move['reason']}) and completed; found lost {lost_after_s:.1f} s and "
+                   f"the run ended {after_kill_s:.1f} s after the kill")
 
 
 def test_a_machine_with_a_site_server_killed_mid_experiment(tmp_path: Path, machines: Machines) -> None:
@@ -210,9 +232,10 @@ def test_a_machine_with_a_site_server_killed_mid_experiment(tmp_path: Path, mach
     raw["compute_sites"] = ["r2", "r3"]
     config.write_text(yaml.safe_dump(raw))
 
-    status, stdout, after_kill_s = _run_and_kill(config, tmp_path / "runs", m1)
+    status, stdout, after_kill_s, lost_after_s = _run_and_kill(config, tmp_path / "runs", m1)
 
     assert status == 1, stdout[-3000:]
+    assert lost_after_s is not None and lost_after_s <= LOST_TIMEOUT_S + 2, (lost_after_s, stdout[-3000:])
     db = ResultsDB(next((tmp_path / "runs").glob("*/results.db")))
     assert db.run(1)["status"] == "failed" and f"{m1.ssh}:22" in db.run(1)["note"]
     first, second = db.query("SELECT task_id, state, reason FROM tasks ORDER BY task_id")
@@ -222,4 +245,5 @@ def test_a_machine_with_a_site_server_killed_mid_experiment(tmp_path: Path, mach
     assert _here() == {"bridges": [], "veths": [], "controller": []}
     assert marked_processes() == {} and underlay_runs() == []
     print(f"site server's machine killed: exit {status}, first task {first['state']} ({first['reason']}), "
-          f"second {second['state']} ({second['reason']}); ended {after_kill_s:.1f} s after the kill")
+          f"second {second['state']} ({second['reason']}); found lost {lost_after_s:.1f} s and ended "
+          f"{after_kill_s:.1f} s after the kill")

@@ -4,6 +4,8 @@ SQLITE_FULL, what a full file system gives), so no root and no mount are needed.
 
 from __future__ import annotations
 
+import csv
+import errno
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -80,3 +82,63 @@ def test_a_run_that_fills_the_disk_says_so_in_one_line_and_stays_whole(
         half = db.query("SELECT count(*) AS n FROM tasks WHERE complete = 0")[0]["n"]
     assert run["status"] in ("failed", "crashed")
     assert half == 0
+
+
+NO_SPACE = OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_results_file_is_whole_or_not_there(tmp_path: Path) -> None:
+    # Prepare: an earlier report; a write that fills the disk halfway
+    path = tmp_path / "report.md"
+    path.write_text("the earlier report")
+
+    # Execute
+    with pytest.raises(OSError, match="No space left"), durability.written_whole(path) as part:
+        part.write_text("half of the new")
+        raise NO_SPACE
+
+    # Assert: the earlier file as it was, nothing half written beside it
+    assert path.read_text() == "the earlier report"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
+
+
+def test_a_full_disk_while_the_report_is_written_says_so_and_notes_it_in_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Prepare: a simulated run whose disk fills while its tasks.csv is written (after some rows)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(RAW))
+    monkeypatch.setattr(simulated, "_model_sizes", lambda cfg, given: (200_000, None))
+    writerows = csv.DictWriter.writerows
+
+    def fill_up(self: csv.DictWriter[str], rows: Any) -> None:
+        rows = list(rows)
+        if "task_id" in (self.fieldnames or []) and "round" not in (self.fieldnames or []):
+            writerows(self, rows[:1])
+            raise NO_SPACE
+        writerows(self, rows)
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", fill_up)
+
+    # Execute
+    code = main(["experiment", str(path), "--out", str(tmp_path / "runs"), "--no-figures", "--no-progress"])
+
+    # Assert: one line, exit 1; the run keeps its status and notes what was not written; no half file
+    err = capsys.readouterr().err.strip()
+    assert code == 1
+    assert len(err.splitlines()) == 1 and err.startswith("netai: error: the disk is full ([Errno 28]")
+    (run_dir,) = (tmp_path / "runs").glob("*")
+    with ResultsDB(run_dir / "results.db") as db:
+        run = db.run(1)
+        assert db.query("PRAGMA integrity_check")[0]["integrity_check"] == "ok"
+    assert run["status"] == "completed" and "report, CSVs and figures were not written" in run["note"]
+    assert not list(run_dir.glob("*.part.*")) and not (run_dir / "tasks.csv").exists()
+    assert not (run_dir / "report.md").exists()
+
+    # Execute: space freed, the run resumed
+    monkeypatch.setattr(csv.DictWriter, "writerows", writerows)
+    assert main(["experiment", "--resume", str(run_dir), "--no-figures"]) == 0
+
+    # Assert: nothing run again, the report and CSVs written
+    assert "figures, which were missing, written again" in capsys.readouterr().out
+    assert (run_dir / "report.md").is_file() and len((run_dir / "tasks.csv").read_text().splitlines()) > 2

@@ -200,3 +200,56 @@ def load_triangle() -> Any:
     from topologies.loaders import load
 
     return load("triangle")
+
+
+def test_a_sweep_folder_without_its_record_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Prepare: a sweep's folder holding a run folder, its sweep.json lost
+    _path, run_dir = _run(tmp_path)
+    sweep_dir = run_dir.parent
+
+    # Execute
+    code = main(["experiment", "--resume", str(sweep_dir)])
+
+    # Assert: one line naming the run folder and what to do, exit 2
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"holds run folders ({run_dir.name})" in err and "no sweep.json" in err
+    assert f"--resume {sweep_dir}/RUN_DIR" in err
+
+
+@pytest.mark.parametrize("text", ["", '{"name": "half', "[]"])
+def test_an_unreadable_sweep_record_is_refused_in_one_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str) -> None:
+    # Prepare: a sweep.json cut short (written by an earlier version when its disk filled) or not an object
+    (tmp_path / "sweep.json").write_text(text)
+
+    # Execute
+    code = main(["experiment", "--resume", str(tmp_path)])
+
+    # Assert
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "its sweep.json cannot be read" in err and "resume its runs one by one" in err
+
+
+def test_the_sweep_record_is_whole_or_not_there(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+    import os
+
+    from orchestrator.experiment.resume import read_sweep_record, write_sweep_record
+
+    # Execute: written, then a write that fails as a full disk makes it fail
+    write_sweep_record(tmp_path, "s", {"path": "/x.yaml"})
+    full = OSError(errno.ENOSPC, "No space left on device")
+
+    def fsync(_fd: int) -> None:
+        raise full
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    with pytest.raises(OSError, match="No space left"):
+        write_sweep_record(tmp_path, "s", {"path": "/y.yaml"})
+
+    # Assert: the first record is there, whole, and nothing half written beside it
+    assert read_sweep_record(tmp_path) == {"name": "s", "source": {"path": "/x.yaml"}}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sweep.json"]
