@@ -12,7 +12,9 @@ No test touches the user's caches: at session start the profile cache (``NETAI_C
 `orchestrator.runtime.profiles.default_cache`) and the calibration store (``NETAI_CALIBRATION``,
 `orchestrator.simulation.calibration.default_path`) are pointed into a folder of the session's
 own, in the environment, so that the subprocesses the tests start (``netai ...``) inherit them; it is
-removed at the end. Each test also gets an empty calibration store of its own (`_no_host_calibration`).
+removed at the end. Each test also gets an empty calibration store and an empty store of validations
+(``NETAI_VALIDATIONS``, `orchestrator.experiment.validation_store.default_path`) of its own
+(`_no_host_calibration`).
 """
 
 from __future__ import annotations
@@ -110,5 +112,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 @pytest.fixture(autouse=True)
 def _no_host_calibration(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Simulated runs in tests look up an empty calibration store, not this host's (a test that
-    wants one sets ``NETAI_CALIBRATION`` itself): their figures must not depend on the machine."""
-    monkeypatch.setenv("NETAI_CALIBRATION", str(tmp_path_factory.mktemp("calibration") / "calibration.json"))
+    wants one sets ``NETAI_CALIBRATION`` itself): their figures must not depend on the machine. So
+    with the validations a simulated run cites, and those a test's `netai validate` records."""
+    folder = tmp_path_factory.mktemp("calibration")
+    monkeypatch.setenv("NETAI_CALIBRATION", str(folder / "calibration.json"))
+    monkeypatch.setenv("NETAI_VALIDATIONS", str(folder / "validations.json"))

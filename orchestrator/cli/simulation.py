@@ -3,8 +3,9 @@
 `calibrate` finds this host's time dilation K (auto-dilation trials of a fixed set), runs the set
 emulated at K (needs root, minutes) and stores K and the parameters fitted on it with the host's
 identity and the project's version (`orchestrator.experiment.calibrate`). `validate` runs a config
-emulated (at the host's K when the config sets none) and simulated on the same tasks and prints how
-far apart they are (`orchestrator.experiment.validate`). Input is checked
+emulated (at the host's K when the config sets none) and simulated on the same tasks, prints how
+far apart they are and records it in the user's store of validations (`orchestrator.experiment.validate`);
+it exits 1 when the emulated reference was not faithful. Input is checked
 before anything starts; progress goes to standard output, one line per step.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
@@ -79,6 +81,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
                       calibration_store=_store(args), host_k=not sets_dilation(Path(args.config)),
                       say=lambda line: print(line, flush=True))
     print(f"written: {result.out_dir / 'validation.json'}")
+    if not result.reference_faithful:
+        print("netai: the emulated reference is not faithful: this validation covers no simulated run "
+              "(its first line says where)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -6,7 +6,8 @@ the point's earlier tasks and the background's own rates, `orchestrator.simulati
 then every admitted task's rounds simulated on SimGrid (child engine processes,
 `orchestrator.simulation.spec.simulate`), recorded in the same results database, CSVs,
 figures and report. The run is marked ``engine = simulation`` (the `runs` table) and its
-environment lists the model's parameters, so the report says it was simulated and how.
+environment lists the model's parameters, so the report says it was simulated and how, and which
+`netai validate` covers its regime, or that none does (`validation_store.covering`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from controller.htb import BACKGROUND_SHARE
 from orchestrator.experiment.config import ExperimentConfig, SimulationConfig
 from orchestrator.experiment.resume import Resume, reopen
 from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, task_sets
+from orchestrator.experiment.validation_store import Regime, covering
+from orchestrator.experiment.validation_store import default_path as validations_path
 from orchestrator.lifecycle.core import Lifecycle, LiveTask
 from orchestrator.lifecycle.recorder import DbRecorder
 from orchestrator.results import durability, queries
@@ -96,7 +99,7 @@ class ReplayedBackground:
 def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | None = None,
                   calibration_store: Path | None = None, figures: bool = True,
                   replay: ReplayedBackground | None = None, source: dict[str, Any] | None = None,
-                  resume: Path | None = None) -> RunOutcome:
+                  resume: Path | None = None, validations: Path | None = None) -> RunOutcome:
     """Run `cfg` on the flow-level model; results in a new run folder under `out_root`.
 
     `model_bytes` skips building the model to size it (`check_model`), e.g. in a benchmark.
@@ -104,7 +107,8 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     `orchestrator.simulation.calibration.default_path`). `replay`: the schedulers are given these
     tasks' recorded background instead of the modelled one (recorded as ``scheduler_background``).
     `source`: recorded for a resume; `resume`: the run folder whose run this continues (its kept
-    tasks not run again, `orchestrator.experiment.resume`).
+    tasks not run again, `orchestrator.experiment.resume`). `validations`: the store of validations
+    whose newest covering one the run cites (default `validation_store.default_path`).
     """
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
@@ -116,7 +120,8 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     background = _background(cfg, model, plan, params)
     db.update_environment(run_id, **_environment(cfg, plan, params, background, calibration,
                                                  training := _training(cfg, params))
-                          | {"frame_headers": "modelled" if frame_bytes is not None else "not modelled"})
+                          | {"frame_headers": "modelled" if frame_bytes is not None else "not modelled"}
+                          | _validation(cfg, model.name, model_bytes, validations))
     status, note = "failed", ""
     try:
         batch = SimBatch(model, params, rate, background, frame_bytes)
@@ -151,6 +156,11 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     finally:
         report, summary = _close(db, run_id, run_dir, status, note, figures=figures)
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _validation(cfg: ExperimentConfig, topology: str, model_bytes: int, store: Path | None) -> dict[str, Any]:
+    """What the run records of the newest validation in `store` that covers its regime, or why none does."""
+    return covering(store or validations_path(), Regime.of(topology, [model_bytes], cfg.locals, cfg.schedulers))
 
 
 def _close(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *,

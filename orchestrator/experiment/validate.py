@@ -14,11 +14,17 @@ that it measures the emulated network rather than the host's contention; which K
 calibration is printed and recorded. A host without one runs it undilated, and says so.
 
 Everything lands in one folder: the two run folders, ``validation.json`` (every figure printed)
-and ``sim_vs_emu.png``/``.svg`` (simulated against emulated, per task).
+and ``sim_vs_emu.png``/``.svg`` (simulated against emulated, per task). What was validated (the
+config, the host, the regime, the worst and geometric-mean error) is added to the user's store of
+validations (`validation_store`), which simulated runs cite. An emulated reference that is not
+faithful at some point (its own fidelity verdict) is said first, as soon as it is known, and heads
+the output; the validation is still written and stored, marked ``reference_faithful: false``, and
+covers no simulated run (`netai validate` exits 1).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
 from collections.abc import Callable, Mapping
@@ -27,18 +33,21 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
+from orchestrator.experiment import validation_store
 from orchestrator.experiment.calibrate import as_simulated, replace_backend, same_config_run
 from orchestrator.experiment.config import ExperimentConfig, parse_config
+from orchestrator.experiment.validation_store import Regime, ValidationRecord
 from orchestrator.results import agreement_report as out
 from orchestrator.results.agreement import (
     ClaimAgreement,
     PointAgreement,
     claim_agreement,
+    latency_errors,
     paired_tasks,
     point_agreement,
 )
 from orchestrator.results.db import ResultsDB
-from orchestrator.results.summary import RunSummary, run_summary
+from orchestrator.results.summary import RunSummary, TaskSummary, run_summary
 from orchestrator.simulation.spec import twin_simulation
 
 Say = Callable[[str], None]
@@ -51,6 +60,9 @@ class Validation:
     claims: list[ClaimAgreement]
     figure: tuple[Path, ...]
     calibrated: bool
+    #: Whether the emulated reference was faithful at every point (its own fidelity verdict).
+    reference_faithful: bool
+    record: ValidationRecord
 
 
 def check_validatable(cfg: ExperimentConfig) -> None:
@@ -100,9 +112,11 @@ def reference_config(cfg: ExperimentConfig, store: Path | None, *, host_k: bool,
 
 
 def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = None, emulated_run: Path | None = None,
-             calibration_store: Path | None = None, host_k: bool = False, say: Say = print) -> Validation:
+             calibration_store: Path | None = None, host_k: bool = False, say: Say = print,
+             validations: Path | None = None) -> Validation:
     """Run `cfg` both ways and compare (see the module docstring); with `host_k` (the config sets no
-    K) the emulated reference runs at the host's K (`reference_config`).
+    K) the emulated reference runs at the host's K (`reference_config`). The validation is added to
+    the store at `validations` (default `validation_store.default_path`).
 
     Raises
     ------
@@ -129,6 +143,10 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
     else:
         say(f"[1/3] emulated run: {emulated_run} (run {emu_id}, the same config)")
         emu_dir = emulated_run
+    emu_summary = _summary(emu_dir, int(emu_id or 0))
+    unfaithful = out.unfaithful_headline(emu_summary.verdicts)
+    if unfaithful:
+        say(unfaithful)
     from orchestrator.experiment.simulated import ReplayedBackground, run_simulated
     from orchestrator.results.queries import first_views, scheduler_views, split_views
 
@@ -142,11 +160,13 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
         "as the emulated links had it; each task's schedulers given the background the emulated ones were) ...")
     replay = ReplayedBackground(f"the emulated run {emu_dir.name} (run {emu_id})", views) if views else None
     sim = run_simulated(twin, out_root=folder, calibration_store=calibration_store, replay=replay)
-    emu_summary, sim_summary = _summary(emu_dir, int(emu_id or 0)), _summary(sim.run_dir, sim.run_id)
+    sim_summary = _summary(sim.run_dir, sim.run_id)
     _say_replay(sim_summary.environment, split_views(by_scheduler), say)
     say("[3/3] comparing ...")
     measured = [sum(v.values()) for v in views.values()]
-    return _compare(folder, cfg, emu_dir, emu_summary, sim.run_dir, sim_summary, say, measured)
+    result = _compare(folder, cfg, emu_dir, emu_summary, sim.run_dir, sim_summary, say, measured)
+    validation_store.save(result.record, validations or validation_store.default_path())
+    return result
 
 
 def _summary(run_dir: Path, run_id: int) -> RunSummary:
@@ -184,7 +204,8 @@ def _schedules(run_dir: Path, run_id: int) -> dict[tuple[str, int], str]:
 
 def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary, sim_dir: Path, sim: RunSummary,
              say: Say, measured_background: list[float]) -> Validation:
-    """The agreement tables printed and written, and the figure drawn."""
+    """The agreement tables printed and written (headed by the reference's fidelity when it was not
+    faithful), the figure drawn, and the validation's record."""
     pairs = paired_tasks(emu.tasks, sim.tasks)
     if not pairs:
         raise ConfigError("no task completed in both runs: nothing to compare")
@@ -198,7 +219,10 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
     scheduled, differing = out.schedule_identity(_schedules(emu_dir, emu.run_id), _schedules(sim_dir, sim.run_id))
     view = out.background_view_line(str(env.get("scheduler_background", "modelled")), measured_background,
                                     env.get("modelled_background_total_mbps"))
-    lines = [f"validate {cfg.name}: emulated {emu_dir} (run {emu.run_id}), simulated {sim_dir} (run {sim.run_id})",
+    unfaithful = out.unfaithful_headline(emu.verdicts)
+    record = _record(cfg, pairs, points, folder, faithful=unfaithful is None, calibration=env.get("calibration_id"))
+    lines = [*([unfaithful] if unfaithful else []),
+             f"validate {cfg.name}: emulated {emu_dir} (run {emu.run_id}), simulated {sim_dir} (run {sim.run_id})",
              f"emulated at time dilation K={float(emu.environment.get('time_dilation') or 1.0):g} ("
              + (f"this host's, calibration {cfg.emulation.time_dilation_from})" if cfg.emulation.time_dilation_from
                 else "chosen by its trials)" if cfg.emulation.time_dilation_auto else "the config's)"),
@@ -207,21 +231,47 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
              f"tasks compared: {len(pairs)} (emulated done {sum(t.state == 'done' for t in emu.tasks)}, "
              f"simulated done {sum(t.state == 'done' for t in sim.tasks)})", view,
              out.schedules_line(scheduled, differing), "",
-             *out.point_lines(points), "",
-             *out.fidelity_lines(emu_dir, emu.run_id, [(p.scheduler, p.n_locals) for p in points],
-                             compute_modelled=cfg.task.compute_timing == "modeled"), "",
+             *out.point_lines(points), "", *out.reference_lines(emu.verdicts), "",
              *out.claim_lines(claims), "",
              *out.parts_lines(_parts(emu_dir, emu.run_id), _parts(sim_dir, sim.run_id)), "", out.carried_line(points),
-             out.retrans_line(points), f"figure: {figure[0]}"]
+             out.retrans_line(points), _errors_line(record), f"figure: {figure[0]}"]
     for line in lines:
         say(line)
-    doc: dict[str, Any] = {"config": cfg.name, "emulated_run": str(emu_dir), "simulated_run": str(sim_dir),
+    doc: dict[str, Any] = {"config": cfg.name, "config_hash": record.config_hash, "emulated_run": str(emu_dir),
+                           "simulated_run": str(sim_dir), "reference_faithful": record.reference_faithful,
+                           "unfaithful_points": [[v.scheduler, v.n_locals] for v in emu.unfaithful],
                            "calibrated": calibrated, "calibration": env.get("calibration_summary"),
                            "time_dilation": emu.environment.get("time_dilation", cfg.emulation.time_dilation),
                            "time_dilation_from": cfg.emulation.time_dilation_from or None,
                            "tasks_compared": len(pairs), "figure": [str(p) for p in figure],
                            "scheduler_background": env.get("scheduler_background"),
-                           "decisions_compared": scheduled, "decisions_differing": [list(k) for k in differing]}
+                           "decisions_compared": scheduled, "decisions_differing": [list(k) for k in differing],
+                           "record": record.to_dict()}
     (folder / "validation.json").write_text(json.dumps(out.as_json(points, claims, doc), indent=1, default=str))
     (folder / "validation.txt").write_text("\n".join(lines) + "\n")
-    return Validation(folder, points, claims, figure, calibrated)
+    return Validation(folder, points, claims, figure, calibrated, record.reference_faithful, record)
+
+
+def _record(cfg: ExperimentConfig, pairs: list[tuple[TaskSummary, TaskSummary]], points: list[PointAgreement],
+            folder: Path, *, faithful: bool, calibration: str | None) -> ValidationRecord:
+    """What the store keeps of this validation: the regime is that of the tasks both engines completed."""
+    from orchestrator import __version__
+    from orchestrator.simulation.calibration import HostIdentity, new_id
+    from orchestrator.simulation.spec import MODEL_REVISION
+
+    host = HostIdentity.here()
+    rid, created = new_id(host)
+    digest = hashlib.sha256(json.dumps(cfg.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:12]
+    regime = Regime.of(cfg.network().name, [e.model_bytes for e, _ in pairs], [e.n_locals for e, _ in pairs],
+                       [e.scheduler for e, _ in pairs])
+    worst, geomean = latency_errors(points)
+    return ValidationRecord(id=f"{rid}-{digest[:6]}", created=created, host=host.hostname, version=__version__,
+                            model=MODEL_REVISION, config=cfg.name, config_hash=digest, regime=regime, worst_error=worst,
+                            geomean_error=geomean, reference_faithful=faithful, calibration=calibration,
+                            folder=str(folder))
+
+
+def _errors_line(record: ValidationRecord) -> str:
+    faithful = "" if record.reference_faithful else "; NOT recorded as covering it: the reference was not faithful"
+    return (f"mean round latency sim/emu: worst error {record.worst_error:.2%}, geometric-mean error "
+            f"{record.geomean_error:.2%}; regime {record.regime.text()}{faithful}")

@@ -18,6 +18,7 @@ Pure functions of `TaskSummary` lists; nothing here reads a database, draws or p
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -137,3 +138,18 @@ def claim_agreement(emulated: Sequence[TaskSummary], simulated: Sequence[TaskSum
                                       paired_ratio(emulated, n_locals=n, numerator=sched, denominator=fixed),
                                       paired_ratio(simulated, n_locals=n, numerator=sched, denominator=fixed)))
     return out
+
+
+def latency_errors(points: Sequence[PointAgreement]) -> tuple[float, float]:
+    """The worst |sim/emu - 1| of mean round latency over `points`, and the geometric-mean error
+    exp(mean |ln sim/emu|) - 1 (a point 10 % slow and one 10 % fast do not cancel out).
+
+    Raises
+    ------
+    ValueError
+        Without points.
+    """
+    if not points:
+        raise ValueError("no point to take the latency error of")
+    ratios = [p.latency.ratio for p in points]
+    return max(abs(r - 1.0) for r in ratios), math.expm1(sum(abs(math.log(r)) for r in ratios) / len(ratios))

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.results.agreement import ClaimAgreement, PointAgreement
+from orchestrator.results.fidelity import Verdict
 from orchestrator.results.figures import pyplot, save_whole, scheduler_colours
 from orchestrator.results.summary import TaskSummary, retrans_text
 
@@ -57,20 +58,35 @@ def parts_lines(emulated: dict[tuple[str, int], dict[str, float]], simulated: di
 
 
 def fidelity_lines(run_dir: Path, run_id: int, points: list[tuple[str, int]], *, compute_modelled: bool) -> list[str]:
-    """The emulated reference's own fidelity verdict per point (`results.fidelity`): a ratio to a
-    point that measured the host (slow hops, overrun trainings, links not fed) is a ratio to the
-    host as much as to the emulated network, which the simulation does not model."""
+    """The emulated reference's own fidelity verdict per point of `points` (`reference_lines`)."""
     from orchestrator.results.db import ResultsDB
     from orchestrator.results.fidelity import run_verdicts
 
     with ResultsDB(run_dir / "results.db") as db:
-        verdicts = run_verdicts(db, run_id, points, compute_modelled=compute_modelled)
+        return reference_lines(run_verdicts(db, run_id, points, compute_modelled=compute_modelled))
+
+
+def reference_lines(verdicts: Sequence[Verdict]) -> list[str]:
+    """The emulated reference's own fidelity verdict per point (`results.fidelity`): a ratio to a
+    point that measured the host (slow hops, overrun trainings, links not fed) is a ratio to the
+    host as much as to the emulated network, which the simulation does not model."""
     bad = [v for v in verdicts if not v.faithful]
     out = [f"emulated reference: {len(bad)} of {len(verdicts)} points NOT faithful (its report's \"Fidelity\")"]
     for v in bad:
         why = "; ".join(r.split(":")[0] for r in v.reasons)
         out.append(f"  {v.scheduler}, {v.n_locals} locals: {why}")
     return out
+
+
+def unfaithful_headline(verdicts: Sequence[Verdict]) -> str | None:
+    """The line `netai validate` puts first when its emulated reference is not faithful (None when it is)."""
+    bad = [v for v in verdicts if not v.faithful]
+    if not bad:
+        return None
+    at = ", ".join(f"{v.scheduler} at {v.n_locals} locals" for v in bad)
+    return (f"the emulated reference is NOT faithful at {len(bad)} of {len(verdicts)} points ({at}): its figures "
+            "there are the host's as much as the emulated network's, so this run does not validate the "
+            "simulation (recorded as reference_faithful: false; exit status 1)")
 
 
 def claim_lines(claims: Sequence[ClaimAgreement]) -> list[str]:

@@ -31,7 +31,7 @@ from orchestrator.results.csvs import write_csvs
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.figures import Figure
 from orchestrator.results.report_html import markdown_to_html
-from orchestrator.results.report_parts import claims_section, environment_section, fmt
+from orchestrator.results.report_parts import claims_section, environment_section, fmt, validation_line
 from orchestrator.results.stats import (
     fault_figures,
     max_overlap,
@@ -101,6 +101,8 @@ def summary_lines(summary: RunSummary, run_dir: Path) -> list[str]:
         if c is not None and c[f"{key}_ratio"] is not None:
             lines.append(f"{key} mst/spff at {c['n_locals']} locals: {c[f'{key}_ratio']:.3f}")
     lines += dilation_lines(summary.environment)[:1]
+    validated = validation_line(summary.environment) if summary.engine == "simulation" else None
+    lines += [validated.replace("**", "")] if validated else []
     for v in summary.verdicts:
         lines.append(f"fidelity {v.scheduler} at {v.n_locals} locals: {v.word}, latency / bound {v.bound_text}"
                      + (f" ({'; '.join(v.reasons)})" if v.reasons else ""))
@@ -155,11 +157,13 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
 
 
 def _head(summary: RunSummary) -> list[str]:
-    """Title, status and the first failures; a simulated run says so (and, uncalibrated, says so on
-    the first line, and by how much it may be off)."""
-    lines = [f"# Run {summary.run_id}: {summary.name}", ""]
-    if summary.engine == "simulation" and summary.environment.get("calibrated") is False:
-        lines.insert(0, uncalibrated_line(summary.environment))
+    """Title, status and the first failures; a simulated run says so, and which validation covers its
+    regime (uncalibrated, or covered by none, it says so first, and by how much it may be off)."""
+    env, simulated = summary.environment, summary.engine == "simulation"
+    validated = validation_line(env) if simulated else None
+    first = [uncalibrated_line(env)] if simulated and env.get("calibrated") is False else []
+    first += [validated] if validated and env.get("validation") is None else []
+    lines = [*(x for line in first for x in (line, "")), f"# Run {summary.run_id}: {summary.name}", ""]
     if summary.unfaithful:
         lines += [f"**Not faithful:** {len(summary.unfaithful)} of {len(summary.verdicts)} points measured the host, "
                   "not only the emulated network and sites; their figures and claims say so below "
@@ -170,10 +174,11 @@ def _head(summary: RunSummary) -> list[str]:
         lines += [f"**{len(failed)} of {len(summary.tasks)} tasks failed.** First reasons:", ""]
         lines += [f"- {t.scheduler} task {t.task_id}: {t.reason or 'no reason recorded'}" for t in failed[:5]]
         lines.append("")
-    if summary.engine == "simulation":
+    if simulated:
         lines += ["**Simulated run**: these figures come from the flow-level model on SimGrid "
                   "(`orchestrator/simulation`), not from the emulation; no model was trained (no accuracy); "
                   "the model's parameters are under \"Simulation model\".", ""]
+        lines += [validated, ""] if validated and env.get("validation") is not None else []
     return lines
 
 

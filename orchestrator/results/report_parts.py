@@ -106,3 +106,19 @@ def environment_section(env: Mapping[str, Any]) -> list[str]:
 
     lines = ["", "## Environment", "", "| setting | value |", "| --- | --- |"]
     return lines + [f"| {cell(k)} | {cell(v)} |" for k, v in environment_rows(env)] + [""]
+
+
+def validation_line(env: Mapping[str, Any]) -> str | None:
+    """What a simulated run's figures rest on: the `netai validate` covering its regime (config, date,
+    host, worst error), or, plainly, that none does and why (None: a run recorded before either was)."""
+    v = env.get("validation")
+    if isinstance(v, Mapping):
+        return (f"**Validated:** this regime is covered by `netai validate` of {v.get('config')} (config "
+                f"{v.get('config_hash')}) of {v.get('created')} on host {v.get('host')}: simulated over emulated mean "
+                f"round latency off by {float(v.get('worst_error', 0.0)):.1%} at worst, "
+                f"{float(v.get('geomean_error', 0.0)):.2%} geometric mean ({v.get('regime')}).")
+    gap = env.get("validation_gap")
+    if gap:
+        return (f"**Not validated:** {gap}. Nothing says how far these simulated figures are from a faithful "
+                "emulation in this regime: run `netai validate` on a config of it (docs/simulation.md).")
+    return None

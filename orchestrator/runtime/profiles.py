@@ -61,13 +61,18 @@ PROFILE_PARTS = 24
 REPEATS = 9
 
 
-def default_cache() -> Path:
-    """The profile cache file: ``profiles.json`` in `$NETAI_CACHE_DIR`, else in
-    ``$XDG_CACHE_HOME/netai`` (default ``~/.cache/netai``); read when called."""
+def cache_dir() -> Path:
+    """The folder of the project's per-user caches: `$NETAI_CACHE_DIR`, else ``$XDG_CACHE_HOME/netai``
+    (default ``~/.cache/netai``); read when called."""
     folder = os.environ.get(ENV_CACHE_DIR)
     if folder:
-        return Path(folder) / "profiles.json"
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netai" / "profiles.json"
+        return Path(folder)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netai"
+
+
+def default_cache() -> Path:
+    """The profile cache file: ``profiles.json`` in `cache_dir`."""
+    return cache_dir() / "profiles.json"
 
 
 @dataclass(frozen=True)

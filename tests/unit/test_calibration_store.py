@@ -103,7 +103,9 @@ def test_a_simulated_run_uses_this_hosts_calibration_and_records_which(tmp_path:
     assert env["calibration_host"] == HostIdentity.here().hostname and env["calibration_created"]
     assert env["cpu_s_per_chunk"] == 0.0031 and env["cpu_cores"] == 2 and env["cpu_s_per_byte"] == 2e-9
     assert env["delay_emulated"] is False  # the calibration's emulation had no delay
-    assert report.startswith("# Run") and "calibration mine of 2026-11-25T10:00:00Z" in report
+    # Calibrated, it is not said to be uncalibrated (only that no validation covers it: none here).
+    assert report.startswith("**Not validated:**") and "**Uncalibrated:**" not in report
+    assert "calibration mine of 2026-11-25T10:00:00Z" in report
     assert "0.0031 s per chunk" in report
 
 
