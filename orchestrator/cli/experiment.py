@@ -107,7 +107,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tasks", type=int, help="override: tasks per point")
     p.add_argument("--rounds", type=int, help="override: rounds per task")
     p.add_argument("--time-dilation", metavar="K", help="override emulation.time_dilation: a number, auto (the "
-                   "smallest faithful K from trials before the run) or host (this host's, netai calibrate)")
+                   "smallest faithful K from trials before the run; a config's per_point kept) or host (this host's, "
+                   "netai calibrate); a number or host is the whole run's K")
     p.add_argument("--max-time-dilation", metavar="CAP", type=float,
                    help="with --time-dilation auto: the largest K its trials try")
     p.add_argument("--recalibrate", action="store_true",

@@ -131,10 +131,10 @@ def measure_worker_cpu(model_args: dict[str, Any] | None = None, chunk_bytes: in
 
 def as_simulated(raw: dict[str, Any], simulation: dict[str, Any]) -> dict[str, Any]:
     """A config's dict on the flow-level model with `simulation` as its section. The emulation's K
-    goes: a time-dilated emulation records its durations divided by K, in the emulated network's
+    (one, or one per point) goes: a time-dilated emulation records its durations divided by K, in the emulated network's
     time, which is the simulation's (`twin_simulation` keeps what K changes of the emulation)."""
     emulation = {k: v for k, v in dict(raw.get("emulation") or {}).items()
-                 if k not in ("time_dilation", "max_time_dilation")}
+                 if k not in ("time_dilation", "max_time_dilation", "per_point")}
     return {**raw, "engine": "simulation", "emulation": emulation, "simulation": simulation}
 
 

@@ -14,9 +14,6 @@ from typing import Any
 
 import yaml
 
-from controller.flows import CONNECTIVITY_MODES, STRICT
-from orchestrator.emulation.cluster import ClusterSpec, parse_cluster
-from orchestrator.emulation.kernel import DATAPATHS
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config_checks import (
     Check,
@@ -27,6 +24,16 @@ from orchestrator.experiment.config_checks import (
     section_check,
     str_check,
     text_check,
+)
+from orchestrator.experiment.emulation_config import AUTO as AUTO
+from orchestrator.experiment.emulation_config import AUTO_MAX_TIME_DILATION as AUTO_MAX_TIME_DILATION
+from orchestrator.experiment.emulation_config import HOST as HOST
+from orchestrator.experiment.emulation_config import MAX_TIME_DILATION as MAX_TIME_DILATION
+from orchestrator.experiment.emulation_config import (
+    EmulationConfig,
+    check_per_point,
+    emulation_section,
+    parse_emulation,
 )
 from orchestrator.experiment.faults import FaultEvent, RescheduleConfig, parse_events, parse_reschedule
 from orchestrator.experiment.sweep_entries import parse_sweep
@@ -40,10 +47,8 @@ from orchestrator.simulation.spec import SimParams
 from topologies.errors import TopologyError
 from topologies.loaders import DEFAULT_TOPOLOGY, load
 from topologies.model import NetworkModel
-from topologies.plan import MAX_EMULATED_MBPS
 from workers.spec import LearningSpec, SpecError
 
-BACKENDS = ("auto", "docker", "process")
 PATTERNS = ("constant", "poisson", "demand-matrix")
 MODES = ("sequential", "online")
 ARRIVALS = ("poisson", "all")
@@ -51,11 +56,6 @@ ARRIVALS = ("poisson", "all")
 #: (`orchestrator.simulation`; docs/simulation.md, "Flow-level simulation").
 ENGINES = ("emulation", "simulation")
 ORDERS = ("rotate", "fixed")  # ``order``: the schedulers' order on each task (`ExperimentConfig.order`)
-#: ``emulation.time_dilation``: ``auto`` (K from trials before the run), ``host`` (this host's, `netai calibrate`).
-AUTO, HOST = "auto", "host"
-#: The most a K may be (a fixed K, or auto's cap); the cap auto's trials and `netai calibrate`'s take by default.
-MAX_TIME_DILATION = 1000.0
-AUTO_MAX_TIME_DILATION = 64.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,37 +89,6 @@ TASK_KEYS: dict[str, str] = {
     "compression": "compression", "k": "k", "dataset": "dataset", "dataset_args": "dataset_args",
     "selection": "selection", "compute_timing": "compute_timing",
 }
-
-
-@dataclass(frozen=True)
-class EmulationConfig:
-    max_link_mbps: float = 100.0
-    backend: str = "auto"
-    #: ``strict`` (the default for experiments: only the tasks' paths and the background routes carry
-    #: traffic, so what is measured is exactly what the schedulers placed, and a task whose traffic
-    #: strays from its paths fails instead of being carried best-effort) or ``best-effort`` (every
-    #: host pair also routed, in the links' lowest class; see `controller.flows`).
-    connectivity: str = STRICT
-    #: What forwards the packets: ``auto`` (Open vSwitch's kernel module where the kernel has it, else
-    #: tc filters in the kernel; the userspace datapath in cluster mode), ``kernel``, ``user`` or ``tc``
-    #: (`orchestrator.emulation.kernel.choose_datapath`; docs/datapaths.md).
-    datapath: str = "auto"
-    #: Time dilation K (DieCast, TDF): link rates divided by K, delays, modelled training and the
-    #: training allowance multiplied by K, and every recorded duration divided by K, so a small host
-    #: emulates a large network faithfully at K times the wall time (docs/fidelity.md, "Fidelity").
-    time_dilation: float = 1.0
-    #: ``time_dilation: auto``: K is the smallest of 1, 2, 4, ... up to `max_time_dilation` at which a
-    #: short calibration before the run shows no fidelity violation (`orchestrator.experiment.calibration`);
-    #: `time_dilation` is then the K the calibration chose.
-    time_dilation_auto: bool = False
-    #: The largest K auto's trials try; when none up to it is faithful the run goes on at it (its verdict says).
-    max_time_dilation: float = AUTO_MAX_TIME_DILATION
-    #: ``time_dilation: host``: this host's K; `host_dilation.resolve` sets it and the calibration's id (`_from`).
-    time_dilation_host: bool = False
-    time_dilation_from: str = ""
-    #: Cluster mode: the servers the sites are spread over (`orchestrator.emulation.cluster`); runs
-    #: with the process backend.
-    cluster: ClusterSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -217,11 +186,7 @@ class ExperimentConfig:
         if self.engine != "simulation":
             del d["simulation"]  # only allowed with engine: simulation
         del d["remote_servers"]
-        if self.emulation.time_dilation_auto or self.emulation.time_dilation_host:
-            d["emulation"]["time_dilation"] = AUTO if self.emulation.time_dilation_auto else HOST
-        if not self.emulation.time_dilation_auto:
-            del d["emulation"]["max_time_dilation"]
-        del d["emulation"]["time_dilation_auto"], d["emulation"]["time_dilation_host"], d["emulation"]["time_dilation_from"]
+        d["emulation"] = emulation_section(self.emulation)
         if self.emulation.cluster is None:
             del d["emulation"]["cluster"]
         else:
@@ -237,30 +202,6 @@ class ExperimentConfig:
         events, periodic moves, or (online) servers on other machines, one of which may be lost."""
         far = self.emulation.cluster is not None and any(s.far for s in self.emulation.cluster.servers)
         return bool(self.events) or "periodic" in self.reschedule.policies or (far and self.mode == "online")
-
-
-def _dilation(key: str, v: Any) -> float:
-    """A fixed K (a number in 1..`MAX_TIME_DILATION`); ``auto`` and ``host`` are taken out before (`_emulation`)."""
-    if isinstance(v, str):
-        raise ConfigError(f"{key} must be a number >= 1 and <= {MAX_TIME_DILATION:g}, {AUTO} or {HOST}, got {v!r}")
-    return num_check(1, MAX_TIME_DILATION)(key, v)
-
-
-def _emulation(raw: Any, base_dir: Path | None) -> EmulationConfig:
-    """The emulation section; its ``cluster`` entry names files relative to the config's folder."""
-    rest = dict(raw) if isinstance(raw, Mapping) else raw
-    cluster = rest.pop("cluster", None) if isinstance(rest, dict) else None
-    word = rest.get("time_dilation") if isinstance(rest, dict) else None
-    if word in (AUTO, HOST):
-        rest = {k: v for k, v in rest.items() if k != "time_dilation"}
-    if word != AUTO and isinstance(rest, dict) and "max_time_dilation" in rest:
-        raise ConfigError("emulation.max_time_dilation is the calibration's cap: it needs time_dilation: auto")
-    cfg = replace(EmulationConfig(**section_check("emulation", rest, EMULATION_SCHEMA)), time_dilation_auto=word == AUTO,
-                  time_dilation_host=word == HOST)
-    spec = parse_cluster(cluster, base_dir=base_dir)
-    if spec is not None and cfg.backend == "docker":
-        raise ConfigError("emulation.cluster runs the process backend (plain Mininet hosts), not docker")
-    return replace(cfg, cluster=spec, backend="process" if spec is not None else cfg.backend)
 
 
 def _selection(key: str, v: Any) -> None:
@@ -296,11 +237,6 @@ def _task(raw: Any) -> TaskConfig:
     return task
 
 
-EMULATION_SCHEMA: dict[str, Check] = {
-    "max_link_mbps": num_check(0, MAX_EMULATED_MBPS, lo_open=True), "backend": choice_check(BACKENDS),
-    "connectivity": choice_check(CONNECTIVITY_MODES), "datapath": choice_check(DATAPATHS), "time_dilation": _dilation,
-    "max_time_dilation": num_check(2, MAX_TIME_DILATION),
-}
 BACKGROUND_SCHEMA: dict[str, Check] = {
     "enabled": bool_check, "pattern": choice_check(PATTERNS), "load": num_check(0, 1), "pairs": int_check(1, 1000),
     "mean_on_s": num_check(0, lo_open=True), "mean_off_s": num_check(0, lo_open=True),
@@ -373,7 +309,7 @@ def _parse(raw: Any, where: str, base_dir: str | Path | None = None) -> Experime
         tasks_per_point=int_check(1, 10_000)("tasks_per_point", raw.get("tasks_per_point", 2)),
         seed=int_check(0)("seed", raw.get("seed", 1)),
         task=_task(raw.get("task")),
-        emulation=_emulation(raw.get("emulation"), files_dir),
+        emulation=parse_emulation(raw.get("emulation"), files_dir),
         background=BackgroundConfig(**section_check("background", raw.get("background"), BACKGROUND_SCHEMA)),
         mode=choice_check(MODES)("mode", raw.get("mode", "sequential")),
         online=OnlineConfig(**section_check("online", raw.get("online"), ONLINE_SCHEMA)),
@@ -407,6 +343,7 @@ def _with_engine(cfg: ExperimentConfig, raw: Mapping[str, Any]) -> ExperimentCon
     if engine == "simulation" and (cfg.emulation.time_dilation_auto or cfg.emulation.time_dilation_host):
         word = "auto calibrates" if cfg.emulation.time_dilation_auto else "host dilates"
         raise ConfigError(f"emulation.time_dilation: {word} the emulation: it needs engine: emulation")
+    check_per_point(cfg.emulation, cfg.locals, mode=cfg.mode, engine=engine)
     return replace(cfg, engine=engine,
                    simulation=SimulationConfig(**section_check("simulation", raw.get("simulation"), SIMULATION_SCHEMA)))
 

@@ -72,7 +72,9 @@ def with_dilation(cfg: ExperimentConfig, value: str | None, cap: float | None = 
     """`cfg` with ``emulation.time_dilation`` set to `value` (a number, ``auto`` or ``host``; None: the
     config's own) and, for ``auto``, ``max_time_dilation`` to `cap` (else the config's cap, or the default): `netai experiment
     --time-dilation`, so that a shipped config (``experiments/paper.yaml``) can run dilated without a
-    copy. The result is validated as a config is (`parse_config`, errors naming `where`).
+    copy. A number or ``host`` is the whole run's K (a K per point of the config is dropped); ``auto``
+    keeps the config's ``per_point``. The result is validated as a config is (`parse_config`, errors
+    naming `where`).
 
     Raises
     ------
@@ -94,6 +96,8 @@ def with_dilation(cfg: ExperimentConfig, value: str | None, cap: float | None = 
     if cap is not None and k != AUTO:
         raise ConfigError(f"{where}: --max-time-dilation is the calibration's cap: it needs --time-dilation {AUTO}")
     d["emulation"]["time_dilation"] = k
+    if value is not None and value != AUTO:
+        d["emulation"].pop("per_point", None)  # a K given on the command line is the whole run's
     if k != AUTO:
         d["emulation"].pop("max_time_dilation", None)
     elif cap is not None:

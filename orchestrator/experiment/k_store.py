@@ -3,7 +3,8 @@
 `search_or_reuse` looks up the K an earlier auto run on this host chose for the same workload shape
 (`workload_key`: topology, link rates, model, compute, the largest number of locals, schedulers,
 rounds, backend, datapath, background) in a small store beside the host's calibrations
-(``auto_k.json`` next to `orchestrator.simulation.calibration.default_path`). Found: the run uses it,
+(``auto_k.json`` next to `orchestrator.simulation.calibration.default_path`); with a K per point
+each point is a workload of its own, its locals the largest. Found: the run uses it,
 with no trials, and says where it came from. Not found: the trials run (`calibration.search`) and a
 faithful choice is stored. A run at a reused K that turns out not faithful drops it (`forget`), so the
 next run of that workload calibrates again; ``netai experiment --recalibrate`` ignores the store.
@@ -19,7 +20,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -99,10 +100,15 @@ def search_or_reuse(key: str, trial: Callable[[float], Trial], cap: float, *, sa
 
 
 def after_run(cfg: Any, backend: str, summary: Any) -> None:
-    """After an auto run: if its K was reused and a point was not faithful, forget that K (the next
-    run of the workload calibrates again)."""
+    """After an auto run: each K it reused whose point (with a K per point, its own point; else any)
+    was not faithful is forgotten, so the next run of that workload calibrates again."""
     if not getattr(cfg.emulation, "time_dilation_auto", False) or summary is None:
         return
-    reused = (summary.environment.get("time_dilation_calibration") or {}).get("reused_from")
-    if reused and any(not v.faithful for v in summary.verdicts):
-        forget(workload_key(cfg, backend))
+    env = summary.environment
+    per_point = env.get("time_dilation_calibration_per_point")
+    calibrations = {int(n): c for n, c in per_point.items()} if per_point else \
+        {max(cfg.locals): env.get("time_dilation_calibration") or {}}
+    for n, cal in calibrations.items():
+        unfaithful = any(not v.faithful for v in summary.verdicts if not per_point or v.n_locals == n)
+        if cal.get("reused_from") and unfaithful:
+            forget(workload_key(replace(cfg, locals=(n,)), backend))  # the key of its largest point: n

@@ -9,7 +9,7 @@ config as they made it, the ``runs.source_json`` column; a sweep in ``sweep.json
 2. says so and changes nothing when every task of the run is recorded and the run ended;
 3. otherwise reopens the run (`ResultsDB.reopen_run`: a crashed one marked so, the half-recorded
    tasks discarded, the resume recorded) and runs the tasks the run does not hold, the same seeded
-   tasks in the same order with the same K, every scheduler's network state holding the
+   tasks in the same order with the same K (with a K per point, each point's: `recorded_dilation`), every scheduler's network state holding the
    reservations of the point's earlier tasks (`Resume.readmit`).
 
 The report covers the whole run and says when it was resumed (`durability.resume_lines`).
@@ -322,12 +322,18 @@ def sweep_complete(sweep_dir: Path, cfg: ExperimentConfig) -> bool:
 
 
 def recorded_dilation(cfg: ExperimentConfig, run_dir: Path) -> ExperimentConfig:
-    """`cfg` at the K its run in `run_dir` recorded in its plan (no calibration, no host K again)."""
+    """`cfg` at the K its run in `run_dir` recorded in its plan (no calibration, no host K again); with
+    a K per point, at each point's recorded K (``time_dilation_per_point``), the points the run had not
+    reached still to be calibrated (or given by the config's mapping)."""
     from orchestrator.experiment.host_dilation import with_dilation
 
     with ResultsDB(run_dir / "results.db") as db:
         run_id = int(queries.last_run_id(db.conn) or 0)
         topo, run = queries.topology(db.conn, run_id), db.run(run_id)
+    if cfg.emulation.per_point:
+        ks = dict(cfg.emulation.time_dilation_points)
+        ks |= {int(n): float(k) for n, k in (run["environment"].get("time_dilation_per_point") or {}).items()}
+        return replace(cfg, emulation=replace(cfg.emulation, time_dilation_points=tuple(sorted(ks.items()))))
     if cfg.emulation.time_dilation_auto and "time_dilation_calibration" not in run["environment"]:
         return cfg  # it stopped while calibrating: calibrate again
     k = (json.loads(topo["plan_json"]) if topo else {}).get("time_dilation")

@@ -4,7 +4,10 @@ One run (docs/architecture.md, "Data flow of one experiment"):
 
 1. validate the config and check the machine *before* anything starts (root, Mininet, Open vSwitch,
    the controller, iperf3, the compute backend); a failure here leaves nothing behind;
-2. bring the emulation up (Mininet + OVS + the controller) and start background traffic;
+2. with ``time_dilation: auto``, choose K by trials (`_calibrate`); bring the emulation up (Mininet +
+   OVS + the controller) and start background traffic (a session: `orchestrator.experiment.session`);
+   with a K per point, one calibration and session per number of locals, in turn, into the same run
+   (`orchestrator.experiment.point_runs`);
 3. for every number of locals, every task and every scheduler (interleaved, so background load
    and machine noise hit the schedulers alike): update the network state the scheduler sees
    (reservations of the point's earlier tasks + background load measured from port statistics),
@@ -17,17 +20,15 @@ One run (docs/architecture.md, "Data flow of one experiment"):
 Ctrl-C or SIGTERM: the emulation and the workers are torn down, the run is marked interrupted,
 and the results written so far are kept.
 
-Over 400 lines: preflight, task sets, progress and the run loop share the run's objects; the results
-side (CSV, figures, report) already lives in `orchestrator.results`.
+The sessions (bring-up, the sequential loop, settling) live in `orchestrator.experiment.session`, the
+results side (CSV, figures, report) in `orchestrator.results`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
 import os
-import platform
 import shutil
 import sqlite3
 import subprocess
@@ -37,32 +38,27 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator import interrupts
 from orchestrator.dashboard.server import Dashboard
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.calibration import Calibration, Trial, calibration_config, judge
 from orchestrator.experiment.config import ExperimentConfig
-from orchestrator.experiment.faults import LinkWatcher, follow_links
 from orchestrator.experiment.k_store import after_run, search_or_reuse, workload_key
-from orchestrator.experiment.link_recorder import LinkRecorder
-from orchestrator.experiment.lost_machines import lost_note
-from orchestrator.experiment.online import run_online
-from orchestrator.experiment.progress import Progress
+from orchestrator.experiment.point_runs import point_kept, run_points
 from orchestrator.experiment.progress import round_progress as round_progress  # its home before
 from orchestrator.experiment.resume import Resume, recorded_dilation, reopen
-from orchestrator.experiment.run_context import ExperimentRun, lifecycle_for
-from orchestrator.experiment.runs import RunOutcome, check_memory, scheduler_order, site_peaks, task_sets
+from orchestrator.experiment.runs import RunOutcome, check_memory
+from orchestrator.experiment.session import RunShared, SessionEnd, run_session
 from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results_on_exit
 from orchestrator.results.summary import RunSummary
 from orchestrator.runtime import compute_model
 from orchestrator.runtime.compute import check_model
-from orchestrator.scheduling import NetworkState
 from topologies.plan import EmulationPlan
 
 LOG = logging.getLogger("netai.experiment")
-# The online mode and the task manager are imported above, not in run_experiment: their loggers must
+# The online mode and the task manager are imported above (through the session module), not in
+# run_experiment: their loggers must
 # exist before Mininet is imported (loggers made after it get Mininet's logger class, whose records
 # do not reach the run's log file).
 
@@ -106,36 +102,6 @@ def preflight(cfg: ExperimentConfig) -> str:
     return backend
 
 
-def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: str) -> dict[str, Any]:
-    cluster = getattr(info, "cluster", {}) or {}
-    return {
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "datapath": getattr(info, "datapath", "?"),
-        "delay_emulated": getattr(info, "delay_emulated", False),
-        # the userspace datapath's one send budget for every link, bytes (orchestrator/emulation/ovs_socket.py)
-        "ovs_send_buffer": getattr(info, "ovs_send_buffer", None),
-        # the smallest receive buffer of the run's switch ports' packet sockets, bytes (same module)
-        "ovs_receive_buffer": getattr(info, "ovs_receive_buffer", None),
-        "bringup_s": round(getattr(info, "bringup_s", 0.0), 3),
-        # what ovs-vswitchd's threads were raised to (orchestrator/emulation/datapath_priority.py)
-        "datapath_priority": getattr(info, "datapath_priority", None),
-        "backend": backend,
-        "bw_scale": plan.bw_scale,
-        "max_link_mbps": cfg.emulation.max_link_mbps,
-        # emulated time runs this many times slower than the wall (1: real time); durations are emulated
-        "time_dilation": plan.time_dilation,
-        "time_dilation_from": cfg.emulation.time_dilation_from or None,  # `time_dilation: host`: whose K
-        # how the locals' training times were taken (workers.compute): the fidelity verdict reads it
-        "compute_timing": cfg.task.compute_timing,
-        **compute_model.resolve(cfg.task, cfg.compute).environment(),  # the compute model (compute_* keys)
-        "connectivity": cfg.emulation.connectivity,
-        "cpus": os.cpu_count(),
-        "background": f"{cfg.background.pattern}, load {cfg.background.load}, {cfg.background.pairs} pairs"
-        if cfg.background.enabled else "off",
-    } | ({"cluster": cluster} if cluster else {})  # {servers: {server: [sites]}, cut: [[a, b]..], cut_mbps, ..}
-
-
 # -- the run --------------------------------------------------------------------------------------
 def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = True,
                    dashboard_port: int | None = None, figures: bool = True, source: dict[str, Any] | None = None,
@@ -170,7 +136,7 @@ def run_experiment(cfg: ExperimentConfig, *, out_root: Path, progress: bool = Tr
 
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
-    if cfg.emulation.time_dilation != 1:
+    if cfg.emulation.time_dilation != 1 and not cfg.emulation.per_point:  # per point: each point's own
         plan = plan.dilated(cfg.emulation.time_dilation)
     backend_kind = preflight(cfg)
     model_bytes = check_model(cfg.task.model, cfg.task.model_args, cfg.task.dataset, cfg.task.dataset_args)  # a broken model: exit 2, nothing started
@@ -211,46 +177,15 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
                   model_bytes: int, remote: dict[str, Any], dashboard_port: int | None, progress: bool, *,
                   figures: bool = True, source: dict[str, Any] | None = None,
                   resume: Path | None = None) -> RunOutcome:
-    from orchestrator.emulation.network import Emulation
-    from orchestrator.runtime.backends import emulation_options, open_compute
-    from orchestrator.runtime.forked import early_fork_server
-
     started = time.monotonic()
     run_dir, dash, log_handler, db, run_id, again = _open_run(cfg, out_root, plan, model, dashboard_port,
                                                               source=source, resume=resume)
-    status, note, tm = "failed", "", None
+    status, note = "failed", ""
+    shared = RunShared(db=db, run_id=run_id, run_dir=run_dir, model=model, backend_kind=backend_kind,
+                       model_bytes=model_bytes, remote=remote, dash=dash, progress=progress, again=again)
     try:
-        calibration = None
-        if cfg.emulation.time_dilation_auto:  # K from trials of the run's own workload, before it starts
-            calibration = _calibrate(cfg, run_dir / "calibration", plan, model, backend_kind, model_bytes, remote)
-            plan = _record_plan(db, run_id, model, plan.dilated(calibration.k))
-        hosting = emulation_options(backend_kind, log_dir=run_dir / "workers", clients=remote)
-        with early_fork_server(backend_kind, log_root=run_dir / "workers") as forks, \
-                Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
-                          datapath=cfg.emulation.datapath, cluster=cfg.emulation.cluster, **hosting) as emu, \
-                open_compute(backend_kind, emu, log_root=run_dir / "workers", forks=forks) as compute:
-            _record_environment(db, run_id, cfg, plan, backend_kind, emu, compute)
-            if calibration is not None:
-                db.update_environment(run_id, time_dilation_calibration=calibration.to_dict())
-            background = _Background(cfg, plan, model, emu, run_dir / "background")
-            run = lifecycle_for(cfg, emu, compute, db=db, run_id=run_id, plan=plan, model=model, run_dir=run_dir)
-            run.background_step = background.step
-            clock = run.core.clock
-            if dash is not None:
-                dash.controller = emu.client
-            recorder = LinkRecorder(emu.client, plan, db.path, run_id, clock=clock.now, cpu=emu.run_id).start()
-            tm = run.core
-            try:
-                if cfg.mode == "online":
-                    run_online(run, model_bytes)
-                else:
-                    _run_sequential(run, model_bytes, progress=progress, again=again)
-            finally:
-                _settle_and_record(tm, recorder, background, db, run_id, plan)
-                db.update_environment(run_id, **site_peaks(compute, model_bytes))
-        status, note = _outcome(again.outcomes(tm.outcomes) if again else tm.outcomes, lost_note(emu))
-        if emu.info is not None and emu.info.cluster.get("far", {}).get("lost"):
-            db.update_environment(run_id, cluster=emu.info.cluster)  # with the lost machines
+        outcomes, lost = _points(shared, cfg, plan) if cfg.emulation.per_point else _one_k(shared, cfg, plan)
+        status, note = _outcome(again.outcomes(outcomes) if again else outcomes, lost)
     except KeyboardInterrupt:
         status, note = "interrupted", "interrupted by the user (Ctrl-C)"
         raise
@@ -264,6 +199,36 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
         report, summary = _close_run(db, run_id, run_dir, status, note, dash=dash, log_handler=log_handler,
                                      wall_s=time.monotonic() - started, figures=figures)
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
+
+
+def _one_k(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan) -> tuple[dict[str, int], str]:
+    """The run at one K: with ``time_dilation: auto`` its calibration first (recorded with the plan at
+    its K), then one session (`orchestrator.experiment.session`). Its tasks' outcomes and lost note."""
+    if cfg.emulation.time_dilation_auto:  # K from trials of the run's own workload, before it starts
+        calibration = _calibrate(cfg, shared.run_dir / "calibration", plan, shared)
+        plan = _record_plan(shared.db, shared.run_id, shared.model, plan.dilated(calibration.k))
+        shared.db.update_environment(shared.run_id, time_dilation_calibration=calibration.to_dict())
+    end = run_session(shared, cfg, plan)
+    return end.outcomes, end.lost
+
+
+def _points(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan) -> tuple[dict[str, int], str]:
+    """The run with a K per point (`orchestrator.experiment.point_runs`): each point calibrated in its
+    own folder under ``calibration/`` (``time_dilation: auto``), then its session at its K, its plan
+    recorded as the run's while it runs."""
+    db, run_id = shared.db, shared.run_id
+
+    def session(point: ExperimentConfig, k: float, clock_start_s: float) -> SessionEnd:
+        dilated = _record_plan(db, run_id, shared.model, plan.dilated(k))
+        return run_session(shared, point, dilated, clock_start_s=clock_start_s)
+
+    again = shared.again
+    return run_points(
+        cfg, calibrate=lambda point: _calibrate(point, shared.run_dir / "calibration" / f"{point.locals[0]}-locals",
+                                                plan, shared),
+        session=session, record=lambda **items: db.update_environment(run_id, **items),
+        recorded=db.run(run_id)["environment"] if again is not None else {},
+        kept=None if again is None else lambda point: point_kept(point, shared.model, shared.model_bytes, again))
 
 
 def _close_run(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *, dash: Dashboard | None,
@@ -331,143 +296,31 @@ def _open_run(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model:
     return run_dir, dash, log_handler, db, run_id, again
 
 
-def _record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan: EmulationPlan,
-                        backend_kind: str, emu: Any, compute: Any) -> None:
-    """Record the machine, the emulation just brought up and whether it enforces reservations."""
-    info = emu.info
-    reservations = emu.client.health().get("reservations", {})
-    db.update_environment(run_id, **environment(cfg, plan, info, backend_kind) | {  # a resume's adds to the first
-        "remote_sites": {site: server.docker for server in cfg.remote_servers for site in server.sites},
-        "reservations_enforced": bool(reservations.get("enforced")),
-        "reservations_note": reservations.get("reason", ""), "mode": cfg.mode,
-        # the site containers' CPU weight against the host's other processes (orchestrator/runtime/site_cgroup.py)
-        "site_cpu_group": getattr(getattr(emu, "host_cls", None), "describe_groups", lambda: None)()})
-    LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s; %d site servers up",
-             len(plan.switches), getattr(info, "bringup_s", 0.0), getattr(info, "delay_emulated", False),
-             len(compute.servers))
-
-
-class _Background:
-    """The run's background traffic: started with the config's flows when made, replaced by a load
-    step (a fault event, `step`), and stopped once at the end (`stop`), which returns the flow
-    results of every run of it, the replaced ones included."""
-
-    def __init__(self, cfg: ExperimentConfig, plan: EmulationPlan, model: Any, emu: Any, log_dir: Path) -> None:
-        from orchestrator.emulation.background import BackgroundTraffic, plan_background
-
-        self._cfg, self._plan, self._model, self._emu, self._log_dir = cfg, plan, model, emu, log_dir
-        flows = plan_background(model, plan, cfg.background, topology=cfg.topology, seed=cfg.seed) \
-            if cfg.background.enabled else []
-        if flows:
-            emu.client.set_background([[f.src, f.dst] for f in flows])
-        self._traffic = BackgroundTraffic(emu.host, flows, cfg.background, seed=cfg.seed, log_dir=log_dir)
-        self._traffic.start()
-        self._stopped: list[Any] = []  # flow results of background runs a load step replaced
-        self._steps = itertools.count(1)
-
-    def step(self, load: float) -> None:
-        """A step of the background load (a fault event): the flows re-planned for `load`."""
-        from orchestrator.emulation.background import BackgroundTraffic, plan_background
-
-        cfg = self._cfg
-        self._stopped.extend(self._traffic.stop())
-        step_cfg = replace(cfg.background, load=load, enabled=load > 0)
-        new = plan_background(self._model, self._plan, step_cfg, topology=cfg.topology, seed=cfg.seed) \
-            if load > 0 else []
-        self._emu.client.set_background([[f.src, f.dst] for f in new])
-        self._traffic = BackgroundTraffic(self._emu.host, new, step_cfg, seed=cfg.seed,
-                                          log_dir=self._log_dir / f"step-{next(self._steps)}")
-        self._traffic.start()
-
-    def stop(self) -> list[Any]:
-        """Stop the current flows; the results of every run of the background, in order."""
-        return [*self._stopped, *self._traffic.stop()]
-
-
-def _settle_and_record(core: Any, recorder: LinkRecorder, background: _Background, db: ResultsDB, run_id: int,
-                       plan: EmulationPlan) -> None:
-    """The end of the tasks, on every exit path: the last flow counters settled (best effort), the
-    link recorder stopped, the run's clock end and link samples and the background flows recorded."""
-    with contextlib.suppress(Exception):
-        core.settle_counters(wait=True)
-    recorder.stop()
-    db.update_environment(run_id, clock_end_s=round(core.clock.now(), 3), link_samples=recorder.samples,
-                          wall_s=round(core.clock.now() * plan.time_dilation, 3))
-    db.update_environment(run_id, **recorder.cpu_environment())  # where the host's CPU went (cpu_use)
-    for r in background.stop():
-        db.record_background(run_id, r.src, r.dst, r.offered_mbps / plan.bw_scale,
-                             None if r.achieved_mbps is None else r.achieved_mbps / plan.bw_scale)
-
-
-def _run_sequential(run: ExperimentRun, model_bytes: int, *, progress: bool, again: Resume | None = None) -> None:
-    """Every point's tasks, one at a time, every scheduler on the same task before the next (so
-    background load and machine noise hit the schedulers alike), in the order `scheduler_order`
-    gives the task (by default rotated from task to task, so no scheduler always runs first). On a
-    resume (`again`) the tasks the run kept are not run again: their reservations go back on their
-    scheduler's network state."""
-    cfg, core = run.cfg, run.core
-    tasks = task_sets(cfg, run.model, model_bytes)
-    bar = Progress(sum(len(ts) for ts in tasks.values()) * len(cfg.schedulers), enabled=progress)
-    core.on_events = bar.follow
-    states = {(s, n): NetworkState(run.model) for s in cfg.schedulers for n in cfg.locals}
-    watcher = None
-    if run.machines is not None:  # a lost machine's links are cuts: a task crossing them fails (no moves here)
-        watcher = LinkWatcher(run.emu.client, run.machines.links)
-        core.labels |= {name: (name, "never") for name in cfg.schedulers}
-    try:
-        for n in cfg.locals:
-            for k, task in enumerate(tasks[n]):
-                for name in scheduler_order(cfg.schedulers, k, cfg.order):
-                    if again is not None and again.has(name, task.id):
-                        again.readmit(name, task.id, states[(name, n)])
-                        bar.advance_run()
-                        continue
-                    if watcher is not None and run.machines is not None:
-                        run.machines.label = name
-                        run.machines.refresh()
-                        follow_links(core, watcher, [])  # a machine lost since: scheduled without it
-                    core.arrive(name, task)
-                    live = core.admit(name, task, states[(name, n)])
-                    if not live.ended:
-                        bar.task(f"{name}: task {task.id}, {len(task.local_sites)} locals", task.rounds)
-                        nodes = live.schedule.overlay_nodes
-                        while not (watcher is not None and follow_links(core, watcher, [live])) and \
-                                not core.check(live, run.compute.poll(nodes)):
-                            interrupts.check()
-                            core.settle_counters()
-                            time.sleep(0.05)  # poll interval of the roles' states; tasks have budgets
-                    core.settle_counters()
-                    bar.advance_run()
-    finally:
-        core.on_events = None
-        bar.close()
-
-
 def _record_plan(db: ResultsDB, run_id: int, model: Any, plan: EmulationPlan) -> EmulationPlan:
     """`plan` recorded as the run's (replacing the undilated one recorded before the calibration)."""
     db.record_topology(run_id, model.name, model.to_dict(), plan.to_dict())
     return plan
 
 
-def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any, backend_kind: str,
-               model_bytes: int, remote: dict[str, Any]) -> Calibration:
-    """``time_dilation: auto``: the K the run uses, from trials of its own workload at K = 1, 2, 4, ...
-    (`orchestrator.experiment.calibration`), each a short run of its own (results without figures in
-    `out_root`) on `plan` dilated by K; one line per K on the console and in the log."""
+def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, shared: RunShared) -> Calibration:
+    """``time_dilation: auto``: the K the run (or a point of it, `cfg` then holding its locals alone)
+    uses, from trials of its own workload at K = 1, 2, 4, ... (`orchestrator.experiment.calibration`),
+    each a short run of its own (results without figures in `out_root`) on `plan` dilated by K; one line
+    per K on the console and in the log."""
     def say(line: str) -> None:
         LOG.info("%s", line)
         print(f"netai: {line}", flush=True)
 
     def trial(k: float) -> Trial:
         t0 = time.monotonic()
-        outcome = _run_emulated(calibration_config(cfg, k), out_root, plan.dilated(k), model, backend_kind,
-                                model_bytes, remote, None, False, figures=False)
+        outcome = _run_emulated(calibration_config(cfg, k), out_root, plan.dilated(k), shared.model, shared.backend_kind,
+                                shared.model_bytes, shared.remote, None, False, figures=False)
         return judge(k, time.monotonic() - t0, outcome.summary)
 
     trial_cfg = calibration_config(cfg, 1)
     say(f"time dilation auto: calibrating on 1 task of {trial_cfg.locals[0]} locals, {trial_cfg.task.rounds} "
         f"rounds, under {', '.join(cfg.schedulers)}, K up to {cfg.emulation.max_time_dilation:g}")
-    return search_or_reuse(workload_key(cfg, backend_kind), trial, cfg.emulation.max_time_dilation, say=say)
+    return search_or_reuse(workload_key(cfg, shared.backend_kind), trial, cfg.emulation.max_time_dilation, say=say)
 
 
 def trimmed(cfg: ExperimentConfig, *, locals_: tuple[int, ...], tasks_per_point: int, rounds: int) -> ExperimentConfig:

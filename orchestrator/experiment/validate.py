@@ -27,8 +27,8 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from orchestrator.results.agreement import (
     point_agreement,
 )
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.dilation import k_for, per_point
 from orchestrator.results.summary import RunSummary, TaskSummary, run_summary
 from orchestrator.simulation.spec import twin_simulation
 
@@ -88,6 +89,19 @@ def simulated_twin(cfg: ExperimentConfig, *, propagation: bool, time_dilation: f
     but the per-chunk work and chunk size of the emulation at `time_dilation` (`twin_simulation`)."""
     raw = as_simulated(cfg.to_dict(), twin_simulation(propagation=propagation, time_dilation=time_dilation))
     return parse_config(raw, where=f"{cfg.name} (simulated twin)")
+
+
+def twin_configs(cfg: ExperimentConfig, env: Mapping[str, Any], *, propagation: bool) -> list[ExperimentConfig]:
+    """The simulated twins of `cfg`'s emulated run (its environment `env`): one at the run's K; with a
+    K per point, one per K, each holding the points that ran at it (`dilation.k_for`), since what K
+    changes of the emulation (its per-chunk work in emulated time, its chunk size) is a point's own."""
+    by_k: dict[float, list[int]] = {}
+    for n in dict.fromkeys(cfg.locals):
+        by_k.setdefault(k_for(env, n), []).append(n)
+    if not per_point(env) or len(by_k) == 1:
+        return [simulated_twin(cfg, propagation=propagation, time_dilation=k_for(env, max(cfg.locals)))]
+    return [simulated_twin(replace(cfg, name=f"{cfg.name}-k{k:g}", locals=tuple(ns)), propagation=propagation,
+                           time_dilation=k) for k, ns in by_k.items()]
 
 
 def reference_config(cfg: ExperimentConfig, store: Path | None, *, host_k: bool, say: Say) -> ExperimentConfig:
@@ -155,16 +169,16 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
         by_scheduler = scheduler_views(db.conn, int(emu_id or 0)) if cfg.background.enabled else {}
     views = first_views(by_scheduler)
     delay = bool(env.get("delay_emulated", False))
-    twin = simulated_twin(cfg, propagation=delay, time_dilation=float(env.get("time_dilation") or 1.0))
     say(f"[2/3] simulated run of {cfg.name} (the same tasks; propagation {'on' if delay else 'off'}, "
         "as the emulated links had it; each task's schedulers given the background the emulated ones were) ...")
     replay = ReplayedBackground(f"the emulated run {emu_dir.name} (run {emu_id})", views) if views else None
-    sim = run_simulated(twin, out_root=folder, calibration_store=calibration_store, replay=replay)
-    sim_summary = _summary(sim.run_dir, sim.run_id)
-    _say_replay(sim_summary.environment, split_views(by_scheduler), say)
+    sims = [run_simulated(twin, out_root=folder, calibration_store=calibration_store, replay=replay)
+            for twin in twin_configs(cfg, env, propagation=delay)]
+    twins = [(sim.run_dir, _summary(sim.run_dir, sim.run_id)) for sim in sims]
+    _say_replay(twins[0][1].environment, split_views(by_scheduler), say)
     say("[3/3] comparing ...")
     measured = [sum(v.values()) for v in views.values()]
-    result = _compare(folder, cfg, emu_dir, emu_summary, sim.run_dir, sim_summary, say, measured)
+    result = _compare(folder, cfg, emu_dir, emu_summary, twins, say, measured)
     validation_store.save(result.record, validations or validation_store.default_path())
     return result
 
@@ -202,46 +216,53 @@ def _schedules(run_dir: Path, run_id: int) -> dict[tuple[str, int], str]:
         return decisions(db.conn, run_id)
 
 
-def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary, sim_dir: Path, sim: RunSummary,
-             say: Say, measured_background: list[float]) -> Validation:
+def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary,
+             twins: Sequence[tuple[Path, RunSummary]], say: Say, measured_background: list[float]) -> Validation:
     """The agreement tables printed and written (headed by the reference's fidelity when it was not
-    faithful), the figure drawn, and the validation's record."""
-    pairs = paired_tasks(emu.tasks, sim.tasks)
+    faithful), the figure drawn, and the validation's record; `twins` are the simulated runs (one, or
+    one per K of a run with a K per point: their tasks compared together)."""
+    sim_tasks = [t for _, s in twins for t in s.tasks]
+    pairs = paired_tasks(emu.tasks, sim_tasks)
     if not pairs:
         raise ConfigError("no task completed in both runs: nothing to compare")
-    points = point_agreement(emu.tasks, sim.tasks)
-    claims = claim_agreement(emu.tasks, sim.tasks)
-    env = sim.environment
+    points = point_agreement(emu.tasks, sim_tasks)
+    claims = claim_agreement(emu.tasks, sim_tasks)
+    env = twins[0][1].environment
     calibrated = env.get("calibrated") is True
     head = (f"calibrated: {env.get('calibration_summary')}" if calibrated else
             "UNCALIBRATED: " + str(env.get("uncalibrated_reason", "no calibration of this host")))
     figure = out.draw_tasks(pairs, folder, f"{cfg.name}: simulated vs emulated, per task")
-    scheduled, differing = out.schedule_identity(_schedules(emu_dir, emu.run_id), _schedules(sim_dir, sim.run_id))
+    scheduled, differing = out.schedule_identity(_schedules(emu_dir, emu.run_id),
+                                                 {k: v for d, s in twins for k, v in _schedules(d, s.run_id).items()})
     view = out.background_view_line(str(env.get("scheduler_background", "modelled")), measured_background,
                                     env.get("modelled_background_total_mbps"))
+    sim_parts = {k: v for d, s in twins for k, v in _parts(d, s.run_id).items()}
     unfaithful = out.unfaithful_headline(emu.verdicts)
     record = _record(cfg, pairs, points, folder, faithful=unfaithful is None, calibration=env.get("calibration_id"))
     lines = [*([unfaithful] if unfaithful else []),
-             f"validate {cfg.name}: emulated {emu_dir} (run {emu.run_id}), simulated {sim_dir} (run {sim.run_id})",
-             f"emulated at time dilation K={float(emu.environment.get('time_dilation') or 1.0):g} ("
+             f"validate {cfg.name}: emulated {emu_dir} (run {emu.run_id}), simulated "
+             + ", ".join(f"{d} (run {s.run_id})" for d, s in twins),
+             f"emulated at {_dilation_text(emu.environment)} ("
              + (f"this host's, calibration {cfg.emulation.time_dilation_from})" if cfg.emulation.time_dilation_from
                 else "chosen by its trials)" if cfg.emulation.time_dilation_auto else "the config's)"),
              f"simulation {head}; propagation {'on' if env.get('delay_emulated') else 'off'}, emulated delay "
              f"{'on' if emu.environment.get('delay_emulated') else 'off'}",
              f"tasks compared: {len(pairs)} (emulated done {sum(t.state == 'done' for t in emu.tasks)}, "
-             f"simulated done {sum(t.state == 'done' for t in sim.tasks)})", view,
+             f"simulated done {sum(t.state == 'done' for t in sim_tasks)})", view,
              out.schedules_line(scheduled, differing), "",
              *out.point_lines(points), "", *out.reference_lines(emu.verdicts), "",
              *out.claim_lines(claims), "",
-             *out.parts_lines(_parts(emu_dir, emu.run_id), _parts(sim_dir, sim.run_id)), "", out.carried_line(points),
+             *out.parts_lines(_parts(emu_dir, emu.run_id), sim_parts), "", out.carried_line(points),
              out.retrans_line(points), _errors_line(record), f"figure: {figure[0]}"]
     for line in lines:
         say(line)
     doc: dict[str, Any] = {"config": cfg.name, "config_hash": record.config_hash, "emulated_run": str(emu_dir),
-                           "simulated_run": str(sim_dir), "reference_faithful": record.reference_faithful,
+                           "simulated_run": str(twins[0][0]), "simulated_runs": [str(d) for d, _ in twins],
+                           "reference_faithful": record.reference_faithful,
                            "unfaithful_points": [[v.scheduler, v.n_locals] for v in emu.unfaithful],
                            "calibrated": calibrated, "calibration": env.get("calibration_summary"),
                            "time_dilation": emu.environment.get("time_dilation", cfg.emulation.time_dilation),
+                           "time_dilation_per_point": emu.environment.get("time_dilation_per_point"),
                            "time_dilation_from": cfg.emulation.time_dilation_from or None,
                            "tasks_compared": len(pairs), "figure": [str(p) for p in figure],
                            "scheduler_background": env.get("scheduler_background"),
@@ -275,3 +296,11 @@ def _errors_line(record: ValidationRecord) -> str:
     faithful = "" if record.reference_faithful else "; NOT recorded as covering it: the reference was not faithful"
     return (f"mean round latency sim/emu: worst error {record.worst_error:.2%}, geometric-mean error "
             f"{record.geomean_error:.2%}; regime {record.regime.text()}{faithful}")
+
+
+def _dilation_text(env: Mapping[str, Any]) -> str:
+    """``time dilation K=8``, or with a K per point ``time dilation K=2 at 1 locals, K=16 at 8 locals``."""
+    ks = per_point(env)
+    if ks:
+        return "time dilation " + ", ".join(f"K={k:g} at {n} locals" for n, k in ks.items())
+    return f"time dilation K={float(env.get('time_dilation') or 1.0):g}"

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.dilation import k_for
 from orchestrator.results.durability import written_whole
 from orchestrator.results.figures import Figure, pyplot, save_whole, scheduler_colours
 from orchestrator.results.report_html import markdown_to_html
@@ -42,6 +43,7 @@ class RegimePoint:
     status: str
     model_bytes: int
     n_locals: int | None
+    #: The K its point at `n_locals` ran at (`dilation.k_for`: the run's, or that point's own).
     time_dilation: float
     wall_s: float | None
     #: scheduler -> its latency ratio against spff at `n_locals` (None: not measured).
@@ -63,7 +65,7 @@ def regime_point(run_dir: Path, summary: RunSummary) -> RegimePoint:
     return RegimePoint(
         run_dir=run_dir, name=summary.name, status=summary.status,
         model_bytes=max((t.model_bytes for t in summary.tasks), default=0), n_locals=n,
-        time_dilation=float(env.get("time_dilation", 1.0)), wall_s=env.get("run_wall_s"), ratios=ratios,
+        time_dilation=k_for(env, n), wall_s=env.get("run_wall_s"), ratios=ratios,
         verdicts={v.scheduler: (v.word, v.reasons) for v in summary.verdicts if v.n_locals == n})
 
 

@@ -29,6 +29,7 @@ from typing import Any
 from orchestrator.results import durability, queries
 from orchestrator.results.csvs import write_csvs
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.dilation import dilation_lines, dilation_section, k_suffix, locals_text
 from orchestrator.results.figures import Figure
 from orchestrator.results.report_html import markdown_to_html
 from orchestrator.results.report_parts import claims_section, environment_section, fmt, validation_line
@@ -100,11 +101,12 @@ def summary_lines(summary: RunSummary, run_dir: Path) -> list[str]:
     for key in ("bandwidth", "latency"):
         if c is not None and c[f"{key}_ratio"] is not None:
             lines.append(f"{key} mst/spff at {c['n_locals']} locals: {c[f'{key}_ratio']:.3f}")
-    lines += dilation_lines(summary.environment)[:1]
+    lines += dilation_lines(summary.environment, trials=False)
     validated = validation_line(summary.environment) if summary.engine == "simulation" else None
     lines += [validated.replace("**", "")] if validated else []
     for v in summary.verdicts:
-        lines.append(f"fidelity {v.scheduler} at {v.n_locals} locals: {v.word}, latency / bound {v.bound_text}"
+        lines.append(f"fidelity {v.scheduler} at {v.n_locals} locals{k_suffix(summary.environment, v.n_locals)}: "
+                     f"{v.word}, latency / bound {v.bound_text}"
                      + (f" ({'; '.join(v.reasons)})" if v.reasons else ""))
     if summary.unfaithful:
         lines.append(f"netai: warning: {len(summary.unfaithful)} of {len(summary.verdicts)} points did not measure "
@@ -220,7 +222,7 @@ def fidelity_section(summary: RunSummary) -> list[str]:
              "| latency / bound [95 % CI] | verdict |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in summary.verdicts:
-        lines.append(f"| {v.scheduler} | {v.n_locals} | {v.hops} | {fmt(v.hop_median_s, 1e3)} "
+        lines.append(f"| {v.scheduler} | {locals_text(summary.environment, v.n_locals)} | {v.hops} | {fmt(v.hop_median_s, 1e3)} "
                      f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {v.overruns} / {v.trained} "
                      f"| {fmt(v.training_use_max, 1, 2)} | {fmt(v.rate_share_median, 1, 3)} ({v.link_rounds}) "
                      f"| {retrans_text(shares.get((v.scheduler, v.n_locals)), modelled=modelled)} | {v.bound_text} "
@@ -233,38 +235,6 @@ def fidelity_section(summary: RunSummary) -> list[str]:
     if summary.host_saturated is not None:
         lines.append(f"- host CPU saturated (both cores over 95 % busy) in {summary.host_saturated:.0%} of its samples")
     return lines
-
-
-def dilation_lines(env: Mapping[str, Any]) -> list[str]:
-    """The run's time dilation K, how it was set, and its wall-time cost (the run's wall time, the
-    calibration's included, over the emulated time it recorded); then one line per K a calibration
-    tried. Empty for a run in real time (K 1, not calibrated)."""
-    k, cal = env.get("time_dilation", 1.0), env.get("time_dilation_calibration")
-    if k == 1 and not cal:
-        return []
-    fixed = (f"this host's K, from its calibration {env['time_dilation_from']} (time_dilation: host)"
-             if env.get("time_dilation_from") else "set in the config")
-    how = fixed if not cal else (
-        f"reused: this host chose it for the same workload on {cal['reused_from']}, no trials"
-        if cal.get("reused_from") else
-        f"chosen by calibration, the smallest faithful K of those tried up to {cal['cap']:g}" if cal["faithful"]
-        else f"NO K up to the calibration's cap {cal['cap']:g} was faithful: the run used the cap")
-    wall, emulated = env.get("run_wall_s"), env.get("clock_end_s")
-    cost = (f"; wall time {wall:.1f} s" + (f" (calibration {cal['wall_s']:.1f} s)" if cal else "")
-            + (f" for {emulated:.2f} s emulated: {wall / emulated:.0f} x" if emulated else "")) if wall else ""
-    lines = [f"time dilation K={k:g} ({how}){cost}"]
-    for t in (cal or {}).get("trials", []):
-        word = "faithful" if t["faithful"] else "NOT faithful: " + "; ".join(t["reasons"])
-        lines.append(f"calibration K={t['k']:g}: {word} (trial {t['wall_s']:.1f} s wall, "
-                     f"{fmt(t.get('emulated_s'), 1, 2)} s emulated, host saturated in "
-                     f"{fmt(t.get('host_saturated'), 100, 0)} % of samples)")
-    return lines
-
-
-def dilation_section(env: Mapping[str, Any]) -> list[str]:
-    """The report's "Time dilation" section (`dilation_lines`); none for a run in real time."""
-    lines = dilation_lines(env)
-    return ["", "## Time dilation", ""] + [f"- {x}" for x in lines] if lines else []
 
 
 def _paired_section(tasks: Sequence[TaskSummary], locals_seen: list[int]) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.results.dilation import k_suffix
 from orchestrator.results.stats import paired_ratio
 from orchestrator.results.summary import RunSummary
 
@@ -64,7 +65,8 @@ def verdict_lines(summary: RunSummary, n_locals: int, schedulers: tuple[str, ...
     """The fidelity verdict of the claims' points, and how many of the run's points are faithful."""
     if not summary.verdicts:
         return []
-    lines = [f"- verdict: {v.scheduler} at {n_locals} locals {v.word}, latency / bound {v.bound_text}"
+    lines = [f"- verdict: {v.scheduler} at {n_locals} locals{k_suffix(summary.environment, n_locals)} {v.word}, "
+             f"latency / bound {v.bound_text}"
              for v in summary.verdicts if v.n_locals == n_locals and v.scheduler in schedulers]
     faithful = len(summary.verdicts) - len(summary.unfaithful)
     return [*lines, f"- faithful points: {faithful} of {len(summary.verdicts)} (see \"Fidelity\")"]

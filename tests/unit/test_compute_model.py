@@ -197,7 +197,7 @@ def test_every_shipped_config_pins_its_compute() -> None:
 # -- what a run records, and one meaning in every engine --------------------------------------------
 def test_the_runs_environment_records_the_compute_model_as_scalars(own_cache: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator.experiment.runner import environment
+    from orchestrator.experiment.session import environment
     from topologies.plan import EmulationPlan
 
     # Prepare: one config per source (the profile's measurement faked).

@@ -44,7 +44,7 @@ def test_auto_is_parsed_kept_in_the_saved_config_and_parsed_again() -> None:
 
 
 @pytest.mark.parametrize(("emulation", "message"), [
-    ({"time_dilation": "fast"}, "emulation.time_dilation must be a number >= 1 and <= 1000, auto or host"),
+    ({"time_dilation": "fast"}, "emulation.time_dilation must be a number >= 1 and <= 1000, auto, host or a mapping of locals to K"),
     ({"time_dilation": 0.5}, "emulation.time_dilation must be a number >= 1"),
     ({"time_dilation": True}, "emulation.time_dilation must be a number"),
     ({"time_dilation": "auto", "max_time_dilation": 1}, "emulation.max_time_dilation must be a number >= 2"),

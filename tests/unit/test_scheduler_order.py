@@ -14,8 +14,8 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import parse_config
 from orchestrator.experiment.run_context import ExperimentRun
-from orchestrator.experiment.runner import _run_sequential
 from orchestrator.experiment.runs import scheduler_order, task_id_stride, task_sets
+from orchestrator.experiment.session import run_sequential
 from orchestrator.results.db import ResultsDB
 from orchestrator.scheduling.mst import MST
 from orchestrator.scheduling.spff import SPFF
@@ -83,7 +83,7 @@ def test_the_emulated_runner_runs_each_task_in_that_order(tmp_path: Path, order:
     run = ExperimentRun(core=rig.core, cfg=cfg, emu=None, compute=rig.compute, db=None,  # type: ignore[arg-type]
                         run_id=1, plan=None, model=rig.model)  # type: ignore[arg-type]
 
-    _run_sequential(run, 1_000_000, progress=False)
+    run_sequential(run, 1_000_000, progress=False)
 
     # Assert: scheduled in the rotated (or fixed) order, task by task, and every run ended done.
     assert rig.schedulers.asked == _expected(THREE, 4, order)
@@ -146,7 +146,7 @@ def test_a_resumed_emulated_run_skips_kept_tasks_and_holds_their_reservations(tm
         rig.core.schedulers = rig.schedulers = Schedulers(spff=SPFF(), mst=MST())
         run = ExperimentRun(core=rig.core, cfg=cfg, emu=None, compute=rig.compute, db=None,  # type: ignore[arg-type]
                             run_id=1, plan=None, model=rig.model)  # type: ignore[arg-type]
-        _run_sequential(run, 1_000_000, progress=False, again=again)
+        run_sequential(run, 1_000_000, progress=False, again=again)
         seen = [(label, tid, held) for label, tid, _bg, held in rig.recorder.network_states]
         whole.update({(label, s.task_id): s for label, s, _ in rig.recorder.schedules})
         return rig.schedulers.asked, seen
