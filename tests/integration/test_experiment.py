@@ -30,10 +30,12 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 
 
 def trimmed_quick(tmp_path: Path, backend: str | None = None, **changes: object) -> Path:
-    """quick.yaml with `changes`; `backend` replaces its ``emulation.backend`` (``auto``: Docker when
+    """quick.yaml undilated (its K per point is for a whole faithful run) with `changes`; `backend`
+    replaces its ``emulation.backend`` (``auto``: Docker when
     the worker image exists). Tests of paths the backend does not change take ``process``, whose
     servers fork from one warmed process; the Docker backend's own paths are tests/docker's."""
     cfg = yaml.safe_load((ROOT / "experiments" / "quick.yaml").read_text())
+    cfg["emulation"] = {k: v for k, v in cfg["emulation"].items() if k != "time_dilation"}  # undilated, as CI's
     cfg.update(changes)
     if backend is not None:
         cfg["emulation"] = dict(cfg["emulation"], backend=backend)
