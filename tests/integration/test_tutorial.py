@@ -26,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 #: How long the block after a background one is retried (the network, or the server, coming up).
 READY_S = 180.0
+#: What `netai net up --no-cli` prints once every switch is connected and the network is up.
+NET_UP_SAYS = "*** running;"
 #: The longest a block may take (the sweep's trials and runs are the longest).
 BLOCK_TIMEOUT_S = 1800
 #: How long a background command may take to end after Ctrl-C (a network's teardown).
@@ -40,6 +42,16 @@ def shims(folder: Path) -> dict[str, str]:
     for name in ("sudo", "netai"):
         (folder / name).chmod(0o755)
     return {**os.environ, "PATH": f"{folder}:{os.environ.get('PATH', '')}"}
+
+
+def said(log: Path, text: str, *, within_s: float) -> bool:
+    """Whether a background command's output shows `text` within `within_s`."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        if text in log.read_text(errors="replace"):
+            return True
+        time.sleep(0.5)
+    return False
 
 
 def rewritten(step: Step, runs: Path) -> str:
@@ -86,9 +98,13 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
             if step.kind == "stop":
                 stop(background)
             elif step.kind == "background":
-                background.append(subprocess.Popen(["bash", "-c", rewritten(step, runs)], cwd=ROOT, env=env,
-                                                   text=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                                   start_new_session=True))
+                log = tmp_path / f"background-{len(background)}.log"
+                with log.open("w") as out:
+                    background.append(subprocess.Popen(["bash", "-c", rewritten(step, runs)], cwd=ROOT, env=env,
+                                                       text=True, stdout=out, stderr=subprocess.STDOUT,
+                                                       start_new_session=True))
+                if "net up" in step.text:  # the reader goes on "once it says the network is up"
+                    assert said(log, NET_UP_SAYS, within_s=READY_S), f"docs/tutorial.md:{step.line}: never up"
                 after_background = True
             elif step.kind == "run":
                 res = run_block(rewritten(step, runs), env, retry_s=READY_S if after_background else 0.0)
