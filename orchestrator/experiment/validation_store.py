@@ -13,13 +13,13 @@ The store is one JSON file per user (`default_path`). This module only reads and
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from orchestrator.simulation.calibration import read_store, write_store
 from orchestrator.simulation.spec import MODEL_REVISION
 
 #: Environment variable naming the store (else ``validations.json`` in the project's cache folder,
@@ -122,24 +122,13 @@ def load_all(path: Path) -> list[ValidationRecord]:
     ValueError
         If the file is not a validation store (with its path).
     """
-    if not path.exists():
-        return []
-    try:
-        doc = json.loads(path.read_text())
-        if doc.get("format") != FORMAT:
-            raise ValueError(f"format {doc.get('format')!r}, expected {FORMAT}")
-        return [ValidationRecord.from_dict(v) for v in doc["validations"]]
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
-        raise ValueError(f"{path} is not a validation store: {e}") from e
+    return read_store(path, "validations", (FORMAT,), ValidationRecord.from_dict, "a validation store")
 
 
 def save(record: ValidationRecord, path: Path) -> None:
     """Add `record` to the store at `path` (created with its folder), written atomically."""
     records = [r for r in load_all(path) if r.id != record.id] + [record]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "validations": [r.to_dict() for r in records]}, indent=1))
-    tmp.replace(path)
+    write_store(path, "validations", FORMAT, [r.to_dict() for r in records])
 
 
 def gaps(record: ValidationRecord, regime: Regime, *, model: int = MODEL_REVISION) -> list[str]:

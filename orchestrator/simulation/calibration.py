@@ -182,23 +182,41 @@ def load_all(path: Path) -> list[Calibration]:
     ValueError
         If the file is not a calibration store (with its path).
     """
-    if not path.exists():
-        return []
-    try:
-        doc = json.loads(path.read_text())
-        if doc.get("format") not in READABLE_FORMATS:
-            raise ValueError(f"format {doc.get('format')!r}, expected one of {READABLE_FORMATS}")
-        return [Calibration.from_dict(c) for c in doc["calibrations"]]
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ValueError(f"{path} is not a calibration store: {e}") from e
+    return read_store(path, "calibrations", READABLE_FORMATS, Calibration.from_dict, "a calibration store")
 
 
 def save(cal: Calibration, path: Path) -> None:
     """Add `cal` to the store at `path` (created with its folder), written atomically."""
     cals = [c for c in load_all(path) if c.id != cal.id] + [cal]
+    write_store(path, "calibrations", FORMAT, [c.to_dict() for c in cals])
+
+
+def read_store(path: Path, key: str, formats: tuple[int, ...], parse: Any, what: str) -> list[Any]:
+    """The records under `key` of a JSON store of one of `formats` at `path`, each made by `parse`
+    (none if the file does not exist); the calibrations' store and the validations'.
+
+    Raises
+    ------
+    ValueError
+        If the file is not such a store (`what`, with its path).
+    """
+    if not path.exists():
+        return []
+    try:
+        doc = json.loads(path.read_text())
+        if doc.get("format") not in formats:
+            expected = formats[0] if len(formats) == 1 else f"one of {formats}"
+            raise ValueError(f"format {doc.get('format')!r}, expected {expected}")
+        return [parse(d) for d in doc[key]]
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
+        raise ValueError(f"{path} is not {what}: {e}") from e
+
+
+def write_store(path: Path, key: str, fmt: int, records: list[dict[str, Any]]) -> None:
+    """Write a JSON store of `records` under `key` at `path` (created with its folder), atomically."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({"format": FORMAT, "calibrations": [c.to_dict() for c in cals]}, indent=1))
+    tmp.write_text(json.dumps({"format": fmt, key: records}, indent=1))
     tmp.replace(path)
 
 
