@@ -329,6 +329,17 @@ def point_overruns(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]
                        "WHERE o.run_id = ?", (run_id,))
 
 
+def point_overrun_delays(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Per point, its rounds' summed latency (``latency_s``) and the most their overruns can have added
+    to it (``delay_s``): per round its largest overrun (trainings run side by side), summed."""
+    return _rows(conn, "SELECT r.scheduler, t.n_locals, SUM(r.latency_s) AS latency_s, SUM(COALESCE(o.late, 0)) "
+                       "AS delay_s FROM rounds r JOIN tasks t ON t.run_id = r.run_id AND t.scheduler = r.scheduler "
+                       "AND t.task_id = r.task_id LEFT JOIN (SELECT scheduler, task_id, round, MAX(real_s - modelled_s) "
+                       "AS late FROM overruns WHERE run_id = ? GROUP BY scheduler, task_id, round) o ON o.scheduler = "
+                       "r.scheduler AND o.task_id = r.task_id AND o.round = r.round WHERE r.run_id = ? "
+                       "GROUP BY r.scheduler, t.n_locals", (run_id, run_id))
+
+
 def point_link_rates(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
     """Every saturated link-round of the run's tasks (expected over measured time: ``rate_share``),
     with the task's scheduler and number of locals."""

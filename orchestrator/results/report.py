@@ -30,6 +30,7 @@ from orchestrator.results import durability, queries
 from orchestrator.results.csvs import write_csvs
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.dilation import dilation_lines, dilation_section, k_suffix, locals_text
+from orchestrator.results.fidelity import OVERRUN_SHARE
 from orchestrator.results.figures import Figure
 from orchestrator.results.report_html import markdown_to_html
 from orchestrator.results.report_parts import claims_section, environment_section, fmt, validation_line
@@ -107,7 +108,7 @@ def summary_lines(summary: RunSummary, run_dir: Path) -> list[str]:
     for v in summary.verdicts:
         lines.append(f"fidelity {v.scheduler} at {v.n_locals} locals{k_suffix(summary.environment, v.n_locals)}: "
                      f"{v.word}, latency / bound {v.bound_text}"
-                     + (f" ({'; '.join(v.reasons)})" if v.reasons else ""))
+                     + (f" ({'; '.join(v.reasons or [v.tolerated])})" if v.reasons or v.tolerated else ""))
     if summary.unfaithful:
         lines.append(f"netai: warning: {len(summary.unfaithful)} of {len(summary.verdicts)} points did not measure "
                      "the emulated network and sites faithfully (see the report's Fidelity section)")
@@ -223,15 +224,19 @@ def fidelity_section(summary: RunSummary) -> list[str]:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in summary.verdicts:
         lines.append(f"| {v.scheduler} | {locals_text(summary.environment, v.n_locals)} | {v.hops} | {fmt(v.hop_median_s, 1e3)} "
-                     f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {v.overruns} / {v.trained} "
+                     f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {v.overrun_text} "
                      f"| {fmt(v.training_use_max, 1, 2)} | {fmt(v.rate_share_median, 1, 3)} ({v.link_rounds}) "
                      f"| {retrans_text(shares.get((v.scheduler, v.n_locals)), modelled=modelled)} | {v.bound_text} "
                      f"| {v.word} |")
-    lines += [""] + [f"- {v.scheduler} at {v.n_locals} locals: {r}" for v in summary.verdicts for r in v.reasons]
+    lines += [""] + [f"- {v.scheduler} at {v.n_locals} locals: {r}" for v in summary.verdicts
+                     for r in v.reasons or ([v.tolerated] if v.tolerated else [])]
     lines.append("- TCP retransmitted: the data bytes the task's agents' connections retransmitted over those they "
                  "sent (kernel tcp_info), summed over the point's tasks; they cross the links again, so the "
                  "carried bytes include them" if modelled else
                  "- TCP retransmitted: not modelled (the flow-level simulation has no TCP)")
+    lines.append(f"- overruns / trained: node-rounds whose real training ran past their site's modelled time; in "
+                 f"brackets the most they can have added to the rounds' summed latency (a point with overruns stays "
+                 f"faithful up to {OVERRUN_SHARE:.0%})")
     if summary.host_saturated is not None:
         lines.append(f"- host CPU saturated (both cores over 95 % busy) in {summary.host_saturated:.0%} of its samples")
     return lines

@@ -132,6 +132,25 @@ def test_the_first_task_waits_until_the_background_has_settled(plan: EmulationPl
     assert fake.t > 3.0 + first.window_s - 0.5  # its window began once the ramp was over
 
 
+def test_live_counters_settle_on_a_short_window_after_the_ramp(plan: EmulationPlan) -> None:
+    # Prepare: counters exact whenever read (the tc datapath's: a 10 ms "sweep", far below a poll), the background
+    # ramping up to 60 Mbit/s between t = 2 and 3 s.
+    fake = FakeController(plan, sweep_s=0.01)
+    a, b = ring_links(plan)[0]
+    fake.send(BACKGROUND_COOKIE, a, b, lambda t: 0.0 if t < 2.0 else min(60.0, 60.0 * (t - 2.0)))
+    settings = settings_for("demand-matrix", live=True)
+
+    # Execute
+    m = view_of(fake, settings).measure(101)
+
+    # Assert: the short window's pieces, the steady rate and not the ramp, and a window begun once
+    # the ramp was over.
+    assert (settings.window_s, settings.piece_s) == (1.0, 0.25) and settings.poll_s < settings.piece_s
+    assert m.settled and m.pieces >= 3 and m.cv <= 0.1
+    assert m.mbps[(a, b)] * plan.bw_scale == pytest.approx(60.0, rel=0.03)
+    assert fake.t - m.window_s >= 3.0 - settings.piece_s
+
+
 def test_every_scheduler_of_a_task_gets_the_same_measurement(plan: EmulationPlan) -> None:
     # Prepare
     fake = FakeController(plan)

@@ -128,3 +128,62 @@ def test_a_median_hop_below_its_floor_beyond_a_tenth_of_a_chunk_flips_the_verdic
 def test_latency_over_bound_is_given_with_its_interval() -> None:
     v = verdict("mst", 8, [_hop(1e-3)], [], 24, compute_modelled=True, bound_ratios=[1.2, 1.3])
     assert v.bound_text.startswith("1.25 [1.20, 1.30]")
+
+
+def _overrun_run(tmp_path: Path, late_s: tuple[float, float]) -> tuple[ResultsDB, int]:
+    """Two rounds of 100 ms each; in round 1 site B overran by `late_s[0]` and site C by `late_s[1]`."""
+    db = ResultsDB(tmp_path / "results.db")
+    run_id = db.start_run("t", {}, {"mode": "sequential", "compute_timing": "modeled"})
+    db.record_task(run_id, "mst", Task(5, "A", ("B", "C"), rounds=2))
+    for rnd in (1, 2):
+        db.record_round(run_id, "mst", 5, rnd, latency_s=0.1, broadcast_s=0.01, train_s=0.08, upload_s=0.01,
+                        accuracy=0.5, lower_bound_s=0.09)
+    db.record_node_rounds(run_id, "mst", 5, [{"round": r, "site": s, "role": "local", "train_start_s": 0.0,
+                                               "train_end_s": 0.08} for r in (1, 2) for s in ("B", "C")])
+    overruns = [{"round": 1, "site": s, "real_s": 0.08 + late, "modelled_s": 0.08} for s, late in zip("BC", late_s, strict=True)]
+    db.record_fidelity(run_id, "mst", 5, hops=[_hop(1e-3), _hop(1e-3, child="C")], overruns=overruns)
+    db.set_task_state(run_id, "mst", 5, "done")
+    db.finish_run(run_id, "completed")
+    return db, run_id
+
+
+def test_overruns_within_their_share_of_the_latency_are_faithful_and_said(tmp_path: Path) -> None:
+    # Prepare: B and C overran in the same round by 1 and 0.5 ms: the round waits for one of them, so
+    # at most 1 ms of the rounds' 200 ms (0.5 %, within the 1 % allowed).
+    db, run_id = _overrun_run(tmp_path, (1e-3, 0.5e-3))
+
+    # Execute
+    summary = run_summary(db, run_id)
+    (v,) = summary.verdicts
+    printed = "\n".join(summary_lines(summary, tmp_path))
+    report = write_report(db, run_id, tmp_path, summary=summary, figures=[]).read_text()
+
+    # Assert: faithful, the share the per-round largest overrun gives, and both outputs say so.
+    assert v.faithful and v.overruns == 2 and v.overrun_share == pytest.approx(0.005)
+    assert "2 of 4 node-rounds overran, adding at most 0.50% to the rounds' latency (allowed 1%)" in printed
+    assert "| 2 / 4 (+0.50%) |" in report
+
+
+def test_overruns_beyond_their_share_flip_the_verdict_and_an_unknown_share_fails(tmp_path: Path) -> None:
+    # Prepare: B overran by 3 ms (1.5 % of 200 ms).
+    db, run_id = _overrun_run(tmp_path, (3e-3, 0.5e-3))
+
+    # Execute
+    (v,) = run_summary(db, run_id).verdicts
+    unknown = verdict("mst", 2, [_hop(1e-3)], [{"real_s": 0.0801, "modelled_s": 0.08}], 4, compute_modelled=True)
+
+    # Assert
+    assert not v.faithful and v.overrun_share == pytest.approx(0.015)
+    assert "adding up to 1.5% to the rounds' latency (allowed 1%)" in v.reasons[0]
+    assert not unknown.faithful and unknown.overrun_share is None
+
+
+@pytest.mark.parametrize("ratios, faithful", [([0.997, 0.998, 0.997, 0.998], True), ([0.985, 0.986, 0.984], False)])
+def test_rounds_a_frame_below_their_bound_stay_faithful_and_a_percent_below_do_not(ratios: list[float],
+                                                                                   faithful: bool) -> None:
+    """A shaper passes a frame per link ahead of its rate (0.2-0.5 % of a round of one local, measured at
+    K = 16-64): tolerated up to `BOUND_SHARE`; beyond it the rounds beat what the network allows."""
+    v = verdict("spff", 1, [_hop(1e-3)], [], 4, compute_modelled=True, bound_ratios=ratios)
+    assert v.bound_ratio_ci is not None and v.bound_ratio_ci[1] < 1.0  # below the bound in both cases
+    assert v.faithful is faithful
+    assert any("(allowed 0.99)" in r for r in v.reasons) is not faithful
