@@ -54,7 +54,7 @@ RATE_HIGH = 1.2
 NEGATIVE_HOP_SHARE = 0.1
 #: The most the overruns may have added to a point's summed round latency: a quarter of the 4 %
 #: half-width of a typical mst / spff interval over 15-30 tasks, so that they cannot move a figure
-#: beyond its noise (one overrun of 0.6 ms in 360 node-rounds is 0.02 %; a training slowed past its
+#: beyond its noise (one overrun of 0.6 ms over 45 rounds of 9.4 ms is 0.15 %; a training slowed past its
 #: model in every round is tens of percent).
 OVERRUN_SHARE = 0.01
 #: How far below their lower bound the rounds may be (the upper end of the interval of latency /
@@ -101,7 +101,7 @@ class Verdict:
 
     @property
     def overrun_text(self) -> str:
-        """``1 / 360 (+0.02 %)``: overruns over trained node-rounds, and the most they can have added
+        """``1 / 360 (+0.15%)``: overruns over trained node-rounds, and the most they can have added
         to the rounds' latency where known."""
         share = "" if not self.overruns or self.overrun_share is None else f" (+{self.overrun_share:.2%})"
         return f"{self.overruns} / {self.trained}{share}"

@@ -330,13 +330,14 @@ def point_overruns(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]
 
 
 def point_overrun_delays(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
-    """Per point, its rounds' summed latency (``latency_s``) and the most their overruns can have added
-    to it (``delay_s``): per round its largest overrun (trainings run side by side), summed."""
+    """Per point, its done tasks' rounds' summed latency (``latency_s``) and the most their overruns can
+    have added to it (``delay_s``): per round its largest overrun (trainings run side by side), summed.
+    Only done tasks: their overruns are recorded with their result, a failed task's are not."""
     return _rows(conn, "SELECT r.scheduler, t.n_locals, SUM(r.latency_s) AS latency_s, SUM(COALESCE(o.late, 0)) "
                        "AS delay_s FROM rounds r JOIN tasks t ON t.run_id = r.run_id AND t.scheduler = r.scheduler "
                        "AND t.task_id = r.task_id LEFT JOIN (SELECT scheduler, task_id, round, MAX(real_s - modelled_s) "
                        "AS late FROM overruns WHERE run_id = ? GROUP BY scheduler, task_id, round) o ON o.scheduler = "
-                       "r.scheduler AND o.task_id = r.task_id AND o.round = r.round WHERE r.run_id = ? "
+                       "r.scheduler AND o.task_id = r.task_id AND o.round = r.round WHERE r.run_id = ? AND t.state = 'done' "
                        "GROUP BY r.scheduler, t.n_locals", (run_id, run_id))
 
 
