@@ -94,8 +94,8 @@ LIVE_POLL_S = 0.1
 #: A steady background's window and pieces on live counters. Open vSwitch's sweeps (about 0.5 s
 #: apart) set the 3 s window of pieces of about 1 s; counters exact when read need no sweep to
 #: pass, so pieces of at least 0.25 s (about 0.3 s at reads 0.1 s apart), three to a window with the
-#: one before them, hold the same CV criterion in a third of the wait (docs/metrics.md, "The
-#: background a scheduler sees").
+#: one before them, hold the same CV criterion in a third of the wait
+#: (docs/metrics.md, "The background a scheduler sees").
 LIVE_WINDOW_S = 1.0
 LIVE_PIECE_S = 0.25
 

@@ -9,7 +9,9 @@ and background), judged by the same verdict rules as the report (`orchestrator.r
 plus a margin: no node-round's real training may use more than `TRIAL_TRAINING_USE` of its modelled
 time, since a short trial's few rounds vary less than the run's.
 
-`search` tries K = 1, 2, 4, ... up to the cap (`ladder`) and takes the first faithful one. Doubling
+`search` tries K = 1, 2, 4, ... up to the cap (`ladder`) and takes the first faithful one; where a
+trial's compute bound rules out the next K, it tries that bound rounded up to a quarter octave
+(`step_up`: ..., 32, 40, 48, 56, 64, ...) instead of the next power of two above it. Doubling
 is cheap because a trial's wall time grows with K: the whole calibration costs about twice the
 chosen K's trial plus one emulation bring-up per K tried. When no K up to the cap is faithful the
 run goes on at the cap, the most faithful K allowed (the instrument's share of a hop and the
@@ -22,6 +24,7 @@ records nothing itself (the runner puts `Calibration.to_dict` in the run's envir
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -106,28 +109,43 @@ def ladder(cap: float) -> tuple[float, ...]:
     return (*ks, float(cap))
 
 
-def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], None]) -> Calibration:
-    """The smallest K of `ladder(cap)` whose trial (`try_k`) is faithful, else the cap. A K below the
-    compute bound of a trial before it (`Trial.compute_bound`) is skipped, not tried.
+def step_up(k: float) -> float:
+    """`k` rounded up to a quarter octave (1, 2, ..., 8, 10, 12, 14, 16, 20, 24, 28, 32, 40, ...):
+    at most a quarter above `k`."""
+    if k <= 1:
+        return 1.0
+    octave = 2.0 ** math.floor(math.log2(k))
+    step = max(1.0, octave / 4)
+    return math.ceil(k / step - 1e-9) * step
 
-    `say` gets one line per K tried (K, faithful or what was violated, the trial's wall time) and one
-    for the choice, for the console and the log."""
+
+def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], None]) -> Calibration:
+    """The smallest faithful K that the trials (`try_k`) find, else the cap. They climb `ladder(cap)`;
+    a K below the compute bound of a trial before it (`Trial.compute_bound`) is skipped, not tried,
+    and the next K tried is then the bound rounded up to a quarter octave (`step_up`), so a K the
+    compute bound sets is within a quarter of it rather than up to twice.
+
+    `say` gets one line per K tried (K, faithful or what was violated, the trial's wall time), one per
+    K skipped, and one for the choice, for the console and the log."""
     trials: list[Trial] = []
-    bound = 1.0
-    for k in ladder(cap):
-        if k < bound and k < cap:
-            say(f"time dilation auto: K={k:g} skipped: training needs K >= {bound:.1f} (the compute bound "
-                f"from K={trials[-1].k:g}'s trial)")
-            continue
+    bound, k = 1.0, 1.0
+    while True:
         trial = try_k(k)
         trials.append(trial)
         word = "faithful" if trial.faithful else "NOT faithful: " + "; ".join(trial.reasons)
         say(f"time dilation auto: K={k:g} {word} (trial {trial.wall_s:.0f} s)")
-        bound = max(bound, trial.compute_bound())
         if trial.faithful:
             cal = Calibration(k=k, faithful=True, cap=cap, trials=tuple(trials))
             say(f"time dilation auto: K={k:g} chosen (the calibration took {cal.wall_s:.0f} s)")
             return cal
+        if k >= cap:
+            break
+        bound = max(bound, trial.compute_bound())
+        higher = [x for x in ladder(cap) if x > k]
+        for skipped in (x for x in higher if x < bound and x < cap):
+            say(f"time dilation auto: K={skipped:g} skipped: training needs K >= {bound:.1f} (the compute bound "
+                f"from K={trial.k:g}'s trial)")
+        k = higher[0] if higher[0] >= bound else min(float(cap), max(higher[0], step_up(bound)))
     cal = Calibration(k=float(cap), faithful=False, cap=cap, trials=tuple(trials))
     say(f"warning: time dilation auto: no K up to {cap:g} was faithful; the run goes on at K={cap:g} and its "
         f"verdict says what is violated (the calibration took {cal.wall_s:.0f} s)")

@@ -5,6 +5,7 @@ the wall-time cost (`orchestrator.experiment.calibration`, fakes for the trials)
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -20,6 +21,7 @@ from orchestrator.experiment.calibration import (
     judge,
     ladder,
     search,
+    step_up,
 )
 from orchestrator.experiment.config import parse_config
 from orchestrator.results.fidelity import verdict
@@ -94,16 +96,16 @@ def test_search_takes_the_smallest_faithful_k_and_says_what_each_k_violated() ->
 
 def test_search_skips_what_the_compute_bound_rules_out() -> None:
     """A trial whose training used 4x its modelled time at K = 1 rules out K = 2 and 4 (use falls as 1 / K
-    and must reach the trial's margin, 0.8): the next K tried is 8."""
+    and must reach the trial's margin, 0.8): the next K tried is the bound itself, 5, not 8."""
     tried: list[float] = []
     said: list[str] = []
 
     def try_k(k: float) -> Trial:
         tried.append(k)
-        return Trial(k=k, faithful=k >= 8, reasons=() if k >= 8 else ("overran",), wall_s=1.0, training_use=4.0 / k)
+        return Trial(k=k, faithful=k >= 5, reasons=() if k >= 5 else ("overran",), wall_s=1.0, training_use=4.0 / k)
 
     cal = search(try_k, 64, say=said.append)
-    assert tried == [1, 8] and cal.k == 8 and cal.faithful
+    assert tried == [1, 5] and cal.k == 5 and cal.faithful
     assert Trial(k=1, faithful=False, reasons=(), wall_s=1, training_use=4.0).compute_bound() == pytest.approx(5.0)
     assert any(line.startswith("time dilation auto: K=4 skipped: training needs K >= 5.0") for line in said)
     assert Trial(k=2, faithful=True, reasons=(), wall_s=1, training_use=0.5).compute_bound() == 2
@@ -184,3 +186,21 @@ def test_the_report_gives_k_how_it_was_chosen_and_the_wall_time() -> None:
     assert dilation_lines({"time_dilation": 20.0, "run_wall_s": 50.0, "clock_end_s": 2.0})[0] == (
         "time dilation K=20 (set in the config); wall time 50.0 s for 2.00 s emulated: 25 x")
     assert dilation_lines({"time_dilation": 1.0}) == [] and dilation_section({}) == []
+
+
+def test_after_a_skip_the_bound_rounded_up_to_a_quarter_octave_is_tried_then_the_ladder_goes_on() -> None:
+    """paper.yaml's 8 locals: K = 1's trainings used 30.3 x their modelled time, a bound of 37.9: the
+    next K is 40 (not 64); if 40 is not faithful for another reason, the ladder goes on at 64."""
+    tried: list[float] = []
+    said: list[str] = []
+
+    def try_k(k: float) -> Trial:
+        tried.append(k)
+        return Trial(k=k, faithful=k >= 64, reasons=() if k >= 64 else ("hops",), wall_s=1.0,
+                     training_use=30.3 / k)
+
+    cal = search(try_k, 128, say=said.append)
+    assert tried == [1, 40, 64] and cal.k == 64
+    assert re.findall(r"K=(\d+) skipped", "\n".join(said)) == ["2", "4", "8", "16", "32"]
+    assert [step_up(x) for x in (1, 2.5, 5, 9, 28.7, 37.9, 40.1, 100)] == [1, 3, 5, 10, 32, 40, 48, 112]
+    assert search(try_k, 36, say=said.append).k == 36  # a bound above the cap: the cap, tried once
