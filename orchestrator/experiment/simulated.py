@@ -295,6 +295,7 @@ def _parameters(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
         "cpu_s_per_chunk": params.cpu_s_per_chunk,
         "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "wire_bytes_factor": params.wire_bytes_factor,
         "train_cpu_factor": params.train_cpu_factor, "ack_share": params.ack_share,
+        "shaper_burst_k": params.shaper_burst_k,
         "calibration": cfg.simulation.calibration,
         "defaults": sorted(k for k, v in asdict(cfg.simulation).items() if v == getattr(SimulationConfig(), k)),
         "background": "off" if background is None else

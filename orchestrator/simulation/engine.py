@@ -6,20 +6,22 @@ writes what each node did (the agents' timing events, the same names and meaning
 emulation's) and the bytes each directed link carried.
 
 Why a process of its own: SimGrid has one engine per process, created once and run once; the
-parent (the experiment, a test, the benchmark) may simulate many times. Input and output are JSON
-files (no pickling).
+parent may simulate many times. Input and output are JSON files (no pickling).
 
 Platform. One star zone. Every directed link of the topology is one SimGrid link (a full-duplex
 link's two directions are independent, as in the emulation), of bandwidth `rate_mbps` and zero
 latency. Every distinct directed path the schedules use gets a pair of endpoint hosts whose route
-is exactly that path's links, so a transfer along an overlay edge crosses the links the schedule
-chose (SimGrid's own routing would pick one route per pair of sites). Flows that share a link share
+is exactly that path's links (SimGrid's routing would pick one per pair of sites). Flows that share a link share
 its bandwidth max-min (SimGrid's CM02 model without its TCP factors: `network/model:CM02`,
 `network/crosstraffic:0`, `network/TCP-gamma:0`; the calibration factors are applied by the spec).
 
 Propagation. Links have no SimGrid latency: a chunk's propagation (the path's fiber delay plus a
 per-hop latency, from the spec) is added when its transmission ends, so that the chunks of one
 overlay edge stream back to back (one TCP connection) instead of each paying the path's latency.
+
+The emulation's shaper (only when the runs have a ``shaper_burst_k`` > 0, a twin of an emulated run):
+each segment's first bytes, as many as its bottleneck link's htb bucket holds, cross at once and the
+rest at the rate (`orchestrator.simulation.shaper`).
 
 Transfers. A chunk carries its share of the model's bytes and of the copy's frame headers (the run's
 ``frame_bytes``: fixed, JSON and safetensors headers; 0 when not modelled), on the links and in
@@ -35,10 +37,8 @@ aggregates when the last chunk of every upload child arrived, and starts the nex
 ``forward_first`` (naming the child) when the copy's first segment starts, as an agent does once it
 has written the copy's first chunk (the shaped-link rate's flights, `orchestrator.lifecycle.fidelity`).
 
-How it runs (fast, and the same model). The spec's runs are independent (the sequential mode: one
-task alone on the network at a time), so each run is one discrete-event loop in a single SimGrid
-actor (no actor per edge: SimGrid's Python actors are threads, and a hand-off between threads per
-chunk was most of the time):
+How it runs. The spec's runs are independent (the sequential mode), so each is one discrete-event
+loop in a single SimGrid actor (Python actors are threads; a hand-off per chunk was most of the time):
 
 - an overlay edge whose path shares no directed link with another edge of its run is never
   contended, so its chunks are computed, not simulated: each takes its size over the path's
@@ -57,9 +57,8 @@ its route), during each of its on periods; with the CPU model, a second one send
 work through the switch and the cores. An edge that crosses a link of the background is simulated.
 
 ACKs (only when the runs have an ``ack_share`` > 0): each path also gets a host whose route is its
-links reversed; each transmission of a segment also sends ``ack_share`` x its bytes there, and the
-segment has left once both are done. An edge whose links another edge or the background crosses
-the other way is then simulated, so that the two share those links with each other's ACKs.
+links reversed; each segment also sends ``ack_share`` x its bytes there, and has left once both are
+done. An edge whose links another edge or the background crosses the other way is then simulated.
 
 CPU (only when the spec has a ``cpu`` section, `spec.SimParams.cpu_cores`). Two more links, "cpu"
 of the machine's cores and "switch" of as many (the userspace datapath's threads), in
@@ -84,6 +83,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.simulation import sg_platform
+from orchestrator.simulation.shaper import Bucket
 
 CONFIG = ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", "--cfg=network/TCP-gamma:0",
           "--cfg=contexts/factory:thread", "--log=root.thres:critical", "--log=xbt_cfg.thres:critical"]
@@ -102,30 +102,29 @@ class _Edge:
     #: Shares a directed link with another edge of its run (or the CPU is modelled): simulated by SimGrid.
     contended: bool
     hosts: tuple[Any, Any]
-    #: CPU work per byte sent, in nanoseconds (the CPU model: the receiver's work and each hop's).
+    #: CPU work per byte sent, in nanoseconds (the CPU model): the workers' and the switching of the path's hops.
     cpu_ns_per_byte: float = 0.0
-    #: Switching work per byte sent, in nanoseconds (the path's hops).
     switch_ns_per_byte: float = 0.0
-    #: The hosts whose routes are the path's own core and the machine's cores, and the switch.
+    #: The hosts whose routes are the path's own core and the machine's cores, the switch, and the
+    #: path reversed (where the edge's ACKs go; None: not modelled).
     cpu_host: Any = None
     switch_host: Any = None
-    #: The host whose route is the path reversed, where the edge's ACKs go (None: not modelled).
     ack_host: Any = None
     #: Ready time at the sender of each segment not sent yet, by (round - 1) * segments + j.
     ready: dict[int, float] = field(default_factory=dict)
-    #: The lane's copy before this one and after it (broadcast copies sharing a link go one after
-    #: another), and the rounds whose copy has left whole.
+    #: The lane's copies before and after this one (sent one after another); rounds whose copy left whole.
     after: _Edge | None = None
     before: _Edge | None = None
     left_rounds: int = 0
     left_at: float = 0.0
     next_idx: int = 0
-    #: When the sender's per-segment work (`alpha_s` per chunk) for the last segment handed over
-    #: ended, and when the path was last free.
+    #: When the sender's per-segment work (`alpha_s` per chunk) for the last segment ended; the path last free.
     framed: float = 0.0
     free: float = 0.0
     busy: bool = False
     sent_bytes: int = 0
+    #: The emulation's shaper at the path's bottleneck (`orchestrator.simulation.shaper`; None: not modelled).
+    bucket: Bucket | None = None
 
 
 def _edges(spec: dict[str, Any], hosts: dict[tuple[str, ...], tuple[Any, ...]], delays: dict[tuple[str, ...], float],
@@ -201,6 +200,12 @@ class _Run:
         self.trainers: dict[str, Any] = {}
         self.ack_share = float(spec.get("ack_share", 0.0))  # ACK bytes per byte sent, on the path reversed
         self.edges = _edges(spec, hosts, delays, rates, cpu, workers or {}, varying, acks if self.ack_share else None)
+        if (burst_k := float(spec.get("shaper_burst_k", 0.0))) > 0:  # one bucket per bottleneck link, as htb's class
+            buckets: dict[tuple[str, str], Bucket] = {}
+            for e in self.edges:
+                neck = min(e.links, key=lambda ln: rates[ln])
+                e.bucket = buckets.setdefault(neck, Bucket.for_link(rates[neck], burst_k))
+        self.ahead: dict[tuple[int, int], float] = {}  # a contended segment's bytes its bucket passed at once
         #: Where the CPU work goes (a host with an empty route to it).
         self.sink: Any = None
         self.out_bc: dict[str, list[_Edge]] = {}
@@ -266,15 +271,19 @@ class _Run:
             e.next_idx += 1
             if j == 0 and e.procedure == "broadcast":  # a copy's first chunk goes (`fidelity.copy_rows`)
                 self.event(e.src, "forward_first", idx // self.m + 1, at, peer=e.dst)
+            passed = 0.0 if e.bucket is None else e.bucket.ahead(at, self.seg_bytes[j])
             if e.contended:  # SimGrid transmits it, from `at` on
                 e.busy = True
+                self.ahead[(id(e), idx)] = passed
                 heapq.heappush(self.sends, (at, next(self.seq), e, idx))
             else:
-                self.sent(e, idx, at + self.seg_bytes[j] / e.rate)
+                self.sent(e, idx, at + (self.seg_bytes[j] - passed) / e.rate)
 
     def sent(self, e: _Edge, idx: int, end: float) -> None:
         """Segment `idx` of edge `e` left its sender completely at `end`."""
         e.free = end
+        if e.bucket is not None:
+            e.bucket.left(end)
         e.sent_bytes += self.seg_bytes[idx % self.m]
         if e.procedure == "upload" and idx % self.m == self.m - 1:
             self.event(e.src, "update_sent", idx // self.m + 1, end)
@@ -395,7 +404,8 @@ class _Run:
             self.owners.append((None, idx))
             return
         size = self.seg_bytes[idx % self.m]
-        self.flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], size))
+        rest = max(1, round(size - self.ahead.pop((id(e), idx), 0.0)))
+        self.flying.append(simgrid.Comm.sendto_async(e.hosts[0], e.hosts[1], rest))
         self.owners.append((e, idx))
         self.parts[(id(e), idx)] = 1
         for host, ns, fixed in ((e.cpu_host, e.cpu_ns_per_byte, self.seg_work[idx % self.m]),

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from controller.htb import burst_bytes
 from orchestrator.runtime.summaries import RoundResult, TaskResult, node_rounds, summarize
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import RateFn
@@ -88,7 +89,11 @@ class SimNetwork:
         self.rate = batch.rate
         self.delay_emulated = propagation
         self.payload_share = batch.params.tcp_efficiency  # its transfers' share of a link's rate
-        self.link_burst_bytes = lambda a, b: 0  # a flow-level link carries at its rate from the first byte
+        #: What a link passes ahead of its rate: nothing on a flow-level link, unless the run models the
+        #: emulation's shaper at its K (`SimParams.shaper_burst_k`, `orchestrator.simulation.shaper`).
+        k = batch.params.shaper_burst_k
+        self.link_burst_bytes: Callable[[str, str], int] = \
+            (lambda a, b: burst_bytes(self.rate(a, b) / k)) if k > 0 else (lambda a, b: 0)
         self._ids = itertools.count(1)
         #: install id -> the run's key in the batch.
         self.keys: dict[int, str] = {}

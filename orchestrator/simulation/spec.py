@@ -123,6 +123,10 @@ class SimParams:
     #: training thread runs at SCHED_IDLE beside the site server's threads; `netai calibrate`
     #: measures it from the trainings' overruns where the task's own trainings leave cores idle).
     train_cpu_factor: float = 1.0
+    #: The emulation's shaper burst at this time dilation (`orchestrator.simulation.shaper`: what htb
+    #: passes ahead of a link's rate after an idle gap); 0: not modelled. A twin of an emulated run
+    #: sets its K.
+    shaper_burst_k: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,13 +167,16 @@ def chunk_bytes(schedule: Schedule, model_bytes: int, rate: RateFn, params: SimP
 
 def twin_simulation(*, propagation: bool, time_dilation: float = 1.0) -> dict[str, Any]:
     """The ``simulation`` section of a simulated twin of an emulated run at time dilation K: the
-    emulated rates, propagation as that emulation had it, and the per-chunk work the emulation pays
+    emulated rates at the share of them TCP payload gets (derived, as `netai calibrate` sets it:
+    1448 of 1514 bytes a frame), propagation as that emulation had it, its shaper's burst at K
+    (``shaper_burst_k``), and the per-chunk work the emulation pays
     in its network's time: its agents' `ALPHA_S` of real time per chunk is `ALPHA_S` / K of its
     recorded (emulated) time. The chunk size stays the emulation's (`chunk_bytes`: `ALPHA_S` at
     the emulated rates, whatever K)."""
     if time_dilation < 1:
         raise ValueError(f"a time dilation is >= 1, got {time_dilation!r}")
-    out: dict[str, Any] = {"rates": "emulated", "propagation": propagation}
+    out: dict[str, Any] = {"rates": "emulated", "propagation": propagation, "shaper_burst_k": time_dilation,
+                           "tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4)}
     if time_dilation > 1:
         out["alpha_s"] = ALPHA_S / time_dilation
     return out
@@ -224,7 +231,8 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
             "model_bytes": r.model_bytes, "chunk_bytes": (chunk := chunk_bytes(s, r.model_bytes, rate, params)),
             "frame_bytes": frame_bytes(chunk) if frame_bytes is not None else 0,
-            "alpha_s": params.alpha_s, "max_segments": params.max_segments, "ack_share": params.ack_share, "train_s": train_seconds(s, params, model),
+            "alpha_s": params.alpha_s, "max_segments": params.max_segments, "ack_share": params.ack_share,
+            "shaper_burst_k": params.shaper_burst_k, "train_s": train_seconds(s, params, model),
             "train_cpu_s": {k: v * params.train_cpu_factor
                             for k, v in train_seconds(s, replace(params, site_speed=False)).items()},
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],
