@@ -36,11 +36,16 @@ or the workers.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from controller.flows import LOWER_EFFORT_DSCP
 from topologies.plan import EmulationPlan
+
+# The burst is the emulation plan's, shared with the simulation's twin (topologies/shaping.py).
+from topologies.shaping import BURST_CAP_BYTES as BURST_CAP_BYTES
+from topologies.shaping import BURST_FLOOR_BYTES as BURST_FLOOR_BYTES
+from topologies.shaping import BURST_WINDOW_S as BURST_WINDOW_S
+from topologies.shaping import burst_bytes as burst_bytes
 
 ROOT_MAJOR = 5
 LINK_CLASS = 1
@@ -79,21 +84,6 @@ BACKGROUND_QDISC_MAJOR = 6
 MIN_RATE_MBPS = 0.001
 #: One MTU frame: at tens of Mbit/s htb's default quantum (rate / r2q) draws a warning.
 QUANTUM = 1514
-#: The smallest burst (and cburst) of a class, bytes: one MTU frame and a little. htb sends a packet
-#: whenever its tokens are >= 0, so after an idle gap one frame passes at the port's speed whatever
-#: the burst; a smaller one buys no accuracy.
-BURST_FLOOR_BYTES = 1600
-#: What a class's burst covers at its own rate, wall seconds: the timer slack htb must absorb to hold
-#: the rate on a loaded host (docs/fidelity.md, "Shaping"). On idle forwarding veths one frame
-#: held 0.95 of 100 Mbit/s, but in the emulation it did not: with 1 ms, the pipelined broadcast at
-#: 20 Mbit/s took 1.48 x S/B against 1.13 with 6 ms (`benchmarks/bench_dataplane.py`), and at K = 1 a
-#: one-frame burst left saturated links at 0.11-0.41 of their rate. 6 ms is one frame up to 2.13
-#: Mbit/s (a 100 Mbit/s link from K = 47, where small models are measured here); in emulated time it
-#: is 6 ms / K. A fixed 15 KB passed 13 of a 19 KB model's 20 KB of frames unshaped after an idle gap,
-#: at any time dilation.
-BURST_WINDOW_S = 6e-3
-#: The largest burst, bytes: under one copy of the default mlp (about 20 KB of frames), whatever the rate.
-BURST_CAP_BYTES = 16_000
 
 Link = tuple[str, str]
 TcCommand = list[str]
@@ -131,13 +121,6 @@ def ack_rate_mbps(link_mbps: float) -> float:
 def task_budget_mbps(link_mbps: float) -> float:
     """What the tasks' guarantees on a link may add up to."""
     return link_mbps - background_rate_mbps(link_mbps) - ack_rate_mbps(link_mbps)
-
-
-def burst_bytes(mbps: float) -> int:
-    """The htb burst of a class shaped to `mbps` (the dilated rate the class runs at): `BURST_WINDOW_S`
-    of it, at least `BURST_FLOOR_BYTES` and at most `BURST_CAP_BYTES`. A copy crossing an idle link
-    thus passes at most this much ahead of the rate: one frame up to 2.13 Mbit/s."""
-    return min(BURST_CAP_BYTES, max(BURST_FLOOR_BYTES, math.ceil(mbps * 1e6 / 8 * BURST_WINDOW_S)))
 
 
 def htb_args(rate_mbps: float, ceil_mbps: float, prio: int | None = None) -> list[str]:

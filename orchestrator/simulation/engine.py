@@ -83,7 +83,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.simulation import sg_platform
-from orchestrator.simulation.shaper import Bucket
+from orchestrator.simulation.shaper import Bucket, give_buckets
 
 CONFIG = ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", "--cfg=network/TCP-gamma:0",
           "--cfg=contexts/factory:thread", "--log=root.thres:critical", "--log=xbt_cfg.thres:critical"]
@@ -200,11 +200,8 @@ class _Run:
         self.trainers: dict[str, Any] = {}
         self.ack_share = float(spec.get("ack_share", 0.0))  # ACK bytes per byte sent, on the path reversed
         self.edges = _edges(spec, hosts, delays, rates, cpu, workers or {}, varying, acks if self.ack_share else None)
-        if (burst_k := float(spec.get("shaper_burst_k", 0.0))) > 0:  # one bucket per bottleneck link, as htb's class
-            buckets: dict[tuple[str, str], Bucket] = {}
-            for e in self.edges:
-                neck = min(e.links, key=lambda ln: rates[ln])
-                e.bucket = buckets.setdefault(neck, Bucket.for_link(rates[neck], burst_k))
+        if (burst_k := float(spec.get("shaper_burst_k", 0.0))) > 0:
+            give_buckets(self.edges, rates, burst_k)
         self.ahead: dict[tuple[int, int], float] = {}  # a contended segment's bytes its bucket passed at once
         #: Where the CPU work goes (a host with an empty route to it).
         self.sink: Any = None

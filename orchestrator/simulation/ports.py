@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from controller.htb import burst_bytes
 from orchestrator.runtime.summaries import RoundResult, TaskResult, node_rounds, summarize
 from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import RateFn
@@ -24,6 +23,7 @@ from orchestrator.scheduling.tasks import Task
 from orchestrator.simulation.background import SimBackground
 from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate
 from topologies.model import NetworkModel
+from topologies.shaping import burst_bytes
 
 
 class SimBatch:

@@ -2,7 +2,7 @@
 
 The emulation shapes each link with htb (`controller.htb`): after an idle gap a class's bucket holds
 its burst, which crosses the link at the port's speed; the rest goes at the rate, and a bucket
-spent fills again at the rate. The burst is `controller.htb.burst_bytes` of the link's *dilated*
+spent fills again at the rate. The burst is `topologies.shaping.burst_bytes` of the link's *dilated*
 rate (6 ms of it, one frame to 16 KB), so in the emulated network's time it is worth more at a small
 K: at K = 64 a 100 Mbit/s link passes one frame, about half of a 3 KB chunk, and at K = 1 its 16 KB
 cap, most of a 19 KB model. Chunks relayed hop by hop meet idle links at every hop, so a deep tree
@@ -21,10 +21,12 @@ frame. Used only where a run's spec says ``shaper_burst_k`` (the emulated run's 
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from controller.htb import burst_bytes
 from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE
+from topologies.shaping import burst_bytes
 
 
 @dataclass
@@ -61,3 +63,12 @@ class Bucket:
         start = self.at if self.at is not None else end
         self.tokens = min(self.burst, self.pending + self.rate * (end - start) - self.rest)
         self.at = end
+
+
+def give_buckets(edges: Iterable[Any], rates: Mapping[tuple[str, str], float], time_dilation: float) -> None:
+    """Give each overlay edge (its ``links``) the bucket of its bottleneck link in `rates` (bytes per
+    second), one bucket per link of the run: one task's copies share its htb class there."""
+    buckets: dict[tuple[str, str], Bucket] = {}
+    for e in edges:
+        neck = min(e.links, key=lambda ln: rates[ln])
+        e.bucket = buckets.setdefault(neck, Bucket.for_link(rates[neck], time_dilation))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from controller.htb import burst_bytes
 from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE
 from orchestrator.simulation.shaper import Bucket
 from orchestrator.simulation.spec import twin_simulation
+from topologies.shaping import burst_bytes
 
 RATE = 100e6 / 8  # a 100 Mbit/s link, bytes per second of emulated time
 
