@@ -160,7 +160,8 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
 
 def _validation(cfg: ExperimentConfig, topology: str, model_bytes: int, store: Path | None) -> dict[str, Any]:
     """What the run records of the newest validation in `store` that covers its regime, or why none does."""
-    return covering(store or validations_path(), Regime.of(topology, [model_bytes], cfg.locals, cfg.schedulers))
+    return covering(store or validations_path(), Regime.of(topology, [model_bytes], cfg.locals, cfg.schedulers),
+                    shaper=cfg.simulation.shaper_burst_k > 0)
 
 
 def _close(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *,

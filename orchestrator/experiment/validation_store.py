@@ -131,14 +131,20 @@ def save(record: ValidationRecord, path: Path) -> None:
     write_store(path, "validations", FORMAT, [r.to_dict() for r in records])
 
 
-def gaps(record: ValidationRecord, regime: Regime, *, model: int = MODEL_REVISION) -> list[str]:
+def gaps(record: ValidationRecord, regime: Regime, *, model: int = MODEL_REVISION, shaper: bool = True) -> list[str]:
     """Why `record` does not cover `regime` (empty: it covers it). It covers a run when its
     emulated reference was faithful, it ran under the same model revision, on the same topology,
     with every scheduler of the run, the run's locals within its range, and the run's model sizes
-    within its range widened by `MODEL_BYTES_FACTOR` either way."""
+    within its range widened by `MODEL_BYTES_FACTOR` either way; and when the run models the
+    emulation's shaper as the validated twin did (`shaper`: its ``simulation.shaper_burst_k`` > 0):
+    without it a deep tree's small copies are up to a fifth slower (docs/simulation.md, "The shaper's
+    burst")."""
     out = [] if record.reference_faithful else ["its emulated reference was NOT faithful"]
     if record.model != model:
         out.append(f"it ran under the simulation's model revision {record.model}, not {model}")
+    if not shaper:
+        out.append("it validated a twin that models the emulation's shaper, which this run does not "
+                   "(set simulation.shaper_burst_k to the K of the emulation it stands for)")
     v = record.regime
     if v.topology != regime.topology:
         out.append(f"it validated topology {v.topology}")
@@ -153,20 +159,21 @@ def gaps(record: ValidationRecord, regime: Regime, *, model: int = MODEL_REVISIO
     return out
 
 
-def covering(path: Path, regime: Regime) -> dict[str, Any]:
+def covering(path: Path, regime: Regime, *, shaper: bool = True) -> dict[str, Any]:
     """What a simulated run of `regime` records: ``validation``, the newest record of the store at
-    `path` that covers it (`ValidationRecord.summary`), or ``validation_gap``, why none does."""
+    `path` that covers it (`ValidationRecord.summary`), or ``validation_gap``, why none does
+    (`shaper`: the run models the emulation's shaper, `gaps`)."""
     try:
         records = load_all(path)
     except ValueError as e:
         return {"validation_gap": f"the validation store is unreadable ({e})"}
-    ok = [r for r in records if not gaps(r, regime)]
+    ok = [r for r in records if not gaps(r, regime, shaper=shaper)]
     if ok:
         return {"validation": max(ok, key=lambda r: r.created).summary()}
     head = f"no validation covers this run's regime ({regime.text()})"
     if not records:
         return {"validation_gap": f"{head}: no `netai validate` recorded in {path}"}
     newest_first = sorted(records, key=lambda r: r.created, reverse=True)
-    nearest = min(newest_first, key=lambda r: len(gaps(r, regime)))  # the newest of the nearest
+    nearest = min(newest_first, key=lambda r: len(gaps(r, regime, shaper=shaper)))  # the newest of the nearest
     return {"validation_gap": f"{head}; of the {len(records)} in {path}, the nearest, {nearest.config} of "
-                              f"{nearest.created} on {nearest.host}: {'; '.join(gaps(nearest, regime))}"}
+                              f"{nearest.created} on {nearest.host}: {'; '.join(gaps(nearest, regime, shaper=shaper))}"}

@@ -69,8 +69,10 @@ ACK_SHARE = round(ACK_WIRE_PER_PAYLOAD * TCP_PAYLOAD_SHARE, 4)
 #: The model's revision, stored with each calibration (`calibration.Calibration.model`): parameters
 #: fitted under one revision are not used under another. 1: each chunk's per-chunk work added to its
 #: transmission; 2 (2026-11-27): that work overlaps the transmission of the chunks before
-#: (`orchestrator.simulation.engine`, "Transfers"), so the per-hop latency fitted under 1 is off.
-MODEL_REVISION = 2
+#: (`orchestrator.simulation.engine`, "Transfers"), so the per-hop latency fitted under 1 is off;
+#: 3 (2026-11-28): a twin models the emulation's shaper burst and TCP's payload share
+#: (`twin_simulation`), so what was fitted or validated under 2 without them is off.
+MODEL_REVISION = 3
 #: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
 DEFAULT_TRAIN_EXAMPLES = 1437
 

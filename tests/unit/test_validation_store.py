@@ -80,12 +80,16 @@ def test_a_run_cites_the_newest_covering_record_or_says_why_the_nearest_does_not
 
     covered = covering(store, REGIME)
     outside = covering(store, Regime.of("triangle", [2_800_000], [2], ["mst"]))
+    unshaped = covering(store, REGIME, shaper=False)  # the run does not model the emulation's shaper
 
     assert empty == {"validation_gap": "no validation covers this run's regime (topology triangle, model 19.2 KB, "
                                        f"2 to 8 locals, schedulers mst, spff): no `netai validate` recorded in {store}"}
     assert covered["validation"]["id"] == "v2" and covered["validation"]["worst_error"] == 0.03  # v3 is not faithful
     assert outside["validation_gap"].endswith(
         "the nearest, small of 2026-11-28T11:00:00Z on here: it validated model 19.2 KB (covering 9.62 KB to 38.5 KB)")
+    assert "validation" not in unshaped and unshaped["validation_gap"].endswith(
+        "it validated a twin that models the emulation's shaper, which this run does not "
+        "(set simulation.shaper_burst_k to the K of the emulation it stands for)")
     store.write_text("not json")
     assert covering(store, REGIME)["validation_gap"].startswith("the validation store is unreadable")
 
