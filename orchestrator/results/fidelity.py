@@ -8,6 +8,10 @@ A point is *faithful* when
   the median transmission time of one chunk over the edge + ``HOP_SLACK_S``: on a relay chain, whose
   floor is one chunk, a hop of at most 2 chunks + 0.5 ms; on G's edges, whose floor is the whole
   model over a shared link, the same allowance on top of that floor;
+- **relay chains**: what the instrument adds along each round's deepest broadcast chain, summed, is
+  on average at most ``CHAIN_SHARE`` of the round's latency (`orchestrator.results.hop_chains`): a
+  deep tree pays each relay's software time at every hop, so hops within their allowance can still
+  add a host share to a deep tree's rounds that a shallow tree's do not carry;
 - **compute**: its locals' training was modelled (``compute_timing: modeled``) and its node-rounds'
   real training did not run past the modelled time of their sites by more than the figure's noise:
   the most the overruns can have added to the point's rounds (per round its largest overrun, since
@@ -43,6 +47,7 @@ from typing import Any
 from orchestrator.results import queries
 from orchestrator.results.bootstrap import bootstrap_ci
 from orchestrator.results.db import ResultsDB
+from orchestrator.results.hop_chains import run_chain_shares
 
 HOP_FACTOR = 2.0
 HOP_SLACK_S = 0.5e-3
@@ -57,6 +62,11 @@ NEGATIVE_HOP_SHARE = 0.1
 #: beyond its noise (one overrun of 0.6 ms over 45 rounds of 9.4 ms is 0.15 %; a training slowed past its
 #: model in every round is tens of percent).
 OVERRUN_SHARE = 0.01
+#: The most the instrument may add along a round's deepest broadcast chain, as a share of its
+#: latency. Measured on paper.yaml's and small.yaml's 8-local points (docs/fidelity.md, "The verdict"):
+#: mst's chains carried 18-21 % at K = 16, where its rounds took 1.36 times their simulated twin's,
+#: and 5-9 % at K = 32 (1.05-1.08 times the twin's) and 3-5 % at K = 64.
+CHAIN_SHARE = 0.1
 #: How far below their lower bound the rounds may be (the upper end of the interval of latency /
 #: bound), the other way round from the overruns and by the same share of the figure.
 BOUND_SHARE = 0.01
@@ -90,6 +100,9 @@ class Verdict:
     #: The most the overruns can have added to the point's summed round latency, as a share of it
     #: (None: not known, and then any overrun fails the point).
     overrun_share: float | None = None
+    #: The mean over its rounds of the instrument's time along the deepest broadcast chain, as a share
+    #: of the round's latency (None: no hops recorded).
+    chain_share: float | None = None
 
     @property
     def bound_text(self) -> str:
@@ -117,6 +130,12 @@ class Verdict:
     @property
     def faithful(self) -> bool:
         return not self.reasons
+
+    @property
+    def notes(self) -> list[str]:
+        """What the verdict says beside its word: why the point is not faithful, else what it allowed
+        (`tolerated`; none when nothing was)."""
+        return list(self.reasons) or ([self.tolerated] if self.tolerated else [])
 
     @property
     def word(self) -> str:
@@ -156,10 +175,11 @@ def _time_reasons(hop: float | None, chunk: float | None, over: float | None, ra
 def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overruns: Sequence[dict[str, Any]],
             trained: int, *, compute_modelled: bool, link_rates: Sequence[dict[str, Any]] = (),
             training_use_max: float | None = None, bound_ratios: Sequence[float] = (),
-            overrun_share: float | None = None) -> Verdict:
+            overrun_share: float | None = None, chain_share: float | None = None) -> Verdict:
     """The verdict of one point from its hop rows, its overrun rows, its trained node-rounds, its
-    saturated links' ``rate_share`` rows, its rounds' latency over their lower bound and the share of
-    their latency the overruns can have added (`overrun_share`; None: any overrun fails)."""
+    saturated links' ``rate_share`` rows, its rounds' latency over their lower bound, the share of
+    their latency the overruns can have added (`overrun_share`; None: any overrun fails) and the
+    share the instrument added along their deepest broadcast chains (`chain_share`; None: unknown)."""
     share = _median([r["rate_share"] for r in link_rates])
     hop = _median([h["hop_s"] for h in hops])
     chunk = _median([h["chunk_s"] for h in hops])
@@ -167,6 +187,10 @@ def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overr
     late = _median([o["real_s"] - o["modelled_s"] for o in overruns])
     ratio, ci = _bound_figures(bound_ratios)
     reasons = _time_reasons(hop, chunk, over, ratio, ci, len(bound_ratios))
+    if chain_share is not None and chain_share > CHAIN_SHARE:
+        reasons.append(f"relay chains: the instrument adds {chain_share:.1%} of a round's latency (mean) along its "
+                       f"deepest broadcast chain (allowed {CHAIN_SHARE:.0%}): the relays' software time, paid at "
+                       "every hop of a deep tree")
     if share is not None and not RATE_LOW <= share <= RATE_HIGH:
         reasons.append(f"shaped-link rate: saturated links delivered {share:.2f} of their configured rate (median of "
                        f"{len(link_rates)} link-rounds; allowed {RATE_LOW:g} to {RATE_HIGH:g})")
@@ -181,7 +205,8 @@ def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overr
                    overhead_median_s=over, trained=trained, overruns=len(overruns), overrun_median_s=late,
                    compute_modelled=compute_modelled, reasons=tuple(reasons), link_rounds=len(link_rates),
                    rate_share_median=share, training_use_max=training_use_max, bound_ratio_mean=ratio,
-                   bound_ratio_ci=ci, bounded_rounds=len(bound_ratios), overrun_share=overrun_share)
+                   bound_ratio_ci=ci, bounded_rounds=len(bound_ratios), overrun_share=overrun_share,
+                   chain_share=chain_share)
 
 
 def run_verdicts(db: ResultsDB, run_id: int, points: Sequence[tuple[str, int]], *,
@@ -197,13 +222,14 @@ def run_verdicts(db: ResultsDB, run_id: int, points: Sequence[tuple[str, int]], 
         bounds.setdefault((r["scheduler"], r["n_locals"]), []).append(float(r["ratio"]))
     added = {(r["scheduler"], r["n_locals"]): float(r["delay_s"]) / float(r["latency_s"])
              for r in queries.point_overrun_delays(db.conn, run_id) if r["latency_s"]}
+    chains = run_chain_shares(db, run_id)
     return tuple(
         verdict(s, n, [h for h in hops if (h["scheduler"], h["n_locals"]) == (s, n)],
                 [o for o in overruns if (o["scheduler"], o["n_locals"]) == (s, n)], trained.get((s, n), 0),
                 compute_modelled=compute_modelled,
                 link_rates=[r for r in rates if (r["scheduler"], r["n_locals"]) == (s, n)],
                 training_use_max=use.get((s, n)), bound_ratios=bounds.get((s, n), ()),
-                overrun_share=added.get((s, n)))
+                overrun_share=added.get((s, n)), chain_share=chains.get((s, n)))
         for s, n in points)
 
 

@@ -108,7 +108,7 @@ def summary_lines(summary: RunSummary, run_dir: Path) -> list[str]:
     for v in summary.verdicts:
         lines.append(f"fidelity {v.scheduler} at {v.n_locals} locals{k_suffix(summary.environment, v.n_locals)}: "
                      f"{v.word}, latency / bound {v.bound_text}"
-                     + (f" ({'; '.join(v.reasons or [v.tolerated])})" if v.reasons or v.tolerated else ""))
+                     + (f" ({'; '.join(v.notes)})" if v.notes else ""))
     if summary.unfaithful:
         lines.append(f"netai: warning: {len(summary.unfaithful)} of {len(summary.verdicts)} points did not measure "
                      "the emulated network and sites faithfully (see the report's Fidelity section)")
@@ -218,18 +218,20 @@ def fidelity_section(summary: RunSummary) -> list[str]:
     shares = {(p.scheduler, p.n_locals): p.retrans_share for p in summary.points}
     modelled = summary.engine != "simulation"
     lines = ["", "## Fidelity", "",
-             "| scheduler | locals | hops | median hop ms | one chunk ms | instrument ms/hop | overruns / trained "
+             "| scheduler | locals | hops | median hop ms | one chunk ms | instrument ms/hop | deepest chain / round "
+             "| overruns / trained "
              "| most training / modelled | link rate / configured (link-rounds) | TCP retransmitted "
              "| latency / bound [95 % CI] | verdict |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in summary.verdicts:
         lines.append(f"| {v.scheduler} | {locals_text(summary.environment, v.n_locals)} | {v.hops} | {fmt(v.hop_median_s, 1e3)} "
-                     f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {v.overrun_text} "
+                     f"| {fmt(v.chunk_median_s, 1e3)} | {fmt(v.overhead_median_s, 1e3)} | {fmt(v.chain_share, 100, 1)} % "
+                     f"| {v.overrun_text} "
                      f"| {fmt(v.training_use_max, 1, 2)} | {fmt(v.rate_share_median, 1, 3)} ({v.link_rounds}) "
                      f"| {retrans_text(shares.get((v.scheduler, v.n_locals)), modelled=modelled)} | {v.bound_text} "
                      f"| {v.word} |")
     lines += [""] + [f"- {v.scheduler} at {v.n_locals} locals: {r}" for v in summary.verdicts
-                     for r in v.reasons or ([v.tolerated] if v.tolerated else [])]
+                     for r in v.notes]
     lines.append("- TCP retransmitted: the data bytes the task's agents' connections retransmitted over those they "
                  "sent (kernel tcp_info), summed over the point's tasks; they cross the links again, so the "
                  "carried bytes include them" if modelled else
@@ -297,7 +299,7 @@ def _online_section(db: ResultsDB, run_id: int, tasks: Sequence[TaskSummary]) ->
              "| scheduler | tasks | done | blocked | failed | blocking ratio | latency ms (mean) "
              "| completion s (median) | most at once | peak memory GB | reserved Gbit/s (mean) "
              "| carried Gbit/s (mean) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     figs = online_figures(db, run_id, tasks)
     for o in figs:
         lines.append(f"| {o['scheduler']} | {o['tasks']} | {o['done']} | {o['blocked']} | {o['failed']} "

@@ -201,7 +201,7 @@ class _Run:
         self.ack_share = float(spec.get("ack_share", 0.0))  # ACK bytes per byte sent, on the path reversed
         self.edges = _edges(spec, hosts, delays, rates, cpu, workers or {}, varying, acks if self.ack_share else None)
         if (burst_k := float(spec.get("shaper_burst_k", 0.0))) > 0:
-            give_buckets(self.edges, rates, burst_k)
+            give_buckets(self.edges, rates, burst_k, float(spec.get("payload_share", 1.0)))
         self.ahead: dict[tuple[int, int], float] = {}  # a contended segment's bytes its bucket passed at once
         #: Where the CPU work goes (a host with an empty route to it).
         self.sink: Any = None

@@ -42,9 +42,10 @@ class Bucket:
     rest: float = 0.0
 
     @classmethod
-    def for_link(cls, rate_bytes_s: float, time_dilation: float) -> Bucket:
-        """The bucket of a link that carries `rate_bytes_s` in emulated time, shaped at K."""
-        dilated_mbps = rate_bytes_s * 8 / 1e6 / time_dilation
+    def for_link(cls, rate_bytes_s: float, time_dilation: float, payload_share: float = 1.0) -> Bucket:
+        """The bucket of a link that carries `rate_bytes_s` of payload in emulated time, `payload_share`
+        of its line rate (the run's ``tcp_efficiency``), shaped at K: the port shapes the line rate."""
+        dilated_mbps = rate_bytes_s * 8 / 1e6 / payload_share / time_dilation
         burst = burst_bytes(dilated_mbps) * TCP_PAYLOAD_SHARE
         return cls(burst=burst, rate=rate_bytes_s, tokens=burst)
 
@@ -65,10 +66,12 @@ class Bucket:
         self.at = end
 
 
-def give_buckets(edges: Iterable[Any], rates: Mapping[tuple[str, str], float], time_dilation: float) -> None:
-    """Give each overlay edge (its ``links``) the bucket of its bottleneck link in `rates` (bytes per
-    second), one bucket per link of the run: one task's copies share its htb class there."""
+def give_buckets(edges: Iterable[Any], rates: Mapping[tuple[str, str], float], time_dilation: float,
+                 payload_share: float = 1.0) -> None:
+    """Give each overlay edge (its ``links``) the bucket of its bottleneck link in `rates` (payload
+    bytes per second, `payload_share` of the line rate), one bucket per link of the run: one task's
+    copies share its htb class there."""
     buckets: dict[tuple[str, str], Bucket] = {}
     for e in edges:
         neck = min(e.links, key=lambda ln: rates[ln])
-        e.bucket = buckets.setdefault(neck, Bucket.for_link(rates[neck], time_dilation))
+        e.bucket = buckets.setdefault(neck, Bucket.for_link(rates[neck], time_dilation, payload_share))

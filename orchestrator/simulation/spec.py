@@ -71,8 +71,9 @@ ACK_SHARE = round(ACK_WIRE_PER_PAYLOAD * TCP_PAYLOAD_SHARE, 4)
 #: transmission; 2 (2026-11-27): that work overlaps the transmission of the chunks before
 #: (`orchestrator.simulation.engine`, "Transfers"), so the per-hop latency fitted under 1 is off;
 #: 3 (2026-11-28): a twin models the emulation's shaper burst and TCP's payload share
-#: (`twin_simulation`), so what was fitted or validated under 2 without them is off.
-MODEL_REVISION = 3
+#: (`twin_simulation`), so what was fitted or validated under 2 without them is off; 4 (2026-11-29):
+#: the twin's burst is htb's at the link's line rate, not at its payload rate (4 % more at K = 16-32).
+MODEL_REVISION = 4
 #: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
 DEFAULT_TRAIN_EXAMPLES = 1437
 
@@ -234,7 +235,8 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
             "model_bytes": r.model_bytes, "chunk_bytes": (chunk := chunk_bytes(s, r.model_bytes, rate, params)),
             "frame_bytes": frame_bytes(chunk) if frame_bytes is not None else 0,
             "alpha_s": params.alpha_s, "max_segments": params.max_segments, "ack_share": params.ack_share,
-            "shaper_burst_k": params.shaper_burst_k, "train_s": train_seconds(s, params, model),
+            "shaper_burst_k": params.shaper_burst_k, "payload_share": params.tcp_efficiency,
+            "train_s": train_seconds(s, params, model),
             "train_cpu_s": {k: v * params.train_cpu_factor
                             for k, v in train_seconds(s, replace(params, site_speed=False)).items()},
             "edges": [{"procedure": e.procedure, "src": e.src, "dst": e.dst, "path": list(e.path)} for e in s.edges],

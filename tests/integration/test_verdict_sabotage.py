@@ -9,7 +9,8 @@ idle or not.
 
 - links faster than the experiment defines (tc shapes 3x what the network port believes, as a
   burst passing copies unshaped does): the rounds beat their lower bound, hops beat their floor;
-- links slower (a third): every hop is delayed past what the emulated network allows;
+- links slower (a third): every hop is delayed past what the emulated network allows, and the
+  relay chain carries that at every hop;
 - training slower than its site's model (a cost pinned far below what the mlp takes): overruns.
 """
 
@@ -73,6 +74,8 @@ def test_links_slower_than_defined_delay_every_hop(tmp_path: Path) -> None:
     v = _run(_config(tmp_path), tmp_path / "runs", factor=3.0)
     assert not v.faithful
     assert any(r.startswith("per-hop time: the instrument adds") for r in v.reasons), v.reasons
+    # Each relay of the chain adds two of its chunks' times: a third or so of the round.
+    assert any(r.startswith("relay chains: the instrument adds") for r in v.reasons), v.reasons
     assert v.bound_ratio_mean is not None and v.bound_ratio_mean > 1
 
 

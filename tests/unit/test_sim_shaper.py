@@ -53,3 +53,13 @@ def test_a_twin_models_the_emulations_burst_at_its_k_and_tcps_payload_share() ->
     twin = twin_simulation(propagation=False, time_dilation=32)
     assert twin["shaper_burst_k"] == 32 and twin["tcp_efficiency"] == round(TCP_PAYLOAD_SHARE, 4)
     assert twin_simulation(propagation=True)["shaper_burst_k"] == 1.0
+
+
+@pytest.mark.parametrize("k", [16, 32])  # where the 6 ms window, not a cap, sets the burst
+def test_the_bucket_of_a_payload_rate_is_the_ports_burst_of_the_line_rate(k: float) -> None:
+    # The engine's rates are the payload's (line rate x tcp_efficiency); htb shapes the line rate.
+    share = round(TCP_PAYLOAD_SHARE, 4)
+    bucket = Bucket.for_link(RATE * share, k, payload_share=share)
+    assert bucket.burst == pytest.approx(burst_bytes(100 / k) * TCP_PAYLOAD_SHARE)
+    # Without the share the burst is that of a slower link: smaller where the 6 ms window rules it.
+    assert Bucket.for_link(RATE * share, k).burst < bucket.burst
