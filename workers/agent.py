@@ -67,6 +67,7 @@ class Agent:
             on_lost=lambda peer, e: self.engine.post("lost", "out", peer, str(e), kind),
             on_connect=lambda peer, secs, attempts: self.engine.post("connected", peer, secs, attempts, kind),
             on_tcp=lambda peer, tcp, n: self._log_tcp(kind, peer, tcp, n),
+            pace_mbps=self.cfg.pace_mbps.get(f"{kind}:{site}", 0.0),
         )
 
     def _log_tcp(self, kind: str, peer: str, tcp: TcpBytes, connections: int) -> None:

@@ -12,7 +12,7 @@ import hashlib
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,10 @@ class AgentConfig(LearningSpec):
     #: a group (a *lane*) the copies go one after another in the given order, each whole before the
     #: next starts; copies in different lanes, and to children in none, go side by side.
     broadcast_lanes: tuple[tuple[str, ...], ...] = ()
+    #: The rate each outbound copy is paced at (`workers.pacing`), wall Mbit/s of wire bytes, by
+    #: ``broadcast:<child>`` and ``upload:<parent>``: its overlay edge's bottleneck link as shaped
+    #: (the emulated rate / K); a connection not named here is not paced.
+    pace_mbps: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def trains(self) -> bool:
@@ -113,6 +117,7 @@ class AgentConfig(LearningSpec):
         d["selection"] = None if self.selection is None else dict(self.selection)
         d["selection_measures"] = None if self.selection_measures is None else list(self.selection_measures)
         d["broadcast_lanes"] = [list(lane) for lane in self.broadcast_lanes]
+        d["pace_mbps"] = dict(self.pace_mbps)
         return d
 
     @classmethod
@@ -170,7 +175,22 @@ class AgentConfig(LearningSpec):
         if len(in_lanes) != len(set(in_lanes)) or not set(in_lanes) <= children:
             raise ValueError(f"{cfg.site}: broadcast_lanes must name each broadcast child at most once, among "
                              f"{sorted(children)}; got {[list(lane) for lane in cfg.broadcast_lanes]}")
+        _check_pace(cfg)
         return cfg
+
+
+def _check_pace(cfg: AgentConfig) -> None:
+    """`pace_mbps` names this node's outbound connections only, each with a finite rate > 0."""
+    if not isinstance(cfg.pace_mbps, Mapping):
+        raise ValueError(f"pace_mbps must be a mapping, got {cfg.pace_mbps!r}")
+    outbound = {f"broadcast:{c.site}" for c in cfg.broadcast_children}
+    outbound |= set() if cfg.upload_parent is None else {f"upload:{cfg.upload_parent.site}"}
+    for key, rate in cfg.pace_mbps.items():
+        if key not in outbound:
+            raise ValueError(f"{cfg.site}: pace_mbps names {key!r}, not one of its outbound connections "
+                             f"{sorted(outbound)}")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not (math.isfinite(rate) and rate > 0):
+            raise ValueError(f"{cfg.site}: pace_mbps[{key!r}] must be a finite number > 0, got {rate!r}")
 
 
 #: G's global model after each round, beside its events file (``<stem>.events.jsonl``).

@@ -44,6 +44,7 @@ from workers.framing import (
     encode_frame,
     verify_payload,
 )
+from workers.pacing import Pacer
 from workers.tcpinfo import ZERO, TcpBytes, read_tcp_bytes, wait_acked
 
 #: First and largest pause between connect attempts (doubling in between).
@@ -164,7 +165,8 @@ class Outbound:
 
     Before each socket closes, the kernel's TCP figures of it (`workers.tcpinfo`) are added to
     `tcp`; `flush_and_close` hands the totals over all its connections to `on_tcp(peer, totals,
-    connections)`."""
+    connections)`. With `pace_mbps` > 0 frames go out paced at that rate (`workers.pacing`): each
+    segment when the emulated link would have finished serializing it."""
 
     def __init__(
         self,
@@ -179,8 +181,10 @@ class Outbound:
         on_lost: Callable[[str, BaseException], None],
         on_connect: Callable[[str, float, int], None],
         on_tcp: Callable[[str, TcpBytes, int], None] | None = None,
+        pace_mbps: float = 0.0,
     ) -> None:
         self.peer = peer
+        self.pacer = Pacer(pace_mbps) if pace_mbps > 0 else None
         self.address = (peer_host, port)
         self.local_host = local_host
         self.task = task
@@ -284,7 +288,10 @@ class Outbound:
                     self._connect(None if self._gone_since is None else RETRY_CONNECT_S)
                     self._gone_since = None
                 assert self.sock is not None
-                sendmsg_all(self.sock, item.pieces)
+                if self.pacer is None:
+                    sendmsg_all(self.sock, item.pieces)
+                else:
+                    self.pacer.send(self.sock, item.pieces)
             except OSError as e:
                 self._broken_round = item.round
                 if self.sock is None and self._gone_since is None:

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.errors import ConfigError
-from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION, MAX_TIME_DILATION
+from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION, MAX_TIME_DILATION, ExperimentConfig
 
 BACKENDS = ("auto", "docker", "process")
 
@@ -75,6 +75,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from orchestrator.experiment.validate import validate
 
     cfg = load_config(args.config)  # every config error here, before anything starts
+    if cfg.sweep:
+        return _validate_sweep(cfg, args)
     reused = _check_run_dir(args.emulated_run)
     _check_root(reused)
     result = validate(cfg, out_root=Path(args.out), backend=args.backend, emulated_run=reused,
@@ -83,6 +85,27 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(f"written: {result.out_dir / 'validation.json'}")
     if not result.reference_faithful:
         print("netai: the emulated reference is not faithful: this validation covers no simulated run "
+              "(its first line says where)", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _validate_sweep(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
+    """`netai validate` of a sweep: each entry against its run of ``--emulated-run`` (a sweep's folder)."""
+    from orchestrator.experiment.validate_sweep import validate_sweep
+
+    sweep_dir = None if args.emulated_run is None else Path(args.emulated_run)
+    if sweep_dir is not None and not (sweep_dir / "sweep.json").is_file():
+        raise ConfigError(f"--emulated-run {sweep_dir}: not a sweep's folder (no sweep.json); {cfg.name} has a sweep")
+    _check_root(sweep_dir)
+    result = validate_sweep(cfg, out_root=Path(args.out), backend=args.backend, emulated_run=sweep_dir,
+                            calibration_store=_store(args), say=lambda line: print(line, flush=True))
+    print(f"sweep {cfg.name}: mean round latency sim/emu over every entry's points: worst error "
+          f"{result.worst_error:.2%}, geometric-mean error {result.geomean_error:.2%}")
+    print(f"written: {result.out_dir / 'validation.md'}"
+          + (f"; figure {result.figure.files[0]}" if result.figure.files else ""))
+    if not result.reference_faithful:
+        print("netai: an emulated reference is not faithful: its entry's validation covers no simulated run "
               "(its first line says where)", file=sys.stderr)
         return 1
     return 0

@@ -63,7 +63,7 @@ class ControllerNetwork:
     def __init__(self, client: Any, plan: EmulationPlan, *, delay_emulated: bool,
                  install_ids: Iterator[int] | None = None, measure_background: bool = True,
                  background_view: BackgroundView | None = None, background_per_task: bool = True,
-                 live_counters: bool = False) -> None:
+                 live_counters: bool = False, paced: bool = False) -> None:
         self.client = client
         self.plan = plan
         self.delay_emulated = delay_emulated
@@ -71,7 +71,9 @@ class ControllerNetwork:
         self.rate = shaped if k == 1 else (lambda a, b: shaped(a, b) * k)
         self.counter_settle_s = LIVE_COUNTER_SETTLE_S if live_counters else COUNTER_SETTLE_S
         self.payload_share = TCP_PAYLOAD_SHARE  # htb counts Ethernet frames
-        self.link_burst_bytes = lambda a, b: burst_bytes(shaped(a, b))  # the class's, at the dilated rate
+        # The class's burst, at the dilated rate; none where the senders pace their copies at the
+        # link's rate (workers/pacing.py): a paced copy finds the bucket full and crosses at the rate.
+        self.link_burst_bytes = (lambda a, b: 0) if paced else (lambda a, b: burst_bytes(shaped(a, b)))
         self._ids = install_ids if install_ids is not None else itertools.count(1)
         self._measure = measure_background
         self.background_view = background_view or BackgroundView(client, plan)

@@ -146,7 +146,8 @@ def simulated_config(cfg: ExperimentConfig, params: dict[str, Any], *, propagati
     raw = cfg.to_dict()
     for key in ("online", "events", "reschedule"):
         raw.pop(key, None)
-    raw = as_simulated(raw, {**twin_simulation(propagation=propagation, time_dilation=time_dilation), **params,
+    twin = twin_simulation(propagation=propagation, time_dilation=time_dilation, paced=cfg.emulation.pace_copies)
+    raw = as_simulated(raw, {**twin, **params,
                              "calibration": params.get("calibration") or "set explicitly"})
     return parse_config({**raw, "mode": "sequential"}, where=f"{cfg.name} (simulated)")
 

@@ -68,6 +68,10 @@ class EmulationConfig:
     #: recorded) are `time_dilation_points`, (locals, K) pairs.
     per_point: bool = False
     time_dilation_points: tuple[tuple[int, float], ...] = ()
+    #: Each copy's sender paces its segments at its overlay edge's bottleneck rate (`workers.pacing`),
+    #: so that a copy crosses its links no faster than they are configured, whatever htb's burst;
+    #: false: htb alone shapes them (docs/fidelity.md, "Shaping").
+    pace_copies: bool = True
 
     def point_k(self, n_locals: int) -> float | None:
         """The K given for the point of `n_locals` locals (None: none given; auto chooses it)."""
@@ -98,7 +102,7 @@ def _points(key: str, raw: Mapping[Any, Any]) -> tuple[tuple[int, float], ...]:
 EMULATION_SCHEMA: dict[str, Check] = {
     "max_link_mbps": num_check(0, MAX_EMULATED_MBPS, lo_open=True), "backend": choice_check(BACKENDS),
     "connectivity": choice_check(CONNECTIVITY_MODES), "datapath": choice_check(DATAPATHS), "time_dilation": _dilation,
-    "max_time_dilation": num_check(2, MAX_TIME_DILATION), "per_point": bool_check,
+    "max_time_dilation": num_check(2, MAX_TIME_DILATION), "per_point": bool_check, "pace_copies": bool_check,
 }
 
 

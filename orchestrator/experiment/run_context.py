@@ -75,13 +75,15 @@ def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsD
     live = getattr(emu.info, "datapath", "") == "tc"  # the tc datapath's counters are exact when read
     view = background_view(cfg, emu.client, plan, db=db, run_id=run_id, clock=clock, live=live)
     network = ControllerNetwork(emu.client, plan, delay_emulated=delay, background_view=view,
-                                background_per_task=cfg.mode != "online", live_counters=live)
+                                background_per_task=cfg.mode != "online", live_counters=live,
+                                paced=cfg.emulation.pace_copies)
     faults = bool(getattr(cfg, "faults", False))
     compute = ServerCompute(manager, model=model, rate=emulated_rate(plan), propagation=delay,
                             train_allowance_s=cfg.task.train_allowance_s * k, time_dilation=k,
                             options=lambda task: fl_options(cfg.task, rounds=task.rounds, seed=cfg.seed + task.id),
                             checkpoint=faults, links_dir=run_dir / "tasks",
-                            training=(training := resolve(cfg.task, cfg.compute)).cost)
+                            training=(training := resolve(cfg.task, cfg.compute)).cost,
+                            pace_copies=cfg.emulation.pace_copies)
     core = Lifecycle(network=network, compute=compute, recorder=DbRecorder(db, run_id), clock=clock, model=model,
                      dilation=k, release_on_end=cfg.mode == "online",
                      schedulers=lambda label: for_training(cfg.scheduler(label), training, cfg.task.local_epochs),

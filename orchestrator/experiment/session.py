@@ -79,6 +79,8 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         "python": platform.python_version(),
         "datapath": getattr(info, "datapath", "?"),
         "delay_emulated": getattr(info, "delay_emulated", False),
+        # each copy paced at its edge's bottleneck rate by its sender (workers/pacing.py), else htb alone
+        "paced_copies": cfg.emulation.pace_copies,
         # the userspace datapath's one send budget for every link, bytes (orchestrator/emulation/ovs_socket.py)
         "ovs_send_buffer": getattr(info, "ovs_send_buffer", None),
         # the smallest receive buffer of the run's switch ports' packet sockets, bytes (same module)

@@ -89,7 +89,7 @@ def apply_calibration(cfg: ExperimentConfig, params: SimParams, store: Path) -> 
 
 @dataclass(frozen=True)
 class ReplayedBackground:
-    """The background an emulated run's schedulers were given, per task (`queries.first_views`),
+    """The background an emulated run's schedulers were given, per task (`validate.first_views`),
     for the simulated schedulers of the same tasks (`netai validate`); `source` names the run."""
 
     source: str

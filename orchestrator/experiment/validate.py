@@ -48,6 +48,7 @@ from orchestrator.results.agreement import (
 )
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.dilation import k_for, per_point
+from orchestrator.results.queries import SchedulerViews
 from orchestrator.results.summary import RunSummary, TaskSummary, run_summary
 from orchestrator.simulation.spec import twin_simulation
 
@@ -82,26 +83,31 @@ def check_validatable(cfg: ExperimentConfig) -> None:
         raise ConfigError("netai validate runs on one machine: the config has a cluster or remote servers")
 
 
-def simulated_twin(cfg: ExperimentConfig, *, propagation: bool, time_dilation: float = 1.0) -> ExperimentConfig:
+def simulated_twin(cfg: ExperimentConfig, *, propagation: bool, time_dilation: float = 1.0,
+                   paced: bool = False) -> ExperimentConfig:
     """`cfg` on the flow-level model at the emulated rates, with propagation delay as the emulated
     run had it (its other settings unchanged). A time-dilated emulation records its durations
     divided by K, in the emulated network's time, which is the simulation's: the twin has no K,
-    but the per-chunk work and chunk size of the emulation at `time_dilation` (`twin_simulation`)."""
-    raw = as_simulated(cfg.to_dict(), twin_simulation(propagation=propagation, time_dilation=time_dilation))
+    but the per-chunk work and chunk size of the emulation at `time_dilation` (`twin_simulation`),
+    and htb's burst unless the emulation's senders `paced` their copies."""
+    raw = as_simulated(cfg.to_dict(), twin_simulation(propagation=propagation, time_dilation=time_dilation,
+                                                      paced=paced))
     return parse_config(raw, where=f"{cfg.name} (simulated twin)")
 
 
 def twin_configs(cfg: ExperimentConfig, env: Mapping[str, Any], *, propagation: bool) -> list[ExperimentConfig]:
     """The simulated twins of `cfg`'s emulated run (its environment `env`): one at the run's K; with a
     K per point, one per K, each holding the points that ran at it (`dilation.k_for`), since what K
-    changes of the emulation (its per-chunk work in emulated time, its chunk size) is a point's own."""
+    changes of the emulation (its per-chunk work in emulated time, its chunk size) is a point's own.
+    Whether its copies were paced is the run's (``paced_copies``; a run from before pacing was not)."""
+    paced = bool(env.get("paced_copies", False))
     by_k: dict[float, list[int]] = {}
     for n in dict.fromkeys(cfg.locals):
         by_k.setdefault(k_for(env, n), []).append(n)
     if not per_point(env) or len(by_k) == 1:
-        return [simulated_twin(cfg, propagation=propagation, time_dilation=k_for(env, max(cfg.locals)))]
+        return [simulated_twin(cfg, propagation=propagation, time_dilation=k_for(env, max(cfg.locals)), paced=paced)]
     return [simulated_twin(replace(cfg, name=f"{cfg.name}-k{k:g}", locals=tuple(ns)), propagation=propagation,
-                           time_dilation=k) for k, ns in by_k.items()]
+                           time_dilation=k, paced=paced) for k, ns in by_k.items()]
 
 
 def reference_config(cfg: ExperimentConfig, store: Path | None, *, host_k: bool, say: Say) -> ExperimentConfig:
@@ -162,7 +168,7 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
     if unfaithful:
         say(unfaithful)
     from orchestrator.experiment.simulated import ReplayedBackground, run_simulated
-    from orchestrator.results.queries import first_views, scheduler_views, split_views
+    from orchestrator.results.queries import scheduler_views
 
     with ResultsDB(emu_dir / "results.db") as db:
         env = db.run(int(emu_id or 0))["environment"]
@@ -181,6 +187,18 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
     result = _compare(folder, cfg, emu_dir, emu_summary, twins, say, measured)
     validation_store.save(result.record, validations or validation_store.default_path())
     return result
+
+
+def first_views(views: SchedulerViews) -> dict[int, dict[tuple[str, str], float]]:
+    """Per task id, its first scheduler's view: an emulated view is one per task, the same for each
+    of its schedulers, so the first stands for the task."""
+    return {task_id: next(iter(by.values())) for task_id, by in views.items()}
+
+
+def split_views(views: SchedulerViews) -> list[int]:
+    """The task ids whose schedulers were given different backgrounds (a scheduler keeps the last
+    view while the controller does not answer), sorted."""
+    return sorted(t for t, by in views.items() if len({tuple(sorted(v.items())) for v in by.values()}) > 1)
 
 
 def _summary(run_dir: Path, run_id: int) -> RunSummary:
@@ -238,7 +256,8 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
                                     env.get("modelled_background_total_mbps"))
     sim_parts = {k: v for d, s in twins for k, v in _parts(d, s.run_id).items()}
     unfaithful = out.unfaithful_headline(emu.verdicts)
-    record = _record(cfg, pairs, points, folder, faithful=unfaithful is None, calibration=env.get("calibration_id"))
+    record = _record(cfg, pairs, points, folder, faithful=unfaithful is None, calibration=env.get("calibration_id"),
+                     shaper=float(env.get("shaper_burst_k") or 0) > 0)
     lines = [*([unfaithful] if unfaithful else []),
              f"validate {cfg.name}: emulated {emu_dir} (run {emu.run_id}), simulated "
              + ", ".join(f"{d} (run {s.run_id})" for d, s in twins),
@@ -274,7 +293,7 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
 
 
 def _record(cfg: ExperimentConfig, pairs: list[tuple[TaskSummary, TaskSummary]], points: list[PointAgreement],
-            folder: Path, *, faithful: bool, calibration: str | None) -> ValidationRecord:
+            folder: Path, *, faithful: bool, calibration: str | None, shaper: bool) -> ValidationRecord:
     """What the store keeps of this validation: the regime is that of the tasks both engines completed."""
     from orchestrator import __version__
     from orchestrator.simulation.calibration import HostIdentity, new_id
@@ -289,7 +308,7 @@ def _record(cfg: ExperimentConfig, pairs: list[tuple[TaskSummary, TaskSummary]],
     return ValidationRecord(id=f"{rid}-{digest[:6]}", created=created, host=host.hostname, version=__version__,
                             model=MODEL_REVISION, config=cfg.name, config_hash=digest, regime=regime, worst_error=worst,
                             geomean_error=geomean, reference_faithful=faithful, calibration=calibration,
-                            folder=str(folder))
+                            folder=str(folder), shaper=shaper)
 
 
 def _errors_line(record: ValidationRecord) -> str:

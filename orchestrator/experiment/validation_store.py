@@ -92,6 +92,9 @@ class ValidationRecord:
     reference_faithful: bool
     calibration: str | None
     folder: str
+    #: Whether the validated twin modelled htb's burst (``simulation.shaper_burst_k`` > 0): yes where
+    #: its emulated reference's copies were not paced (`workers.pacing`; every run before pacing).
+    shaper: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -105,7 +108,7 @@ class ValidationRecord:
                    model=int(d["model"]), config=str(d["config"]), config_hash=str(d["config_hash"]), regime=regime,
                    worst_error=float(d["worst_error"]), geomean_error=float(d["geomean_error"]),
                    reference_faithful=bool(d["reference_faithful"]), calibration=d.get("calibration"),
-                   folder=str(d.get("folder", "")))
+                   folder=str(d.get("folder", "")), shaper=bool(d.get("shaper", True)))
 
     def summary(self) -> dict[str, Any]:
         """What a simulated run records of the validation it rests on."""
@@ -137,14 +140,16 @@ def gaps(record: ValidationRecord, regime: Regime, *, model: int = MODEL_REVISIO
     with every scheduler of the run, the run's locals within its range, and the run's model sizes
     within its range widened by `MODEL_BYTES_FACTOR` either way; and when the run models the
     emulation's shaper as the validated twin did (`shaper`: its ``simulation.shaper_burst_k`` > 0):
-    without it a deep tree's small copies are up to a fifth slower (docs/simulation.md, "The shaper's
-    burst")."""
+    with it or without, a deep tree's small copies are up to a fifth faster or slower (docs/simulation.md,
+    "The shaper's burst")."""
     out = [] if record.reference_faithful else ["its emulated reference was NOT faithful"]
     if record.model != model:
         out.append(f"it ran under the simulation's model revision {record.model}, not {model}")
-    if not shaper:
+    if shaper != record.shaper:
         out.append("it validated a twin that models the emulation's shaper, which this run does not "
-                   "(set simulation.shaper_burst_k to the K of the emulation it stands for)")
+                   "(set simulation.shaper_burst_k to the K of the emulation it stands for)" if record.shaper else
+                   "it validated a twin of an emulation whose copies were paced, without the shaper's burst, which "
+                   "this run models (leave simulation.shaper_burst_k out)")
     v = record.regime
     if v.topology != regime.topology:
         out.append(f"it validated topology {v.topology}")

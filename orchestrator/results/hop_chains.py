@@ -17,6 +17,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from orchestrator.results import queries
 from orchestrator.results.db import ResultsDB
 
 #: A chain longer than this is a cycle in bad records, not a tree (NSFNET's deepest tree is 13 hops).
@@ -54,10 +55,4 @@ def chain_shares(rows: Iterable[Mapping[str, Any]]) -> dict[tuple[str, int], flo
 
 def run_chain_shares(db: ResultsDB, run_id: int) -> dict[tuple[str, int], float]:
     """`chain_shares` of the run's broadcast hops, each with its round's latency."""
-    cur = db.conn.execute(
-        "SELECT h.scheduler, t.n_locals, h.task_id, h.round, h.parent, h.child, h.overhead_s, r.latency_s "
-        "FROM hops h JOIN tasks t ON t.run_id = h.run_id AND t.scheduler = h.scheduler AND t.task_id = h.task_id "
-        "JOIN rounds r ON r.run_id = h.run_id AND r.scheduler = h.scheduler AND r.task_id = h.task_id "
-        "AND r.round = h.round WHERE h.run_id = ?", (run_id,))
-    names = [d[0] for d in cur.description]
-    return chain_shares(dict(zip(names, row, strict=True)) for row in cur.fetchall())
+    return chain_shares(queries.point_hop_chains(db.conn, run_id))

@@ -173,18 +173,6 @@ def scheduler_views(conn: sqlite3.Connection, run_id: int) -> SchedulerViews:
     return views
 
 
-def first_views(views: SchedulerViews) -> dict[int, dict[tuple[str, str], float]]:
-    """Per task id, its first scheduler's view: an emulated view is one per task, the same for each
-    of its schedulers, so the first stands for the task."""
-    return {task_id: next(iter(by.values())) for task_id, by in views.items()}
-
-
-def split_views(views: SchedulerViews) -> list[int]:
-    """The task ids whose schedulers were given different backgrounds (a scheduler keeps the last
-    view while the controller does not answer), sorted."""
-    return sorted(t for t, by in views.items() if len({tuple(sorted(v.items())) for v in by.values()}) > 1)
-
-
 def decisions(conn: sqlite3.Connection, run_id: int) -> dict[tuple[str, int], str]:
     """What each scheduler decided for each task, by (scheduler, task id): its schedule's JSON, or
     "not scheduled (<state>)" for a task that has none (blocked)."""
@@ -320,6 +308,14 @@ def point_hops(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
     return _rows(conn, "SELECT h.scheduler, t.n_locals, h.hop_s, h.chunk_s, h.floor_s, h.overhead_s FROM hops h "
                        "JOIN tasks t ON t.run_id = h.run_id AND t.scheduler = h.scheduler AND t.task_id = h.task_id "
                        "WHERE h.run_id = ?", (run_id,))
+
+
+def point_hop_chains(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:
+    """Every broadcast hop of the run's tasks with its parent and its round's latency (`hop_chains`)."""
+    return _rows(conn, "SELECT h.scheduler, t.n_locals, h.task_id, h.round, h.parent, h.child, h.overhead_s, r.latency_s "
+                       "FROM hops h JOIN tasks t ON t.run_id = h.run_id AND t.scheduler = h.scheduler AND t.task_id = "
+                       "h.task_id JOIN rounds r ON r.run_id = h.run_id AND r.scheduler = h.scheduler AND r.task_id = "
+                       "h.task_id AND r.round = h.round WHERE h.run_id = ?", (run_id,))
 
 
 def point_overruns(conn: sqlite3.Connection, run_id: int) -> list[dict[str, Any]]:

@@ -299,7 +299,7 @@ def _online_section(db: ResultsDB, run_id: int, tasks: Sequence[TaskSummary]) ->
              "| scheduler | tasks | done | blocked | failed | blocking ratio | latency ms (mean) "
              "| completion s (median) | most at once | peak memory GB | reserved Gbit/s (mean) "
              "| carried Gbit/s (mean) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     figs = online_figures(db, run_id, tasks)
     for o in figs:
         lines.append(f"| {o['scheduler']} | {o['tasks']} | {o['done']} | {o['blocked']} | {o['failed']} "

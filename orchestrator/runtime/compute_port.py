@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrator.runtime.compute import ComputeManager
 from orchestrator.runtime.summaries import RoundResult, node_rounds, rounds_so_far
-from orchestrator.runtime.task_runner import FLOptions, TaskExecution
+from orchestrator.runtime.task_runner import FLOptions, TaskExecution, pace_rates
 from orchestrator.runtime.timing import task_timing
 from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.schedule import Schedule
@@ -119,8 +119,9 @@ class ServerCompute:
     def __init__(self, manager: Any, *, model: NetworkModel, rate: RateFn, propagation: bool,
                  train_allowance_s: float, options: Callable[[Task], FLOptions], checkpoint: bool = False,
                  links_dir: Path | None = None, dir_name: str | None = None, training: TrainingCost = NOT_MODELLED,
-                 time_dilation: float = 1.0) -> None:
+                 time_dilation: float = 1.0, pace_copies: bool = False) -> None:
         self.training = training
+        self.pace_copies = pace_copies
         self.time_dilation = time_dilation
         self.links_dir = links_dir
         self.dir_name = dir_name
@@ -165,6 +166,9 @@ class ServerCompute:
                 run.configs[n] = replace(run.configs[n], train_s_per_example=self.training.s_per_example,
                                          train_s_per_round=self.training.s_per_round,
                                          site_speed=speed, time_dilation=self.time_dilation)
+        if self.pace_copies:
+            for n, pace in pace_rates(wire, self.rate).items():
+                run.configs[n] = replace(run.configs[n], pace_mbps=pace)
         return run
 
 

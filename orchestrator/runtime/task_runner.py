@@ -20,6 +20,7 @@ from networkx.utils import UnionFind
 from orchestrator.errors import ConfigError
 from orchestrator.runtime.summaries import TaskResult, read_events, task_result
 from orchestrator.runtime.timing import TaskTiming, subtree_heights
+from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.schedule import Schedule, task_ports
 from workers.config import AgentConfig, Peer, checkpoint_of, normalize_spec
 from workers.selection import MAX_SITES
@@ -188,6 +189,19 @@ def broadcast_lanes(schedule: Schedule, node: str) -> tuple[tuple[str, ...], ...
 
     lanes = [sorted(m, key=lambda c: (-locals_below(c), c)) for m in groups.to_sets() if len(m) > 1]
     return tuple(tuple(lane) for lane in sorted(lanes))
+
+
+def pace_rates(schedule: Schedule, rate: RateFn) -> dict[str, dict[str, float]]:
+    """Per overlay node, the rate each of its outbound copies is paced at
+    (`workers.config.AgentConfig.pace_mbps`): its overlay edge's bottleneck link in `rate` (what the
+    links carry in wall time, Mbit/s), by ``broadcast:<child>`` and ``upload:<parent>``. An edge
+    without a link (both ends on one site) is not paced."""
+    out: dict[str, dict[str, float]] = {}
+    for e in schedule.edges:
+        links = e.links()
+        if links:
+            out.setdefault(e.src, {})[f"{e.procedure}:{e.dst}"] = min(rate(u, v) for u, v in links)
+    return out
 
 
 # -- running ---------------------------------------------------------------------------------------

@@ -168,17 +168,19 @@ def chunk_bytes(schedule: Schedule, model_bytes: int, rate: RateFn, params: SimP
     return optimal_chunk_bytes(model_bytes, stages, bottleneck)  # as the emulation: ALPHA_S, whatever `alpha_s`
 
 
-def twin_simulation(*, propagation: bool, time_dilation: float = 1.0) -> dict[str, Any]:
+def twin_simulation(*, propagation: bool, time_dilation: float = 1.0, paced: bool = False) -> dict[str, Any]:
     """The ``simulation`` section of a simulated twin of an emulated run at time dilation K: the
     emulated rates at the share of them TCP payload gets (derived, as `netai calibrate` sets it:
     1448 of 1514 bytes a frame), propagation as that emulation had it, its shaper's burst at K
-    (``shaper_burst_k``), and the per-chunk work the emulation pays
+    (``shaper_burst_k``; none where its senders `paced` their copies, `workers.pacing`: a paced
+    copy finds htb's bucket full and passes no faster than the link), and the per-chunk work the emulation pays
     in its network's time: its agents' `ALPHA_S` of real time per chunk is `ALPHA_S` / K of its
     recorded (emulated) time. The chunk size stays the emulation's (`chunk_bytes`: `ALPHA_S` at
     the emulated rates, whatever K)."""
     if time_dilation < 1:
         raise ValueError(f"a time dilation is >= 1, got {time_dilation!r}")
-    out: dict[str, Any] = {"rates": "emulated", "propagation": propagation, "shaper_burst_k": time_dilation,
+    out: dict[str, Any] = {"rates": "emulated", "propagation": propagation,
+                           "shaper_burst_k": 0.0 if paced else time_dilation,
                            "tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4)}
     if time_dilation > 1:
         out["alpha_s"] = ALPHA_S / time_dilation

@@ -60,3 +60,30 @@ def test_validate_runs_a_tiny_config_both_ways_and_carried_bytes_agree(tmp_path:
     assert "sim/emu" in proc.stdout and "carried bytes (sim/emu per point)" in proc.stdout
     report = (Path(doc["simulated_run"]) / "report.md").read_text()
     assert report.splitlines()[0].startswith("**Uncalibrated:**")
+
+
+def test_validate_of_a_sweep_validates_each_entry_and_draws_both_engines_against_the_models_size(
+        tmp_path: Path) -> None:
+    sweep = {**TINY, "name": "tiny-sweep", "task": {**TINY["task"], "model_args": {"hidden": 64, "layers": 1}},
+             "sweep": [{"task": {"model_args": {"hidden": 64, "layers": 1}}},
+                       {"task": {"model_args": {"hidden": 800, "layers": 2}}}]}
+    config = tmp_path / "sweep.yaml"
+    config.write_text(yaml.safe_dump(sweep))
+    out = tmp_path / "runs"
+
+    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate", str(config), "--out", str(out),
+                           "--calibration", str(tmp_path / "no-calibration.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+    (folder,) = out.glob("tiny-sweep-validate-*")
+    entries = sorted(p for p in folder.glob("tiny-sweep-*-validate-*"))
+    assert len(entries) == 2, (proc.stdout + proc.stderr)[-3000:]
+    docs = [json.loads((e / "validation.json").read_text()) for e in entries]
+    assert proc.returncode == (0 if all(d["reference_faithful"] for d in docs) else 1), proc.stderr[-2000:]
+    # Each entry compared its own tasks, at its own model size, into the store the tests use.
+    sizes = sorted(d["record"]["regime"]["model_bytes"][1] for d in docs)
+    assert sizes[0] < 30_000 < 2_000_000 < sizes[1]
+    table = (folder / "validation.md").read_text()
+    assert table.count("| mst / spff at 2 |") == 2 and "geometric-mean error" in table
+    assert (folder / "regimes_sim_vs_emu.png").stat().st_size > 0
+    assert "sweep tiny-sweep: mean round latency sim/emu over every entry's points: worst error" in proc.stdout

@@ -84,7 +84,7 @@ def _run(tmp_path: Path, hop_s: float) -> tuple[ResultsDB, int]:
     return db, run_id
 
 
-@pytest.mark.parametrize("hop_s, faithful", [(1.0e-3, True), (8.0e-3, False)])
+@pytest.mark.parametrize("hop_s, faithful", [(0.8e-3, True), (8.0e-3, False)])
 def test_the_report_and_the_printed_summary_carry_the_verdict(tmp_path: Path, hop_s: float, faithful: bool) -> None:
     db, run_id = _run(tmp_path, hop_s)
     summary = run_summary(db, run_id)

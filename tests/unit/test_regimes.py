@@ -24,7 +24,7 @@ def test_regimes_yaml_sweeps_the_model_size_at_8_locals() -> None:
     assert [r.name for r in cfg.sweep] == [f"regimes-{i}" for i in range(1, 6)]
     assert [r.task.model_args["hidden"] for r in cfg.sweep] == [64, 200, 800, 1600, 3200]
     assert all(r.locals == (8,) and r.schedulers == ("spff", "mst", "steiner") for r in cfg.sweep)
-    assert [r.emulation.time_dilation_auto for r in cfg.sweep] == [True, True, True, False, False]
+    assert all(r.emulation.time_dilation_auto for r in cfg.sweep)  # every size at a K its trials find faithful
     assert all(r.task.rounds == cfg.task.rounds and r.topology == cfg.topology for r in cfg.sweep)
     again = parse_config(cfg.to_dict())  # the saved config holds the sweep as written
     assert again.sweep == cfg.sweep

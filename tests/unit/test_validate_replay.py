@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.experiment.config import parse_config
+from orchestrator.experiment.validate import first_views, split_views
 from orchestrator.results import agreement_report as out
 from orchestrator.results.db import ResultsDB
-from orchestrator.results.queries import decisions, first_views, scheduler_views, split_views
+from orchestrator.results.queries import decisions, scheduler_views
 from orchestrator.scheduling import NetworkState
 from orchestrator.scheduling.cost import capacity_rate
 from orchestrator.simulation.background import SimBackground
