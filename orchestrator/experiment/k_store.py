@@ -2,7 +2,7 @@
 
 `search_or_reuse` looks up the K an earlier auto run on this host chose for the same workload shape
 (`workload_key`: topology, link rates, model, compute, the largest number of locals, schedulers,
-rounds, backend, datapath, background) in a small store beside the host's calibrations
+rounds, backend, datapath, background, whether copies are paced, the verdict's allowances) in a small store beside the host's calibrations
 (``auto_k.json`` next to `orchestrator.simulation.calibration.default_path`); with a K per point
 each point is a workload of its own, its locals the largest. Found: the run uses it,
 with no trials, and says where it came from. Not found: the trials run (`calibration.search`) and a
@@ -44,8 +44,17 @@ def workload_key(cfg: Any, backend: str) -> str:
         "schedulers": [repr(s) for s in cfg.schedulers], "backend": backend,
         "datapath": cfg.emulation.datapath, "connectivity": cfg.emulation.connectivity,
         "background": repr(cfg.background), "cap": cfg.emulation.max_time_dilation,
+        "paced": cfg.emulation.pace_copies, "verdict": verdict_rules(),
     }
     return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def verdict_rules() -> list[float]:
+    """The fidelity verdict's allowances: a K chosen under other rules is not reused."""
+    from orchestrator.results import fidelity as f
+
+    return [f.HOP_FACTOR, f.HOP_SLACK_S, f.RATE_LOW, f.RATE_HIGH, f.NEGATIVE_HOP_SHARE, f.OVERRUN_SHARE,
+            f.BOUND_SHARE, f.CHAIN_SHARE]
 
 
 def _load(path: Path) -> dict[str, Any]:
