@@ -95,16 +95,21 @@ def hop_rows(model: NetworkModel, schedule: Schedule, node_rows: Sequence[Mappin
     delay_s = {e: model.path_delay_ms(e.path) / 1e3 if propagation else 0.0 for e in schedule.edges_of("broadcast")}
     chunk = chunk_bytes if 0 < chunk_bytes < model_bytes else model_bytes
     out = []
+    chunks = max(1, -(-model_bytes // chunk))
     for e in schedule.edges_of("broadcast"):
         chunk_s = overlay_edge_s(model, e, n_copies, chunk, rate=rate, propagation=propagation)
-        alone_s = _shaped_s(e, dict.fromkeys(e.links(), float(chunk)), rate, burst_bytes) + delay_s[e]
         for (site, rnd), child_t in received.items():
             if site != e.dst or child_t is None:
                 continue
             parent_t, start_t = received.get((e.src, rnd)), received.get((g, rnd))
             if parent_t is None or start_t is None:
                 continue
-            wire = int(logged.get((rnd, site), {}).get("bytes", model_bytes)) / payload_share
+            copy_bytes = int(logged.get((rnd, site), {}).get("bytes", model_bytes))
+            wire = copy_bytes / payload_share
+            # The last chunk alone, as its frames cross: its bytes, its share of the copy's framing,
+            # and the transport's headers (payload_share).
+            last = (chunk + max(0, copy_bytes - model_bytes) / chunks) / payload_share
+            alone_s = _shaped_s(e, dict.fromkeys(e.links(), last), rate, burst_bytes) + delay_s[e]
             rank = _arrival_ranks(schedule, e, received, rnd, child_t)
             whole_s = _shaped_s(e, {ln: n * wire for ln, n in rank.items()}, rate, burst_bytes) + delay_s[e]
             floor = max(alone_s, start_t + whole_s - parent_t)

@@ -58,10 +58,15 @@ def test_the_whole_models_floor_counts_the_copys_frame_bytes_at_the_transports_s
                     propagation=False)
 
     b, c = (next(r for r in rows if r["child"] == x) for x in ("B", "C"))
+    with_framing = hop_rows(model, schedule, received, chunk_bytes=12_500, model_bytes=125_000,
+                            rate=lambda a, b: MBPS, propagation=False, copies={(1, "C"): {"bytes": 130_000}},
+                            payload_share=0.95)
+    # C's last chunk alone carries its share of the copy's framing too: 500 of the 5,000 bytes of 10 chunks.
+    assert next(r for r in with_framing if r["child"] == "C")["floor_s"] == pytest.approx(13_000 * 8 / 0.95 / 100e6)
     assert b["floor_s"] == pytest.approx(130_000 * 8 / 0.95 / 100e6)
     assert b["overhead_s"] == pytest.approx(0.011 - 130_000 * 8 / 0.95 / 100e6, abs=1e-7)
     assert b["chunk_s"] == pytest.approx(0.001)  # the allowance stays one chunk's payload
-    assert c["floor_s"] == pytest.approx(0.001)  # the relay's floor is still one chunk
+    assert c["floor_s"] == pytest.approx(0.001 / 0.95)  # the relay's floor: one chunk's frames at the rate
     assert next(r for r in bare if r["child"] == "B")["overhead_s"] == pytest.approx(0.001)  # payload at the rate
 
 
