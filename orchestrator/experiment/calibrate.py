@@ -382,11 +382,13 @@ def same_config_run(run_dir: Path, cfg: ExperimentConfig) -> int:
 
 def _comparable(raw: dict[str, Any]) -> dict[str, Any]:
     """A config's dict without what does not change its tasks or network (the backend, the name); a
-    run recorded before the ``order`` key ran its schedulers in the config's order (``fixed``)."""
+    run recorded before the ``order`` key ran its schedulers in the config's order (``fixed``), and
+    one recorded before ``pace_copies`` did not pace them."""
     out = {k: v for k, v in raw.items() if k not in ("name", "engine", "simulation")}
     out.setdefault("order", "fixed")
     emulation = dict(out.get("emulation") or {})
     emulation.pop("backend", None)
+    emulation.setdefault("pace_copies", False)
     out["emulation"] = emulation
     return out
 

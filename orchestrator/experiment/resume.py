@@ -106,7 +106,10 @@ def check_source(source: Mapping[str, Any], build: Any, config_path: str | Path 
     if not Path(path).exists():
         raise ConfigError(f"the run's config {path} is gone: give it as CONFIG to resume (--resume RUN_DIR CONFIG)")
     now = build(path, source.get("overrides", {})).to_dict()
-    diff = changes(source["config"], now)
+    recorded = dict(source["config"])
+    if isinstance(recorded.get("emulation"), dict):  # a run recorded before pacing did not pace
+        recorded["emulation"] = {"pace_copies": False, **recorded["emulation"]}
+    diff = changes(recorded, now)
     if diff:
         more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""
         raise ConfigError(f"the config changed since the run started: {diff[0]}{more}; resuming would mix "
