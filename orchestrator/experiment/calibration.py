@@ -38,6 +38,13 @@ CALIBRATION_ROUNDS = 3
 #: rounds vary more than its few: measured, a trial with no overrun at K = 16 was followed by runs
 #: with 1-13 overruns of 48. So a trial passes only with this margin below its sites' modelled time.
 TRIAL_TRAINING_USE = 0.8
+#: The same margin on the relay chains and the shaped links' rate: a trial's deepest chains may
+#: carry at most this share of `fidelity.CHAIN_SHARE`, and its saturated links must deliver at least
+#: `TRIAL_RATE_LOW` of their rate. Measured on paper.yaml's sweep (docs/fidelity.md, "Choosing K"):
+#: the 13-locals trial at K = 40 carried 3.6-4.4 % and its run of 30 tasks 6.1-7.6 %; the 1-local
+#: trial at K = 3 passed, and its run's links delivered 0.79.
+TRIAL_CHAIN_USE = 0.8
+TRIAL_RATE_LOW = 0.85
 
 
 @dataclass(frozen=True)
@@ -175,7 +182,27 @@ def judge(k: float, wall_s: float, summary: Any) -> Trial:
                 f"time (a trial needs at most {TRIAL_TRAINING_USE:g}: its margin for the run's longer variation)"
                 for v in verdicts if v.faithful and v.training_use_max is not None
                 and v.training_use_max > TRIAL_TRAINING_USE]
+    reasons += _margins(verdicts)
     uses = [v.training_use_max for v in verdicts if v.training_use_max is not None]
     return Trial(k=k, faithful=not reasons, reasons=tuple(reasons), wall_s=wall_s,
                  emulated_s=summary.environment.get("clock_end_s"), host_saturated=summary.host_saturated,
                  training_use=max(uses) if uses else None)
+
+
+def _margins(verdicts: Sequence[Any]) -> list[str]:
+    """What a faithful point of a trial lacks of the margins the run needs (`TRIAL_CHAIN_USE`,
+    `TRIAL_RATE_LOW`)."""
+    from orchestrator.results.fidelity import CHAIN_SHARE
+
+    out = []
+    for v in verdicts:
+        if not v.faithful:
+            continue
+        if v.chain_share is not None and v.chain_share > TRIAL_CHAIN_USE * CHAIN_SHARE:
+            out.append(f"{v.scheduler} at {v.n_locals} locals: relay chains carried {v.chain_share:.1%} of a round "
+                       f"(a trial needs at most {TRIAL_CHAIN_USE * CHAIN_SHARE:.0%}: its margin for the run's longer "
+                       "variation)")
+        if v.rate_share_median is not None and v.rate_share_median < TRIAL_RATE_LOW:
+            out.append(f"{v.scheduler} at {v.n_locals} locals: saturated links delivered {v.rate_share_median:.2f} of "
+                       f"their rate (a trial needs at least {TRIAL_RATE_LOW:g}: its margin for the run's longer variation)")
+    return out

@@ -63,11 +63,11 @@ NEGATIVE_HOP_SHARE = 0.1
 #: model in every round is tens of percent).
 OVERRUN_SHARE = 0.01
 #: The most the instrument may add along a round's deepest broadcast chain, as a share of its
-#: latency. Measured on the 8-local points of paper.yaml's claim and small.yaml (docs/fidelity.md, "The verdict"):
-#: with paced copies, mst's chains carried 7.1 % at K = 32, where mst / spff was 0.805-0.816 against
-#: the ideal network's 0.778 (its simulated twin), about the half-width of its interval, and 4.6 %
-#: at K = 64, where it was 0.778-0.779; unpaced, 18-21 % at K = 16, where mst's rounds took 1.36
-#: times their twin's. The upload's chains are not recorded; they carry about as much again.
+#: latency. Measured on paper.yaml's claim point (docs/fidelity.md, "The verdict"): with paced
+#: copies, mst's chains carried 5.4 % at K = 32, where mst / spff was 0.803 against its simulated
+#: twin's 0.778 (the configured network's), about the half-width of its interval, and 3.3 % at
+#: K = 64, where it was 0.784 against 0.775; unpaced, 20.7 % at K = 16. The upload's chains are
+#: not recorded; they carry about as much again.
 CHAIN_SHARE = 0.05
 #: How far below their lower bound the rounds may be (the upper end of the interval of latency /
 #: bound), the other way round from the overruns and by the same share of the figure.

@@ -14,6 +14,7 @@ import pytest
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.calibration import (
     CALIBRATION_ROUNDS,
+    TRIAL_CHAIN_USE,
     TRIAL_TRAINING_USE,
     Calibration,
     Trial,
@@ -204,3 +205,24 @@ def test_after_a_skip_the_bound_rounded_up_to_a_quarter_octave_is_tried_then_the
     assert re.findall(r"K=(\d+) skipped", "\n".join(said)) == ["2", "4", "8", "16", "32"]
     assert [step_up(x) for x in (1, 2.5, 5, 9, 28.7, 37.9, 40.1, 100)] == [1, 3, 5, 10, 32, 40, 48, 112]
     assert search(try_k, 36, say=said.append).k == 36  # a bound above the cap: the cap, tried once
+
+
+def test_a_trial_needs_a_margin_on_the_relay_chains_and_the_links_rate_too() -> None:
+    from orchestrator.results.fidelity import CHAIN_SHARE
+
+    def point(chain: float | None, rates: tuple[float, ...] = ()) -> Any:
+        return verdict("mst", 13, [_hop(1.2e-3)], [], 24, compute_modelled=True, chain_share=chain,
+                       link_rates=[{"rate_share": r} for r in rates])
+
+    # 4.4 % is faithful in the report (allowed 5 %), but a trial must stay under 4 %: the 13-locals
+    # trial at K = 40 carried 4.4 % and its run 7.6 %.
+    assert point(0.044).faithful
+    thin = judge(40, 30.0, _summary([point(0.044)]))
+    assert not thin.faithful
+    assert thin.reasons == (f"mst at 13 locals: relay chains carried 4.4% of a round (a trial needs at most "
+                            f"{TRIAL_CHAIN_USE * CHAIN_SHARE:.0%}: its margin for the run's longer variation)",)
+    assert judge(40, 30.0, _summary([point(0.03)])).faithful
+    # Links at 0.82 of their rate pass the report (0.8) but not a trial (0.85).
+    slow = judge(3, 30.0, _summary([point(0.01, (0.82, 0.81, 0.83))]))
+    assert not slow.faithful and slow.reasons[0].startswith("mst at 13 locals: saturated links delivered 0.82")
+    assert judge(3, 30.0, _summary([point(0.01, (0.9, 0.95))])).faithful
