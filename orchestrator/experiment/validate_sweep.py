@@ -16,7 +16,8 @@ from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.validate import Validation, validate
 from orchestrator.results.agreement import ClaimAgreement, latency_errors
-from orchestrator.results.figures import Figure, pyplot, save_whole, scheduler_colours
+from orchestrator.results.figures import Figure, pyplot, scheduler_colours
+from orchestrator.results.regimes import save_size_axes
 from orchestrator.results.stats import PairedRatio
 
 Say = Callable[[str], None]
@@ -118,15 +119,7 @@ def plot_sweep(entries: Sequence[tuple[str, int, Validation]], out_dir: Path) ->
             if not ok and c.emulated is not None:
                 ax.plot([b], [c.emulated.mean], "o", ms=12, mfc="none", mec="0.5")
     ax.axhline(1.0, color="0.5", lw=0.8)
-    ax.set_xscale("log")
-    ax.set_xlabel("model size (bytes)")
-    ax.set_ylabel("round latency / spff's")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    files = (out_dir / "regimes_sim_vs_emu.png", out_dir / "regimes_sim_vs_emu.svg")
-    save_whole(fig, files[0], dpi=120)
-    save_whole(fig, files[1])
-    plt.close(fig)
+    files = save_size_axes(plt, fig, ax, out_dir, "regimes_sim_vs_emu", legend_size=7)
     return Figure("regimes_sim_vs_emu", CAPTION, files)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.dilation import k_for
@@ -116,16 +117,23 @@ def plot_regimes(points: Sequence[RegimePoint], out_dir: Path) -> Figure:
         ax.axvline(start, color=colours.get(FLEXIBLE, "k"), ls="--", lw=1)
         ax.annotate(f"mst pays from {start / 1e6:.3g} MB", (start, ax.get_ylim()[1]), xytext=(4, -12),
                     textcoords="offset points", fontsize=8)
+    files = save_size_axes(plt, fig, ax, out_dir, "regimes", legend_size=8)
+    return Figure("regimes", CAPTION, files, drawn={"ratios": drawn, "pays_from": start})
+
+
+def save_size_axes(plt: Any, fig: Any, ax: Any, out_dir: Path, name: str, *, legend_size: int) -> tuple[Path, Path]:
+    """Finish a figure of ratios against spff over the model's size (log axis) and write it as
+    ``name``.png and .svg in `out_dir`; the files."""
     ax.set_xscale("log")
     ax.set_xlabel("model size (bytes)")
     ax.set_ylabel("round latency / spff's")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
-    files = (out_dir / "regimes.png", out_dir / "regimes.svg")
+    files = (out_dir / f"{name}.png", out_dir / f"{name}.svg")
     save_whole(fig, files[0], dpi=120)
     save_whole(fig, files[1])
     plt.close(fig)
-    return Figure("regimes", CAPTION, files, drawn={"ratios": drawn, "pays_from": start})
+    return files
 
 
 def sweep_lines(points: Sequence[RegimePoint]) -> list[str]:
