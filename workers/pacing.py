@@ -93,7 +93,7 @@ class Pacer:
             j = i
             while j < len(segs) and due[j] <= now + SLACK_S:
                 j += 1
-            total += _send_views(sock, [v for seg in segs[i:j] for v in seg])
+            total += send_views(sock, [v for seg in segs[i:j] for v in seg])
             i = j
         return total
 
@@ -107,7 +107,9 @@ def segment_size(sock: socket.socket) -> int:
     return mss if 0 < mss <= 65_535 else DEFAULT_MSS
 
 
-def _send_views(sock: socket.socket, views: list[memoryview]) -> int:
+def send_views(sock: socket.socket, views: list[memoryview]) -> int:
+    """Write every view with as few system calls as the kernel allows (scatter/gather, `MAX_IOV`
+    at a time), taking up partial writes; the bytes written. `views` is consumed."""
     total = sum(v.nbytes for v in views)
     while views:
         sent = sock.sendmsg(views[:MAX_IOV])

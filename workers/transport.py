@@ -44,7 +44,7 @@ from workers.framing import (
     encode_frame,
     verify_payload,
 )
-from workers.pacing import Pacer
+from workers.pacing import Pacer, send_views
 from workers.tcpinfo import ZERO, TcpBytes, read_tcp_bytes, wait_acked
 
 #: First and largest pause between connect attempts (doubling in between).
@@ -74,18 +74,7 @@ DRAIN_STALL_S = 2.0
 # -- frames on sockets ----------------------------------------------------------------------------
 def sendmsg_all(sock: socket.socket, buffers: Sequence[Buffer]) -> int:
     """Send every buffer with as few system calls as the kernel allows (scatter/gather)."""
-    views = [memoryview(b).cast("B") for b in buffers if len(b)]
-    total = sum(v.nbytes for v in views)
-    while views:
-        sent = sock.sendmsg(views[:512])  # IOV_MAX is 1024 on Linux
-        while sent:
-            if sent >= views[0].nbytes:
-                sent -= views[0].nbytes
-                views.pop(0)
-            else:
-                views[0] = views[0][sent:]
-                sent = 0
-    return total
+    return send_views(sock, [memoryview(b).cast("B") for b in buffers if len(b)])
 
 
 def ack_now(sock: socket.socket) -> None:

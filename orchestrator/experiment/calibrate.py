@@ -42,6 +42,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import AUTO_MAX_TIME_DILATION, ExperimentConfig, parse_config
+from orchestrator.experiment.emulation_config import recorded_emulation
 from orchestrator.results import queries
 from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE
 from orchestrator.simulation.calibration import Calibration, HostIdentity, new_id, save
@@ -386,9 +387,8 @@ def _comparable(raw: dict[str, Any]) -> dict[str, Any]:
     one recorded before ``pace_copies`` did not pace them."""
     out = {k: v for k, v in raw.items() if k not in ("name", "engine", "simulation")}
     out.setdefault("order", "fixed")
-    emulation = dict(out.get("emulation") or {})
+    emulation = recorded_emulation(out.get("emulation") or {})
     emulation.pop("backend", None)
-    emulation.setdefault("pace_copies", False)
     out["emulation"] = emulation
     return out
 

@@ -78,6 +78,12 @@ class EmulationConfig:
         return dict(self.time_dilation_points).get(n_locals)
 
 
+def recorded_emulation(section: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's recorded ``emulation`` section with what a run recorded before a key existed did:
+    one recorded before ``pace_copies`` did not pace its copies."""
+    return {"pace_copies": False, **section}
+
+
 def _dilation(key: str, v: Any) -> float:
     """A fixed K (a number in 1..`MAX_TIME_DILATION`); ``auto``, ``host`` and a mapping are taken out
     before (`parse_emulation`)."""

@@ -26,6 +26,7 @@ from typing import Any
 
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import ExperimentConfig, load_config, parse_config
+from orchestrator.experiment.emulation_config import recorded_emulation
 from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.scheduling import NetworkState, Schedule
@@ -107,8 +108,8 @@ def check_source(source: Mapping[str, Any], build: Any, config_path: str | Path 
         raise ConfigError(f"the run's config {path} is gone: give it as CONFIG to resume (--resume RUN_DIR CONFIG)")
     now = build(path, source.get("overrides", {})).to_dict()
     recorded = dict(source["config"])
-    if isinstance(recorded.get("emulation"), dict):  # a run recorded before pacing did not pace
-        recorded["emulation"] = {"pace_copies": False, **recorded["emulation"]}
+    if isinstance(recorded.get("emulation"), dict):
+        recorded["emulation"] = recorded_emulation(recorded["emulation"])
     diff = changes(recorded, now)
     if diff:
         more = f" (and {len(diff) - 1} more)" if len(diff) > 1 else ""

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -24,14 +25,19 @@ TINY = {
 #: model of a few KB would be dominated by what it does not count (connection set-up, HELLO/READY).
 
 
+def _validate(raw: dict[str, Any], tmp_path: Path, out: Path, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """`netai validate` of the config `raw` (written to `tmp_path`) into `out`, with no calibration."""
+    config = tmp_path / f"{raw['name']}.yaml"
+    config.write_text(yaml.safe_dump(raw))
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate", str(config), "--out", str(out),
+                           "--calibration", str(tmp_path / "no-calibration.json")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+
+
 def test_validate_runs_a_tiny_config_both_ways_and_carried_bytes_agree(tmp_path: Path) -> None:
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(TINY))
     out = tmp_path / "runs"
 
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate", str(config), "--out", str(out),
-                           "--calibration", str(tmp_path / "no-calibration.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    proc = _validate(TINY, tmp_path, out, timeout_s=600)
 
     assert proc.returncode in (0, 1), (proc.stdout + proc.stderr)[-3000:]
     folders = list(out.glob("tiny-validate-validate-*"))
@@ -67,13 +73,9 @@ def test_validate_of_a_sweep_validates_each_entry_and_draws_both_engines_against
     sweep = {**TINY, "name": "tiny-sweep", "task": {**TINY["task"], "model_args": {"hidden": 64, "layers": 1}},
              "sweep": [{"task": {"model_args": {"hidden": 64, "layers": 1}}},
                        {"task": {"model_args": {"hidden": 800, "layers": 2}}}]}
-    config = tmp_path / "sweep.yaml"
-    config.write_text(yaml.safe_dump(sweep))
     out = tmp_path / "runs"
 
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate", str(config), "--out", str(out),
-                           "--calibration", str(tmp_path / "no-calibration.json")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    proc = _validate(sweep, tmp_path, out, timeout_s=900)
 
     (folder,) = out.glob("tiny-sweep-validate-*")
     entries = sorted(p for p in folder.glob("tiny-sweep-*-validate-*"))
