@@ -316,18 +316,22 @@ def encode_chunk(header: Header, tensors: Mapping[str, torch.Tensor] | None) -> 
 DIGEST_CHARS: Final = 2 * xxhash.xxh3_128().digest_size
 
 
-def frame_overhead_bytes(template: Mapping[str, torch.Tensor], max_chunk_bytes: int | None) -> int:
-    """The bytes one copy of a model shaped like `template`, cut at `max_chunk_bytes`
-    (`chunk_layout`), puts in its frames beyond the tensors' own: each chunk frame's fixed and JSON
-    headers and its safetensors header (`LazyFrame.nbytes`; nothing is hashed). The header is an
-    UPDATE's with no metadata, a 16-character sender and 4-digit task, round and example count; a
-    GLOBAL's differs by a few bytes a chunk (`tests/unit/test_frame_overhead.py` checks the bound).
-    The flow-level simulation adds these bytes to what a copy carries over each link."""
+def frame_sizes(template: Mapping[str, torch.Tensor], max_chunk_bytes: int | None) -> tuple[int, ...]:
+    """The bytes of each chunk frame of one copy of a model shaped like `template`, cut at
+    `max_chunk_bytes` (`chunk_layout`): its tensors' bytes with the frame's fixed and JSON headers
+    and its safetensors header (`LazyFrame.nbytes`; nothing is hashed). The header is an UPDATE's
+    with no metadata, a 16-character sender and 4-digit task, round and example count; a GLOBAL's
+    differs by a few bytes a chunk (`tests/unit/test_frame_overhead.py` checks the bound). The
+    flow-level simulation sends these frames over each link a copy crosses."""
     layout = chunk_layout(template, max_chunk_bytes)
-    tensors = sum(t.numel() * t.element_size() for t in template.values())
-    frames = sum(LazyFrame(Header("UPDATE", 1000, 1000, "s" * 16, num_examples=1000, chunk=c.index,
+    return tuple(LazyFrame(Header("UPDATE", 1000, 1000, "s" * 16, num_examples=1000, chunk=c.index,
                                   chunks=len(layout)), chunk_view(template, c)).nbytes for c in layout)
-    return frames - tensors
+
+
+def frame_overhead_bytes(template: Mapping[str, torch.Tensor], max_chunk_bytes: int | None) -> int:
+    """The bytes one copy (`frame_sizes`) puts in its frames beyond the tensors' own."""
+    tensors = sum(t.numel() * t.element_size() for t in template.values())
+    return sum(frame_sizes(template, max_chunk_bytes)) - tensors
 
 
 class LazyFrame(Sequence[Buffer]):

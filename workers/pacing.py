@@ -11,13 +11,22 @@ locals).
 
 `Pacer` paces one connection at its link's rate instead: segment i of what it sends goes out at
 ``start + (w_1 + ... + w_i) / rate``, w the segment's bytes on the wire (payload + `FRAME_OVERHEAD_BYTES`),
-``start`` the later of now and when the link finished the previous segment. Its last byte then
+``start`` the later of when the frame was handed to the sender (``ready_at``, default now) and when
+the link finished the previous segment. Its last byte then
 arrives when a link of that rate would have delivered it, never earlier, whatever htb's burst; the
 htb class behind it still enforces the reservation (paced at its rate, a copy finds the bucket
 full and passes), and shares a link when several copies meet on it. A segment is never sent
 before its time; one due within `SLACK_S` of now goes with those due before it, so that a fast
 link is paced in batches of a fraction of a millisecond, not by a sleep per segment (at K = 32,
 0.2 ms of wall time is 6 us of the emulated network's: a twentieth of a frame at 100 Mbit/s).
+
+The schedule is the link's, not the sender thread's: a sleep that overran (the thread woke late on
+a busy host) delays the segments it held, not the ones after. A frame queued while the previous one
+was still being paced starts where the link left off, even if the thread reaches it later, and its
+segments already due go at once; htb's burst (6 ms of the rate) lets such a late segment catch up.
+Before, each frame started when the thread got to it, so every overrun sleep of a copy's frames
+added up: on paper.yaml's claim point at K = 64 (eight frames a copy) a relay's copy ended 2-3
+segment times late at a hop.
 
 `rate_mbps` is the link's rate in wall time (under time dilation K, the emulated rate / K), in
 megabits of wire bytes per second, as the shaper counts them.
@@ -75,11 +84,14 @@ class Pacer:
             out.append(current)
         return out
 
-    def send(self, sock: socket.socket, pieces: Sequence[Buffer], *, mss: int | None = None) -> int:
-        """Send every buffer, each segment at its time; the bytes sent."""
+    def send(self, sock: socket.socket, pieces: Sequence[Buffer], *, mss: int | None = None,
+             ready_at: float | None = None) -> int:
+        """Send every buffer, each segment at its time; the bytes sent. `ready_at`: when the frame
+        was handed to the sender (the clock's time; default now): it starts then, or when the link
+        is free, whichever is later."""
         segs = self.segments(pieces, mss or segment_size(sock))
         due: list[float] = []
-        at = max(self.clock(), self.free_at)
+        at = max(self.clock() if ready_at is None else ready_at, self.free_at)
         for seg in segs:
             at += (sum(v.nbytes for v in seg) + FRAME_OVERHEAD_BYTES) / self.bytes_per_s
             due.append(at)

@@ -154,6 +154,8 @@ class _Item:
     round: int
     on_sent: Callable[[], None] | None
     drain: bool = False
+    #: When it was queued (`time.monotonic`): a paced frame starts then at the earliest.
+    queued_at: float = 0.0
 
 
 class Outbound:
@@ -213,7 +215,7 @@ class Outbound:
              drain: bool = False) -> None:
         """Queue a frame; `on_sent` runs (on the sender thread) once it was written, or with `drain`
         once the peer also acknowledged it (`DRAIN_POLL_S`, `DRAIN_STALL_S`)."""
-        self._queue.put(_Item(pieces, round, on_sent, drain))
+        self._queue.put(_Item(pieces, round, on_sent, drain, time.monotonic()))
 
     def flush_and_close(self, timeout_s: float) -> bool:
         """Send what is queued, then close. False if that did not finish within `timeout_s`."""
@@ -292,7 +294,7 @@ class Outbound:
                 if self.pacer is None:
                     sendmsg_all(self.sock, item.pieces)
                 else:
-                    self.pacer.send(self.sock, item.pieces)
+                    self.pacer.send(self.sock, item.pieces, ready_at=item.queued_at)
             except OSError as e:
                 self._broken_round = item.round
                 if self.sock is None and self._gone_since is None:

@@ -254,6 +254,7 @@ SIMULATION_SCHEMA: dict[str, Check] = {
     "cpu_cores": int_check(0, 1024), "cpu_s_per_byte": num_check(0), "cpu_s_per_chunk": num_check(0),
     "cpu_s_per_byte_hop": num_check(0), "calibration": text_check, "site_speed": bool_check, "wire_bytes_factor": num_check(1),
     "train_cpu_factor": num_check(1), "ack_share": num_check(0, 1), "shaper_burst_k": num_check(0),
+    "segment_mss": int_check(0, 65_535),
 }
 TOP_KEYS = ("name", "topology", "compute_sites", "schedulers", "locals", "tasks_per_point", "seed",
             "task", "emulation", "background", "mode", "online", "events", "reschedule", "engine", "simulation",

@@ -113,18 +113,18 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
     model = cfg.network()
     plan = EmulationPlan.from_model(model, max_link_mbps=cfg.emulation.max_link_mbps)
     params, calibration = apply_calibration(cfg, sim_params(cfg), calibration_store or default_path())
-    model_bytes, frame_bytes = _model_sizes(cfg, model_bytes)
+    model_bytes, frames = _model_sizes(cfg, model_bytes)
     check_memory(cfg, model, model_bytes)  # as the emulation: before anything starts
     rate = emulated_rate(plan) if params.rates == "emulated" else capacity_rate(model)
     run_dir, db, run_id, again = _open(cfg, out_root, model, plan, source=source, resume=resume)
     background = _background(cfg, model, plan, params)
     db.update_environment(run_id, **_environment(cfg, plan, params, background, calibration,
                                                  training := _training(cfg, params))
-                          | {"frame_headers": "modelled" if frame_bytes is not None else "not modelled"}
+                          | {"frame_headers": "modelled" if frames is not None else "not modelled"}
                           | _validation(cfg, model.name, model_bytes, validations))
     status, note = "failed", ""
     try:
-        batch = SimBatch(model, params, rate, background, frame_bytes)
+        batch = SimBatch(model, params, rate, background, frames)
         batch.work_dir = run_dir
         network = SimNetwork(batch, propagation=params.propagation, replay=None if replay is None else replay.by_task)
         core = Lifecycle(network=network, compute=SimCompute(batch, network, run_dir), recorder=SimRecorder(db, run_id),
@@ -161,7 +161,7 @@ def run_simulated(cfg: ExperimentConfig, *, out_root: Path, model_bytes: int | N
 def _validation(cfg: ExperimentConfig, topology: str, model_bytes: int, store: Path | None) -> dict[str, Any]:
     """What the run records of the newest validation in `store` that covers its regime, or why none does."""
     return covering(store or validations_path(), Regime.of(topology, [model_bytes], cfg.locals, cfg.schedulers),
-                    shaper=cfg.simulation.shaper_burst_k > 0)
+                    shaper=cfg.simulation.shaper_burst_k > 0, segments=cfg.simulation.segment_mss > 0)
 
 
 def _close(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *,
@@ -211,9 +211,10 @@ def _scheduler_background(replay: ReplayedBackground | None, network: SimNetwork
     return f"replayed: what the schedulers of {replay.source} were given, per task ({told})"
 
 
-def _model_sizes(cfg: ExperimentConfig, model_bytes: int | None) -> tuple[int, Callable[[int], int] | None]:
-    """The model's bytes and its frames' header bytes at a chunk size (`model_sizes`, the model built
-    here); with `model_bytes` given (a benchmark) no model is built and the headers are not modelled."""
+def _model_sizes(cfg: ExperimentConfig, model_bytes: int | None
+                 ) -> tuple[int, Callable[[int], tuple[int, ...]] | None]:
+    """The model's bytes and a copy's frames at a chunk size (`model_sizes`, the model built here);
+    with `model_bytes` given (a benchmark) no model is built and the frames are not modelled."""
     if model_bytes is not None:
         return model_bytes, None
     from orchestrator.runtime.compute import model_sizes
@@ -296,7 +297,7 @@ def _parameters(cfg: ExperimentConfig, plan: EmulationPlan, params: SimParams,
         "cpu_s_per_chunk": params.cpu_s_per_chunk,
         "cpu_s_per_byte_hop": params.cpu_s_per_byte_hop, "wire_bytes_factor": params.wire_bytes_factor,
         "train_cpu_factor": params.train_cpu_factor, "ack_share": params.ack_share,
-        "shaper_burst_k": params.shaper_burst_k,
+        "shaper_burst_k": params.shaper_burst_k, "segment_mss": params.segment_mss,
         "calibration": cfg.simulation.calibration,
         "defaults": sorted(k for k, v in asdict(cfg.simulation).items() if v == getattr(SimulationConfig(), k)),
         "background": "off" if background is None else

@@ -257,7 +257,7 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
     sim_parts = {k: v for d, s in twins for k, v in _parts(d, s.run_id).items()}
     unfaithful = out.unfaithful_headline(emu.verdicts)
     record = _record(cfg, pairs, points, folder, faithful=unfaithful is None, calibration=env.get("calibration_id"),
-                     shaper=float(env.get("shaper_burst_k") or 0) > 0)
+                     shaper=float(env.get("shaper_burst_k") or 0) > 0, segments=int(env.get("segment_mss") or 0) > 0)
     lines = [*([unfaithful] if unfaithful else []),
              f"validate {cfg.name}: emulated {emu_dir} (run {emu.run_id}), simulated "
              + ", ".join(f"{d} (run {s.run_id})" for d, s in twins),
@@ -293,7 +293,8 @@ def _compare(folder: Path, cfg: ExperimentConfig, emu_dir: Path, emu: RunSummary
 
 
 def _record(cfg: ExperimentConfig, pairs: list[tuple[TaskSummary, TaskSummary]], points: list[PointAgreement],
-            folder: Path, *, faithful: bool, calibration: str | None, shaper: bool) -> ValidationRecord:
+            folder: Path, *, faithful: bool, calibration: str | None, shaper: bool,
+            segments: bool) -> ValidationRecord:
     """What the store keeps of this validation: the regime is that of the tasks both engines completed."""
     from orchestrator import __version__
     from orchestrator.simulation.calibration import HostIdentity, new_id
@@ -308,7 +309,7 @@ def _record(cfg: ExperimentConfig, pairs: list[tuple[TaskSummary, TaskSummary]],
     return ValidationRecord(id=f"{rid}-{digest[:6]}", created=created, host=host.hostname, version=__version__,
                             model=MODEL_REVISION, config=cfg.name, config_hash=digest, regime=regime, worst_error=worst,
                             geomean_error=geomean, reference_faithful=faithful, calibration=calibration,
-                            folder=str(folder), shaper=shaper)
+                            folder=str(folder), shaper=shaper, segments=segments)
 
 
 def _errors_line(record: ValidationRecord) -> str:

@@ -95,6 +95,9 @@ class ValidationRecord:
     #: Whether the validated twin modelled htb's burst (``simulation.shaper_burst_k`` > 0): yes where
     #: its emulated reference's copies were not paced (`workers.pacing`; every run before pacing).
     shaper: bool = True
+    #: Whether the validated twin sent each chunk frame as TCP segments of its own
+    #: (``simulation.segment_mss`` > 0: a twin of paced copies, since the model's revision 5).
+    segments: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -108,7 +111,8 @@ class ValidationRecord:
                    model=int(d["model"]), config=str(d["config"]), config_hash=str(d["config_hash"]), regime=regime,
                    worst_error=float(d["worst_error"]), geomean_error=float(d["geomean_error"]),
                    reference_faithful=bool(d["reference_faithful"]), calibration=d.get("calibration"),
-                   folder=str(d.get("folder", "")), shaper=bool(d.get("shaper", True)))
+                   folder=str(d.get("folder", "")), shaper=bool(d.get("shaper", True)),
+                   segments=bool(d.get("segments", False)))
 
     def summary(self) -> dict[str, Any]:
         """What a simulated run records of the validation it rests on."""
@@ -134,14 +138,16 @@ def save(record: ValidationRecord, path: Path) -> None:
     write_store(path, "validations", FORMAT, [r.to_dict() for r in records])
 
 
-def gaps(record: ValidationRecord, regime: Regime, *, model: int = MODEL_REVISION, shaper: bool = True) -> list[str]:
+def gaps(record: ValidationRecord, regime: Regime, *, model: int = MODEL_REVISION, shaper: bool = True,
+         segments: bool = False) -> list[str]:
     """Why `record` does not cover `regime` (empty: it covers it). It covers a run when its
     emulated reference was faithful, it ran under the same model revision, on the same topology,
     with every scheduler of the run, the run's locals within its range, and the run's model sizes
     within its range widened by `MODEL_BYTES_FACTOR` either way; and when the run models the
     emulation's shaper as the validated twin did (`shaper`: its ``simulation.shaper_burst_k`` > 0):
     with it or without, a deep tree's small copies are up to a fifth faster or slower (docs/simulation.md,
-    "The shaper's burst")."""
+    "The shaper's burst"); and its frames cross as TCP segments of their own as the twin's did or
+    not (`segments`: its ``simulation.segment_mss`` > 0)."""
     out = [] if record.reference_faithful else ["its emulated reference was NOT faithful"]
     if record.model != model:
         out.append(f"it ran under the simulation's model revision {record.model}, not {model}")
@@ -150,6 +156,11 @@ def gaps(record: ValidationRecord, regime: Regime, *, model: int = MODEL_REVISIO
                    "(set simulation.shaper_burst_k to the K of the emulation it stands for)" if record.shaper else
                    "it validated a twin of an emulation whose copies were paced, without the shaper's burst, which "
                    "this run models (leave simulation.shaper_burst_k out)")
+    if segments != record.segments:
+        out.append("it validated a twin whose chunk frames cross as TCP segments of their own, which this run's "
+                   "do not (set simulation.segment_mss: 1448)" if record.segments else
+                   "it validated a twin whose chunk frames cross at the flat payload share, which this run's do "
+                   "not (leave simulation.segment_mss out)")
     v = record.regime
     if v.topology != regime.topology:
         out.append(f"it validated topology {v.topology}")
@@ -164,21 +175,21 @@ def gaps(record: ValidationRecord, regime: Regime, *, model: int = MODEL_REVISIO
     return out
 
 
-def covering(path: Path, regime: Regime, *, shaper: bool = True) -> dict[str, Any]:
+def covering(path: Path, regime: Regime, *, shaper: bool = True, segments: bool = False) -> dict[str, Any]:
     """What a simulated run of `regime` records: ``validation``, the newest record of the store at
     `path` that covers it (`ValidationRecord.summary`), or ``validation_gap``, why none does
-    (`shaper`: the run models the emulation's shaper, `gaps`)."""
+    (`shaper`: the run models the emulation's shaper; `segments`: its frames cross as segments; `gaps`)."""
     try:
         records = load_all(path)
     except ValueError as e:
         return {"validation_gap": f"the validation store is unreadable ({e})"}
-    ok = [r for r in records if not gaps(r, regime, shaper=shaper)]
+    ok = [r for r in records if not gaps(r, regime, shaper=shaper, segments=segments)]
     if ok:
         return {"validation": max(ok, key=lambda r: r.created).summary()}
     head = f"no validation covers this run's regime ({regime.text()})"
     if not records:
         return {"validation_gap": f"{head}: no `netai validate` recorded in {path}"}
     newest_first = sorted(records, key=lambda r: r.created, reverse=True)
-    nearest = min(newest_first, key=lambda r: len(gaps(r, regime, shaper=shaper)))  # the newest of the nearest
+    nearest = min(newest_first, key=lambda r: len(gaps(r, regime, shaper=shaper, segments=segments)))  # the newest of the nearest
     return {"validation_gap": f"{head}; of the {len(records)} in {path}, the nearest, {nearest.config} of "
-                              f"{nearest.created} on {nearest.host}: {'; '.join(gaps(nearest, regime, shaper=shaper))}"}
+                              f"{nearest.created} on {nearest.host}: {'; '.join(gaps(nearest, regime, shaper=shaper, segments=segments))}"}

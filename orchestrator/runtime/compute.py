@@ -64,12 +64,12 @@ def check_model(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULT
 
 
 def model_sizes(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULTS.dataset,
-                dataset_args: Mapping[str, Any] | None = None) -> tuple[int, Callable[[int], int]]:
-    """`check_model`'s size, and the frame bytes one copy adds to the weights when cut at a given
-    chunk size (`workers.framing.frame_overhead_bytes`, of the model built here), for the
-    flow-level simulation's transfers and carried bytes. Raises `ConfigError` as `check_model`."""
+                dataset_args: Mapping[str, Any] | None = None) -> tuple[int, Callable[[int], tuple[int, ...]]]:
+    """`check_model`'s size, and the bytes of each chunk frame of one copy when cut at a given chunk
+    size (`workers.framing.frame_sizes`, of the model built here), for the flow-level simulation's
+    transfers and carried bytes. Raises `ConfigError` as `check_model`."""
     from workers.data import open_dataset
-    from workers.framing import frame_overhead_bytes
+    from workers.framing import frame_sizes
     from workers.models import build_model, state_nbytes
 
     try:
@@ -82,7 +82,7 @@ def model_sizes(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULT
     except Exception as e:  # noqa: BLE001 -- the user's factory may raise anything: one line, exit 2
         raise ConfigError(f"model {spec!r} cannot be built: {type(e).__name__}: {e}") from None
     template = {k: v.detach() for k, v in built.state_dict().items()}
-    return state_nbytes(built), lru_cache(maxsize=None)(partial(frame_overhead_bytes, template))
+    return state_nbytes(built), lru_cache(maxsize=None)(partial(frame_sizes, template))
 
 
 class ServerProcess(Protocol):

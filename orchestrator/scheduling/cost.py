@@ -315,9 +315,13 @@ def round_lower_bound(
     )
 
 
-#: The share of a shaped link's rate TCP payload gets at MTU 1500: 1448 bytes of payload (1500 less
-#: the IP and TCP headers with timestamps) per 1514-byte Ethernet frame, which is what htb counts.
-TCP_PAYLOAD_SHARE = 1448 / 1514
+#: A full TCP segment's payload at MTU 1500 (1500 less the IP and TCP headers with timestamps), and
+#: the bytes its Ethernet, IP and TCP headers add on the wire (what htb counts).
+TCP_MSS = 1448
+SEGMENT_HEADER_BYTES = 66
+#: The share of a shaped link's rate TCP payload gets at MTU 1500: 1448 bytes of payload per
+#: 1514-byte Ethernet frame.
+TCP_PAYLOAD_SHARE = TCP_MSS / (TCP_MSS + SEGMENT_HEADER_BYTES)
 #: Wire bytes of ACK per byte of TCP payload: a 66-byte ACK frame comes back for every two full
 #: segments of 1448 bytes (Linux's delayed ACK), as on the emulated links.
 ACK_WIRE_PER_PAYLOAD = 66 / (2 * 1448)

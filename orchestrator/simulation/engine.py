@@ -83,6 +83,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.simulation import sg_platform
+from orchestrator.simulation.frames import chunk_sizes
 from orchestrator.simulation.shaper import Bucket, give_buckets
 
 CONFIG = ["--cfg=network/model:CM02", "--cfg=network/crosstraffic:0", "--cfg=network/TCP-gamma:0",
@@ -176,15 +177,12 @@ class _Run:
         self.rounds: int = int(spec["rounds"])
         self.model_bytes: int = int(spec["model_bytes"])
         self.chunk: int = int(spec["chunk_bytes"])
-        self.k = max(1, math.ceil(self.model_bytes / self.chunk))
+        sizes = chunk_sizes(spec)
+        self.k = len(sizes)
         alpha = float(spec["alpha_s"])
         limit = int(spec.get("max_segments", 0))
         per = 1 if limit <= 0 else math.ceil(self.k / limit)
         self.m = math.ceil(self.k / per)
-        # each chunk's tensor bytes, and its share of the copy's frame headers (`frame_bytes`)
-        frame, frame_left = divmod(int(spec.get("frame_bytes", 0)), self.k)
-        sizes = [size + frame + (1 if i < frame_left else 0) for i, size in
-                 enumerate([self.chunk] * (self.k - 1) + [self.model_bytes - self.chunk * (self.k - 1)])]
         self.seg_bytes = [sum(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
         self.seg_alpha = [alpha * len(sizes[j * per:(j + 1) * per]) for j in range(self.m)]
         per_chunk = 0.0 if cpu is None else 1e9 * float(cpu.get("s_per_chunk", 0.0))

@@ -31,13 +31,13 @@ class SimBatch:
 
     def __init__(self, model: NetworkModel, params: SimParams, rate: RateFn,
                  background: SimBackground | None = None,
-                 frame_bytes: Callable[[int], int] | None = None) -> None:
+                 frames: Callable[[int], Sequence[int]] | None = None) -> None:
         self.model = model
         self.params = params
         self.rate = rate
         self.background = background
-        #: A copy's frame headers at a chunk size (`spec.build_spec`); None: not modelled.
-        self.frame_bytes = frame_bytes
+        #: A copy's frames at a chunk size (`spec.build_spec`); None: not modelled.
+        self.frames = frames
         self.runs: list[TaskRun] = []
         self.results: dict[str, dict[str, Any]] = {}
         self.result: dict[str, Any] = {"runs": [], "sim_end_s": 0.0}
@@ -57,7 +57,7 @@ class SimBatch:
             self.ran = True
             if self.runs:
                 self.result = simulate(build_spec(self.model, self.runs, self.params, self.rate, self.background,
-                                                  self.frame_bytes), work_dir=self.work_dir)
+                                                  self.frames), work_dir=self.work_dir)
             self.results = {r["key"]: r for r in self.result["runs"]}
         return self.result
 

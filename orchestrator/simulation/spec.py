@@ -14,6 +14,9 @@ The model's parameters (`SimParams`; the experiment config's `simulation` sectio
 - per-chunk work: `alpha_s` per chunk at each sender (framing, digest, hand-off), default the
   emulation's own `orchestrator.runtime.timing.ALPHA_S`, done chunk after chunk alongside the
   transmission of the chunks before (`orchestrator.simulation.engine`, "Transfers");
+- frames: a copy is the emulation's chunk frames, headers included (`build_spec`'s `frames`); with
+  ``segment_mss`` (a twin of paced copies) each frame crosses as TCP segments of its own, each
+  with its headers, so that a frame's short last segment costs what it costs on the wire;
 - segments: ``max_segments`` (0: none) bounds the number of pieces a transfer is simulated in: a
   transfer of k chunks is cut into ceil(k / q) segments of q = ceil(k / max_segments) chunks, each
   carrying its chunks' bytes and q x `alpha_s` of work (see `orchestrator.simulation.engine`);
@@ -50,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.runtime.timing import ALPHA_S, optimal_chunk_bytes
-from orchestrator.scheduling.cost import ACK_WIRE_PER_PAYLOAD, TCP_PAYLOAD_SHARE, RateFn
+from orchestrator.scheduling.cost import ACK_WIRE_PER_PAYLOAD, TCP_MSS, TCP_PAYLOAD_SHARE, RateFn
 from orchestrator.scheduling.schedule import Schedule
 from orchestrator.simulation.background import SimBackground
 from topologies.model import NetworkModel
@@ -72,8 +75,10 @@ ACK_SHARE = round(ACK_WIRE_PER_PAYLOAD * TCP_PAYLOAD_SHARE, 4)
 #: (`orchestrator.simulation.engine`, "Transfers"), so the per-hop latency fitted under 1 is off;
 #: 3 (2026-11-28): a twin models the emulation's shaper burst and TCP's payload share
 #: (`twin_simulation`), so what was fitted or validated under 2 without them is off; 4 (2026-11-29):
-#: the twin's burst is htb's at the link's line rate, not at its payload rate (4 % more at K = 16-32).
-MODEL_REVISION = 4
+#: the twin's burst is htb's at the link's line rate, not at its payload rate (4 % more at K = 16-32);
+#: 5 (2026-11-29): a copy is its real chunk frames (`frames`), and a paced copy's frames cross as
+#: their own TCP segments (``segment_mss``), the last of each frame short.
+MODEL_REVISION = 5
 #: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
 DEFAULT_TRAIN_EXAMPLES = 1437
 
@@ -105,6 +110,12 @@ class SimParams:
     site_speed: bool = False
     #: A fixed chunk size in bytes (0: the emulation's choice, `optimal_chunk_bytes`).
     chunk_bytes: int = 0
+    #: Segments (0: off): each chunk frame crosses the links as its own TCP segments of at most this
+    #: many payload bytes, each with `SEGMENT_HEADER_BYTES` on the wire, so a frame's last, short
+    #: segment costs a whole header, as a paced copy's do (`workers.pacing` cuts every frame it sends
+    #: into segments of the connection's MSS). Off: every payload byte costs the flat
+    #: `tcp_efficiency` share of the rate, as TCP streaming frames back to back gives.
+    segment_mss: int = 0
     #: At most this many segments per transfer: chunks merged into segments (faster, with a
     #: pipeline-fill error bounded in docs/simulation.md, "Flow-level simulation"); 0: one per chunk.
     max_segments: int = 0
@@ -173,7 +184,8 @@ def twin_simulation(*, propagation: bool, time_dilation: float = 1.0, paced: boo
     emulated rates at the share of them TCP payload gets (derived, as `netai calibrate` sets it:
     1448 of 1514 bytes a frame), propagation as that emulation had it, its shaper's burst at K
     (``shaper_burst_k``; none where its senders `paced` their copies, `workers.pacing`: a paced
-    copy finds htb's bucket full and passes no faster than the link), and the per-chunk work the emulation pays
+    copy finds htb's bucket full and passes no faster than the link; a paced copy's frames also cross as
+    segments of their own, ``segment_mss``), and the per-chunk work the emulation pays
     in its network's time: its agents' `ALPHA_S` of real time per chunk is `ALPHA_S` / K of its
     recorded (emulated) time. The chunk size stays the emulation's (`chunk_bytes`: `ALPHA_S` at
     the emulated rates, whatever K)."""
@@ -182,6 +194,8 @@ def twin_simulation(*, propagation: bool, time_dilation: float = 1.0, paced: boo
     out: dict[str, Any] = {"rates": "emulated", "propagation": propagation,
                            "shaper_burst_k": 0.0 if paced else time_dilation,
                            "tcp_efficiency": round(TCP_PAYLOAD_SHARE, 4)}
+    if paced:
+        out["segment_mss"] = TCP_MSS
     if time_dilation > 1:
         out["alpha_s"] = ALPHA_S / time_dilation
     return out
@@ -205,12 +219,12 @@ def path_delay_s(model: NetworkModel, path: Sequence[str], params: SimParams) ->
 
 def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, rate: RateFn,
                background: SimBackground | None = None,
-               frame_bytes: Callable[[int], int] | None = None) -> dict[str, Any]:
+               frames: Callable[[int], Sequence[int]] | None = None) -> dict[str, Any]:
     """The engine's JSON input: directed links (rate x efficiency), the distinct paths with their
     propagation, the task runs in order, and the background flows if any
-    (`orchestrator.simulation.background`). `frame_bytes(chunk_bytes)`: the bytes a copy's chunk
-    frames add to its tensors at that chunk size (`orchestrator.runtime.compute.model_sizes`);
-    None: not modelled (a copy carries the model's bytes only).
+    (`orchestrator.simulation.background`). `frames(chunk_bytes)`: the bytes of each chunk frame of
+    a copy cut at that chunk size (`orchestrator.runtime.compute.model_sizes`), sent as they are;
+    None: not modelled (a copy carries the model's bytes only, in equal chunks).
 
     Raises
     ------
@@ -232,10 +246,13 @@ def build_spec(model: NetworkModel, runs: Sequence[TaskRun], params: SimParams, 
                 if not model.has_link(u, v):
                     raise ValueError(f"task run {r.key}: path {'-'.join(e.path)} uses {u}-{v}, not a link")
             paths.setdefault(e.path, path_delay_s(model, e.path, params))
+        chunk = chunk_bytes(s, r.model_bytes, rate, params)
+        sizes = [int(n) for n in frames(chunk)] if frames is not None else []
         out_runs.append({
             "key": r.key, "global": s.global_site, "locals": list(s.local_sites), "rounds": r.rounds,
-            "model_bytes": r.model_bytes, "chunk_bytes": (chunk := chunk_bytes(s, r.model_bytes, rate, params)),
-            "frame_bytes": frame_bytes(chunk) if frame_bytes is not None else 0,
+            "model_bytes": r.model_bytes, "chunk_bytes": chunk,
+            "frame_bytes": sum(sizes) - r.model_bytes if sizes else 0, "frame_sizes": sizes,
+            "segment_mss": params.segment_mss,
             "alpha_s": params.alpha_s, "max_segments": params.max_segments, "ack_share": params.ack_share,
             "shaper_burst_k": params.shaper_burst_k, "payload_share": params.tcp_efficiency,
             "train_s": train_seconds(s, params, model),

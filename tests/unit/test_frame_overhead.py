@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from orchestrator.runtime.compute import model_sizes
-from workers.framing import Header, chunk_layout, chunk_view, encode_chunk, frame_overhead_bytes
+from workers.framing import Header, chunk_layout, chunk_view, encode_chunk, frame_overhead_bytes, frame_sizes
 
 
 def _template() -> dict[str, torch.Tensor]:
@@ -48,8 +48,19 @@ def test_smaller_chunks_add_more_header_bytes_a_copy() -> None:
     assert sizes == sorted(sizes, reverse=True) and sizes[0] > 5 * sizes[-1]
 
 
+def test_the_frames_are_the_encoded_chunks_one_by_one() -> None:
+    template = _template()
+    layout = chunk_layout(template, 14_000)
+    encoded = [sum(memoryview(b).nbytes for b in encode_chunk(
+        Header("UPDATE", 1000, 1000, "s" * 16, num_examples=1000, chunk=c.index, chunks=len(layout)),
+        chunk_view(template, c))) for c in layout]
+    assert len(encoded) > 1 and frame_sizes(template, 14_000) == tuple(encoded)
+
+
 def test_model_sizes_gives_the_models_bytes_and_its_frames_at_each_chunk_size() -> None:
     size, frames = model_sizes("mlp", {})
     assert size > 0
-    assert frames(10_000) > frames(100_000) > 0
-    assert frames(10_000) == frames(10_000)  # cached, the same figure
+    # each frame's bytes: more frames at a smaller chunk size, together the model and their headers
+    assert len(frames(4_000)) > len(frames(100_000)) >= 1
+    assert sum(frames(4_000)) > sum(frames(100_000)) > size
+    assert frames(4_000) == frames(4_000)  # cached, the same figures

@@ -71,6 +71,32 @@ def test_a_frame_right_behind_goes_on_from_where_the_link_left_off_and_an_idle_l
     assert sock.sent[-1][0] == pytest.approx(pacer.free_at)
 
 
+def test_a_frame_queued_while_the_link_was_busy_keeps_the_links_schedule_when_the_thread_is_late() -> None:
+    # The sender thread reaches the second frame 3 ms after the link finished the first (its sleep
+    # overran): the frame was queued before that, so it starts where the link left off, and a
+    # segment already due goes at once.
+    clock = FakeClock()
+    sock = FakeSocket(clock)
+    pacer = Pacer(RATE_MBPS, clock=clock, sleep=clock.sleep)
+    pacer.send(sock, [bytes(1_448)], mss=1_448)  # type: ignore[arg-type]
+    first_end = pacer.free_at
+    frame_s = (1_448 + FRAME_OVERHEAD_BYTES) / 125_000
+    clock.now = first_end + 0.003
+    pacer.send(sock, [bytes(2 * 1_448)], mss=1_448, ready_at=first_end - 0.005)  # type: ignore[arg-type]
+    assert [t for t, _n in sock.sent[1:]] == pytest.approx([first_end + frame_s, first_end + 2 * frame_s])
+    # Late by more than a segment: the segments due go together at once, the rest on the schedule.
+    clock.now = pacer.free_at + 1.5 * frame_s
+    before = pacer.free_at
+    pacer.send(sock, [bytes(2 * 1_448)], mss=1_448, ready_at=before)  # type: ignore[arg-type]
+    (t1, n1), (t2, n2) = sock.sent[-2:]
+    assert (n1, n2) == (1_448, 1_448)
+    assert t1 == pytest.approx(before + 1.5 * frame_s)  # the first, due, at once
+    assert t2 == pytest.approx(before + 2 * frame_s) == pytest.approx(pacer.free_at)  # the second on time
+    # Queued after the link went idle: it starts when it was queued.
+    pacer.send(sock, [bytes(1_448)], mss=1_448, ready_at=pacer.free_at + 1.0)  # type: ignore[arg-type]
+    assert pacer.free_at == pytest.approx(before + 2 * frame_s + 1.0 + frame_s)
+
+
 def test_segments_due_within_the_slack_go_in_one_write() -> None:
     clock = FakeClock()
     sock = FakeSocket(clock)

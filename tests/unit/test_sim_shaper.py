@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.scheduling.cost import TCP_PAYLOAD_SHARE
+from orchestrator.scheduling.cost import TCP_MSS, TCP_PAYLOAD_SHARE
 from orchestrator.simulation.shaper import Bucket
 from orchestrator.simulation.spec import twin_simulation
 from topologies.shaping import burst_bytes
@@ -53,6 +53,12 @@ def test_a_twin_models_the_emulations_burst_at_its_k_and_tcps_payload_share() ->
     twin = twin_simulation(propagation=False, time_dilation=32)
     assert twin["shaper_burst_k"] == 32 and twin["tcp_efficiency"] == round(TCP_PAYLOAD_SHARE, 4)
     assert twin_simulation(propagation=True)["shaper_burst_k"] == 1.0
+    assert "segment_mss" not in twin
+
+
+def test_a_twin_of_paced_copies_has_no_burst_and_sends_each_frame_as_segments() -> None:
+    twin = twin_simulation(propagation=False, time_dilation=32, paced=True)
+    assert twin["shaper_burst_k"] == 0.0 and twin["segment_mss"] == TCP_MSS == 1448
 
 
 @pytest.mark.parametrize("k", [16, 32])  # where the 6 ms window, not a cap, sets the burst

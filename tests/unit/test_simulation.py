@@ -14,9 +14,17 @@ from orchestrator.results.db import ResultsDB
 from orchestrator.results.queries import point_parts
 from orchestrator.runtime.timing import pipelined_time_s
 from orchestrator.scheduling import NetworkState, get_scheduler
-from orchestrator.scheduling.cost import capacity_rate, pipelined_bound_s
+from orchestrator.scheduling.cost import (
+    SEGMENT_HEADER_BYTES,
+    TCP_MSS,
+    TCP_PAYLOAD_SHARE,
+    capacity_rate,
+    pipelined_bound_s,
+)
 from orchestrator.scheduling.schedule import OverlayEdge, Schedule
 from orchestrator.scheduling.tasks import Task
+from orchestrator.simulation import frames as engine_frames
+from orchestrator.simulation.frames import chunk_sizes
 from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate, train_seconds
 from topologies.model import NetworkModel
 
@@ -432,17 +440,18 @@ def test_the_simulation_logs_what_the_shaped_link_rate_reads(efficiency: float) 
 
 
 def test_a_copys_frame_bytes_cross_every_link_and_take_their_time() -> None:
-    # Prepare: the chain's 10 chunks, once without frame headers and once with 1000 bytes of them
-    # per copy (100 a chunk, as `model_sizes` would give for the model at that chunk size).
+    # Prepare: the chain's 10 chunks, once without frames and once as 10 frames of a chunk and 100
+    # bytes of headers each (as `model_sizes` would give for the model at that chunk size).
     model, schedule = line(), chain()
     size, chunk, frames = 1_000_000, 100_000, 1000
     params = SimParams(alpha_s=0.0, chunk_bytes=chunk, seconds_per_example=0.0)
     runs = {}
-    for fb in (None, lambda c: frames if c == chunk else 0):
-        spec = build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model), frame_bytes=fb)
+    for fb in (None, lambda c: (c + 100,) * 10):
+        spec = build_spec(model, [TaskRun("t", schedule, size, 1)], params, capacity_rate(model), frames=fb)
         runs[fb is None] = (spec["runs"][0], simulate(spec)["runs"][0])
 
     assert runs[True][0]["frame_bytes"] == 0 and runs[False][0]["frame_bytes"] == frames
+    assert runs[False][0]["frame_sizes"] == [chunk + 100] * 10
     plain, framed = ({(u, v): n for u, v, n in r["link_bytes"]} for _, r in (runs[True], runs[False]))
     # every link a copy crosses carries its frames too (one copy each way over each link of the chain)
     assert set(framed) == set(plain) and all(framed[k] - plain[k] == frames for k in plain)
@@ -451,6 +460,30 @@ def test_a_copys_frame_bytes_cross_every_link_and_take_their_time() -> None:
     extra = 2 * (10 + 1) * (frames / 10) * 8 / (RATE_MBPS * 1e6)
     assert (g[False]["aggregated"] - g[False]["round_start"]) - (g[True]["aggregated"] - g[True]["round_start"]) \
         == pytest.approx(extra, rel=1e-6)
+
+
+def test_segmented_frames_cost_their_segments_headers_on_the_wire() -> None:
+    # A frame of 1,500 bytes is two segments (1,448 and 52 bytes of payload), 1,632 bytes on the
+    # wire; at the payload share of the rate it takes those bytes at the line rate.
+    share = TCP_PAYLOAD_SHARE
+    run = {"model_bytes": 3000, "chunk_bytes": 1500, "frame_sizes": [1500, 1448], "payload_share": share}
+    assert chunk_sizes(run) == [1500, 1448]  # no segments: the frames as they are
+    sized = chunk_sizes({**run, "segment_mss": TCP_MSS})
+    assert sized == [round((1500 + 2 * SEGMENT_HEADER_BYTES) * share), 1448]  # a full segment: its payload
+    assert engine_frames.SEGMENT_HEADER_BYTES == SEGMENT_HEADER_BYTES == 66
+
+    # Through the engine: one frame G -> A -> B on a chain, the copy's time is its wire bytes at the
+    # line rate per hop (no per-chunk work, no propagation, no training).
+    model, schedule = line(), chain()
+    params = SimParams(alpha_s=0.0, chunk_bytes=1500, seconds_per_example=0.0, propagation=False,
+                       tcp_efficiency=share, segment_mss=TCP_MSS)
+    spec = build_spec(model, [TaskRun("t", schedule, 1500, 1)], params, capacity_rate(model),
+                      frames=lambda c: (1500,))
+    events = simulate(spec)["runs"][0]["events"]
+    got = {e["event"]: e["t"] for e in events["B"]}["global_received"]
+    start = {e["event"]: e["t"] for e in events["G"]}["round_start"]
+    line_rate = RATE_MBPS * 1e6 / 8
+    assert got - start == pytest.approx(2 * 1632 / line_rate, rel=1e-3)
 
 
 def two_way() -> Schedule:

@@ -94,6 +94,18 @@ def test_a_run_cites_the_newest_covering_record_or_says_why_the_nearest_does_not
     assert covering(store, REGIME)["validation_gap"].startswith("the validation store is unreadable")
 
 
+def test_a_twin_of_paced_copies_covers_only_runs_whose_frames_cross_as_segments(tmp_path: Path) -> None:
+    store = tmp_path / "v.json"
+    save(record(shaper=False, segments=True), store)
+    assert covering(store, REGIME, shaper=False, segments=True)["validation"]["id"] == "v1"
+    flat = covering(store, REGIME, shaper=False)
+    assert "validation" not in flat and flat["validation_gap"].endswith(
+        "it validated a twin whose chunk frames cross as TCP segments of their own, which this run's do not "
+        "(set simulation.segment_mss: 1448)")
+    # a record of before the field reads as a twin without segments
+    assert ValidationRecord.from_dict({k: v for k, v in record().to_dict().items() if k != "segments"}).segments is False
+
+
 def test_the_errors_are_the_worst_and_the_geometric_mean_of_the_points() -> None:
     points = [PointAgreement("mst", 2, 1.0, r, Interval(r, r, r, 1), None) for r in (0.9, 1.1, 1.0)]
 

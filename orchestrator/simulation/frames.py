@@ -1,0 +1,35 @@
+"""What a copy puts on a link in the flow-level engine: its chunk frames, and their TCP segments.
+
+Imported by the engine's own process (`orchestrator.simulation.engine`), so it imports nothing
+of the project.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+#: Bytes a TCP segment's Ethernet, IP and TCP headers add on the wire: the same figure as
+#: `orchestrator.scheduling.cost.SEGMENT_HEADER_BYTES` (the engine's process does not import the
+#: schedulers that module's package brings; `tests/unit/test_simulation.py` checks the two agree).
+SEGMENT_HEADER_BYTES = 66
+
+
+def chunk_sizes(run: dict[str, Any]) -> list[int]:
+    """The bytes each chunk of a copy puts on a link, in the links' payload units: the copy's frames
+    (``frame_sizes``) as they are or, with ``segment_mss``, each frame as its own TCP segments with
+    their headers at the run's ``payload_share`` (a full segment then counts its payload, a short
+    last one more); without frames, the model in equal chunks of ``chunk_bytes`` plus an equal share
+    of ``frame_bytes``."""
+    frames = [int(n) for n in run.get("frame_sizes") or ()]
+    mss = int(run.get("segment_mss", 0))
+    if frames and mss > 0:
+        share = float(run.get("payload_share", 1.0))
+        return [round((n + SEGMENT_HEADER_BYTES * math.ceil(n / mss)) * share) for n in frames]
+    if frames:
+        return frames
+    model, chunk = int(run["model_bytes"]), int(run["chunk_bytes"])
+    k = max(1, math.ceil(model / chunk))
+    frame, frame_left = divmod(int(run.get("frame_bytes", 0)), k)
+    return [size + frame + (1 if i < frame_left else 0) for i, size in
+            enumerate([chunk] * (k - 1) + [model - chunk * (k - 1)])]
