@@ -48,6 +48,7 @@ benchmark:
 	$(PY) benchmarks/bench_warmup.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_faults.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_hop.py
+	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_shaping.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_datapath.py --quick
 	$(PY) benchmarks/bench_train_concurrency.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_cluster.py

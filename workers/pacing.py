@@ -12,21 +12,35 @@ locals).
 `Pacer` paces one connection at its link's rate instead: segment i of what it sends goes out at
 ``start + (w_1 + ... + w_i) / rate``, w the segment's bytes on the wire (payload + `FRAME_OVERHEAD_BYTES`),
 ``start`` the later of when the frame was handed to the sender (``ready_at``, default now) and when
-the link finished the previous segment. Its last byte then
-arrives when a link of that rate would have delivered it, never earlier, whatever htb's burst; the
-htb class behind it still enforces the reservation (paced at its rate, a copy finds the bucket
-full and passes), and shares a link when several copies meet on it. A segment is never sent
-before its time; one due within `SLACK_S` of now goes with those due before it, so that a fast
-link is paced in batches of a fraction of a millisecond, not by a sleep per segment (at K = 32,
-0.2 ms of wall time is 6 us of the emulated network's: a twentieth of a frame at 100 Mbit/s).
+the link finished the previous segment. Its last byte then arrives when a link of that rate would
+have delivered it, never earlier, whatever htb's burst; the htb class behind it still enforces the
+reservation (paced at its rate, a copy finds the bucket full and passes), and shares a link when
+several copies meet on it. A segment is never sent before its time (with the lead below: before
+the link would start serializing it); one due within `SLACK_S` of now goes with those due before
+it, so that a fast link is paced in batches of a fraction of a millisecond, not by a sleep per
+segment (at K = 32, 0.2 ms of wall time is 6 us of the emulated network's: a twentieth of a frame
+at 100 Mbit/s).
 
 The schedule is the link's, not the sender thread's: a sleep that overran (the thread woke late on
 a busy host) delays the segments it held, not the ones after. A frame queued while the previous one
 was still being paced starts where the link left off, even if the thread reaches it later, and its
 segments already due go at once; htb's burst (6 ms of the rate) lets such a late segment catch up.
-Before, each frame started when the thread got to it, so every overrun sleep of a copy's frames
-added up: on paper.yaml's claim point at K = 64 (eight frames a copy) a relay's copy ended 2-3
-segment times late at a hop.
+Before, each frame started when the thread got to it, so the overruns of a copy's frames (eight
+at a 3 KB chunk size) added up at every hop.
+
+On a link whose htb classes hold one frame of burst (up to `LEAD_MAX_MBPS`: 100 Mbit/s links from
+K = 47 on, where small models are measured) a segment behind another in the same burst goes half
+its serialization time early (`LEAD_SHARE`), so that it already waits in the task's htb class when
+the link frees. Sent only once due, each segment found the class empty a moment before it came,
+and a backlogged background, which htb serves whenever a task's class is empty, took that gap: on
+paper.yaml's claim point at K = 64 the copies' links that carried background delivered a median
+0.92 of their rate, the others 0.97; with the lead 0.95 and 0.99, and the relay chains' share of a
+round fell from 2.6-3.2 % to 1.5-1.7 % (docs/fidelity.md, "Shaping"). A whole segment's lead
+kept the gaps closed too, but let a relay's segments pass early where htb's bucket had tokens to
+spare (mst's hops on small.yaml 0.03 ms, an eighth of a chunk, faster than the rate); half of it
+did not (+0.01 ms). The first segment after an idle gap still goes only once serialized (the
+bucket would let it through at once). Above `LEAD_MAX_MBPS` the bucket holds several frames,
+which a segment sent early would pass ahead of the rate.
 
 `rate_mbps` is the link's rate in wall time (under time dilation K, the emulated rate / K), in
 megabits of wire bytes per second, as the shaper counts them.
@@ -49,6 +63,14 @@ DEFAULT_MSS = 1448
 SLACK_S = 0.2e-3
 #: At most this many buffers go to one sendmsg (IOV_MAX is 1024 on Linux).
 MAX_IOV = 512
+#: Up to this rate (wall Mbit/s) the emulation's htb classes hold one frame of burst (1,600 bytes
+#: over 6 ms: `topologies.shaping.BURST_FLOOR_BYTES` / `BURST_WINDOW_S`, the same figure; a unit
+#: test checks it): a segment released while the one before it still crosses waits in its class
+#: for the link.
+LEAD_MAX_MBPS = 1600 * 8 / 6e-3 / 1e6
+#: How much of its own serialization time before its time a segment behind another goes where
+#: there is a lead (see the module docstring).
+LEAD_SHARE = 0.5
 
 
 class Pacer:
@@ -64,6 +86,9 @@ class Pacer:
         self.sleep = sleep
         #: When the link finishes the last segment sent so far (the clock's time).
         self.free_at = float("-inf")
+        #: Whether a segment behind another goes `LEAD_SHARE` of its serialization early
+        #: (`LEAD_MAX_MBPS`).
+        self.lead = rate_mbps <= LEAD_MAX_MBPS
 
     def segments(self, pieces: Sequence[Buffer], mss: int) -> list[list[memoryview]]:
         """`pieces` cut into segments of at most `mss` payload bytes, each a list of views."""
@@ -91,10 +116,13 @@ class Pacer:
         is free, whichever is later."""
         segs = self.segments(pieces, mss or segment_size(sock))
         due: list[float] = []
-        at = max(self.clock() if ready_at is None else ready_at, self.free_at)
-        for seg in segs:
-            at += (sum(v.nbytes for v in seg) + FRAME_OVERHEAD_BYTES) / self.bytes_per_s
-            due.append(at)
+        ready = self.clock() if ready_at is None else ready_at
+        at = max(ready, self.free_at)
+        behind = self.lead and ready <= self.free_at  # queued while the link still carried our last segment
+        for i, seg in enumerate(segs):
+            wire_s = (sum(v.nbytes for v in seg) + FRAME_OVERHEAD_BYTES) / self.bytes_per_s
+            at += wire_s
+            due.append(at - LEAD_SHARE * wire_s if self.lead and (i > 0 or behind) else at)
         self.free_at = at if segs else self.free_at
         total, i = 0, 0
         while i < len(segs):

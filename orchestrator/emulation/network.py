@@ -81,7 +81,7 @@ from orchestrator.emulation.kernel import (
     warn_no_delay,
 )
 from orchestrator.emulation.links import set_link
-from orchestrator.emulation.mininet_nodes import mininet_classes, rto_min_ms, tune_host
+from orchestrator.emulation.mininet_nodes import mininet_classes, tune_host
 from orchestrator.emulation.signals import ignore_signals, restore_signals, terminate_on_signals
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import Schedule
@@ -124,8 +124,6 @@ class EmulationInfo:
     #: The smallest receive buffer, bytes, of the packet sockets ovs-vswitchd reads this run's
     #: switch ports with (`ovs_socket`); None with the kernel datapath or when unknown.
     ovs_receive_buffer: int | None = None
-    #: The hosts' TCP minimum retransmission timeout, wall ms (`mininet_nodes.rto_min_ms`).
-    tcp_rto_min_ms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -306,7 +304,6 @@ class Emulation:
             links=len(self.plan.links),
             log_dir=str(self.log_dir),
             ovs_send_buffer=send_buffer,
-            tcp_rto_min_ms=rto_min_ms(self.plan.time_dilation),
         )
         if self.cluster is not None:
             names = [s.name for s in self.cluster.servers]
@@ -413,7 +410,7 @@ class Emulation:
         self.net.start()  # the controller answers already (`_start_controller`): no switch waits out a back-off
         self.net.staticArp()
         for h in self.net.hosts:
-            tune_host(h, segmentation_offload=datapath != TC, time_dilation=self.plan.time_dilation)
+            tune_host(h, segmentation_offload=datapath != TC)
             if self._far is not None:  # no frame larger than a tunnel carries
                 h.cmd("ip", "link", "set", "dev", h.intf().name, "mtu", str(self._far.inner_mtu))
 

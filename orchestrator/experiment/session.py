@@ -86,9 +86,6 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
         # the smallest receive buffer of the run's switch ports' packet sockets, bytes (same module)
         "ovs_receive_buffer": getattr(info, "ovs_receive_buffer", None),
         "bringup_s": round(getattr(info, "bringup_s", 0.0), 3),
-        # the hosts' TCP minimum retransmission timeout, wall ms: 10 ms of emulated time x K
-        # (orchestrator/emulation/mininet_nodes.py, rto_min_ms)
-        "tcp_rto_min_ms": getattr(info, "tcp_rto_min_ms", None),
         # what ovs-vswitchd's threads were raised to (orchestrator/emulation/datapath_priority.py)
         "datapath_priority": getattr(info, "datapath_priority", None),
         "backend": backend,
