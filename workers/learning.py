@@ -154,8 +154,11 @@ class Learner:
 
     def _warm_up(self) -> None:
         """One training step on a throw-away copy of the model, so that torch's one-time start-up
-        costs (kernels, optimizer) are paid before ``ready`` and not inside round 1's timings."""
-        _one_step(copy.deepcopy(self.model), self.data, lr=self.cfg.lr, batch_size=self.cfg.batch_size)
+        costs (kernels, optimizer) are paid before ``ready`` and not inside round 1's timings. A
+        node that holds no data never trains, so it skips the step (and its three transient copies
+        of the model: the throw-away one, its gradients and its momentum)."""
+        if self.train_idx is not None:
+            _one_step(copy.deepcopy(self.model), self.data, lr=self.cfg.lr, batch_size=self.cfg.batch_size)
         self.evaluate()
 
     @torch.no_grad()

@@ -3,19 +3,22 @@
 one of whose tasks cannot fit before anything starts).
 
 A site server is one process (`workers.site_server`) whose roles are threads, so a site needs the
-server's own memory once (`SERVER_BASE_BYTES`: torch and the project imported; on this 2-core host a
-loopback server reported 156 MB resident, a fresh interpreter with torch 222 MB, 146 MB of it anonymous) and, per role it hosts, a number of copies of the model's weights:
+server's own memory once (`SERVER_BASE_BYTES`: torch and the project imported; a loopback server
+holds 156 MB resident before any role, a fresh interpreter with torch 222 MB) and, per role it hosts,
+a number of copies of the model's weights. Each role holds the model, the template its frames are
+checked against and the model being received (three copies), and then, by role:
 
-- a local (`LOCAL_COPIES`): the global model it receives, its weights, their gradients, the momentum
-  buffers of its optimizer (`workers.sgd`), and the update it sends;
-- G (`GLOBAL_COPIES`): the global model, the aggregate it sums the updates into, the update being
-  received and the copy being sent;
-- a relay (`RELAY_COPIES`): the aggregate of its subtree's updates and one update being received (relays
-  stream the broadcast chunk by chunk: no copy per child).
+- a local (`LOCAL_COPIES`): its training's gradients and momentum, the update it sends, its
+  children's partial sums (float64: two copies) when it relays;
+- G (`GLOBAL_COPIES`): the aggregate it sums the updates into and the copy being sent;
+- a relay (`RELAY_COPIES`): its children's partial sums (float64) and the chunks in flight.
 
-The copies are the design's, not measured; a real run records every site server's peak (the servers'
-status replies, `site_peak_rss_mb` in its environment) against the model's size, which is what would
-calibrate them (docs/long-runs.md).
+The copies are measured, with a margin: `benchmarks/bench_site_memory.py` (real servers on
+loopback, the large model of 40 MB, a relay with three children, the same task eight times on the
+same servers; 2026-11-29) gave peaks above the server's own memory of 6.2-6.6 copies for G, 8.4-11.0
+for a local and 8.4-11.0 for the relay, creeping up by about 2 copies over the eight tasks as the
+heap fragments. Every run also records each site server's peak (its status replies,
+``site_peak_rss_mb`` in its environment) against the model's size (docs/long-runs.md).
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from collections.abc import Iterable, Mapping
 #: A site server's own memory before any role (resident set with torch and the project imported).
 SERVER_BASE_BYTES = 230 * 2**20
 #: Copies of the model's weights per role (see the module docstring).
-LOCAL_COPIES = 5
-GLOBAL_COPIES = 4
-RELAY_COPIES = 2
+LOCAL_COPIES = 12
+GLOBAL_COPIES = 8
+RELAY_COPIES = 12
 
 
 def site_need_bytes(roles: Iterable[str], model_bytes: int) -> int:

@@ -1,0 +1,52 @@
+"""Site servers' memory against the model's size, on loopback (no root, no Mininet).
+
+Real site servers (`tests/site_memory.py`) run the same task eight times, one after another: G, a relay
+with three children and three locals, the ``large`` model (about 40 MB), 2 rounds. Every server's
+resident set is sampled every 10 ms. Printed, per role: the peak above the server's own memory before
+any task, in copies of the model, against the copies admission counts for that role
+(`orchestrator.scheduling.memory`); and per server, what each task left behind, in copies::
+
+    python benchmarks/bench_site_memory.py [--hidden 3200] [--rounds 2] [--tasks 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.scheduling import memory as need
+from tests.site_memory import relay_tree, run_tasks
+
+COPIES = {"global": need.GLOBAL_COPIES, "local": need.LOCAL_COPIES, "relay": need.RELAY_COPIES}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hidden", type=int, default=3200, help="the large model's hidden width (3200: ~40 MB)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--tasks", type=int, default=8, help="tasks in a row on the same servers")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="netai-bench-memory-") as d:
+        base, model_bytes, tasks = run_tasks(Path(d), [relay_tree(i + 1) for i in range(args.tasks)], model="large",
+                                             model_args={"hidden": args.hidden}, rounds=args.rounds)
+    mb = 2**20
+    print(f"site memory (loopback, large model of {model_bytes / mb:.1f} MB, {args.rounds} rounds, {args.tasks} tasks; "
+          f"servers' own memory {min(base.values()) / mb:.0f}-{max(base.values()) / mb:.0f} MB, admission counts "
+          f"{need.SERVER_BASE_BYTES / mb:.0f} MB):")
+    for role, sites in (("global", ["G"]), ("relay (3 children)", ["R"]), ("local", ["A", "B", "C"])):
+        copies = [(t.peak_bytes[s] - base[s]) / model_bytes for t in tasks for s in sites]
+        counted = COPIES[role.split()[0]]
+        print(f"  {role}: peak above the server's own {min(copies):.1f}-{max(copies):.1f} copies of the model "
+              f"(admission counts {counted})")
+    for s in sorted(base):
+        left = " ".join(f"{(t.after_bytes[s] - base[s]) / model_bytes:.1f}" for t in tasks)
+        print(f"  {s}: left after each task {left} copies")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
