@@ -4,7 +4,9 @@
   (round start to the last local holding the model) and the upload (the last training's end to
   G holding the aggregate), each over S/B; store-and-forward would give about the tree's depth;
 - bound: NSFNET, 8 locals, a transfer-dominated model: round latency over the round's lower bound
-  (`orchestrator.scheduling.cost`), median per scheduler;
+  (`orchestrator.scheduling.cost`), median per scheduler, with the links at 25 and at 50 Mbit/s and
+  the host's CPU busy share over each run (at K = 1 a 2-core host does not keep up with 50: the
+  figure there is the host's; docs/measurements/index.md, "The data plane at K = 1");
 - stalls: NSFNET, 8 locals, spff and mst, background traffic on, many rounds of a small model:
   the largest round over the median round of its task;
 - isolation: a task's broadcast time with iperf3 saturating the links it uses, over the same
@@ -109,28 +111,40 @@ def pipelining(tmp: Path) -> None:
 BOUND_ROUNDS = 8
 
 
-def bound(tmp: Path) -> None:
+#: The bound runs' largest link rates, Mbit/s (``--bound-mbps``).
+BOUND_MBPS = (25.0, 50.0)
+
+
+def _busy_ticks() -> tuple[int, int]:
+    """(busy, all) CPU ticks of the host since boot (/proc/stat)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)
+
+
+def bound(tmp: Path, link_mbps: float) -> None:
     model = load("sndlib/nobel-us")
-    plan = EmulationPlan.from_model(model, max_link_mbps=50)
+    plan = EmulationPlan.from_model(model, max_link_mbps=link_mbps)
     args = {"hidden": 1200, "layers": 2}
     s_bytes = _model_bytes(args)
     with _emulation(plan, tmp / "servers") as emu:
         for name in ("spff", "mst", "steiner"):
             sched = _schedule(model, name, 8, 5, s_bytes)
+            busy0, all0 = _busy_ticks()
             res = _run(emu, model, sched, rounds=BOUND_ROUNDS, model_args=args, model_bytes=s_bytes,
-                       log_dir=tmp / f"b-{name}")
+                       log_dir=tmp / f"b-{name}-{link_mbps:g}")
+            busy1, all1 = _busy_ticks()
             fig = round_figures(model, sched, s_bytes, rate=emulated_rate(plan), propagation=False)
             lb = fig.lower_bound
             bounds = [round_bound(fig, sched, r) for r in res.rounds]
             ratios = [r.latency_s / b.lower_s for r, b in zip(res.rounds, bounds, strict=True)]
             alone = [r.latency_s / replace(b, joint_s=0.0).lower_s for r, b in zip(res.rounds, bounds, strict=True)]
             bc = [r.broadcast_all_s / lb.broadcast_s for r in res.rounds]
-            print(f"bound (NSFNET, 8 locals, {s_bytes / 1e6:.1f} MB at 50 Mbit/s): {name} latency / lower bound "
+            print(f"bound (NSFNET, 8 locals, {s_bytes / 1e6:.1f} MB at {link_mbps:g} Mbit/s): {name} latency / lower bound "
                   f"median {statistics.median(ratios):.2f} (range {min(ratios):.2f}-{max(ratios):.2f}; over the "
                   f"procedures' bounds alone "
                   f"{statistics.median(alone):.2f}), broadcast / its bound median {statistics.median(bc):.2f} "
-                  f"over {len(ratios)} rounds, {sum(b.joint_s > 0 for b in bounds)} with every local trained "
-                  f"(target <= 1.25)")
+                  f"over {len(ratios)} rounds, {sum(b.joint_s > 0 for b in bounds)} with every local trained, "
+                  f"host CPU busy {(busy1 - busy0) / max(1, all1 - all0):.0%} (target <= 1.25)")
 
 
 def stalls(tmp: Path, rounds: int) -> None:
@@ -199,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", choices=("pipelining", "bound", "stalls", "isolation"))
     parser.add_argument("--rounds-stall", type=int, default=250, help="rounds per scheduler in the stall run")
+    parser.add_argument("--bound-mbps", type=float, nargs="+", default=list(BOUND_MBPS),
+                        help="the bound runs' largest link rates, Mbit/s")
     parser.add_argument("--keep", type=Path, help="keep the agents' logs in this directory")
     args = parser.parse_args(argv)
     if os.geteuid() != 0:
@@ -206,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="netai-bench-dp-") as d:
         tmp = args.keep or Path(d)
-        for name, fn in (("pipelining", pipelining), ("bound", bound), ("isolation", isolation)):
+        def bounds(t: Path) -> None:
+            for mbps in args.bound_mbps:
+                bound(t, mbps)
+
+        for name, fn in (("pipelining", pipelining), ("bound", bounds), ("isolation", isolation)):
             if args.only in (None, name):
                 fn(tmp)
         if args.only in (None, "stalls"):

@@ -328,12 +328,6 @@ def frame_sizes(template: Mapping[str, torch.Tensor], max_chunk_bytes: int | Non
                                   chunks=len(layout)), chunk_view(template, c)).nbytes for c in layout)
 
 
-def frame_overhead_bytes(template: Mapping[str, torch.Tensor], max_chunk_bytes: int | None) -> int:
-    """The bytes one copy (`frame_sizes`) puts in its frames beyond the tensors' own."""
-    tensors = sum(t.numel() * t.element_size() for t in template.values())
-    return sum(frame_sizes(template, max_chunk_bytes)) - tensors
-
-
 class LazyFrame(Sequence[Buffer]):
     """One chunk frame whose digest is computed when its buffers are first read, once for every
     connection it goes to.

@@ -191,8 +191,9 @@ def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overr
     reasons = _time_reasons(hop, chunk, over, ratio, ci, len(bound_ratios))
     if chain_share is not None and chain_share > CHAIN_SHARE:
         reasons.append(f"relay chains: the instrument adds {chain_share:.1%} of a round's latency (mean) along its "
-                       f"deepest broadcast chain (allowed {CHAIN_SHARE:.0%}): the relays' software time, paid at "
-                       "every hop of a deep tree")
+                       f"deepest broadcast chain (allowed {CHAIN_SHARE:.0%}): what the host adds at each overlay "
+                       "hop (the sites' software time; beside background, the gaps between a copy's segments that "
+                       "the background takes), paid at every hop of a deep tree")
     if share is not None and not RATE_LOW <= share <= RATE_HIGH:
         reasons.append(f"shaped-link rate: saturated links delivered {share:.2f} of their configured rate (median of "
                        f"{len(link_rates)} link-rounds; allowed {RATE_LOW:g} to {RATE_HIGH:g})")

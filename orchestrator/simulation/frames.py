@@ -19,8 +19,8 @@ def chunk_sizes(run: dict[str, Any]) -> list[int]:
     """The bytes each chunk of a copy puts on a link, in the links' payload units: the copy's frames
     (``frame_sizes``) as they are or, with ``segment_mss``, each frame as its own TCP segments with
     their headers at the run's ``payload_share`` (a full segment then counts its payload, a short
-    last one more); without frames, the model in equal chunks of ``chunk_bytes`` plus an equal share
-    of ``frame_bytes``."""
+    last one more); without frames, the model in equal chunks of ``chunk_bytes`` (the spec's
+    ``frame_bytes`` is informational: `build_spec` gives it only with ``frame_sizes``)."""
     frames = [int(n) for n in run.get("frame_sizes") or ()]
     mss = int(run.get("segment_mss", 0))
     if frames and mss > 0:
@@ -30,6 +30,4 @@ def chunk_sizes(run: dict[str, Any]) -> list[int]:
         return frames
     model, chunk = int(run["model_bytes"]), int(run["chunk_bytes"])
     k = max(1, math.ceil(model / chunk))
-    frame, frame_left = divmod(int(run.get("frame_bytes", 0)), k)
-    return [size + frame + (1 if i < frame_left else 0) for i, size in
-            enumerate([chunk] * (k - 1) + [model - chunk * (k - 1)])]
+    return [chunk] * (k - 1) + [model - chunk * (k - 1)]

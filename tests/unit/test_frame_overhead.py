@@ -1,5 +1,6 @@
-"""The frame bytes a copy adds to its weights (`workers.framing.frame_overhead_bytes`), which the
-flow-level simulation adds to every copy: equal to what real chunk frames carry beyond the tensors."""
+"""The frames of a copy (`workers.framing.frame_sizes`), which the flow-level simulation sends over
+every link a copy crosses: what they add to the weights equals what real chunk frames carry beyond
+the tensors."""
 
 from __future__ import annotations
 
@@ -7,12 +8,17 @@ import pytest
 import torch
 
 from orchestrator.runtime.compute import model_sizes
-from workers.framing import Header, chunk_layout, chunk_view, encode_chunk, frame_overhead_bytes, frame_sizes
+from workers.framing import Header, chunk_layout, chunk_view, encode_chunk, frame_sizes
 
 
 def _template() -> dict[str, torch.Tensor]:
     return {"fc1.weight": torch.zeros(64, 784), "fc1.bias": torch.zeros(64), "fc2.weight": torch.zeros(10, 64),
             "fc2.bias": torch.zeros(10)}
+
+
+def frame_overhead_bytes(template: dict[str, torch.Tensor], chunk_bytes: int) -> int:
+    """The bytes one copy's `frame_sizes` put in its frames beyond the tensors' own."""
+    return sum(frame_sizes(template, chunk_bytes)) - sum(t.numel() * t.element_size() for t in template.values())
 
 
 def _real_frames(template: dict[str, torch.Tensor], chunk_bytes: int, kind: str, sender: str) -> int:

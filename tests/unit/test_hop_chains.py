@@ -58,8 +58,9 @@ def test_a_deep_chain_of_hops_each_within_its_allowance_can_flip_the_verdict(tmp
     assert v.faithful is faithful
     if not faithful:
         assert v.reasons == (f"relay chains: the instrument adds 15.0% of a round's latency (mean) along its deepest "
-                             f"broadcast chain (allowed {CHAIN_SHARE:.0%}): the relays' software time, paid at every "
-                             "hop of a deep tree",)
+                             f"broadcast chain (allowed {CHAIN_SHARE:.0%}): what the host adds at each overlay hop "
+                             "(the sites' software time; beside background, the gaps between a copy's segments that "
+                             "the background takes), paid at every hop of a deep tree",)
 
 
 def test_an_unknown_chain_share_is_no_reason() -> None:
