@@ -25,6 +25,7 @@ finite. Every rejection raises `FrameError` with a reason that the agent logs.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import struct
@@ -280,7 +281,9 @@ class ChunkSpec:
         return sum(p.nbytes for p in self.pieces)
 
 
+@functools.cache
 def _itemsize(dtype: torch.dtype) -> int:
+    """Bytes of one element of `dtype` (cached: a piece's size is read for every chunk received)."""
     return torch.empty((), dtype=dtype).element_size()
 
 

@@ -90,10 +90,12 @@ def check_memory(cfg: ExperimentConfig, model: NetworkModel, model_bytes: int) -
 
 def site_peaks(compute: Any, model_bytes: int) -> dict[str, Any]:
     """The environment's record of every site server's peak resident memory (its status replies) against
-    the model's size: ``site_peak_rss_mb`` {site: MB} and ``site_peak_per_model`` (the largest peak
-    over the model's bytes); empty when the servers reported none."""
+    the model's size: ``site_peak_rss_mb`` {site: MB}, ``site_peak_per_model`` (the largest peak over
+    the model's bytes) and ``site_peak_model_mb`` (the model's size, MB); empty when the servers
+    reported none."""
     peaks = dict(getattr(compute, "peak_rss", {}) or {})
     if not peaks:
         return {}
     return {"site_peak_rss_mb": {site: round(b / 2**20, 1) for site, b in sorted(peaks.items())},
-            "site_peak_per_model": round(max(peaks.values()) / max(model_bytes, 1), 1)}
+            "site_peak_per_model": round(max(peaks.values()) / max(model_bytes, 1), 1),
+            "site_peak_model_mb": round(model_bytes / 2**20, 2)}

@@ -12,7 +12,8 @@ with their intervals and the verdict of the points they rest on (`report_parts.c
 the main figure (`latency_vs_locals`); then the tables (summary, fidelity, time dilation, the paired
 ratios, outside the rounds, where the time went, the online section, faults and moves, local-model
 selection); every other figure of the run folder (`orchestrator.results.summary_figures.draw_figures`;
-one line why for each one not drawn); a simulated run's model; and last the environment, as a table
+one line why for each one not drawn); a simulated run's model; the site servers' peak memory against
+the model's size (`report_parts.memory_section`); and last the environment, as a table
 (`report_parts.environment_section`). Everything else is read from the database through
 `orchestrator.results.queries`.
 """
@@ -33,7 +34,13 @@ from orchestrator.results.dilation import dilation_lines, dilation_section, k_su
 from orchestrator.results.fidelity import OVERRUN_SHARE
 from orchestrator.results.figures import Figure
 from orchestrator.results.report_html import markdown_to_html
-from orchestrator.results.report_parts import claims_section, environment_section, fmt, validation_line
+from orchestrator.results.report_parts import (
+    claims_section,
+    environment_section,
+    fmt,
+    memory_section,
+    validation_line,
+)
 from orchestrator.results.stats import (
     fault_figures,
     max_overlap,
@@ -149,7 +156,7 @@ def write_report(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
     lines += _figures_section([f for f in figures if f is not main])
     if summary.engine == "simulation":
         lines += simulation_model(env)
-    lines += environment_section(env)
+    lines += memory_section(env) + environment_section(env)
     path = out_dir / "report.md"
     text = "\n".join(lines)
     with durability.written_whole(path) as part:

@@ -107,7 +107,25 @@ def environment_section(env: Mapping[str, Any]) -> list[str]:
         return text.replace("|", "\\|").replace("\n", " ")
 
     lines = ["", "## Environment", "", "| setting | value |", "| --- | --- |"]
-    return lines + [f"| {cell(k)} | {cell(v)} |" for k, v in environment_rows(env)] + [""]
+    shown = {k: v for k, v in env.items() if k not in ("site_peak_rss_mb", "site_peak_model_mb")}  # memory_section
+    return lines + [f"| {cell(k)} | {cell(v)} |" for k, v in environment_rows(shown)] + [""]
+
+
+def memory_section(env: Mapping[str, Any]) -> list[str]:
+    """Each site server's peak resident memory against the model's size (``site_peak_rss_mb``;
+    nothing when the run recorded none)."""
+    peaks, model_mb = env.get("site_peak_rss_mb"), env.get("site_peak_model_mb")
+    if not isinstance(peaks, Mapping) or not peaks:
+        return []
+    per = f"the model's {float(model_mb):g} MB" if model_mb else "the model's size"
+    lines = ["", "## Site servers' memory", "",
+             f"Each site server's peak resident memory over the run, its own included, against {per} "
+             "(what admission counts per role: docs/long-runs.md, \"A site's memory\").", ""]
+    lines += ["| site | peak MB | peak / model |", "| --- | --- | --- |"]
+    for site, mb in sorted(peaks.items()):
+        lines.append(f"| {site} | {float(mb):.1f} | {float(mb) / float(model_mb):.1f} |" if model_mb else
+                     f"| {site} | {float(mb):.1f} | - |")
+    return [*lines, ""]
 
 
 def validation_line(env: Mapping[str, Any]) -> str | None:

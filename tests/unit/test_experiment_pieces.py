@@ -182,6 +182,23 @@ def test_the_report_leads_with_the_claims_and_ends_with_the_environment(tmp_path
         < page.index("Environment</h2>")
 
 
+def test_the_report_gives_each_site_servers_peak_against_the_models_size(tmp_path: Path) -> None:
+    # Prepare: a run that recorded its site servers' peaks (orchestrator.experiment.runs.site_peaks)
+    db = ResultsDB(tmp_path / "results.db")
+    run_id = fill(db, {"site_peak_rss_mb": {"Gdansk": 640.0, "Warsaw": 453.7}, "site_peak_per_model": 16.0,
+                       "site_peak_model_mb": 40.0})
+
+    # Execute
+    report = write_report(db, run_id, tmp_path).read_text()
+
+    # Assert: a table of its own, before the environment, which does not repeat the peaks
+    memory_at, env_at = report.index("## Site servers' memory"), report.index("## Environment")
+    assert memory_at < env_at
+    assert "| Gdansk | 640.0 | 16.0 |" in report[memory_at:env_at]
+    assert "| Warsaw | 453.7 | 11.3 |" in report[memory_at:env_at]
+    assert "site_peak_rss_mb" not in report[env_at:] and "| site_peak_per_model | 16.0 |" in report[env_at:]
+
+
 def test_interrupted_run_keeps_finished_rounds(tmp_path: Path) -> None:
     path = tmp_path / "results.db"
     db = ResultsDB(path)
