@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.runtime.backends import LoopbackBackend
@@ -28,9 +28,10 @@ PERIOD_S = 0.01
 SETTLE_S = 0.5
 
 
-def relay_tree(task_id: int) -> Schedule:
-    """G broadcasts to relay R, which forwards to the locals A, B and C (and aggregates their updates)."""
-    parent = {"A": "R", "B": "R", "C": "R", "R": "G"}
+def relay_tree(task_id: int, children: int = 3) -> Schedule:
+    """G broadcasts to relay R, which forwards to the locals A, B and C (and aggregates their updates);
+    with `children` 1, R serves A only and G serves B and C."""
+    parent = {"A": "R", "B": "R", "C": "R", "R": "G"} if children == 3 else {"A": "R", "B": "G", "C": "G", "R": "G"}
     return Schedule(task_id=task_id, scheduler="hand", global_site="G", local_sites=("A", "B", "C"),
                     demand_mbps=1.0, broadcast_parent=parent, upload_parent=parent)
 
@@ -60,10 +61,20 @@ def _sample(pids: dict[str, int], peak: dict[str, int], done: threading.Event) -
         time.sleep(PERIOD_S)
 
 
+def paced(run: TaskExecution, mbps: float) -> None:
+    """Pace every copy of `run` at `mbps` (`workers.pacing`), as the emulation's links would carry it."""
+    for n, cfg in run.configs.items():
+        pace = {f"broadcast:{c.site}": mbps for c in cfg.broadcast_children}
+        if cfg.upload_parent is not None:
+            pace[f"upload:{cfg.upload_parent.site}"] = mbps
+        run.configs[n] = replace(cfg, pace_mbps=pace)
+
+
 def run_tasks(tmp: Path, schedules: Sequence[Schedule], *, model: str, model_args: dict[str, int], rounds: int,
-              timeout_s: float = 300.0) -> tuple[dict[str, int], int, list[TaskMemory]]:
+              pace_mbps: float | None = None, timeout_s: float = 300.0) -> tuple[dict[str, int], int, list[TaskMemory]]:
     """Run `schedules` one after another on loopback servers of `SITES`: (each server's resident set
-    before any task, the model's bytes, each task's `TaskMemory`)."""
+    before any task, the model's bytes, each task's `TaskMemory`). `pace_mbps`: every copy paced at
+    that rate (None: at loopback's speed)."""
     results: list[TaskMemory] = []
     model_bytes = 0
     with ComputeManager(LoopbackBackend(SITES, log_root=tmp / "servers", first_octet=180), SITES) as cm:
@@ -77,6 +88,8 @@ def run_tasks(tmp: Path, schedules: Sequence[Schedule], *, model: str, model_arg
             run = TaskExecution(schedule, manager=cm, options=FLOptions(rounds=rounds, model=model,
                                                                         model_args=model_args),
                                 log_dir=cm.task_dir(f"task{i + 1}"))
+            if pace_mbps is not None:
+                paced(run, pace_mbps)
             try:
                 run.start()
                 deadline = time.monotonic() + timeout_s

@@ -14,10 +14,13 @@ checked against and the model being received (three copies), and then, by role:
 - a relay (`RELAY_COPIES`): its children's partial sums (float64) and the chunks in flight.
 
 The copies are measured, with a margin: `benchmarks/bench_site_memory.py` (real servers on
-loopback, the large model of 40 MB, a relay with three children, the same task eight times on the
-same servers; 2026-11-29) gave peaks above the server's own memory of 6.2-6.6 copies for G, 8.4-11.0
-for a local and 8.4-11.0 for the relay, creeping up by about 2 copies over the eight tasks as the
-heap fragments. Every run also records each site server's peak (its status replies,
+loopback, the large model of 40 MB, the same task eight times on the same servers; 2026-11-29) gave
+peaks above the server's own memory of 8.4-11.0 copies for a local and 8.4-11.0 for a relay with
+three children, creeping up by about 2 copies over the eight tasks as the heap fragments, and
+(``--children 1``) 9.8-10.8 for G with three children. These are at loopback's speed, where the
+children's updates pile up in a node's queue faster than it folds them in; with every copy paced at
+200 Mbit/s (``--pace-mbps 200``) the relay with three children peaked at 5.8-7.1 copies and with
+one at 4.0: the difference is the children's float64 partial sums, not a copy per child. Every run also records each site server's peak (its status replies,
 ``site_peak_rss_mb`` in its environment) against the model's size (docs/long-runs.md).
 """
 
@@ -29,7 +32,7 @@ from collections.abc import Iterable, Mapping
 SERVER_BASE_BYTES = 230 * 2**20
 #: Copies of the model's weights per role (see the module docstring).
 LOCAL_COPIES = 12
-GLOBAL_COPIES = 8
+GLOBAL_COPIES = 12
 RELAY_COPIES = 12
 
 

@@ -104,7 +104,7 @@ def test_the_manager_reports_a_lost_server_with_its_memory(tmp_path: Path) -> No
 
 
 def test_admission_blocks_a_task_whose_site_lacks_the_memory(tmp_path: Path) -> None:
-    # Prepare: a model of 200 MB: G needs about 230 + 8 x 200 MB, more than 1024 MB
+    # Prepare: a model of 200 MB: G needs about 230 + 12 x 200 MB, more than 1024 MB
     rig = make_rig(tmp_path, model=small_ring())
     task = rig.task(1, ["r2", "r3"])
     big = type(task)(**{**task.__dict__, "model_bytes": 200 * MB})
@@ -114,7 +114,7 @@ def test_admission_blocks_a_task_whose_site_lacks_the_memory(tmp_path: Path) -> 
 
     # Assert
     assert live.status == st.BLOCKED
-    assert live.reason.startswith("site r1 has 1024 MB of memory; its server and global role(s) need about 1830 MB")
+    assert live.reason.startswith("site r1 has 1024 MB of memory; its server and global role(s) need about 2630 MB")
 
 
 def test_a_run_is_refused_before_it_starts_when_a_site_cannot_hold_a_task() -> None:
@@ -130,7 +130,7 @@ def test_a_sites_need_counts_its_server_once_and_each_role() -> None:
     roles = need.roles_by_site("a", ["a", "b"], ["a", "b", "c"])
 
     assert roles == {"a": ["global", "local"], "b": ["local"], "c": ["relay"]}
-    assert need.site_need_bytes(roles["a"], MB) == need.SERVER_BASE_BYTES + 20 * MB
+    assert need.site_need_bytes(roles["a"], MB) == need.SERVER_BASE_BYTES + 24 * MB
     assert need.site_need_bytes(roles["c"], MB) == need.SERVER_BASE_BYTES + 12 * MB
 
 
