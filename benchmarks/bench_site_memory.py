@@ -46,10 +46,11 @@ def main() -> int:
     pace = f"copies paced at {args.pace_mbps:g} Mbit/s" if args.pace_mbps else "copies at loopback's speed"
     print(f"  ({pace}; the relay has {args.children} child{'ren' if args.children > 1 else ''})")
     for role, sites in (("global", ["G"]), ("relay", ["R"]), ("local", ["A", "B", "C"])):
-        copies = [(t.peak_bytes[s] - base[s]) / model_bytes for t in tasks for s in sites]
-        counted = COPIES[role.split()[0]]
-        print(f"  {role}: peak above the server's own {min(copies):.1f}-{max(copies):.1f} copies of the model "
-              f"(admission counts {counted})")
+        above = [t.peak_bytes[s] - base[s] for t in tasks for s in sites]
+        copies = [a / model_bytes for a in above]
+        print(f"  {role}: peak above the server's own {min(copies):.1f}-{max(copies):.1f} copies of the model, "
+              f"{min(above) / mb:.0f}-{max(above) / mb:.0f} MB (admission counts {need.ROLE_BASE_BYTES / mb:.0f} MB "
+              f"and {COPIES[role]} copies)")
     for s in sorted(base):
         left = " ".join(f"{(t.after_bytes[s] - base[s]) / model_bytes:.1f}" for t in tasks)
         print(f"  {s}: left after each task {left} copies")

@@ -30,6 +30,10 @@ from collections.abc import Iterable, Mapping
 
 #: A site server's own memory before any role (resident set with torch and the project imported).
 SERVER_BASE_BYTES = 230 * 2**20
+#: A role's own memory beside its copies of the model: its buffers, threads and torch's (18-25 MB a role
+#: with a 6 KB model, `benchmarks/bench_site_memory.py --hidden 16`), and what a loaded host's queues
+#: hold (in a CI run a local of a 10.7 MB model peaked 232 MB above its server's own memory).
+ROLE_BASE_BYTES = 64 * 2**20
 #: Copies of the model's weights per role (see the module docstring).
 LOCAL_COPIES = 12
 GLOBAL_COPIES = 12
@@ -40,7 +44,7 @@ def site_need_bytes(roles: Iterable[str], model_bytes: int) -> int:
     """The memory a site needs for its server and `roles` (``global``, ``local``, ``relay``) of a task
     whose model has `model_bytes` of weights."""
     copies = {"global": GLOBAL_COPIES, "local": LOCAL_COPIES, "relay": RELAY_COPIES}
-    return SERVER_BASE_BYTES + sum(copies[r] for r in roles) * int(model_bytes)
+    return SERVER_BASE_BYTES + sum(ROLE_BASE_BYTES + copies[r] * int(model_bytes) for r in roles)
 
 
 def roles_by_site(global_site: str, local_sites: Iterable[str], overlay_nodes: Iterable[str]) -> dict[str, list[str]]:
