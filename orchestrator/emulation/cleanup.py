@@ -31,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.emulation.kernel import delete_stale_probes
+
 ENV_RUN = "NETAI_RUN"
 BRIDGE_TAG = "netai-run"
 DEFAULT_STATE_DIR = Path("/var/lib/netai/runs")
@@ -92,12 +94,7 @@ def marked_processes(run_ids: Iterable[str] | None = None) -> dict[int, str]:
     wanted = None if run_ids is None else set(run_ids)
     me = os.getpid()
     out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        if pid == me:
-            continue
+    for pid in (int(e.name) for e in Path("/proc").iterdir() if e.name.isdigit() and int(e.name) != me):
         rid = process_run_id(pid)
         if rid is not None and (wanted is None or rid in wanted):
             out[pid] = rid
@@ -437,6 +434,7 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
             log(f"removing the far run folder {folder}")
             shutil.rmtree(folder, ignore_errors=True)
             report.folders.append(str(folder))
+    report.interfaces += [f"netns {ns}" for ns in delete_stale_probes(NETNS_DIR)]  # a probe killed mid-way
     return report
 
 

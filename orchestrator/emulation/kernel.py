@@ -34,13 +34,31 @@ class KernelFeatures:
     netem: bool
 
 
+#: The probe's throwaway namespaces: ``netai-probe-<pid of the process that made it>``.
+PROBE_PREFIX = "netai-probe-"
+
+
+def delete_stale_probes(netns_dir: Path = Path("/run/netns")) -> list[str]:
+    """Delete the probe namespaces whose process is gone (one killed mid-probe cannot delete its own);
+    the names deleted."""
+    stale = []
+    for ns in sorted(p.name for p in netns_dir.glob(PROBE_PREFIX + "*")) if netns_dir.is_dir() else []:
+        pid = ns[len(PROBE_PREFIX):]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10, check=False)
+            stale.append(ns)
+    return stale
+
+
 def _netem_available() -> bool:
     """Try a netem qdisc on a veth inside a throwaway network namespace of this process's own
-    (``netai-probe-<pid>``), made, used and deleted with argument lists."""
-    ns = f"netai-probe-{os.getpid()}"
+    (``netai-probe-<pid>``), made, used and deleted with argument lists; first the namespaces of
+    probes whose process was killed are deleted."""
+    ns = f"{PROBE_PREFIX}{os.getpid()}"
     steps = (["ip", "-n", ns, "link", "add", "netai-p0", "type", "veth", "peer", "name", "netai-p1"],
              ["tc", "-n", ns, "qdisc", "add", "dev", "netai-p0", "root", "netem", "delay", "1ms"])
     try:
+        delete_stale_probes()
         if subprocess.run(["ip", "netns", "add", ns], capture_output=True, timeout=10, check=False).returncode:
             return False
         try:

@@ -109,6 +109,11 @@ def test_netai_clean_removes_a_crashed_run_and_nothing_else() -> None:
     subprocess.run(["ovs-vsctl", "--may-exist", "add-br", "foreignbr0", "--", "set", "bridge", "foreignbr0",
                     "datapath_type=netdev"], check=True)
     subprocess.run(["ip", "link", "add", "foreign-v0", "type", "veth", "peer", "name", "foreign-v1"], check=True)
+    subprocess.run(["ip", "netns", "add", "foreign-ns0"], check=True)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    probe = f"netai-probe-{gone.pid}"  # a kernel probe's namespace, its process killed mid-probe
+    subprocess.run(["ip", "netns", "add", probe], check=True)
     try:
         proc, up = start_child("triangle")
         os.kill(proc.pid, signal.SIGKILL)
@@ -125,9 +130,12 @@ def test_netai_clean_removes_a_crashed_run_and_nothing_else() -> None:
         assert not process_alive(up["controller_pid"])
         assert "foreignbr0" in subprocess.run(["ovs-vsctl", "list-br"], capture_output=True, text=True).stdout
         assert Path("/sys/class/net/foreign-v0").exists()
+        assert not Path("/run/netns", probe).exists() and Path("/run/netns/foreign-ns0").exists()
     finally:
         subprocess.run(["ovs-vsctl", "--if-exists", "del-br", "foreignbr0"], check=False)
         subprocess.run(["ip", "link", "del", "foreign-v0"], check=False, capture_output=True)
+        for ns in ("foreign-ns0", probe):
+            subprocess.run(["ip", "netns", "del", ns], check=False, capture_output=True)
 
 
 def test_a_new_run_clears_a_crashed_run_s_interfaces_but_not_another_program_s(

@@ -111,6 +111,7 @@ def _fake_system(monkeypatch: pytest.MonkeyPatch, *, marks: dict[str, str], atta
     monkeypatch.setattr(cleanup, "underlay_runs", list)
     monkeypatch.setattr(cleanup, "delete_underlay", lambda rid: False)
     monkeypatch.setattr(cleanup, "labelled_containers", dict)
+    monkeypatch.setattr(cleanup, "delete_stale_probes", lambda netns_dir: ["netai-probe-4545"])
     return deleted
 
 
@@ -163,6 +164,25 @@ def test_clean_removes_the_far_run_folders_of_runs_not_live_here(tmp_path: Path,
     report = cleanup.clean()
 
     assert report.folders == [str(runs / "lost-run")] and not report.nothing
+    assert report.interfaces == ["netns netai-probe-4545"]  # a kernel probe's namespace whose process is gone
     assert sorted(p.name for p in runs.iterdir()) == ["live-run"]
     assert (tmp_path / ".netai" / "deploy").is_dir()
     assert cleanup.far_run_folders(tmp_path / "elsewhere") == {}
+
+
+def test_a_kernel_probes_namespace_is_deleted_once_its_process_is_gone(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.emulation import kernel
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    for name in (f"netai-probe-{dead.pid}", f"netai-probe-{os.getpid()}", "netai-probe-x", "netai-ul-run1"):
+        (tmp_path / name).touch()
+    ran: list[list[str]] = []
+    monkeypatch.setattr(kernel.subprocess, "run", lambda argv, **_: ran.append(argv))
+
+    gone = kernel.delete_stale_probes(tmp_path)
+
+    assert gone == [f"netai-probe-{dead.pid}"]  # not a live process's, nor a name that is not a probe's
+    assert ran == [["ip", "netns", "del", f"netai-probe-{dead.pid}"]]
+    assert kernel.delete_stale_probes(tmp_path / "missing") == []
