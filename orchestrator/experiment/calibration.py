@@ -88,6 +88,10 @@ class Calibration:
     trials: tuple[Trial, ...]
     #: When this host chose K for the same workload, if K was reused without trials (`k_store`).
     reused_from: str = ""
+    #: The K the trials started from (`search`'s `floor`: the K of a point of the run with fewer
+    #: locals), and that point's number of locals (0: they started at K = 1).
+    floor: float = 1.0
+    floor_locals: int = 0
 
     @property
     def wall_s(self) -> float:
@@ -96,7 +100,8 @@ class Calibration:
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "faithful": self.faithful, "cap": self.cap, "wall_s": round(self.wall_s, 3),
-                "trials": [t.to_dict() for t in self.trials]} | ({"reused_from": self.reused_from} if self.reused_from else {})
+                "trials": [t.to_dict() for t in self.trials]} | ({"reused_from": self.reused_from} if self.reused_from else {}) \
+            | ({"floor": self.floor, "floor_locals": self.floor_locals} if self.floor_locals else {})
 
 
 def ladder(cap: float) -> tuple[float, ...]:
@@ -126,23 +131,37 @@ def step_up(k: float) -> float:
     return math.ceil(k / step - 1e-9) * step
 
 
-def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], None]) -> Calibration:
+def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], None],
+           floor: float = 1.0, floor_locals: int = 0) -> Calibration:
     """The smallest faithful K that the trials (`try_k`) find, else the cap. They climb `ladder(cap)`;
     a K below the compute bound of a trial before it (`Trial.compute_bound`) is skipped, not tried,
     and the next K tried is then the bound rounded up to a quarter octave (`step_up`), so a K the
     compute bound sets is within a quarter of it rather than up to twice.
 
+    With `floor` above 1 (the K chosen for the run's point at `floor_locals` locals, fewer than this
+    one's) the trials start there, not at 1: a point with more locals trains more at once over deeper
+    trees, so it does not need less (`orchestrator.experiment.point_runs`).
+
     `say` gets one line per K tried (K, faithful or what was violated, the trial's wall time), one per
     K skipped, and one for the choice, for the console and the log."""
     trials: list[Trial] = []
-    bound, k = 1.0, 1.0
+    floor = min(max(1.0, floor), float(cap)) if floor_locals else 1.0
+    bound, k = 1.0, floor
+    if floor > 1:
+        say(f"time dilation auto: trials start at K={floor:g}, the K of this run's point at {floor_locals} locals "
+            f"(a point with more locals needs no less)")
+
+    def made(k: float, faithful: bool) -> Calibration:
+        return Calibration(k=k, faithful=faithful, cap=cap, trials=tuple(trials), floor=floor,
+                           floor_locals=floor_locals if floor > 1 else 0)
+
     while True:
         trial = try_k(k)
         trials.append(trial)
         word = "faithful" if trial.faithful else "NOT faithful: " + "; ".join(trial.reasons)
         say(f"time dilation auto: K={k:g} {word} (trial {trial.wall_s:.0f} s)")
         if trial.faithful:
-            cal = Calibration(k=k, faithful=True, cap=cap, trials=tuple(trials))
+            cal = made(k, True)
             say(f"time dilation auto: K={k:g} chosen (the calibration took {cal.wall_s:.0f} s)")
             return cal
         if k >= cap:
@@ -153,7 +172,7 @@ def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], 
             say(f"time dilation auto: K={skipped:g} skipped: training needs K >= {bound:.1f} (the compute bound "
                 f"from K={trial.k:g}'s trial)")
         k = higher[0] if higher[0] >= bound else min(float(cap), max(higher[0], step_up(bound)))
-    cal = Calibration(k=float(cap), faithful=False, cap=cap, trials=tuple(trials))
+    cal = made(float(cap), False)
     say(f"warning: time dilation auto: no K up to {cap:g} was faithful; the run goes on at K={cap:g} and its "
         f"verdict says what is violated (the calibration took {cal.wall_s:.0f} s)")
     return cal

@@ -93,16 +93,16 @@ def forget(key: str, path: Path | None = None) -> bool:
 
 
 def search_or_reuse(key: str, trial: Callable[[float], Trial], cap: float, *, say: Callable[[str], None],
-                    path: Path | None = None) -> Calibration:
-    """This host's K for the workload `key` if one is stored (no trials), else `search` (storing a
-    faithful choice)."""
+                    path: Path | None = None, floor: float = 1.0, floor_locals: int = 0) -> Calibration:
+    """This host's K for the workload `key` if one is stored (no trials), else `search` from `floor`
+    (storing a faithful choice)."""
     stored = None if os.environ.get(ENV_RECALIBRATE) else find(key, path)
     if stored is not None and float(stored["k"]) <= cap:
         k = float(stored["k"])
         say(f"time dilation auto: K={k:g}, as this host chose for the same workload on {stored['date']} "
             f"(no trials; --recalibrate runs them again)")
         return Calibration(k=k, faithful=True, cap=cap, trials=(), reused_from=str(stored["date"]))
-    cal = search(trial, cap, say=say)
+    cal = search(trial, cap, say=say, floor=floor, floor_locals=floor_locals)
     if cal.faithful:
         save(key, cal.k, path)
     return cal

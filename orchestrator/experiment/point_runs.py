@@ -8,7 +8,8 @@ K for the same workload shape is reused (`k_store`: its key holds the number of 
 ``time_dilation: {1: 2, 8: 16}`` the config gives them.
 
 The points run one after another, in the config's order of locals, each calibrated (if it is to
-be) and then run as one session (`orchestrator.experiment.session`) into the one run and results
+be; its trials start at the largest K of the points before it with fewer locals, `_floor`, since
+a point with more locals trains more at once over deeper trees) and then run as one session (`orchestrator.experiment.session`) into the one run and results
 database. Each session's run clock goes on from where the last one stopped, so the records' times
 never overlap (the dashboard's replay, the time in rounds). The run's environment records, as each
 point goes (so that a resume keeps them): ``time_dilation_per_point`` {locals: K},
@@ -85,7 +86,14 @@ class _Totals:
                 "time_dilation_calibration_per_point": dict(self.calibrations)}
 
 
-def run_points(cfg: ExperimentConfig, *, calibrate: Callable[[ExperimentConfig], Calibration],
+def _floor(ks: Mapping[str, float], n_locals: int) -> tuple[float, int]:
+    """Where a point's trials start: the largest K of the run's points with fewer locals, and that
+    point's locals ((1.0, 0): no such point)."""
+    below = [(k, int(n)) for n, k in ks.items() if int(n) < n_locals]
+    return max(below, default=(1.0, 0))
+
+
+def run_points(cfg: ExperimentConfig, *, calibrate: Callable[[ExperimentConfig, float, int], Calibration],
                session: Callable[[ExperimentConfig, float, float], Any], record: Callable[..., None],
                recorded: Mapping[str, Any], kept: Callable[[ExperimentConfig], bool] | None = None,
                ) -> tuple[dict[str, int], str]:
@@ -94,7 +102,8 @@ def run_points(cfg: ExperimentConfig, *, calibrate: Callable[[ExperimentConfig],
     Parameters
     ----------
     calibrate
-        A point's calibration (its config, ``time_dilation: auto``): its trials, or this host's K.
+        A point's calibration (its config, ``time_dilation: auto``; the K its trials start from and the
+        locals of the point that K is from): its trials, or this host's K.
     session
         Runs a point's config at K with the run clock starting at the given emulated seconds; returns
         its `orchestrator.experiment.session.SessionEnd`.
@@ -119,7 +128,7 @@ def run_points(cfg: ExperimentConfig, *, calibrate: Callable[[ExperimentConfig],
         t0, key = time.monotonic(), str(point.n_locals)
         k = point.cfg.emulation.time_dilation
         if point.cfg.emulation.time_dilation_auto:
-            cal = calibrate(point.cfg)
+            cal = calibrate(point.cfg, *_floor(totals.ks, point.n_locals))
             k, totals.calibrations[key] = cal.k, cal.to_dict()
         totals.ks[key] = k
         record(**totals.dilation())

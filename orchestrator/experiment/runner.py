@@ -224,8 +224,9 @@ def _points(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan) -> tu
 
     again = shared.again
     return run_points(
-        cfg, calibrate=lambda point: _calibrate(point, shared.run_dir / "calibration" / f"{point.locals[0]}-locals",
-                                                plan, shared),
+        cfg, calibrate=lambda point, floor, floor_locals: _calibrate(
+            point, shared.run_dir / "calibration" / f"{point.locals[0]}-locals", plan, shared,
+            floor=floor, floor_locals=floor_locals),
         session=session, record=lambda **items: db.update_environment(run_id, **items),
         recorded=db.run(run_id)["environment"] if again is not None else {},
         kept=None if again is None else lambda point: point_kept(point, shared.model, shared.model_bytes, again))
@@ -302,9 +303,11 @@ def _record_plan(db: ResultsDB, run_id: int, model: Any, plan: EmulationPlan) ->
     return plan
 
 
-def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, shared: RunShared) -> Calibration:
+def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, shared: RunShared, *,
+               floor: float = 1.0, floor_locals: int = 0) -> Calibration:
     """``time_dilation: auto``: the K the run (or a point of it, `cfg` then holding its locals alone)
-    uses, from trials of its own workload at K = 1, 2, 4, ... (`orchestrator.experiment.calibration`),
+    uses, from trials of its own workload at K = 1, 2, 4, ... (`orchestrator.experiment.calibration`;
+    from `floor`, a point of the run with fewer locals' K, for a point),
     each a short run of its own (results without figures in `out_root`) on `plan` dilated by K; one line
     per K on the console and in the log."""
     def say(line: str) -> None:
@@ -320,7 +323,8 @@ def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, share
     trial_cfg = calibration_config(cfg, 1)
     say(f"time dilation auto: calibrating on 1 task of {trial_cfg.locals[0]} locals, {trial_cfg.task.rounds} "
         f"rounds, under {', '.join(cfg.schedulers)}, K up to {cfg.emulation.max_time_dilation:g}")
-    return search_or_reuse(workload_key(cfg, shared.backend_kind), trial, cfg.emulation.max_time_dilation, say=say)
+    return search_or_reuse(workload_key(cfg, shared.backend_kind), trial, cfg.emulation.max_time_dilation, say=say,
+                           floor=floor, floor_locals=floor_locals)
 
 
 def trimmed(cfg: ExperimentConfig, *, locals_: tuple[int, ...], tasks_per_point: int, rounds: int) -> ExperimentConfig:

@@ -47,8 +47,10 @@ def _how(env: Mapping[str, Any], cal: Mapping[str, Any] | None) -> str:
                 if env.get("time_dilation_from") else "set in the config")
     if cal.get("reused_from"):
         return f"reused: this host chose it for the same workload on {cal['reused_from']}, no trials"
+    start = (f" from K={cal['floor']:g} (the K of the run's point at {cal['floor_locals']} locals)"
+             if cal.get("floor_locals") else "")
     if cal["faithful"]:
-        return f"chosen by calibration, the smallest faithful K of those tried up to {cal['cap']:g}"
+        return f"chosen by calibration, the smallest faithful K of those tried{start} up to {cal['cap']:g}"
     return f"NO K up to the calibration's cap {cal['cap']:g} was faithful: the run used the cap"
 
 

@@ -112,6 +112,24 @@ def test_search_skips_what_the_compute_bound_rules_out() -> None:
     assert Trial(k=2, faithful=True, reasons=(), wall_s=1, training_use=0.5).compute_bound() == 2
 
 
+def test_a_points_trials_start_at_the_k_of_a_point_with_fewer_locals_and_the_report_says_so() -> None:
+    tried: list[float] = []
+    said: list[str] = []
+
+    cal = search(_trials_faithful_from(20, tried), 64, say=said.append, floor=16, floor_locals=4)
+    above_cap = search(_trials_faithful_from(1, []), 8, say=[].append, floor=16, floor_locals=4)
+
+    assert tried == [16, 32]  # from the floor, then up the ladder
+    assert cal.k == 32 and cal.floor == 16 and cal.floor_locals == 4
+    assert said[0] == ("time dilation auto: trials start at K=16, the K of this run's point at 4 locals "
+                       "(a point with more locals needs no less)")
+    assert above_cap.k == 8 and [t.k for t in above_cap.trials] == [8]  # never beyond the cap
+    env = {"time_dilation": 32.0, "time_dilation_calibration": cal.to_dict()}
+    assert dilation_lines(env)[0].startswith("time dilation K=32 (chosen by calibration, the smallest faithful K of "
+                                             "those tried from K=16 (the K of the run's point at 4 locals) up to 64)")
+    assert "floor" not in search(_trials_faithful_from(1, []), 8, say=[].append).to_dict()
+
+
 def test_search_with_no_faithful_k_runs_at_the_cap_and_warns() -> None:
     tried: list[float] = []
     said: list[str] = []

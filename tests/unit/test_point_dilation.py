@@ -118,12 +118,14 @@ class _Fakes:
     def __init__(self, ks: dict[int, float] | None = None, lost_at: int | None = None) -> None:
         self.ks = ks or {1: 2.0, 4: 16.0}
         self.calibrated: list[tuple[int, ...]] = []
+        self.floors: list[tuple[float, int]] = []
         self.sessions: list[tuple[tuple[int, ...], float, float, bool]] = []
         self.env: dict[str, Any] = {}
         self.lost_at = lost_at
 
-    def calibrate(self, cfg: Any) -> Calibration:
+    def calibrate(self, cfg: Any, floor: float, floor_locals: int) -> Calibration:
         self.calibrated.append(cfg.locals)
+        self.floors.append((floor, floor_locals))
         k = self.ks[cfg.locals[0]]
         return Calibration(k=k, faithful=True, cap=64, trials=(Trial(k=k, faithful=True, reasons=(), wall_s=3.0),))
 
@@ -145,6 +147,7 @@ def test_the_points_run_in_turn_each_at_its_own_k_with_the_clock_going_on() -> N
     outcomes, lost = run_points(cfg, calibrate=fakes.calibrate, session=fakes.session, record=fakes.record, recorded={})
 
     assert fakes.calibrated == [(1,), (4,)]  # each point's trials hold that point alone
+    assert fakes.floors == [(1.0, 0), (2.0, 1)]  # 4 locals' trials start at 1 local's K
     assert fakes.sessions == [((1,), 2.0, 0.0, False), ((4,), 16.0, 0.5, False)]
     assert outcomes == {"done": 8, "failed": 0, "blocked": 0} and lost == ""
     env = fakes.env
@@ -154,6 +157,17 @@ def test_the_points_run_in_turn_each_at_its_own_k_with_the_clock_going_on() -> N
     assert walls["4"]["k"] == 16.0 and walls["4"]["tasks_s"] == 8.0 and walls["4"]["emulated_s"] == 0.5
     assert walls["1"]["bringup_s"] == 1.5 and walls["1"]["wall_s"] >= walls["1"]["calibration_s"] >= 0
     assert env["wall_s"] == 9.0 and env["link_samples"] == 6 and env["cpu_s_switches"] == 2.0
+
+
+def test_a_points_trials_start_at_the_largest_k_of_the_points_with_fewer_locals() -> None:
+    fakes = _Fakes(ks={2: 8.0, 1: 2.0, 6: 32.0, 4: 16.0})
+    cfg = _cfg({"time_dilation": "auto", "per_point": True}, locals=[2, 1, 6, 4])
+
+    run_points(cfg, calibrate=fakes.calibrate, session=fakes.session, record=fakes.record, recorded={})
+
+    # in the config's order: 1 local starts at 1 (2 locals has more); 4 locals after 6 starts at 2 locals' K
+    assert fakes.calibrated == [(2,), (1,), (6,), (4,)]
+    assert fakes.floors == [(1.0, 0), (1.0, 0), (8.0, 2), (8.0, 2)]
 
 
 def test_a_mapping_runs_each_point_at_its_k_without_trials_and_a_lost_machine_ends_the_run() -> None:
@@ -204,10 +218,10 @@ def test_the_runner_dilates_and_records_each_points_plan_and_calibrates_it_in_it
     cfg = _cfg({"time_dilation": "auto", "per_point": True})
     model = cfg.network()
     plan = EmulationPlan.from_model(model)
-    calibrated: list[tuple[tuple[int, ...], Path]] = []
+    calibrated: list[tuple[tuple[int, ...], Path, float]] = []
     ran: list[tuple[float, float]] = []
-    monkeypatch.setattr(runner, "_calibrate", lambda point, out, plan_, shared: calibrated.append(
-        (point.locals, out)) or Calibration(k=4.0 * point.locals[0], faithful=True, cap=64, trials=()))
+    monkeypatch.setattr(runner, "_calibrate", lambda point, out, plan_, shared, floor, floor_locals: calibrated.append(
+        (point.locals, out, floor)) or Calibration(k=4.0 * point.locals[0], faithful=True, cap=64, trials=()))
 
     def session(shared: Any, point: Any, dilated: EmulationPlan, *, clock_start_s: float) -> SessionEnd:
         with ResultsDB(shared.db.path) as db:
@@ -225,7 +239,8 @@ def test_the_runner_dilates_and_records_each_points_plan_and_calibrates_it_in_it
         outcomes, _ = runner._points(shared, cfg, plan)
         env = db.run(run_id)["environment"]
 
-    assert calibrated == [((1,), tmp_path / "calibration" / "1-locals"), ((4,), tmp_path / "calibration" / "4-locals")]
+    assert calibrated == [((1,), tmp_path / "calibration" / "1-locals", 1.0),
+                          ((4,), tmp_path / "calibration" / "4-locals", 4.0)]  # from 1 local's K
     assert ran == [(4.0, 4.0), (16.0, 16.0)]  # each point's plan dilated once, by its K, and recorded
     assert env["time_dilation_per_point"] == {"1": 4.0, "4": 16.0} and outcomes["done"] == 2
 
