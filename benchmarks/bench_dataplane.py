@@ -34,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.emulation.background import wait_listening  # noqa: E402
+from orchestrator.emulation.cpu_use import host_busy  # noqa: E402
 from orchestrator.emulation.network import Emulation  # noqa: E402
 from orchestrator.lifecycle.recorder import round_bound  # noqa: E402
 from orchestrator.runtime.backends import open_compute  # noqa: E402
@@ -116,9 +117,11 @@ BOUND_MBPS = (25.0, 50.0)
 
 
 def _busy_ticks() -> tuple[int, int]:
-    """(busy, all) CPU ticks of the host since boot (/proc/stat)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:8]]
-    return sum(fields) - fields[3] - fields[4], sum(fields)
+    """(busy, all) CPU ticks of the host since boot."""
+    ticks = host_busy()
+    if ticks is None:
+        raise SystemExit("bench_dataplane: cannot read the host's CPU ticks (/proc/stat)")
+    return ticks
 
 
 def bound(tmp: Path, link_mbps: float) -> None:

@@ -2,7 +2,7 @@
 servers run tasks one after another while every server's resident set is sampled, so each task gives
 each site's peak beside the roles it hosted there, and each server's memory once the task is over.
 
-Shared by `tests/unit/test_site_memory_real.py` (the admission's bound holds, nothing accumulates) and
+Shared by `tests/unit/test_site_memory.py` (the admission's bound holds, nothing accumulates) and
 `benchmarks/bench_site_memory.py` (the figures, in copies of the model).
 """
 
@@ -28,12 +28,17 @@ PERIOD_S = 0.01
 SETTLE_S = 0.5
 
 
+def hand_schedule(task_id: int, g: str, locals_: tuple[str, ...], parent: dict[str, str]) -> Schedule:
+    """A task scheduled by hand: G `g`, the locals, and each node's parent in both trees."""
+    return Schedule(task_id=task_id, scheduler="hand", global_site=g, local_sites=locals_, demand_mbps=1.0,
+                    broadcast_parent=parent, upload_parent=parent)
+
+
 def relay_tree(task_id: int, children: int = 3) -> Schedule:
     """G broadcasts to relay R, which forwards to the locals A, B and C (and aggregates their updates);
     with `children` 1, R serves A only and G serves B and C."""
     parent = {"A": "R", "B": "R", "C": "R", "R": "G"} if children == 3 else {"A": "R", "B": "G", "C": "G", "R": "G"}
-    return Schedule(task_id=task_id, scheduler="hand", global_site="G", local_sites=("A", "B", "C"),
-                    demand_mbps=1.0, broadcast_parent=parent, upload_parent=parent)
+    return hand_schedule(task_id, "G", ("A", "B", "C"), parent)
 
 
 @dataclass(frozen=True)

@@ -45,14 +45,28 @@ def proc_stat(pid: int, proc: Path = Path("/proc")) -> tuple[str, int, int] | No
     return comm, int(rest[11]) + int(rest[12]), int(rest[19])
 
 
-def host_ticks(proc: Path = Path("/proc")) -> tuple[int, int] | None:
-    """(busy, softirq) ticks of all CPUs since boot, from /proc/stat."""
+def _cpu_line(proc: Path) -> list[int] | None:
+    """The all-CPUs line of /proc/stat, in ticks: user, nice, system, idle, iowait, irq, softirq, steal, ..."""
     try:
-        fields = [int(x) for x in (proc / "stat").read_text().splitlines()[0].split()[1:]]
+        return [int(x) for x in (proc / "stat").read_text().splitlines()[0].split()[1:]]
     except (OSError, ValueError, IndexError):
         return None
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return sum(fields[:8]) - idle, fields[6]
+
+
+def _busy(fields: list[int]) -> int:
+    return sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)
+
+
+def host_ticks(proc: Path = Path("/proc")) -> tuple[int, int] | None:
+    """(busy, softirq) ticks of all CPUs since boot, from /proc/stat."""
+    fields = _cpu_line(proc)
+    return None if fields is None else (_busy(fields), fields[6])
+
+
+def host_busy(proc: Path = Path("/proc")) -> tuple[int, int] | None:
+    """(busy, all) ticks of all CPUs since boot, from /proc/stat: busy / all is the host's CPU use."""
+    fields = _cpu_line(proc)
+    return None if fields is None else (_busy(fields), sum(fields[:8]))
 
 
 def classify(comm: str, cmdline: str) -> str | None:

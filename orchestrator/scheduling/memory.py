@@ -20,8 +20,10 @@ three children, creeping up by about 2 copies over the eight tasks as the heap f
 (``--children 1``) 9.8-10.8 for G with three children. These are at loopback's speed, where the
 children's updates pile up in a node's queue faster than it folds them in; with every copy paced at
 200 Mbit/s (``--pace-mbps 200``) the relay with three children peaked at 5.8-7.1 copies and with
-one at 4.0: the difference is the children's float64 partial sums, not a copy per child. Every run also records each site server's peak (its status replies,
-``site_peak_rss_mb`` in its environment) against the model's size (docs/long-runs.md).
+one at 4.0: the difference is the children's float64 partial sums, not a copy per child.
+
+Every run also records each site server's peak (its status replies, ``site_peak_rss_mb`` in its
+environment) against the model's size (docs/long-runs.md).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator.emulation.cpu_use import CLK_TCK, CpuAccount, classify
+from orchestrator.emulation.cpu_use import CLK_TCK, CpuAccount, classify, host_busy, host_ticks
 
 BOOT_TICKS = 100_000
 
@@ -58,3 +58,12 @@ def test_what_each_command_is() -> None:
     assert classify("tc", "tc -batch -") == "controller"
     assert classify("python3", "/venv/bin/python /venv/bin/osken-manager controller.app") == "controller"
     assert classify("sshd", "sshd: root") is None
+
+
+def test_the_hosts_busy_share_counts_every_cpu_state_but_idle_and_iowait(tmp_path: Path) -> None:
+    # user nice system idle iowait irq softirq steal guest guest_nice (guest time is inside user's)
+    (tmp_path / "stat").write_text("cpu  100 10 50 700 40 5 20 3 99 99\ncpu0 1 1 1 1 1 1 1 1 0 0\n")
+
+    assert host_busy(tmp_path) == (188, 928)
+    assert host_ticks(tmp_path) == (188, 20)
+    assert host_busy(tmp_path / "missing") is None

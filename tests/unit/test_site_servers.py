@@ -24,6 +24,7 @@ from orchestrator.runtime.compute import ComputeManager, check_model
 from orchestrator.runtime.summaries import read_events
 from orchestrator.runtime.task_runner import FLOptions, TaskExecution, run_task
 from orchestrator.scheduling.schedule import Schedule
+from tests.site_memory import hand_schedule
 from workers.config import AgentConfig, Peer, file_stem
 from workers.control import (
     MAX_MESSAGE_BYTES,
@@ -212,8 +213,7 @@ def _sched(task_id: int, g: str, locals_: tuple[str, ...], relay: str | None = N
     parent = {loc: (relay or g) for loc in locals_}
     if relay is not None and relay not in locals_:
         parent[relay] = g
-    return Schedule(task_id=task_id, scheduler="hand", global_site=g, local_sites=locals_, demand_mbps=1.0,
-                    broadcast_parent=parent, upload_parent=parent)
+    return hand_schedule(task_id, g, locals_, parent)
 
 
 @pytest.mark.slow
