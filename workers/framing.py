@@ -25,7 +25,6 @@ finite. Every rejection raises `FrameError` with a reason that the agent logs.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import struct
@@ -262,7 +261,7 @@ class PieceSpec:
 
     @property
     def nbytes(self) -> int:
-        return math.prod(self.shape) * _itemsize(self.dtype)
+        return math.prod(self.shape) * self.dtype.itemsize
 
     def view(self, whole: torch.Tensor) -> torch.Tensor:
         """This piece of the whole tensor `whole` (a view: writing to it writes `whole`)."""
@@ -279,12 +278,6 @@ class ChunkSpec:
     @property
     def nbytes(self) -> int:
         return sum(p.nbytes for p in self.pieces)
-
-
-@functools.cache
-def _itemsize(dtype: torch.dtype) -> int:
-    """Bytes of one element of `dtype` (cached: a piece's size is read for every chunk received)."""
-    return torch.empty((), dtype=dtype).element_size()
 
 
 def chunk_layout(template: Mapping[str, torch.Tensor], max_chunk_bytes: int | None) -> tuple[ChunkSpec, ...]:

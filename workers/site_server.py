@@ -18,13 +18,13 @@ path on the server's file system); at most ``--max-roles`` roles are active.
 
 Memory. A role's agent holds several copies of the model (docs/long-runs.md, "A site's memory"),
 and its objects refer to each other (connections call back into the round engine), so reference
-counting alone does not free them. When a role ends, when it is forgotten and before a role starts,
-its server drops the agent, collects the cycles and gives the freed heap back to the system
-(`release_memory`): before, a site server kept
-every ended role of a 40 MB model until the interpreter's occasional full collection, and grew by
-about 200 MB a task until its container's memory limit killed it. The objects of the imports and
-the warm-up are frozen out of the collector (``gc.freeze``), so a collection walks only the roles'
-objects: about a millisecond, not 70.
+counting alone does not free them. When a role ends, when it is forgotten and before a role starts
+(a role the manager never forgot), its server drops the agent, collects the cycles and gives the
+freed heap back to the system (`release_memory`). Before, a site server kept every ended role of a
+40 MB model until the interpreter's occasional full collection, and grew by about 200 MB a task
+until its container's memory limit killed it. The objects of the imports and the warm-up are
+frozen out of the collector (``gc.freeze``), so a collection walks only the roles' objects: about a
+millisecond, not 70.
 
 What it must not do: bind a network address for control, unpickle anything, or load a model file
 it was not sent.
