@@ -9,6 +9,7 @@ the probe.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -36,16 +37,24 @@ class KernelFeatures:
 
 #: The probe's throwaway namespaces: ``netai-probe-<pid of the process that made it>``.
 PROBE_PREFIX = "netai-probe-"
+NETNS_DIR = Path("/run/netns")
 
 
-def delete_stale_probes(netns_dir: Path = Path("/run/netns")) -> list[str]:
+def _ip_netns_del(ns: str) -> bool:
+    try:
+        return subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def delete_stale_probes(netns_dir: Path = NETNS_DIR) -> list[str]:
     """Delete the probe namespaces whose process is gone (one killed mid-probe cannot delete its own);
-    the names deleted."""
+    the names deleted. A namespace whose pid now names another process is left to that pid's own
+    probe, which deletes a namespace of its name before it makes one."""
     stale = []
     for ns in sorted(p.name for p in netns_dir.glob(PROBE_PREFIX + "*")) if netns_dir.is_dir() else []:
         pid = ns[len(PROBE_PREFIX):]
-        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10, check=False)
+        if re.fullmatch(r"[0-9]+", pid) and not Path(f"/proc/{pid}").exists() and _ip_netns_del(ns):
             stale.append(ns)
     return stale
 
@@ -53,19 +62,22 @@ def delete_stale_probes(netns_dir: Path = Path("/run/netns")) -> list[str]:
 def _netem_available() -> bool:
     """Try a netem qdisc on a veth inside a throwaway network namespace of this process's own
     (``netai-probe-<pid>``), made, used and deleted with argument lists; first the namespaces of
-    probes whose process was killed are deleted."""
+    probes whose process was killed are deleted, and one of this name (a killed probe's, whose pid
+    this process now has)."""
     ns = f"{PROBE_PREFIX}{os.getpid()}"
     steps = (["ip", "-n", ns, "link", "add", "netai-p0", "type", "veth", "peer", "name", "netai-p1"],
              ["tc", "-n", ns, "qdisc", "add", "dev", "netai-p0", "root", "netem", "delay", "1ms"])
     try:
         delete_stale_probes()
+        if (NETNS_DIR / ns).exists():
+            _ip_netns_del(ns)
         if subprocess.run(["ip", "netns", "add", ns], capture_output=True, timeout=10, check=False).returncode:
             return False
         try:
             return all(subprocess.run(argv, capture_output=True, timeout=10, check=False).returncode == 0
                        for argv in steps)
         finally:
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10, check=False)
+            _ip_netns_del(ns)
     except (OSError, subprocess.TimeoutExpired):
         return False
 

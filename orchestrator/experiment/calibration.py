@@ -145,15 +145,18 @@ def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], 
     `say` gets one line per K tried (K, faithful or what was violated, the trial's wall time), one per
     K skipped, and one for the choice, for the console and the log."""
     trials: list[Trial] = []
-    floor = min(max(1.0, floor), float(cap)) if floor_locals else 1.0
-    bound, k = 1.0, floor
-    if floor > 1:
-        say(f"time dilation auto: trials start at K={floor:g}, the K of this run's point at {floor_locals} locals "
-            f"(a point with more locals needs no less)")
+    start = min(max(1.0, floor), float(cap)) if floor_locals else 1.0
+    bound, k = 1.0, start
+    if start > 1:
+        whose = f"the K of this run's point at {floor_locals} locals" if start == floor else \
+            f"the cap, below the K={floor:g} of this run's point at {floor_locals} locals"
+        say(f"time dilation auto: trials start at K={start:g}, {whose} (a point with more locals needs no less)")
+    floor_locals = floor_locals if 1 < start == floor else 0  # recorded: where the trials started, and why
+    floor = start
 
     def made(k: float, faithful: bool) -> Calibration:
         return Calibration(k=k, faithful=faithful, cap=cap, trials=tuple(trials), floor=floor,
-                           floor_locals=floor_locals if floor > 1 else 0)
+                           floor_locals=floor_locals)
 
     while True:
         trial = try_k(k)

@@ -98,10 +98,15 @@ def search_or_reuse(key: str, trial: Callable[[float], Trial], cap: float, *, sa
     (storing a faithful choice)."""
     stored = None if os.environ.get(ENV_RECALIBRATE) else find(key, path)
     if stored is not None and float(stored["k"]) <= cap:
-        k = float(stored["k"])
-        say(f"time dilation auto: K={k:g}, as this host chose for the same workload on {stored['date']} "
+        k, when = float(stored["k"]), stored["date"]
+        if floor_locals and k < floor <= cap:  # a point with more locals needs no less (`search`)
+            say(f"time dilation auto: K={floor:g}, the K of this run's point at {floor_locals} locals, above the "
+                f"K={k:g} this host chose for the same workload on {when} (no trials)")
+            return Calibration(k=floor, faithful=True, cap=cap, trials=(), reused_from=str(when), floor=floor,
+                               floor_locals=floor_locals)
+        say(f"time dilation auto: K={k:g}, as this host chose for the same workload on {when} "
             f"(no trials; --recalibrate runs them again)")
-        return Calibration(k=k, faithful=True, cap=cap, trials=(), reused_from=str(stored["date"]))
+        return Calibration(k=k, faithful=True, cap=cap, trials=(), reused_from=str(when))
     cal = search(trial, cap, say=say, floor=floor, floor_locals=floor_locals)
     if cal.faithful:
         save(key, cal.k, path)

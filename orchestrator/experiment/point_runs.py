@@ -89,7 +89,7 @@ class _Totals:
 def _floor(ks: Mapping[str, float], n_locals: int) -> tuple[float, int]:
     """Where a point's trials start: the largest K of the run's points with fewer locals, and that
     point's locals ((1.0, 0): no such point)."""
-    below = [(k, int(n)) for n, k in ks.items() if int(n) < n_locals]
+    below = [(float(k), int(n)) for n, k in ks.items() if int(n) < n_locals]
     return max(below, default=(1.0, 0))
 
 

@@ -45,13 +45,16 @@ def _how(env: Mapping[str, Any], cal: Mapping[str, Any] | None) -> str:
     if not cal:
         return (f"this host's K, from its calibration {env['time_dilation_from']} (time_dilation: host)"
                 if env.get("time_dilation_from") else "set in the config")
-    if cal.get("reused_from"):
-        return f"reused: this host chose it for the same workload on {cal['reused_from']}, no trials"
     start = (f" from K={cal['floor']:g} (the K of the run's point at {cal['floor_locals']} locals)"
              if cal.get("floor_locals") else "")
+    if cal.get("reused_from"):
+        if start:
+            return f"the K of the run's point at {cal['floor_locals']} locals, above the K this host chose for " \
+                   f"the same workload on {cal['reused_from']}, no trials"
+        return f"reused: this host chose it for the same workload on {cal['reused_from']}, no trials"
     if cal["faithful"]:
         return f"chosen by calibration, the smallest faithful K of those tried{start} up to {cal['cap']:g}"
-    return f"NO K up to the calibration's cap {cal['cap']:g} was faithful: the run used the cap"
+    return f"NO K{start} up to the calibration's cap {cal['cap']:g} was faithful: the run used the cap"
 
 
 def _cost(wall: float | None, emulated: float | None, calibration_s: float | None) -> str:

@@ -124,6 +124,13 @@ def test_a_points_trials_start_at_the_k_of_a_point_with_fewer_locals_and_the_rep
     assert said[0] == ("time dilation auto: trials start at K=16, the K of this run's point at 4 locals "
                        "(a point with more locals needs no less)")
     assert above_cap.k == 8 and [t.k for t in above_cap.trials] == [8]  # never beyond the cap
+    capped: list[str] = []
+    search(_trials_faithful_from(100, []), 8, say=capped.append, floor=16, floor_locals=4)
+    assert capped[0].startswith("time dilation auto: trials start at K=8, the cap, below the K=16 of this run's point")
+    unfaithful = {"time_dilation": 32.0, "time_dilation_calibration": cal.to_dict() | {"faithful": False}}
+    assert "NO K from K=16 (the K of the run's point at 4 locals) up to the calibration's cap 64" in \
+        dilation_lines(unfaithful)[0]
+    assert "floor" not in above_cap.to_dict()  # it started at the cap, not at the point's K
     env = {"time_dilation": 32.0, "time_dilation_calibration": cal.to_dict()}
     assert dilation_lines(env)[0].startswith("time dilation K=32 (chosen by calibration, the smallest faithful K of "
                                              "those tried from K=16 (the K of the run's point at 4 locals) up to 64)")

@@ -176,13 +176,22 @@ def test_a_kernel_probes_namespace_is_deleted_once_its_process_is_gone(tmp_path:
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    for name in (f"netai-probe-{dead.pid}", f"netai-probe-{os.getpid()}", "netai-probe-x", "netai-ul-run1"):
+    stuck = dead.pid + 4_000_000  # beyond pid_max: no process; `ip` fails to delete it
+    for name in (f"netai-probe-{dead.pid}", f"netai-probe-{os.getpid()}", "netai-probe-x", "netai-probe-\u0663",
+                 "netai-ul-run1", f"netai-probe-{stuck}"):
         (tmp_path / name).touch()
     ran: list[list[str]] = []
-    monkeypatch.setattr(kernel.subprocess, "run", lambda argv, **_: ran.append(argv))
+
+    def run(argv: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 1 if argv[-1].endswith(str(stuck)) else 0)
+
+    monkeypatch.setattr(kernel.subprocess, "run", run)
 
     gone = kernel.delete_stale_probes(tmp_path)
 
-    assert gone == [f"netai-probe-{dead.pid}"]  # not a live process's, nor a name that is not a probe's
-    assert ran == [["ip", "netns", "del", f"netai-probe-{dead.pid}"]]
+    # not a live process's, nor a name that is not a probe's, nor one `ip` failed to delete
+    assert gone == [f"netai-probe-{dead.pid}"]
+    assert sorted(ran) == sorted([["ip", "netns", "del", f"netai-probe-{dead.pid}"],
+                                  ["ip", "netns", "del", f"netai-probe-{stuck}"]])
     assert kernel.delete_stale_probes(tmp_path / "missing") == []

@@ -59,3 +59,21 @@ def test_an_unreadable_store_is_no_store(tmp_path: Path) -> None:
     store = tmp_path / "auto_k.json"
     store.write_text("{not json")
     assert k_store.find("w", store) is None
+
+
+def test_a_stored_k_below_the_runs_floor_gives_way_to_the_floor_without_trials(tmp_path: Path) -> None:
+    from orchestrator.results.dilation import dilation_lines
+
+    store = tmp_path / "auto_k.json"
+    k_store.save("w", 8.0, store)
+    tried, trial = _trials(1)
+    said: list[str] = []
+
+    above = k_store.search_or_reuse("w", trial, 64, say=said.append, path=store, floor=32, floor_locals=3)  # type: ignore[arg-type]
+    below = k_store.search_or_reuse("w", trial, 64, say=said.append, path=store, floor=4, floor_locals=2)  # type: ignore[arg-type]
+
+    assert tried == [] and above.k == 32 and above.reused_from and above.floor_locals == 3
+    assert said[0].startswith("time dilation auto: K=32, the K of this run's point at 3 locals, above the K=8 this host")
+    assert below.k == 8  # a stored K at or above the floor is reused as it is
+    env = {"time_dilation": 32.0, "time_dilation_calibration": above.to_dict()}
+    assert "the K of the run's point at 3 locals, above the K this host chose" in dilation_lines(env)[0]
