@@ -28,19 +28,24 @@ segments already due go at once; htb's burst (6 ms of the rate) lets such a late
 Before, each frame started when the thread got to it, so the overruns of a copy's frames (eight
 at a 3 KB chunk size) added up at every hop.
 
-On a link whose htb classes hold one frame of burst (up to `LEAD_MAX_MBPS`: 100 Mbit/s links from
-K = 47 on, where small models are measured) a segment behind another in the same burst goes half
-its serialization time early (`LEAD_SHARE`), so that it already waits in the task's htb class when
-the link frees. Sent only once due, each segment found the class empty a moment before it came,
-and a backlogged background, which htb serves whenever a task's class is empty, took that gap: on
-paper.yaml's claim point at K = 64 the copies' links that carried background delivered a median
-0.92 of their rate, the others 0.97; with the lead 0.95 and 0.99, and the relay chains' share of a
-round fell from 2.6-3.2 % to 1.5-1.7 % (docs/fidelity.md, "Shaping"). A whole segment's lead
-kept the gaps closed too, but let a relay's segments pass early where htb's bucket had tokens to
-spare (mst's hops on small.yaml 0.03 ms, an eighth of a chunk, faster than the rate); half of it
-did not (+0.01 ms). The first segment after an idle gap still goes only once serialized (the
-bucket would let it through at once). Above `LEAD_MAX_MBPS` the bucket holds several frames,
-which a segment sent early would pass ahead of the rate.
+A segment behind another (in the same frame, or in a frame queued while the link still carried
+the one before) goes half its serialization time early (`LEAD_SHARE`), so that it already waits in
+the task's htb class when the link frees. Sent only once due, each segment found the class empty a
+moment before it came, and a backlogged background, which htb serves whenever a task's class is
+empty, took that gap: on paper.yaml's claim point at K = 64 the copies' links that carried
+background delivered a median 0.92 of their rate, the others 0.97; with the lead 0.95 and 0.99,
+and the relay chains' share of a round fell from 2.6-3.2 % to 1.5-1.7 % (docs/fidelity.md,
+"Shaping"). The first segment after an idle gap still goes only once serialized (the bucket would
+let it through at once).
+
+A led segment passes early wherever its class has tokens (htb sends whenever they are at least 0):
+on paper.yaml's whole sweep at K = 64, 38-73 % of the relay hops were shorter than their links'
+rate allows. So the final segment of a copy or an update (the frame sent with ``last``) is never
+led: the segments inside it may pass up to `LEAD_SHARE` of a frame early, but the copy is whole, and
+a relay can forward its end, no earlier than the link has serialized every byte. That holds
+whatever htb's bucket, so the lead is the same at every rate and every K (it was once kept to the
+links whose bucket holds one frame, K >= 47 for 100 Mbit/s links; at K = 32 the claim point's mst
+was then NOT faithful, its relay chains at 5.1 % of a round, and with the lead 3.0 %).
 
 `rate_mbps` is the link's rate in wall time (under time dilation K, the emulated rate / K), in
 megabits of wire bytes per second, as the shaper counts them.
@@ -63,13 +68,8 @@ DEFAULT_MSS = 1448
 SLACK_S = 0.2e-3
 #: At most this many buffers go to one sendmsg (IOV_MAX is 1024 on Linux).
 MAX_IOV = 512
-#: Up to this rate (wall Mbit/s) the emulation's htb classes hold one frame of burst (1,600 bytes
-#: over 6 ms: `topologies.shaping.BURST_FLOOR_BYTES` / `BURST_WINDOW_S`, the same figure; a unit
-#: test checks it): a segment released while the one before it still crosses waits in its class
-#: for the link.
-LEAD_MAX_MBPS = 1600 * 8 / 6e-3 / 1e6
-#: How much of its own serialization time before its time a segment behind another goes where
-#: there is a lead (see the module docstring).
+#: How much of its own serialization time before its time a segment behind another goes (see the
+#: module docstring; never a copy's final segment).
 LEAD_SHARE = 0.5
 
 
@@ -78,17 +78,18 @@ class Pacer:
     per connection, used by its sender thread."""
 
     def __init__(self, rate_mbps: float, *, clock: Callable[[], float] = time.monotonic,
-                 sleep: Callable[[float], None] = time.sleep) -> None:
+                 sleep: Callable[[float], None] = time.sleep, lead_share: float = LEAD_SHARE) -> None:
         if not rate_mbps > 0:
             raise ValueError(f"a pacing rate must be positive, got {rate_mbps!r}")
+        if not 0 <= lead_share < 1:
+            raise ValueError(f"a lead must be at least 0 and less than a segment, got {lead_share!r}")
         self.bytes_per_s = rate_mbps * 1e6 / 8
         self.clock = clock
         self.sleep = sleep
         #: When the link finishes the last segment sent so far (the clock's time).
         self.free_at = float("-inf")
-        #: Whether a segment behind another goes `LEAD_SHARE` of its serialization early
-        #: (`LEAD_MAX_MBPS`).
-        self.lead = rate_mbps <= LEAD_MAX_MBPS
+        #: The share of its serialization a segment behind another goes early (`LEAD_SHARE`).
+        self.lead_share = lead_share
 
     def segments(self, pieces: Sequence[Buffer], mss: int) -> list[list[memoryview]]:
         """`pieces` cut into segments of at most `mss` payload bytes, each a list of views."""
@@ -110,19 +111,22 @@ class Pacer:
         return out
 
     def send(self, sock: socket.socket, pieces: Sequence[Buffer], *, mss: int | None = None,
-             ready_at: float | None = None) -> int:
+             ready_at: float | None = None, last: bool = False) -> int:
         """Send every buffer, each segment at its time; the bytes sent. `ready_at`: when the frame
         was handed to the sender (the clock's time; default now): it starts then, or when the link
-        is free, whichever is later."""
+        is free, whichever is later. `last`: the frame ends a copy (or an update), whose final
+        segment then goes at its time, never led, so that the copy is whole no earlier than its link
+        allows."""
         segs = self.segments(pieces, mss or segment_size(sock))
         due: list[float] = []
         ready = self.clock() if ready_at is None else ready_at
         at = max(ready, self.free_at)
-        behind = self.lead and ready <= self.free_at  # queued while the link still carried our last segment
+        behind = ready <= self.free_at  # queued while the link still carried our last segment
         for i, seg in enumerate(segs):
             wire_s = (sum(v.nbytes for v in seg) + FRAME_OVERHEAD_BYTES) / self.bytes_per_s
             at += wire_s
-            due.append(at - LEAD_SHARE * wire_s if self.lead and (i > 0 or behind) else at)
+            led = (i > 0 or behind) and not (last and i == len(segs) - 1)
+            due.append(at - self.lead_share * wire_s if led else at)
         self.free_at = at if segs else self.free_at
         total, i = 0, 0
         while i < len(segs):

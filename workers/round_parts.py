@@ -22,7 +22,7 @@ class Sender(Protocol):
     """An outbound connection (`workers.transport.Outbound`)."""
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
-             drain: bool = False) -> None: ...
+             drain: bool = False, last: bool = False) -> None: ...
 
 
 class Learning(Protocol):
@@ -105,7 +105,7 @@ class Lanes:
         self.on_copy_sent = on_copy_sent
         self.round = 0
         self.pos = [0] * len(self.lanes)  # per lane: the child whose copy goes now
-        #: Per child, its frames waiting for its turn: (frame, round, on_sent, drain).
+        #: Per child, its frames waiting for its turn: (frame, round, on_sent, last).
         self.held: dict[str, list[tuple[Sequence[Buffer], int, Callable[[], None] | None, bool]]] = {
             c: [] for c in self.lane_of}
         #: Children whose connection broke and has not come back: never waited for.
@@ -118,18 +118,18 @@ class Lanes:
              last: bool) -> None:
         lane = self.lane_of.get(child)
         if lane is None:
-            self.outs[child].send(frame, round=r, on_sent=on_sent)
+            self.outs[child].send(frame, round=r, on_sent=on_sent, last=last)
             return
         with self._lock:
             if r > self.round:
                 self._open(r)
             if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
-                self.outs[child].send(frame, round=r, on_sent=on_sent)
+                self.outs[child].send(frame, round=r, on_sent=on_sent, last=last)
                 return
             if last:  # the copy has left whole once its child acknowledged it (`drain`): the link is free
                 on_sent = both(on_sent, lambda: self.sent(r, child))
             if self.lanes[lane][self.pos[lane]] == child:
-                self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last)
+                self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last, last=last)
             else:
                 self.held[child].append((frame, r, on_sent, last))
 
@@ -196,8 +196,8 @@ class Lanes:
 
     def _flush(self, child: str) -> None:
         held, self.held[child] = self.held[child], []
-        for frame, r, on_sent, drain in held:
-            self.outs[child].send(frame, round=r, on_sent=on_sent, drain=drain)
+        for frame, r, on_sent, last in held:
+            self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last, last=last)
 
 
 @dataclass

@@ -510,7 +510,7 @@ class RoundEngine:
                             st.own_copy.one_done if st.own_copy is not None else None)
         else:
             on_sent = self._once("update_first_sent", st.number, None) if k == 0 else None
-        self.upload_out.send(frame, round=st.number, on_sent=on_sent)
+        self.upload_out.send(frame, round=st.number, on_sent=on_sent, last=last)
         if last:
             self.log.emit("aggregated", round=st.number, num_examples=n, stragglers=sorted(st.excluded),
                           nbytes=st.sent_bytes)

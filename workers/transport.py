@@ -156,6 +156,8 @@ class _Item:
     drain: bool = False
     #: When it was queued (`time.monotonic`): a paced frame starts then at the earliest.
     queued_at: float = 0.0
+    #: It ends a copy or an update (`Outbound.send`).
+    last: bool = False
 
 
 class Outbound:
@@ -212,10 +214,11 @@ class Outbound:
         self._thread.start()
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
-             drain: bool = False) -> None:
+             drain: bool = False, last: bool = False) -> None:
         """Queue a frame; `on_sent` runs (on the sender thread) once it was written, or with `drain`
-        once the peer also acknowledged it (`DRAIN_POLL_S`, `DRAIN_STALL_S`)."""
-        self._queue.put(_Item(pieces, round, on_sent, drain, time.monotonic()))
+        once the peer also acknowledged it (`DRAIN_POLL_S`, `DRAIN_STALL_S`). `last`: the frame ends
+        a copy or an update (paced, its final segment is never led: `workers.pacing.Pacer.send`)."""
+        self._queue.put(_Item(pieces, round, on_sent, drain, time.monotonic(), last))
 
     def flush_and_close(self, timeout_s: float) -> bool:
         """Send what is queued, then close. False if that did not finish within `timeout_s`."""
@@ -294,7 +297,7 @@ class Outbound:
                 if self.pacer is None:
                     sendmsg_all(self.sock, item.pieces)
                 else:
-                    self.pacer.send(self.sock, item.pieces, ready_at=item.queued_at)
+                    self.pacer.send(self.sock, item.pieces, ready_at=item.queued_at, last=item.last)
             except OSError as e:
                 self._broken_round = item.round
                 if self.sock is None and self._gone_since is None:

@@ -9,9 +9,10 @@ K for the same workload shape is reused (`k_store`: its key holds the number of 
 
 The points run one after another, in the config's order of locals, each calibrated (if it is to
 be; its trials start at the largest K of the points before it with fewer locals, `_floor`, since
-a point with more locals trains more at once over deeper trees) and then run as one session (`orchestrator.experiment.session`) into the one run and results
-database. Each session's run clock goes on from where the last one stopped, so the records' times
-never overlap (the dashboard's replay, the time in rounds). The run's environment records, as each
+a point with more locals trains more at once over deeper trees) and then run as one session
+(`orchestrator.experiment.session`) into the one run and results database. Each session's run
+clock goes on from where the last one stopped, so the records' times never overlap (the
+dashboard's replay, the time in rounds). The run's environment records, as each
 point goes (so that a resume keeps them): ``time_dilation_per_point`` {locals: K},
 ``time_dilation_calibration_per_point`` {locals: its calibration}, ``wall_per_point`` {locals: its
 wall time and its parts: trials, bring-up, tasks; its emulated time}, ``time_dilation`` (the

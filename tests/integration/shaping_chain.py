@@ -57,7 +57,7 @@ if pace:
 for _ in range(int(sys.argv[4])):
     time.sleep(0.2)  # idle: the classes' tokens refill to their burst
     t = time.perf_counter()
-    pacer.send(c, [data]) if pace else c.sendall(data)
+    pacer.send(c, [data], last=True) if pace else c.sendall(data)  # one copy, whole: its end never led
     c.recv(1); out.append(time.perf_counter() - t)
 print(" ".join(repr(x) for x in out))
 """

@@ -1,16 +1,22 @@
 """A paced copy (`workers.pacing`): each segment leaves when a link of the pacing rate would have
 finished serializing it, never earlier; what comes due within the slack goes together; an idle link
-starts from now, a busy one from where it left off. A fake clock makes the schedule exact."""
+starts from now, a busy one from where it left off; a copy's final segment is never led. A fake
+clock makes the schedule exact."""
 
 from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Sequence
 
 import pytest
 
 from orchestrator.runtime.task_runner import pace_rates
 from orchestrator.scheduling.schedule import OverlayEdge, Schedule
-from topologies.shaping import BURST_FLOOR_BYTES, BURST_WINDOW_S, burst_bytes
 from workers.config import AgentConfig, Peer
-from workers.pacing import FRAME_OVERHEAD_BYTES, LEAD_MAX_MBPS, LEAD_SHARE, SLACK_S, Pacer
+from workers.framing import Buffer
+from workers.pacing import FRAME_OVERHEAD_BYTES, LEAD_SHARE, SLACK_S, Pacer
+from workers.transport import Outbound
 
 
 class FakeClock:
@@ -37,23 +43,24 @@ class FakeSocket:
         return n
 
 
-def paced(rate_mbps: float) -> tuple[FakeClock, FakeSocket, Pacer]:
-    """A pacer on a fake clock and socket, one segment (a full frame) already sent on its link."""
+def paced(rate_mbps: float, lead_share: float = 0.0) -> tuple[FakeClock, FakeSocket, Pacer]:
+    """A pacer on a fake clock and socket, one segment (a full frame) already sent on its link;
+    without a lead unless `lead_share` says (the schedule the lead is taken from)."""
     clock = FakeClock()
     sock = FakeSocket(clock)
-    pacer = Pacer(rate_mbps, clock=clock, sleep=clock.sleep)
+    pacer = Pacer(rate_mbps, clock=clock, sleep=clock.sleep, lead_share=lead_share)
     pacer.send(sock, [bytes(1_448)], mss=1_448)  # type: ignore[arg-type]
     return clock, sock, pacer
 
 
-RATE_MBPS = 10.0  # 1,250,000 bytes a second: a 1,514-byte frame every 1.21 ms (no lead: above LEAD_MAX_MBPS)
+RATE_MBPS = 10.0  # 1,250,000 bytes a second: a 1,514-byte frame every 1.21 ms
 BPS = RATE_MBPS * 1e6 / 8
 
 
 def test_each_segment_leaves_when_the_link_has_serialized_it_and_the_last_never_early() -> None:
     clock = FakeClock()
     sock = FakeSocket(clock)
-    pacer = Pacer(RATE_MBPS, clock=clock, sleep=clock.sleep)
+    pacer = Pacer(RATE_MBPS, clock=clock, sleep=clock.sleep, lead_share=0.0)
 
     sent = pacer.send(sock, [b"h" * 100, bytearray(3_000)], mss=1_448)  # type: ignore[arg-type]
 
@@ -106,7 +113,7 @@ def test_segments_due_within_the_slack_go_in_one_write() -> None:
     clock = FakeClock()
     sock = FakeSocket(clock)
     fast = (1_448 + FRAME_OVERHEAD_BYTES) * 8 / 1e6 / (SLACK_S / 4)  # four segments fit in the slack
-    pacer = Pacer(fast, clock=clock, sleep=clock.sleep)
+    pacer = Pacer(fast, clock=clock, sleep=clock.sleep, lead_share=0.0)
     pacer.send(sock, [bytes(1_448 * 8)], mss=1_448)  # type: ignore[arg-type]
     assert sum(n for _t, n in sock.sent) == 1_448 * 8
     assert len(sock.sent) < 8  # batched
@@ -115,15 +122,17 @@ def test_segments_due_within_the_slack_go_in_one_write() -> None:
         assert t >= 100 + frame_s - SLACK_S - 1e-12, i
 
 
-def test_on_a_link_whose_bucket_holds_one_frame_a_segment_behind_another_goes_half_a_frame_early() -> None:
-    # At 1 Mbit/s htb's burst is one frame: the first segment after an idle gap goes when the link
-    # has serialized it (it passes at once), each one behind it `LEAD_SHARE` of its own
-    # serialization early, so that it waits in its class when the link frees.
-    assert Pacer(1.0).lead and not Pacer(RATE_MBPS).lead
+@pytest.mark.parametrize("rate_mbps", [1.0, RATE_MBPS])
+def test_a_segment_behind_another_goes_half_a_frame_early_at_every_rate(rate_mbps: float) -> None:
+    # The first segment after an idle gap goes when the link has serialized it (htb's bucket lets
+    # it through at once), each one behind it `LEAD_SHARE` of its own serialization early, so that
+    # it waits in its class when the link frees; the same at 1 Mbit/s (htb's bucket one frame) and
+    # at 10 (several).
+    assert Pacer(rate_mbps).lead_share == LEAD_SHARE
     clock = FakeClock()
     sock = FakeSocket(clock)
-    pacer = Pacer(1.0, clock=clock, sleep=clock.sleep)
-    frame_s = (1_448 + FRAME_OVERHEAD_BYTES) / 125_000
+    pacer = Pacer(rate_mbps, clock=clock, sleep=clock.sleep)
+    frame_s = (1_448 + FRAME_OVERHEAD_BYTES) / (rate_mbps * 1e6 / 8)
     lead_s = LEAD_SHARE * frame_s
     pacer.send(sock, [bytes(3 * 1_448)], mss=1_448)  # type: ignore[arg-type]
     assert [t for t, _n in sock.sent] == pytest.approx(
@@ -140,14 +149,33 @@ def test_on_a_link_whose_bucket_holds_one_frame_a_segment_behind_another_goes_ha
     assert sock.sent[-1][0] == pytest.approx(start + frame_s)
 
 
-def test_the_lead_stops_where_htbs_burst_grows_beyond_one_frame() -> None:
-    assert LEAD_MAX_MBPS == pytest.approx(BURST_FLOOR_BYTES * 8 / BURST_WINDOW_S / 1e6)
-    assert burst_bytes(LEAD_MAX_MBPS * 0.999) == BURST_FLOOR_BYTES < burst_bytes(LEAD_MAX_MBPS * 1.01)
+def test_the_final_segment_of_a_copy_is_never_led_so_the_copy_is_not_whole_before_its_link_allows() -> None:
+    # htb sends whenever its class has tokens, and after an idle gap its bucket has them: a led
+    # segment passes that much early. The segments inside a copy may (the copy is whole only with its last),
+    # but the copy's final segment goes at its time, so the child holds it no earlier than the link
+    # has serialized every byte; the frames before it (`last` not set) keep their lead.
+    clock, sock, pacer = paced(1.0, lead_share=LEAD_SHARE)
+    frame_s = (1_448 + FRAME_OVERHEAD_BYTES) / 125_000
+    lead_s = LEAD_SHARE * frame_s
+    start = pacer.free_at
+    clock.now = start - 0.001  # queued right behind the first: every segment would be led
+    pacer.send(sock, [bytes(2 * 1_448)], mss=1_448, ready_at=clock.now)  # type: ignore[arg-type]
+    pacer.send(sock, [bytes(2 * 1_448)], mss=1_448, ready_at=clock.now, last=True)  # type: ignore[arg-type]
+    times = [t for t, _n in sock.sent[1:]]
+    assert times == pytest.approx([start + (i + 1) * frame_s - lead_s for i in range(3)] + [start + 4 * frame_s])
+    assert times[-1] >= pacer.free_at - 1e-12  # the copy's end: not before the link's schedule
+    # A copy of one segment, right behind: that segment is its final one, so it is not led either.
+    clock.now = pacer.free_at - 0.001
+    pacer.send(sock, [bytes(1_448)], mss=1_448, ready_at=clock.now, last=True)  # type: ignore[arg-type]
+    assert sock.sent[-1][0] == pytest.approx(pacer.free_at) == pytest.approx(start + 5 * frame_s)
 
 
-def test_a_rate_that_is_not_positive_is_refused() -> None:
+def test_a_rate_that_is_not_positive_or_a_lead_of_a_segment_or_more_is_refused() -> None:
     with pytest.raises(ValueError, match="must be positive"):
         Pacer(0.0)
+    for share in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="at least 0 and less than a segment"):
+            Pacer(1.0, lead_share=share)
 
 
 def _schedule() -> Schedule:
@@ -174,3 +202,46 @@ def test_an_agent_config_with_a_bad_pace_is_refused(pace: dict[str, object], mat
     assert AgentConfig.from_dict(good.to_dict()).pace_mbps == {"upload:G": 2.5}
     with pytest.raises(ValueError, match=match):
         AgentConfig.from_dict({**good.to_dict(), "pace_mbps": pace})
+
+
+def test_an_outbound_connection_hands_each_frames_last_flag_to_its_pacer() -> None:
+    # A real connection on loopback (a plain server that reads everything): the sender thread
+    # passes `last` from `Outbound.send` to the pacer, so a copy's final frame is sent unled.
+    class Recording(Pacer):
+        def __init__(self) -> None:
+            super().__init__(1_000.0)
+            self.lasts: list[bool] = []
+
+        def send(self, sock: socket.socket, pieces: Sequence[Buffer], *, mss: int | None = None,
+                 ready_at: float | None = None, last: bool = False) -> int:
+            self.lasts.append(last)
+            return super().send(sock, pieces, mss=mss, ready_at=ready_at, last=last)
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+
+    def drain() -> None:
+        conn, _ = server.accept()
+        with conn:
+            while conn.recv(1 << 16):
+                pass
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    sent = threading.Event()
+    out = Outbound(peer="Q", peer_host="127.0.0.1", port=server.getsockname()[1], local_host="127.0.0.1", task=3,
+                   site="P", connect_timeout_s=5.0, on_lost=lambda *_: None, on_connect=lambda *_: None,
+                   pace_mbps=1_000.0)
+    recording = Recording()
+    out.pacer = recording
+    out.start()
+    try:
+        out.send([b"a" * 3_000], round=1)
+        out.send([b"b" * 3_000], round=1, last=True, on_sent=sent.set)
+        assert sent.wait(5.0)
+    finally:
+        assert out.flush_and_close(5.0)
+        server.close()
+        reader.join(5.0)
+    assert recording.lasts == [False, True]

@@ -60,7 +60,8 @@ class Holding(Wire):
 
     held: ClassVar[list[Sequence[Buffer]]] = []
 
-    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None:
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
+             last: bool = False) -> None:
         self.held.append(pieces)
         super().send(pieces, round=round, on_sent=None)
 

@@ -18,6 +18,8 @@ from workers.round_parts import Lanes
 
 #: The frames sent with ``drain`` (their `on_sent` waits for the child's acknowledgement), in order.
 DRAINED: list[tuple[str, int, str]] = []
+#: The frames sent with ``last`` (a copy's final frame, whose last segment a pacer never leads), in order.
+LAST: list[tuple[str, int, str]] = []
 
 
 class Out:
@@ -28,10 +30,12 @@ class Out:
         self.child, self.log, self.pending = child, log, pending
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
-             drain: bool = False) -> None:
+             drain: bool = False, last: bool = False) -> None:
         self.log.append((self.child, round, str(pieces[0])))
         if drain:
             DRAINED.append((self.child, round, str(pieces[0])))
+        if last:
+            LAST.append((self.child, round, str(pieces[0])))
         if on_sent is not None:
             self.pending.append(on_sent)
 
@@ -65,11 +69,15 @@ def sends(log: list[tuple[str, int, str]]) -> list[tuple[str, int, str]]:
 def test_a_lane_sends_each_copy_whole_before_the_next_and_others_at_once() -> None:
     # Prepare: A, B, C share a link, in that order; D is in no lane.
     ln, log, pending = lanes([("A", "B", "C")], "ABCD")
+    LAST.clear()
 
     # Execute
     broadcast(ln, 1, "ABCD", chunks=3)
     before = list(log)
     deliver(pending)
+
+    # Every child's final frame, and only it, is marked last, whether it waited in a lane or not
+    assert sorted(LAST) == [(c, 1, "r1k2") for c in "ABCD"]
 
     # Assert: at first, A's whole copy and D's; then B's whole, then C's, each after the last left
     assert before == [(c, 1, f"r1k{k}") for k in range(3) for c in "AD"]

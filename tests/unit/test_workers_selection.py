@@ -209,7 +209,8 @@ class Wire:
     def __init__(self, src: str, kind: str, dst: Callable[[], RoundEngine], sent: list[tuple[str, Header, int]]) -> None:
         self.src, self.kind, self.dst, self.sent = src, kind, dst, sent
 
-    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None) -> None:
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
+             last: bool = False) -> None:
         data = b"".join(bytes(p) for p in pieces)
         _magic, _version, _f, _r, hlen, plen = FIXED.unpack_from(data, 0)
         header = Header.from_json(data[FIXED.size:FIXED.size + hlen])
