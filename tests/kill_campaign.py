@@ -201,10 +201,11 @@ def task_set(db_path: Path) -> set[tuple[Any, ...]]:
 
 
 def compare(resumed: Path, reference: Path, *, flexible: str = "mst", fixed: str = "spff",
-            figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> list[str]:
+            figures: Sequence[str] = ("mean_latency_s", "reserved_mbps"), tolerance: float = 0.0) -> list[str]:
     """How the resumed run's database differs from the uninterrupted one's (none expected): the task
     sets, no task ended twice, the run completed, and each of `figures`' flexible / fixed ratio inside
-    the uninterrupted run's 95 % interval."""
+    the uninterrupted run's 95 % interval, widened by `tolerance` of its mean either side (where every
+    task gives about the same ratio the interval is narrower than two runs of the same tasks differ)."""
     problems = []
     if task_set(resumed) != task_set(reference):
         problems.append("task sets differ")
@@ -223,7 +224,8 @@ def compare(resumed: Path, reference: Path, *, flexible: str = "mst", fixed: str
         for figure in figures:
             a = paired_ratio(ours.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
             b = paired_ratio(ref.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
-            if a is None or b is None or not b.low - 1e-9 <= a.mean <= b.high + 1e-9:
+            slack = tolerance * abs(b.mean) + 1e-9 if b is not None else 0.0
+            if a is None or b is None or not b.low - slack <= a.mean <= b.high + slack:
                 problems.append(f"{figure} {flexible}/{fixed} at {n} locals: {a and a.mean} outside "
                                 f"[{b and b.low}, {b and b.high}]")
     return problems
@@ -318,10 +320,11 @@ def measure(config: Path, out: Path, *, extra: Sequence[str], env: Mapping[str, 
 def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, extra: Sequence[str] = (),
              env: Mapping[str, str] | None = None, limit_s: float = 300.0,
              check_after: Callable[[], list[str]] = list,
-             figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> tuple[Path, list[Chain], list[str]]:
+             figures: Sequence[str] = ("mean_latency_s", "reserved_mbps"),
+             tolerance: float = 0.0) -> tuple[Path, list[Chain], list[str]]:
     """The uninterrupted run of `config`, then chains of up to `per_chain` seeded kills until `kills`
     kills have landed (a chain whose run completes before its next moment ends early); each chain's
-    run is compared with the uninterrupted one, and `check_after` (e.g. what the killed runs left on
+    run is compared with the uninterrupted one (`compare`, with `tolerance`), and `check_after` (e.g. what the killed runs left on
     the machine) is checked after it. Returns (the uninterrupted run's folder, the chains, the
     problems: none expected)."""
     env = dict(os.environ if env is None else env)
@@ -338,7 +341,8 @@ def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, 
             problems += [f"chain {c}, kill {k.kill}: {p}" for p in k.problems]
         problems += [f"chain {c}: {p}" for p in chain.problems + check_after()]
         if chain.run_dir is not None and not chain.problems:
-            problems += [f"chain {c}: {p}" for p in compare(chain.run_dir / "results.db", reference, figures=figures)]
+            problems += [f"chain {c}: {p}" for p in compare(chain.run_dir / "results.db", reference, figures=figures,
+                                                                      tolerance=tolerance)]
         chains.append(chain)
         landed += len(chain.kills)
     return reference.parent, chains, problems
@@ -350,6 +354,28 @@ def table(chains: Sequence[Chain]) -> list[str]:
     for c, chain in enumerate(chains):
         for i, k in enumerate(chain.kills):
             lines.append(f"{c:>5}  {i:>4}  {k.kill!s:<21}  {k.phase:<10}  {k.whole:>5}  {k.discarded:>9}")
+    return lines
+
+
+def ratios(reference: Path, chains: Sequence[Chain], *, flexible: str = "mst", fixed: str = "spff",
+           figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> list[str]:
+    """One line per figure and number of locals: the uninterrupted run's flexible / fixed paired ratio
+    [95 % CI], and each completed chain's mean, as `compare` checks them."""
+    with ResultsDB(reference / "results.db") as db:
+        ref = run_summary(db, 1)
+    ours = []
+    for chain in chains:
+        if chain.run_dir is not None and not chain.problems:
+            with ResultsDB(chain.run_dir / "results.db") as db:
+                ours.append(run_summary(db, 1))
+    lines = []
+    for n in sorted({t.n_locals for t in ref.tasks}):
+        for figure in figures:
+            b = paired_ratio(ref.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
+            got = [paired_ratio(o.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure) for o in ours]
+            means = " ".join(f"{a.mean:.3f}" if a is not None else "-" for a in got)
+            interval = f"{b.mean:.3f} [{b.low:.3f}, {b.high:.3f}]" if b is not None else "-"
+            lines.append(f"{figure} {flexible}/{fixed} at {n} locals: uninterrupted {interval}, resumed {means}")
     return lines
 
 

@@ -219,8 +219,14 @@ class Learner:
 
 
 #: glibc's mallopt parameters (malloc.h) and the values a site server sets.
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
 _KEEP_FREED_BYTES = 512 * 2**20
+#: Heaps (arenas) the threads of a process share. glibc gives each new thread a heap of its own, up to
+#: 8 per core; a role's threads are new with every task, their freed blocks stay in heaps the next
+#: task's threads may not use, and a site server kept 8-17 copies of a 10 MB model after each task
+#: (peaks creeping to 20-28 copies, past admission's bound). With two, 2.3-4.3, the same after every
+#: task (`benchmarks/bench_site_memory.py --hidden 1600 --tasks 3`).
+_ARENAS = 2
 _TOP_PAD_BYTES = 64 * 2**20
 _MMAP_ABOVE_BYTES = 32 * 2**20  # glibc's largest allowed threshold on 64-bit
 
@@ -232,7 +238,8 @@ def keep_freed_memory() -> bool:
     copies); by default glibc hands such blocks back to the kernel, and every reuse then pays a page
     fault per 4 KiB (measured: a copy into fresh memory costs about 9 times one into warm memory),
     on both the transfer's and the training's critical path. The price is that a process keeps its
-    peak heap. False where the C library is not glibc (nothing changed).
+    peak heap, so its threads share `_ARENAS` heaps, where a later task's threads find the blocks an
+    earlier task's freed. False where the C library is not glibc (nothing changed).
     """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -240,7 +247,8 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     return all(mallopt(param, value) == 1 for param, value in (
-        (_M_MMAP_THRESHOLD, _MMAP_ABOVE_BYTES), (_M_TRIM_THRESHOLD, _KEEP_FREED_BYTES), (_M_TOP_PAD, _TOP_PAD_BYTES)))
+        (_M_MMAP_THRESHOLD, _MMAP_ABOVE_BYTES), (_M_TRIM_THRESHOLD, _KEEP_FREED_BYTES), (_M_TOP_PAD, _TOP_PAD_BYTES),
+        (_M_ARENA_MAX, _ARENAS)))
 
 
 #: How long a thread may hold the GIL while another waits for it (Python's default: 5 ms). A role's

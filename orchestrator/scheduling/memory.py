@@ -14,13 +14,14 @@ checked against and the model being received (three copies), and then, by role:
 - a relay (`RELAY_COPIES`): its children's partial sums (float64) and the chunks in flight.
 
 The copies are measured, with a margin: `benchmarks/bench_site_memory.py` (real servers on
-loopback, the large model of 40 MB, the same task eight times on the same servers; 2026-11-29) gave
-peaks above the server's own memory of 8.4-11.0 copies for a local and 8.4-11.0 for a relay with
-three children, creeping up by about 2 copies over the eight tasks as the heap fragments, and
-(``--children 1``) 9.8-10.8 for G with three children. These are at loopback's speed, where the
-children's updates pile up in a node's queue faster than it folds them in; with every copy paced at
-200 Mbit/s (``--pace-mbps 200``) the relay with three children peaked at 5.8-7.1 copies and with
-one at 4.0: the difference is the children's float64 partial sums, not a copy per child.
+loopback, the large model of 40 MB, the same task eight times on the same servers, the servers'
+threads sharing two malloc heaps, `workers.learning.keep_freed_memory`; 2026-11-29) gave peaks above
+the server's own memory of 8.2-8.8 copies for a local and 7.0-7.4 for a relay with three children,
+with no creep from task to task, and (``--children 1``) 8.5-9.2 for G with three children. These
+are at loopback's speed, where the children's updates pile up in a node's queue faster than it folds
+them in; with every copy paced at 200 Mbit/s (``--pace-mbps 200``) the relay with three children
+peaked at 5.0-6.0 copies and with one at 3.9-4.1: the difference is the children's float64 partial
+sums, not a copy per child.
 
 Every run also records each site server's peak (its status replies, ``site_peak_rss_mb`` in its
 environment) against the model's size (docs/long-runs.md).

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kill_campaign import campaign, sim_leftovers, table
+from tests.kill_campaign import campaign, ratios, sim_leftovers, table
 
 pytestmark = [pytest.mark.slow]
 
@@ -35,7 +35,7 @@ locals: [2]
 tasks_per_point: 4
 seed: 3
 task: {model: mlp, model_args: {hidden: 64, layers: 1}, rounds: 2, demand_mbps: 10, partition: iid}
-emulation: {max_link_mbps: 100, backend: process, time_dilation: 1}
+emulation: {max_link_mbps: 100, backend: process, time_dilation: 16}
 background: {enabled: false}
 """
 
@@ -47,12 +47,12 @@ def test_kill_campaign_on_the_simulation(tmp_path: Path, figures: list[str]) -> 
 
     # Execute: 24 seeded kills, up to 4 in a row on one run.
     runs = tmp_path / "runs"
-    _reference, chains, problems = campaign(config, runs, seed=48, kills=24, per_chain=4,
-                                            extra=("--no-progress", "--no-figures"), limit_s=120,
-                                            check_after=lambda: sim_leftovers(runs))
+    reference, chains, problems = campaign(config, runs, seed=48, kills=24, per_chain=4,
+                                           extra=("--no-progress", "--no-figures"), limit_s=120,
+                                           check_after=lambda: sim_leftovers(runs))
 
     # Assert
-    figures.extend(["kill campaign (simulation):", *table(chains)])
+    figures.extend(["kill campaign (simulation):", *table(chains), *ratios(reference, chains)])
     assert sum(len(c.kills) for c in chains) >= 20
     assert any(0 < k.whole < 24 for c in chains for k in c.kills), "no kill landed mid-recording"
     assert problems == []
@@ -77,16 +77,18 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
         return [f"run {s.run_id} left {got}" for s in run_states() if s.run_id not in before and not s.live
                 and (got := leftovers(s.run_id, plan)) != NOTHING]
 
-    # Execute: 20 seeded kills, up to 4 in a row on one run. The resumed runs' reserved bandwidth is
-    # compared with the uninterrupted run's interval, not their latency: this run is at K = 1, where the
-    # emulation is not faithful on a small host (docs/fidelity.md), so its latencies are the host's
+    # Execute: 20 seeded kills, up to 4 in a row on one run. The resumed runs' latency and reserved
+    # bandwidth are compared with the uninterrupted run's intervals. The run is at K = 16, where the
+    # emulation is faithful on a small host (docs/fidelity.md); at K = 1 its latencies were the host's
     # moment's (in a CI run, the resumed runs' mst/spff latency at 2 locals was 1.06-1.31 against the
-    # uninterrupted run's [0.82, 1.04]). The simulation's campaign compares both.
-    _reference, chains, problems = campaign(config, tmp_path / "runs", seed=48, kills=20, per_chain=4,
-                                            extra=("--no-progress", "--no-figures"), limit_s=600, check_after=left,
-                                            figures=("reserved_mbps",))
+    # uninterrupted run's [0.82, 1.04]). At K = 16 every task gives about the same ratio, so the
+    # interval is narrower than two runs differ by their timers: it is widened by 1 % of its mean (a
+    # campaign measured 1.064-1.071 against [1.066, 1.070]).
+    reference, chains, problems = campaign(config, tmp_path / "runs", seed=48, kills=20, per_chain=4,
+                                           extra=("--no-progress", "--no-figures"), limit_s=600, check_after=left,
+                                           tolerance=0.01)
 
     # Assert
-    figures.extend(["kill campaign (emulation):", *table(chains)])
+    figures.extend(["kill campaign (emulation):", *table(chains), *ratios(reference, chains)])
     assert sum(len(c.kills) for c in chains) >= 20
     assert problems == []

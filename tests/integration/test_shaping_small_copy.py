@@ -66,11 +66,9 @@ def test_a_paced_copy_takes_all_its_frames_at_the_rate(chain: None, tmp_path: Pa
     # The segments inside the copy go ahead of their time (`workers.pacing.LEAD_SHARE`), but its
     # final segment does not: while it was led too, the copy ended 160-220 bytes of the rate early
     # at 0.39-1.56 Mbit/s (htb's spare tokens).
-    slack_s = SLACK_S
-
     times = copy_times(tmp_path, pace_mbps=rate)
 
-    assert min(times) >= wire_s - slack_s, (times, wire_s, slack_s)
+    assert min(times) >= wire_s - SLACK_S, (times, wire_s, SLACK_S)
     # Unpaced, the same copy is ahead of that by the burst (the test above); paced, it is on time,
     # not held back: pacing at half the rate would take twice as long. (At K = 1 a frame is 0.12 ms,
     # of the order of a loaded host's timer lateness: only the dilated rates are held to it.)

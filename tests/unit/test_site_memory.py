@@ -184,7 +184,9 @@ def test_real_servers_stay_within_the_admissions_bound_and_free_each_tasks_memor
             assert t.peak_bytes[site] <= need.site_need_bytes(roles, model_bytes), (site, roles, t.peak_bytes[site])
     # an ended task's memory is given back: the same task again leaves the servers about where the first
     # did (before the roles were released, the servers grew by a mean of 11.8 copies of the model over
-    # these three tasks; the heap's fragmentation moves a server by a few copies either way)
+    # these three tasks; with a heap per thread, up to 16 on two cores, by up to 7 copies a server, and
+    # a CI run's local peaked past admission's bound; with the two heaps `workers.learning` sets, by
+    # at most 2)
     first, last = tasks[0].after_bytes, tasks[-1].after_bytes
     grown = {s: (last[s] - first[s]) / model_bytes for s in first}
-    assert sum(grown.values()) / len(grown) <= 6.0, grown
+    assert sum(grown.values()) / len(grown) <= 3.0, grown
