@@ -220,15 +220,24 @@ def compare(resumed: Path, reference: Path, *, flexible: str = "mst", fixed: str
         problems.append(f"the resumed run is {status}")
     with ResultsDB(reference) as db:
         ref = run_summary(db, 1)
+    for n, figure, b, (a,) in paired_points(ref, [ours], flexible=flexible, fixed=fixed, figures=figures):
+        slack = tolerance * abs(b.mean) + 1e-9 if b is not None else 0.0
+        if a is None or b is None or not b.low - slack <= a.mean <= b.high + slack:
+            problems.append(f"{figure} {flexible}/{fixed} at {n} locals: {a and a.mean} outside "
+                            f"[{b and b.low}, {b and b.high}]")
+    return problems
+
+
+def paired_points(ref: Any, runs: Sequence[Any], *, flexible: str, fixed: str, figures: Sequence[str]
+                  ) -> Iterator[tuple[int, str, Any, list[Any]]]:
+    """For each number of locals of `ref` (a `run_summary`) and each of `figures`: (locals, figure, the
+    flexible / fixed paired ratio of `ref`, that of each of `runs`), a ratio None where it has none."""
+    def pair(summary: Any, n: int, figure: str) -> Any:
+        return paired_ratio(summary.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
+
     for n in sorted({t.n_locals for t in ref.tasks}):
         for figure in figures:
-            a = paired_ratio(ours.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
-            b = paired_ratio(ref.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
-            slack = tolerance * abs(b.mean) + 1e-9 if b is not None else 0.0
-            if a is None or b is None or not b.low - slack <= a.mean <= b.high + slack:
-                problems.append(f"{figure} {flexible}/{fixed} at {n} locals: {a and a.mean} outside "
-                                f"[{b and b.low}, {b and b.high}]")
-    return problems
+            yield n, figure, pair(ref, n, figure), [pair(r, n, figure) for r in runs]
 
 
 def netai(*args: str) -> list[str]:
@@ -324,8 +333,8 @@ def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, 
              tolerance: float = 0.0) -> tuple[Path, list[Chain], list[str]]:
     """The uninterrupted run of `config`, then chains of up to `per_chain` seeded kills until `kills`
     kills have landed (a chain whose run completes before its next moment ends early); each chain's
-    run is compared with the uninterrupted one (`compare`, with `tolerance`), and `check_after` (e.g. what the killed runs left on
-    the machine) is checked after it. Returns (the uninterrupted run's folder, the chains, the
+    run is compared with the uninterrupted one (`compare`, with `tolerance`), and `check_after` (e.g.
+    what the killed runs left on the machine) is checked after it. Returns (the uninterrupted run's folder, the chains, the
     problems: none expected)."""
     env = dict(os.environ if env is None else env)
     reference, timing = measure(config, out / "uninterrupted", extra=extra, env=env, limit_s=limit_s)
@@ -341,8 +350,8 @@ def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, 
             problems += [f"chain {c}, kill {k.kill}: {p}" for p in k.problems]
         problems += [f"chain {c}: {p}" for p in chain.problems + check_after()]
         if chain.run_dir is not None and not chain.problems:
-            problems += [f"chain {c}: {p}" for p in compare(chain.run_dir / "results.db", reference, figures=figures,
-                                                                      tolerance=tolerance)]
+            differs = compare(chain.run_dir / "results.db", reference, figures=figures, tolerance=tolerance)
+            problems += [f"chain {c}: {p}" for p in differs]
         chains.append(chain)
         landed += len(chain.kills)
     return reference.parent, chains, problems
@@ -369,13 +378,10 @@ def ratios(reference: Path, chains: Sequence[Chain], *, flexible: str = "mst", f
             with ResultsDB(chain.run_dir / "results.db") as db:
                 ours.append(run_summary(db, 1))
     lines = []
-    for n in sorted({t.n_locals for t in ref.tasks}):
-        for figure in figures:
-            b = paired_ratio(ref.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure)
-            got = [paired_ratio(o.tasks, n_locals=n, numerator=flexible, denominator=fixed, figure=figure) for o in ours]
-            means = " ".join(f"{a.mean:.3f}" if a is not None else "-" for a in got)
-            interval = f"{b.mean:.3f} [{b.low:.3f}, {b.high:.3f}]" if b is not None else "-"
-            lines.append(f"{figure} {flexible}/{fixed} at {n} locals: uninterrupted {interval}, resumed {means}")
+    for n, figure, b, got in paired_points(ref, ours, flexible=flexible, fixed=fixed, figures=figures):
+        means = " ".join(f"{a.mean:.3f}" if a is not None else "-" for a in got)
+        interval = f"{b.mean:.3f} [{b.low:.3f}, {b.high:.3f}]" if b is not None else "-"
+        lines.append(f"{figure} {flexible}/{fixed} at {n} locals: uninterrupted {interval}, resumed {means}")
     return lines
 
 

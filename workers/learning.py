@@ -223,9 +223,10 @@ _M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD, _M_ARENA_MAX = -1, -2, -3, -8
 _KEEP_FREED_BYTES = 512 * 2**20
 #: Heaps (arenas) the threads of a process share. glibc gives each new thread a heap of its own, up to
 #: 8 per core; a role's threads are new with every task, their freed blocks stay in heaps the next
-#: task's threads may not use, and a site server kept 8-17 copies of a 10 MB model after each task
-#: (peaks creeping to 20-28 copies, past admission's bound). With two, 2.3-4.3, the same after every
-#: task (`benchmarks/bench_site_memory.py --hidden 1600 --tasks 3`).
+#: task's threads may not use, and a local's server kept 5.6-9.8 copies of a 10.7 MB model after the
+#: first task and 11.5-18.9 after the tenth (peaks up to 24.7 copies); with two, 3.3-5.2 after each,
+#: with no creep (`benchmarks/bench_site_memory.py --hidden 1600 --tasks 10`; docs/long-runs.md,
+#: "Two malloc heaps a server").
 _ARENAS = 2
 _TOP_PAD_BYTES = 64 * 2**20
 _MMAP_ABOVE_BYTES = 32 * 2**20  # glibc's largest allowed threshold on 64-bit
