@@ -7,8 +7,9 @@
 # machine: one revision's suite took 918 s when it was new and 1668 s on a two-core host
 # later. This runs CI's command (`CI=true bash .ci/run`, the README's `make test`, set-up included)
 # on a fresh clone of each revision, N pairs alternating BASE, HEAD, HEAD, BASE, ... so that drift
-# in the machine's load falls on both alike, and prints each run's seconds and outcome, then the
-# medians and the paired ratios HEAD / BASE.
+# in the machine's load falls on both alike, and prints each run's seconds and outcome (each run's
+# output is kept as $TMPDIR/netai-suite-time-LABEL-N.log, until the next invocation writes over it:
+# its slowest tests say where a difference lies), then the medians and the paired ratios HEAD / BASE.
 #
 # Each run gets the machine as CI does: the Docker images the suite builds are put back as they
 # were before every run (a revision's worker image must not be taken over by the next), and the
@@ -63,11 +64,12 @@ one_run() {  # one_run LABEL REV INDEX: a fresh clone of REV, CI's command, its 
     (cd "$clone" && CI=true bash .ci/run) >"$log" 2>&1 </dev/null || status=$?
     t1=$(date +%s.%N)
     times[$label-$i]=$(python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.1f}")' "$t0" "$t1")
+    cp "$log" "${TMPDIR:-/tmp}/netai-suite-time-$label-$i.log"  # kept: its slowest tests explain a ratio
     echo "[suite-time] $label ${rev:0:10} run $i: ${times[$label-$i]} s, exit status $status ($(grep -Eo \
-        '[0-9]+ (passed|failed)[^=]*in [0-9.]+s' "$log" | tail -1 || true))"
+        '[0-9]+ (passed|failed)[^=]*in [0-9.]+s' "$log" | tail -1 || true)); its output: \
+${TMPDIR:-/tmp}/netai-suite-time-$label-$i.log"
     if [ "$status" != 0 ]; then
-        cp "$log" "${TMPDIR:-/tmp}/netai-suite-time-$label-$i.log"
-        echo "[suite-time] its output: ${TMPDIR:-/tmp}/netai-suite-time-$label-$i.log" >&2
+        echo "[suite-time] $label run $i failed; its output: ${TMPDIR:-/tmp}/netai-suite-time-$label-$i.log" >&2
         exit 1
     fi
 }

@@ -200,31 +200,39 @@ def task_set(db_path: Path) -> set[tuple[Any, ...]]:
             "SELECT scheduler, task_id, n_locals, global_site, local_sites_json, state FROM tasks")}
 
 
+#: The environment's entries that say at which K the run's tasks ran: a resume must keep them.
+DILATION_KEYS = ("time_dilation", "time_dilation_per_point")
+
+
 def compare(resumed: Path, reference: Path, *, flexible: str = "mst", fixed: str = "spff",
             figures: Sequence[str] = ("mean_latency_s", "reserved_mbps"), tolerance: float = 0.0) -> list[str]:
     """How the resumed run's database differs from the uninterrupted one's (none expected): the task
-    sets, no task ended twice, the run completed, and each of `figures`' flexible / fixed ratio inside
-    the uninterrupted run's 95 % interval, widened by `tolerance` of its mean either side (where every
-    task gives about the same ratio the interval is narrower than two runs of the same tasks differ)."""
+    sets, no task ended twice, the run completed, its time dilation (`DILATION_KEYS` of the
+    environment) the uninterrupted run's, and each of `figures`' flexible / fixed ratio inside the uninterrupted
+    run's 95 % interval, widened by `tolerance` of its mean either side (where every task gives about
+    the same ratio the interval is narrower than two runs of the same tasks differ)."""
     problems = []
     if task_set(resumed) != task_set(reference):
         problems.append("task sets differ")
     with ResultsDB(resumed) as db:
         ends = db.query("SELECT scheduler, task_id, count(*) AS n FROM task_events WHERE state IN ('done', "
                         "'failed', 'blocked') GROUP BY scheduler, task_id HAVING n > 1")
-        status = db.run(1)["status"]
+        row = db.run(1)
+        status, env = row["status"], row["environment"]
         ours = run_summary(db, 1)
     if ends:
         problems.append(f"{len(ends)} task(s) reached an end twice: {ends[:3]}")
     if status != "completed":
         problems.append(f"the resumed run is {status}")
     with ResultsDB(reference) as db:
-        ref = run_summary(db, 1)
+        ref, ref_env = run_summary(db, 1), db.run(1)["environment"]
+    problems += [f"{key}: {env.get(key)!r} resumed, {ref_env.get(key)!r} uninterrupted" for key in DILATION_KEYS
+                 if env.get(key) != ref_env.get(key)]
     for n, figure, b, (a,) in paired_points(ref, [ours], flexible=flexible, fixed=fixed, figures=figures):
         slack = tolerance * abs(b.mean) + 1e-9 if b is not None else 0.0
         if a is None or b is None or not b.low - slack <= a.mean <= b.high + slack:
             problems.append(f"{figure} {flexible}/{fixed} at {n} locals: {a and a.mean} outside "
-                            f"[{b and b.low}, {b and b.high}]")
+                            f"[{b and b.low - slack}, {b and b.high + slack}]")
     return problems
 
 

@@ -82,12 +82,13 @@ def both(a: Callable[[], None] | None, b: Callable[[], None] | None) -> Callable
 class Lanes:
     """Copies of GLOBAL to the broadcast children of one lane (`AgentConfig.broadcast_lanes`: their
     paths share a link) go one after another: a child's frames wait here until the copy before it
-    in the lane has left whole or its connection is lost. A copy has left whole once its child
-    acknowledged its last byte (its last chunk is sent with ``drain``, `workers.transport.Outbound`):
-    written to the kernel is not enough, since the socket's buffer and the links' queues still hold
-    its tail, and the next copy would share the link with it. The sender thread moves the lane on
-    at once, whatever the engine thread is doing, e.g. training. Children in no lane are sent to at
-    once.
+    in the lane has left whole or its connection is lost. Each copy's last chunk is sent with
+    ``drain`` (`workers.transport.Outbound`): a paced copy has left whole once its socket sent its
+    last segment, written when the emulated link would have finished serializing it; an unpaced
+    one once its child acknowledged its last byte, since written to the kernel is not enough: the
+    socket's buffer and the links' queues still hold its tail, and the next copy would share the
+    link with it. The sender thread moves the lane on at once, whatever the engine thread is doing,
+    e.g. training. Children in no lane are sent to at once.
 
     A lane starts over with each round. Copies still waiting when a new round starts, or when the
     role ends, never started: they are dropped (their child gives that round up anyway), so no
@@ -126,7 +127,7 @@ class Lanes:
             if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
                 self.outs[child].send(frame, round=r, on_sent=on_sent, last=last)
                 return
-            if last:  # the copy has left whole once its child acknowledged it (`drain`): the link is free
+            if last:  # the copy has left whole once `drain` says so (`Outbound.send`): the link is free
                 on_sent = both(on_sent, lambda: self.sent(r, child))
             if self.lanes[lane][self.pos[lane]] == child:
                 self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last, last=last)

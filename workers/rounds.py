@@ -37,7 +37,7 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
 Timing events (JSON lines, `workers.events`): connected, round_start (G), global_first,
 forward_first, global_received, train_start, train_end, child_received, child_timeout, child_lost, child_absent,
 connection_lost, connection_closed, update_first_sent, update_sent, aggregated, round_complete, rejected, stale, connect,
-copy_sent (a lane's copy left whole: its child acknowledged it),
+copy_sent (a lane's copy left whole: `round_parts.Lanes`),
 own_excluded, stopped, error, done; with selection: selected (G), skipped (an unselected local).
 
 (Over 400 lines: one state machine whose handlers share the round's state; split apart, each piece

@@ -21,6 +21,7 @@ import struct
 import termios
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 #: How many bytes of ``struct tcp_info`` to ask for (the kernel returns at most its own size).
@@ -85,15 +86,30 @@ def unacked_bytes(sock: socket.socket) -> int | None:
     return int(struct.unpack("=i", buf)[0])
 
 
+#: SIOCOUTQNSD (linux/sockios.h): the bytes a TCP socket holds that it has not sent yet.
+SIOCOUTQNSD = 0x894B
+
+
+def unsent_bytes(sock: socket.socket) -> int | None:
+    """Bytes the socket holds that it has not sent yet (SIOCOUTQNSD); None if unknown."""
+    try:
+        buf = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return None
+    return int(struct.unpack("=i", buf)[0])
+
+
 def wait_acked(sock: socket.socket, within_s: float, *, poll_s: float = ACK_POLL_S,
-               stop: threading.Event | None = None, idle: bool = False) -> bool:
+               stop: threading.Event | None = None, idle: bool = False,
+               held: Callable[[socket.socket], int | None] = unacked_bytes) -> bool:
     """Wait until the peer acknowledged everything sent (so that the figures read next include any
-    retransmission of the connection's last bytes, or a lane's copy has left whole): at most
-    `within_s`, or with `idle` at most `within_s` without any acknowledgement; `stop` set ends the
-    wait. True if it did."""
+    retransmission of the connection's last bytes, or an unpaced lane's copy has left whole): at
+    most `within_s`, or with `idle` at most `within_s` without any progress; `stop` set ends the
+    wait. `held`: the count waited for to reach 0 (`unsent_bytes`: until the socket has sent
+    everything, without waiting for the peer). True if it did."""
     deadline, last = time.monotonic() + within_s, None
     while True:
-        left = unacked_bytes(sock)
+        left = held(sock)
         if left is None or left <= 0:
             return left == 0
         now = time.monotonic()

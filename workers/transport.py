@@ -45,7 +45,7 @@ from workers.framing import (
     verify_payload,
 )
 from workers.pacing import Pacer, send_views
-from workers.tcpinfo import ZERO, TcpBytes, read_tcp_bytes, wait_acked
+from workers.tcpinfo import ZERO, TcpBytes, read_tcp_bytes, unacked_bytes, unsent_bytes, wait_acked
 
 #: First and largest pause between connect attempts (doubling in between).
 BACKOFF_FIRST_S = 0.02
@@ -62,9 +62,10 @@ MAX_UNIDENTIFIED = 4
 #: How long a closing outbound connection waits for its last bytes to be acknowledged before its
 #: TCP figures are read (a retransmission of them then counts).
 ACK_WAIT_S = 2.0
-#: A frame sent with ``drain`` (a lane's copy, `workers.round_parts.Lanes`) counts as sent once the
-#: peer acknowledged every byte the socket held (its kernel buffer and the links' queues emptied),
-#: polled every `DRAIN_POLL_S`; the wait gives up once the peer acknowledged nothing for
+#: A frame sent with ``drain`` (a lane's copy, `workers.round_parts.Lanes`) counts as sent once it has
+#: left: on a connection that is not paced once the peer acknowledged every byte the socket held (its
+#: kernel buffer and the links' queues emptied), on a paced one once the socket sent every byte (see
+#: `Outbound.send`); polled every `DRAIN_POLL_S`, the wait gives up once nothing moved for
 #: `DRAIN_STALL_S` (a peer gone without a reset: the lane then goes on, as it did before copies were
 #: waited for), whatever the link's rate or the time dilation.
 DRAIN_POLL_S = 0.0005
@@ -80,9 +81,8 @@ def sendmsg_all(sock: socket.socket, buffers: Sequence[Buffer]) -> int:
 def ack_now(sock: socket.socket) -> None:
     """Acknowledge what was read at once (TCP_QUICKACK), rather than after the delayed-ACK timer
     (up to 40 ms of wall time, over a millisecond of the emulated network's at K = 32): a sender
-    that waits for its copy to be acknowledged before the next (a lane's ``drain``) waits for the
-    link, not for the timer. Paced copies arrive a segment at a time, so their last segment is often
-    the odd one a receiver would hold its ACK for."""
+    that waits for its peer's acknowledgement (an unpaced lane's ``drain``, a closing connection's
+    figures) waits for the link, not for the timer."""
     try:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
     except OSError:
@@ -216,9 +216,13 @@ class Outbound:
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
              drain: bool = False, last: bool = False) -> None:
         """Queue a frame; `on_sent` runs (on the sender thread) once it was written, or with `drain`
-        once the peer also acknowledged it (`DRAIN_POLL_S`, `DRAIN_STALL_S`). `last`: the frame ends
-        a copy or an update (paced, its final segment is never led: `workers.pacing.Pacer.send`)."""
-        self._queue.put(_Item(pieces, round, on_sent, drain, time.monotonic(), last))
+        once it has left: on a paced connection once the socket sent it all, its last segment
+        written when the emulated link would have finished serializing it (the next copy of a lane
+        then goes as in the configured network, and as the simulated twin has it); unpaced once the
+        peer also acknowledged it (`DRAIN_POLL_S`, `DRAIN_STALL_S`). `last` (implied by `drain`):
+        the frame ends a copy or an update (paced, its final segment is never led:
+        `workers.pacing.Pacer.send`)."""
+        self._queue.put(_Item(pieces, round, on_sent, drain, time.monotonic(), last or drain))
 
     def flush_and_close(self, timeout_s: float) -> bool:
         """Send what is queued, then close. False if that did not finish within `timeout_s`."""
@@ -308,15 +312,18 @@ class Outbound:
                     return
                 continue
             if item.drain:
-                self._drain()
+                self._drain(paced=self.pacer is not None)
             if item.on_sent is not None:
                 item.on_sent()
 
-    def _drain(self) -> bool:
-        """Wait until the peer acknowledged everything written, the node stops, or the peer
-        acknowledged nothing for `DRAIN_STALL_S`; whether it did."""
+    def _drain(self, *, paced: bool) -> bool:
+        """Wait until the peer acknowledged everything written (`paced`: until the socket has sent
+        everything: the pacer wrote the last segment when the emulated link would have serialized
+        it, within `SLACK_S`, and the kernel may only hold it back behind its congestion window), the
+        node stops, or nothing moved for `DRAIN_STALL_S`; whether it did."""
         return self.sock is not None and wait_acked(self.sock, DRAIN_STALL_S, poll_s=DRAIN_POLL_S,
-                                                    stop=self._stopping, idle=True)
+                                                    stop=self._stopping, idle=True,
+                                                    held=unsent_bytes if paced else unacked_bytes)
 
 
 # -- inbound connections --------------------------------------------------------------------------

@@ -138,7 +138,7 @@ def run_points(cfg: ExperimentConfig, *, calibrate: Callable[[ExperimentConfig, 
                                                            time_dilation_auto=False)), k, clock_s)
         totals.walls[key] = {"k": k, "calibration_s": round(calibration_s, 3), "bringup_s": round(end.bringup_s, 3),
                              "tasks_s": round((end.clock_end_s - clock_s) * k, 3),
-                             "emulated_s": round(end.clock_end_s - clock_s, 3),
+                             "emulated_s": round(end.clock_end_s - clock_s, 3), "view_s": round(end.view_s, 3),
                              "wall_s": round(time.monotonic() - t0, 3)}
         totals.link_samples += end.link_samples
         totals.cpu = {c: round(totals.cpu.get(c, 0.0) + end.cpu.get(c, 0.0), 3) for c in {*totals.cpu, *end.cpu}}

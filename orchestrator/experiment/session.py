@@ -61,7 +61,8 @@ class RunShared:
 class SessionEnd:
     """What a session leaves: its tasks' outcomes by state, a lost machine's note ('' when none),
     the run clock at its end (emulated seconds), and its wall time and the bring-up's, seconds; its
-    link samples and where the host's CPU went (``cpu_s_*``), to be summed over sessions."""
+    link samples and where the host's CPU went (``cpu_s_*``), to be summed over sessions; the wall
+    seconds its tasks waited for the schedulers' background measurements (`view_s`)."""
 
     outcomes: dict[str, int]
     lost: str
@@ -70,6 +71,7 @@ class SessionEnd:
     bringup_s: float
     link_samples: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
+    view_s: float = 0.0
 
 
 def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: str) -> dict[str, Any]:
@@ -113,6 +115,7 @@ def run_session(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *
     from orchestrator.runtime.forked import early_fork_server
 
     started, db, run_id, run_dir = time.monotonic(), shared.db, shared.run_id, shared.run_dir
+    views_before = db.background_view_mark()
     hosting = emulation_options(shared.backend_kind, log_dir=run_dir / "workers", clients=shared.remote)
     with early_fork_server(shared.backend_kind, log_root=run_dir / "workers") as forks, \
             Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
@@ -138,7 +141,8 @@ def run_session(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *
         db.update_environment(run_id, cluster=emu.info.cluster)  # with the lost machines
     return SessionEnd(outcomes=dict(run.core.outcomes), lost=lost_note(emu), clock_end_s=run.core.clock.now(),
                       wall_s=time.monotonic() - started, bringup_s=float(getattr(emu.info, "bringup_s", 0.0) or 0.0),
-                      link_samples=recorder.samples, cpu=recorder.cpu_environment())
+                      link_samples=recorder.samples, cpu=recorder.cpu_environment(),
+                      view_s=db.background_view_wait_s(run_id, views_before))
 
 
 def record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan: EmulationPlan,

@@ -386,6 +386,17 @@ class ResultsDB:
         self.conn.execute("INSERT INTO background_views VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                           (run_id, task_id, t_s, m.window_s, m.pieces, m.total_mbps, cv, int(m.settled), m.waited_s))
 
+    def background_view_mark(self) -> int:
+        """Where the ``background_views`` rows recorded so far end (for `background_view_wait_s`)."""
+        return int(self.conn.execute("SELECT COALESCE(MAX(rowid), 0) FROM background_views").fetchone()[0])
+
+    def background_view_wait_s(self, run_id: int, after: int = 0) -> float:
+        """Wall seconds the schedulers' background measurements of `run_id` took, those recorded
+        after the mark `after` (`background_view_mark`: not a crashed attempt's before a resume)."""
+        row = self.conn.execute("SELECT COALESCE(SUM(waited_s), 0) FROM background_views WHERE run_id = ? "
+                                "AND rowid > ?", (run_id, after)).fetchone()
+        return float(row[0])
+
     # -- ad hoc reads -----------------------------------------------------------------------------
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[dict[str, Any]]:
         """Rows of an ad hoc statement, for tests and benchmarks that check what a run recorded.

@@ -77,8 +77,9 @@ def _trial_lines(cal: Mapping[str, Any] | None, prefix: str = "") -> list[str]:
 
 
 def point_wall_line(n_locals: int, k: float, how: str, wall: Mapping[str, Any] | None) -> str:
-    """One point's K, how it was set, and its wall time with its parts (trials, bring-up, the tasks,
-    the rest: starting the servers, settling, tearing down) against its emulated time."""
+    """One point's K, how it was set, and its wall time with its parts (trials, bring-up, the tasks
+    and of them the schedulers' background measurements, the rest: starting the servers, settling,
+    tearing down) against its emulated time."""
     head = f"{n_locals} locals: K={k:g} ({how})"
     if not wall or not wall.get("wall_s"):
         return head
@@ -86,8 +87,10 @@ def point_wall_line(n_locals: int, k: float, how: str, wall: Mapping[str, Any] |
     parts = {"trials": wall.get("calibration_s") or 0.0, "bring-up": wall.get("bringup_s") or 0.0,
              "tasks": wall.get("tasks_s") or 0.0}
     rest = max(0.0, total - sum(parts.values()))
+    view = f" (of which the background view {wall['view_s']:.1f} s)" if wall.get("view_s") else ""
     return (f"{head}; wall time {total:.1f} s: " + ", ".join(f"{name} {s:.1f} s" for name, s in parts.items())
-            + f", the rest {rest:.1f} s" + (f"; {emulated:.2f} s emulated: {total / emulated:.0f} x" if emulated else ""))
+            + view + f", the rest {rest:.1f} s"
+            + (f"; {emulated:.2f} s emulated: {total / emulated:.0f} x" if emulated else ""))
 
 
 def _per_point_lines(env: Mapping[str, Any], *, trials: bool) -> list[str]:

@@ -77,16 +77,18 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
         return [f"run {s.run_id} left {got}" for s in run_states() if s.run_id not in before and not s.live
                 and (got := leftovers(s.run_id, plan)) != NOTHING]
 
-    # Execute: 20 seeded kills, up to 4 in a row on one run. The resumed runs' latency and reserved
-    # bandwidth are compared with the uninterrupted run's intervals. The run is at K = 16, where the
-    # emulation is faithful on a small host (docs/fidelity.md); at K = 1 its latencies were the host's
-    # moment's (in a CI run, the resumed runs' mst/spff latency at 2 locals was 1.06-1.31 against the
-    # uninterrupted run's [0.82, 1.04]). At K = 16 every task gives about the same ratio, so the
-    # interval is narrower than two runs differ by their timers: it is widened by 1 % of its mean (a
-    # campaign measured 1.064-1.071 against [1.066, 1.070]).
+    # Execute: 20 seeded kills, up to 4 in a row on one run. Each resumed run must have run at the
+    # uninterrupted run's K (their environments'), and its latency and reserved bandwidth are
+    # compared with the uninterrupted run's intervals. The run is at K = 16, where the emulation is faithful on a small
+    # host (docs/fidelity.md); at K = 1 its latencies were the host's moment's (in a CI run, the
+    # resumed runs' mst/spff latency at 2 locals was 1.06-1.31 against the uninterrupted run's
+    # [0.82, 1.04]). At K = 16 every task gives about the same ratio, so the interval is narrower than
+    # two runs differ by their timers: over five campaigns (three by hand, two in CI) the uninterrupted
+    # runs' means were 1.064-1.072 and the resumed runs' 1.062-1.080, 1.7 % of the mean apart, so it
+    # is widened by 2 % of its mean (1 % left a resumed run 0.002 inside the edge in CI).
     reference, chains, problems = campaign(config, tmp_path / "runs", seed=48, kills=20, per_chain=4,
                                            extra=("--no-progress", "--no-figures"), limit_s=600, check_after=left,
-                                           tolerance=0.01)
+                                           tolerance=0.02)
 
     # Assert
     figures.extend(["kill campaign (emulation):", *table(chains), *ratios(reference, chains)])

@@ -262,12 +262,15 @@ def test_a_measurement_is_recorded_with_its_variation(tmp_path: Path) -> None:
         run = db.start_run("t", {})
         db.record_background_view(run, 101, 3.5, BackgroundMeasurement({("a", "b"): 2.0}, window_s=3.0, pieces=3,
                                                                        cv=0.04, settled=True, waited_s=6.1))
+        mark = db.background_view_mark()  # a session starting here counts only what comes after
         db.record_background_view(run, None, 9.0, BackgroundMeasurement({}, window_s=0.0, pieces=0, cv=math.nan,
                                                                         settled=False, waited_s=20.0))
         rows = db.query("SELECT task_id, total_mbps, cv, settled FROM background_views ORDER BY t_s")
+        waited = (db.background_view_wait_s(run), db.background_view_wait_s(run, mark), db.background_view_wait_s(run + 1))
 
     assert rows == [{"task_id": 101, "total_mbps": 2.0, "cv": 0.04, "settled": 1},
                     {"task_id": None, "total_mbps": 0.0, "cv": None, "settled": 0}]
+    assert waited == (26.1, 20.0, 0.0)  # all of them, those after the mark, another run's
 
 
 def test_settings_are_checked() -> None:

@@ -134,7 +134,7 @@ class _Fakes:
         return SessionEnd(outcomes={"done": 4, "failed": 0, "blocked": 0},
                           lost="machine lost" if cfg.locals[0] == self.lost_at else "",
                           clock_end_s=clock_start_s + 0.5, wall_s=0.5 * k + 2.0, bringup_s=1.5, link_samples=3,
-                          cpu={"cpu_s_switches": 1.0})
+                          cpu={"cpu_s_switches": 1.0}, view_s=0.25 * k)
 
     def record(self, **items: Any) -> None:
         self.env.update(items)
@@ -156,6 +156,7 @@ def test_the_points_run_in_turn_each_at_its_own_k_with_the_clock_going_on() -> N
     walls = env["wall_per_point"]
     assert walls["4"]["k"] == 16.0 and walls["4"]["tasks_s"] == 8.0 and walls["4"]["emulated_s"] == 0.5
     assert walls["1"]["bringup_s"] == 1.5 and walls["1"]["wall_s"] >= walls["1"]["calibration_s"] >= 0
+    assert (walls["1"]["view_s"], walls["4"]["view_s"]) == (0.5, 4.0)  # each point's own session's
     assert env["wall_s"] == 9.0 and env["link_samples"] == 6 and env["cpu_s_switches"] == 2.0
 
 
@@ -285,7 +286,7 @@ PER_POINT_ENV: dict[str, Any] = {
         Trial(k=1, faithful=False, reasons=("mst at 2 locals: overran",), wall_s=20.0),
         Trial(k=2, faithful=True, reasons=(), wall_s=25.0))).to_dict()},
     "wall_per_point": {"2": {"k": 2.0, "calibration_s": 45.0, "bringup_s": 5.0, "tasks_s": 2.0, "emulated_s": 1.0,
-                             "wall_s": 60.0}}}
+                             "view_s": 1.5, "wall_s": 60.0}}}
 
 
 def test_k_for_gives_the_points_own_k_or_the_runs() -> None:
@@ -299,7 +300,8 @@ def test_the_report_gives_k_per_point_and_each_points_wall_time_and_its_parts() 
     assert lines[0] == ("time dilation per point: K=2 at 2 locals, K=8 at 4 locals; wall time 300.0 s "
                         "(calibration 45.0 s) for 3.00 s emulated: 100 x")
     assert lines[1] == ("2 locals: K=2 (chosen by calibration, the smallest faithful K of those tried up to 64); "
-                        "wall time 60.0 s: trials 45.0 s, bring-up 5.0 s, tasks 2.0 s, the rest 8.0 s; "
+                        "wall time 60.0 s: trials 45.0 s, bring-up 5.0 s, tasks 2.0 s (of which the background "
+                        "view 1.5 s), the rest 8.0 s; "
                         "1.00 s emulated: 60 x")
     assert lines[2].startswith("2 locals, calibration K=1: NOT faithful: mst at 2 locals: overran")
     assert lines[4] == "4 locals: K=8 (set in the config)"

@@ -9,6 +9,7 @@ import socket
 import sqlite3
 import struct
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -330,6 +331,64 @@ def test_a_frame_sent_with_drain_counts_as_sent_only_once_the_peer_acknowledged_
         go.set()
         assert acked.wait(10)
         assert at_ack == [0]
+    finally:
+        go.set()
+        out.flush_and_close(5.0)
+        server.close()
+
+
+def test_a_paced_frame_sent_with_drain_counts_as_sent_once_the_socket_sent_it_not_once_acknowledged(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: the same peer holding back; acknowledgements that never come (the count of
+    # unacknowledged bytes faked to stay 1); a paced Outbound (100 Mbit/s) sends 256 KB, more than the
+    # peer's window takes, written-only, then a short frame with drain, as a lane's copy ends
+    import workers.transport as transport
+    from workers.pacing import FRAME_OVERHEAD_BYTES, SLACK_S
+    from workers.tcpinfo import unsent_bytes
+
+    monkeypatch.setattr(transport, "DRAIN_STALL_S", 60.0)
+    monkeypatch.setattr(transport, "unacked_bytes", lambda sock: 1)
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    server.bind(("127.0.0.1", 0))
+    server.listen(1)
+    go = threading.Event()
+
+    def peer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            go.wait(30)
+            while conn.recv(1 << 20):
+                pass
+
+    threading.Thread(target=peer, daemon=True).start()
+    out = Outbound(peer="Q", peer_host="127.0.0.1", port=server.getsockname()[1], local_host="127.0.0.1",
+                   task=3, site="P", connect_timeout_s=5.0, on_lost=lambda *_: None, on_connect=lambda *_: None,
+                   pace_mbps=100.0)
+    sent, at_sent = threading.Event(), []
+    big = encode_frame(Header("GLOBAL", 3, 1, "P"), bytes(256 * 1024))
+    small = encode_frame(Header("GLOBAL", 3, 1, "P"), b"x")
+
+    def on_sent() -> None:
+        assert out.sock is not None
+        at_sent.append((time.monotonic(), unsent_bytes(out.sock)))
+        sent.set()
+
+    try:
+        out.start()
+        t0 = time.monotonic()
+        out.send(big, round=1, on_sent=None)
+        out.send(small, round=1, on_sent=on_sent, drain=True)
+
+        # Assert: not while the socket still holds what the peer's window kept back; then, the peer
+        # reading, once the socket sent it all, though no acknowledgement ever counts; no earlier than
+        # the link at 100 Mbit/s would have serialized both frames (their bytes, at least one header)
+        assert not sent.wait(1.0)
+        go.set()
+        assert sent.wait(10)
+        (t_sent, unsent), = at_sent
+        wire = sum(memoryview(b).nbytes for b in (*big, *small)) + FRAME_OVERHEAD_BYTES
+        assert unsent == 0 and t_sent - t0 >= wire * 8 / 100e6 - SLACK_S
     finally:
         go.set()
         out.flush_and_close(5.0)

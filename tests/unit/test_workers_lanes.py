@@ -16,7 +16,7 @@ from workers.config import AgentConfig, Peer
 from workers.framing import Buffer
 from workers.round_parts import Lanes
 
-#: The frames sent with ``drain`` (their `on_sent` waits for the child's acknowledgement), in order.
+#: The frames sent with ``drain`` (their `on_sent` waits until the copy has left: `Outbound.send`), in order.
 DRAINED: list[tuple[str, int, str]] = []
 #: The frames sent with ``last`` (a copy's final frame, whose last segment a pacer never leads), in order.
 LAST: list[tuple[str, int, str]] = []
@@ -183,7 +183,7 @@ def test_an_agent_config_names_only_its_own_broadcast_children_in_lanes_once() -
             AgentConfig.from_dict({**base, "broadcast_lanes": bad})
 
 
-def test_a_lane_copy_has_left_once_its_last_chunk_is_acknowledged_and_only_then() -> None:
+def test_a_lane_copy_has_left_once_its_last_chunk_was_drained_and_only_then() -> None:
     # Prepare: A and B share a link; D is in no lane. Two rounds of 3 chunks each.
     DRAINED.clear()
     ln, log, pending = lanes([("A", "B")], "ABD")
@@ -193,7 +193,7 @@ def test_a_lane_copy_has_left_once_its_last_chunk_is_acknowledged_and_only_then(
         broadcast(ln, r, "ABD", chunks=3)
         deliver(pending)
 
-    # Assert: only each lane copy's last chunk waits for its child's acknowledgement, in lane order;
+    # Assert: only each lane copy's last chunk is sent with drain (it waits until it has left), in lane order;
     # D's copy and the other chunks count as sent once written
     assert DRAINED == [("A", 1, "r1k2"), ("B", 1, "r1k2"), ("A", 2, "r2k2"), ("B", 2, "r2k2")]
     assert [e for e in log if e[2] == "copy_sent"] == [("A", 1, "copy_sent"), ("B", 1, "copy_sent"),
