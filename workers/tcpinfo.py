@@ -77,26 +77,29 @@ def read_tcp_bytes(sock: socket.socket) -> TcpBytes:
         return UNMEASURED
 
 
-def unacked_bytes(sock: socket.socket) -> int | None:
-    """Bytes the socket holds that its peer has not acknowledged (SIOCOUTQ); None if unknown."""
-    try:
-        buf = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")  # SIOCOUTQ == TIOCOUTQ on Linux
-    except (OSError, ValueError):
-        return None
-    return int(struct.unpack("=i", buf)[0])
-
-
+#: SIOCOUTQ (== TIOCOUTQ on Linux): the bytes a TCP socket holds that its peer has not acknowledged.
+SIOCOUTQ = termios.TIOCOUTQ
 #: SIOCOUTQNSD (linux/sockios.h): the bytes a TCP socket holds that it has not sent yet.
 SIOCOUTQNSD = 0x894B
 
 
-def unsent_bytes(sock: socket.socket) -> int | None:
-    """Bytes the socket holds that it has not sent yet (SIOCOUTQNSD); None if unknown."""
+def _queued(sock: socket.socket, request: int) -> int | None:
+    """The byte count the socket ioctl `request` returns; None if unknown (closed, not TCP)."""
     try:
-        buf = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
+        buf = fcntl.ioctl(sock.fileno(), request, b"\0\0\0\0")
     except (OSError, ValueError):
         return None
     return int(struct.unpack("=i", buf)[0])
+
+
+def unacked_bytes(sock: socket.socket) -> int | None:
+    """Bytes the socket holds that its peer has not acknowledged (SIOCOUTQ); None if unknown."""
+    return _queued(sock, SIOCOUTQ)
+
+
+def unsent_bytes(sock: socket.socket) -> int | None:
+    """Bytes the socket holds that it has not sent yet (SIOCOUTQNSD); None if unknown."""
+    return _queued(sock, SIOCOUTQNSD)
 
 
 def wait_acked(sock: socket.socket, within_s: float, *, poll_s: float = ACK_POLL_S,

@@ -312,18 +312,18 @@ class Outbound:
                     return
                 continue
             if item.drain:
-                self._drain(paced=self.pacer is not None)
+                self._drain()
             if item.on_sent is not None:
                 item.on_sent()
 
-    def _drain(self, *, paced: bool) -> bool:
-        """Wait until the peer acknowledged everything written (`paced`: until the socket has sent
-        everything: the pacer wrote the last segment when the emulated link would have serialized
-        it, within `SLACK_S`, and the kernel may only hold it back behind its congestion window), the
-        node stops, or nothing moved for `DRAIN_STALL_S`; whether it did."""
+    def _drain(self) -> bool:
+        """Wait until the peer acknowledged everything written (on a paced connection until the
+        socket has sent everything: the pacer wrote the last segment when the emulated link would
+        have serialized it, within `SLACK_S`, and the kernel may only hold it back behind its
+        congestion window), the node stops, or nothing moved for `DRAIN_STALL_S`; whether it did."""
+        held = unsent_bytes if self.pacer is not None else unacked_bytes
         return self.sock is not None and wait_acked(self.sock, DRAIN_STALL_S, poll_s=DRAIN_POLL_S,
-                                                    stop=self._stopping, idle=True,
-                                                    held=unsent_bytes if paced else unacked_bytes)
+                                                    stop=self._stopping, idle=True, held=held)
 
 
 # -- inbound connections --------------------------------------------------------------------------
