@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.emulation import ctl_dirs
 from orchestrator.emulation.kernel import delete_stale_probes
+from orchestrator.emulation.procs import boot_id, proc_start_ticks, process_alive
 
 ENV_RUN = "NETAI_RUN"
 BRIDGE_TAG = "netai-run"
@@ -43,39 +45,6 @@ KILL_TIMEOUT_S = 2.0
 
 
 # -- processes ------------------------------------------------------------------------------------
-def stat_fields(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name, from field 3 (state; then ppid, ...);
-    None if `pid` is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces; fields after the closing parenthesis don't.
-    return stat.rsplit(")", 1)[1].split()
-
-
-def proc_start_ticks(pid: int) -> int | None:
-    """Start time of `pid` in clock ticks since boot (field 22 of /proc/PID/stat); None if gone."""
-    fields = stat_fields(pid)
-    return None if fields is None else int(fields[19])
-
-
-def boot_id() -> str:
-    """This boot of the machine (a pid and its start time name a process within one boot only)."""
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "?"
-
-
-def process_alive(pid: int, start_ticks: int | None = None) -> bool:
-    """True if `pid` runs (and, when given, started at `start_ticks`: not a reused pid)."""
-    fields = stat_fields(pid)
-    if fields is None or fields[0] == "Z":
-        return False
-    return start_ticks is None or int(fields[19]) == start_ticks
-
-
 def process_run_id(pid: int) -> str | None:
     """The ``NETAI_RUN`` value in a process's initial environment, if any."""
     try:
@@ -435,6 +404,7 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
             shutil.rmtree(folder, ignore_errors=True)
             report.folders.append(str(folder))
     report.interfaces += [f"netns {ns}" for ns in delete_stale_probes(NETNS_DIR)]  # a probe killed mid-way
+    report.folders += ctl_dirs.remove_stale(log=log)
     return report
 
 
@@ -442,8 +412,9 @@ def clean_dead_runs(*, log: Callable[[str], None] = lambda _m: None) -> CleanRep
     """Clean every run of this machine whose state file names an owner that is gone (killed, crashed):
     its processes (controller, host shells, site servers), bridges, interfaces, worker containers and
     state file, each carrying its mark; what was removed is logged. Runs without a state file, and
-    far run folders, are `clean`'s (``netai clean``) only."""
-    report = CleanReport()
+    far run folders, are `clean`'s (``netai clean``) only. The control-socket folders of processes
+    that are gone (`ctl_dirs`) go too."""
+    report = CleanReport(folders=ctl_dirs.remove_stale(log=log))
     dead = [s for s in run_states() if not s.live]
     for state in dead:
         log(f"cleaning run {state.run_id}: its process {state.owner_pid} is gone (a crashed or killed run)")

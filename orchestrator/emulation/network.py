@@ -62,7 +62,6 @@ from orchestrator.emulation.cleanup import (
     existing_interfaces,
     mark_interfaces,
     marked_processes,
-    proc_start_ticks,
     tagged_bridges,
     underlay_exists,
     underlay_netns,
@@ -82,6 +81,7 @@ from orchestrator.emulation.kernel import (
 )
 from orchestrator.emulation.links import set_link
 from orchestrator.emulation.mininet_nodes import mininet_classes, tune_host
+from orchestrator.emulation.procs import proc_start_ticks
 from orchestrator.emulation.signals import ignore_signals, restore_signals, terminate_on_signals
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import Schedule

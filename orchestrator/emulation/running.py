@@ -30,12 +30,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.emulation.cleanup import RunState, process_alive, process_run_id, run_states
+from orchestrator.emulation.cleanup import RunState, process_run_id, run_states
 from orchestrator.emulation.controller_client import (
     ControllerClient,
     ControllerHTTPError,
     ControllerUnreachable,
 )
+from orchestrator.emulation.procs import process_alive
 from orchestrator.errors import ConfigError
 from orchestrator.results import queries
 from orchestrator.scheduling import NetworkState

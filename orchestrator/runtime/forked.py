@@ -25,13 +25,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.emulation import ctl_dirs
 from workers.control import ProtocolError, connect_unix, recv_message, send_message
 
 #: ``0`` turns the fork server off: every local site server imports torch on its own.
@@ -53,8 +53,9 @@ class ForkServerError(RuntimeError):
 
 def new_ctl_dir() -> Path:
     """A fresh directory for the site servers' control sockets, only its owner may enter (short, so
-    socket paths stay under the kernel's 108-byte limit)."""
-    return Path(tempfile.mkdtemp(prefix="netai-ctl-"))
+    socket paths stay under the kernel's 108-byte limit), named after this process so that the next
+    run removes it if this one is killed (`orchestrator.emulation.ctl_dirs`)."""
+    return ctl_dirs.make()
 
 
 def server_env() -> dict[str, str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation import cleanup
+from orchestrator.emulation import cleanup, procs
 from orchestrator.runtime.backends import DEFAULT_IMAGE, RUN_LABEL
 
 pytestmark = [pytest.mark.root, pytest.mark.docker]
@@ -28,7 +28,7 @@ def test_clean_removes_containers_of_dead_runs_only(tmp_path: Path, monkeypatch:
         pytest.fail(f"the worker image {DEFAULT_IMAGE} is missing: make setup builds it")
     monkeypatch.setattr(cleanup, "STATE_DIR", tmp_path)
     live = cleanup.RunState(run_id="livetest", owner_pid=os.getpid(),
-                            owner_start_ticks=cleanup.proc_start_ticks(os.getpid()))
+                            owner_start_ticks=procs.proc_start_ticks(os.getpid()))
     dead_id = start("deadtest", "netai-test-dead")
     live_id = start("livetest", "netai-test-live")
     try:

@@ -23,10 +23,10 @@ from orchestrator.emulation.cleanup import (
     STATE_DIR,
     marked_interfaces,
     marked_processes,
-    process_alive,
     tagged_bridges,
 )
 from orchestrator.emulation.network import Emulation
+from orchestrator.emulation.procs import process_alive
 from topologies.loaders import load
 from topologies.mininet_topo import switch_interfaces
 from topologies.plan import EmulationPlan

@@ -60,6 +60,7 @@ def test_kill_campaign_on_the_simulation(tmp_path: Path, figures: list[str]) -> 
 
 @pytest.mark.root
 def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> None:
+    from orchestrator.emulation import ctl_dirs
     from orchestrator.emulation.cleanup import run_states
     from tests.integration.test_emulation_teardown import NOTHING, leftovers
     from topologies.loaders import load
@@ -73,9 +74,10 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
     before = {s.run_id for s in run_states()}  # other runs of this machine are not the campaign's
 
     def left() -> list[str]:
-        # what the killed runs left, once the chain's last run (which cleans before it starts) is done
+        # what the killed runs left, once the chain's last run (which cleans before it starts) is done:
+        # their switches, processes and state files, and their site servers' control-socket folders
         return [f"run {s.run_id} left {got}" for s in run_states() if s.run_id not in before and not s.live
-                and (got := leftovers(s.run_id, plan)) != NOTHING]
+                and (got := leftovers(s.run_id, plan)) != NOTHING] + [f"left {d}" for d in ctl_dirs.stale()]
 
     # Execute: 20 seeded kills, up to 4 in a row on one run. Each resumed run must have run at the
     # uninterrupted run's K (their environments'), and its latency and reserved bandwidth are

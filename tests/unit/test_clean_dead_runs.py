@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from orchestrator.emulation import cleanup
-from orchestrator.emulation.cleanup import CleanReport, RunState, clear_the_way, proc_start_ticks
+from orchestrator.emulation.cleanup import CleanReport, RunState, clear_the_way
+from orchestrator.emulation.procs import proc_start_ticks
 
 
 def _dead_pid() -> int:

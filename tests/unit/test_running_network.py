@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 
 from orchestrator.emulation import cleanup
-from orchestrator.emulation.cleanup import ENV_RUN, RunState, proc_start_ticks, process_run_id
+from orchestrator.emulation.cleanup import ENV_RUN, RunState, process_run_id
+from orchestrator.emulation.procs import proc_start_ticks
 from orchestrator.emulation.running import RunningNetwork, find_running
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
