@@ -145,7 +145,7 @@ def test_live_counters_settle_on_a_short_window_after_the_ramp(plan: EmulationPl
 
     # Assert: the short window's pieces, the steady rate and not the ramp, and a window begun once
     # the ramp was over.
-    assert (settings.window_s, settings.piece_s) == (1.0, 0.25) and settings.poll_s < settings.piece_s
+    assert (settings.window_s, settings.piece_s) == (0.75, 0.2) and settings.poll_s < settings.piece_s
     assert m.settled and m.pieces >= 3 and m.cv <= 0.1
     assert m.mbps[(a, b)] * plan.bw_scale == pytest.approx(60.0, rel=0.03)
     assert fake.t - m.window_s >= 3.0 - settings.piece_s
