@@ -308,8 +308,10 @@ def cmd_clean(args: argparse.Namespace) -> int:
         print("netai clean: nothing to clean")
     else:
         print(f"netai clean: removed {len(report.processes)} processes, {len(report.bridges)} bridges, "
-              f"{len(report.interfaces)} interfaces of run(s) {', '.join(report.runs)}"
-              + (f"; {len(report.folders)} far run folder(s)" if report.folders else ""))
+              f"{len(report.interfaces)} interfaces"
+              + (f" of run(s) {', '.join(report.runs)}" if report.runs else "")
+              + (f"; {len(report.folders)} far run folder(s)" if report.folders else "")
+              + (f"; {len(report.control_folders)} control-socket folder(s)" if report.control_folders else ""))
     if report.survivors:
         print(f"netai clean: processes survived SIGKILL: {report.survivors}", file=sys.stderr)
         return 1

@@ -81,7 +81,7 @@ class ViewSettings:
     poll_s: float = 0.05
     max_age_s: float = 10.0
     #: Counters exact whenever read (the tc datapath's, `controller.tc_flows`), not swept by Open
-    #: vSwitch: every read is a boundary, and reads can be far fewer.
+    #: vSwitch: every read is a boundary, and the window and its pieces can be far shorter.
     live: bool = False
 
     def __post_init__(self) -> None:

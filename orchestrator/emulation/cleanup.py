@@ -321,6 +321,8 @@ class CleanReport:
     interfaces: list[str] = field(default_factory=list)
     containers: list[str] = field(default_factory=list)
     folders: list[str] = field(default_factory=list)
+    #: The site servers' control-socket folders of processes that are gone (`ctl_dirs`).
+    control_folders: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -328,7 +330,7 @@ class CleanReport:
     @property
     def nothing(self) -> bool:
         return not (self.runs or self.processes or self.bridges or self.interfaces or self.containers
-                    or self.folders)
+                    or self.folders or self.control_folders)
 
 
 def clean_run(state: RunState, *, report: CleanReport | None = None) -> CleanReport:
@@ -404,7 +406,7 @@ def clean(*, log: Callable[[str], None] = lambda _m: None) -> CleanReport:
             shutil.rmtree(folder, ignore_errors=True)
             report.folders.append(str(folder))
     report.interfaces += [f"netns {ns}" for ns in delete_stale_probes(NETNS_DIR)]  # a probe killed mid-way
-    report.folders += ctl_dirs.remove_stale(log=log)
+    report.control_folders += ctl_dirs.remove_stale(log=log)
     return report
 
 
@@ -414,7 +416,7 @@ def clean_dead_runs(*, log: Callable[[str], None] = lambda _m: None) -> CleanRep
     state file, each carrying its mark; what was removed is logged. Runs without a state file, and
     far run folders, are `clean`'s (``netai clean``) only. The control-socket folders of processes
     that are gone (`ctl_dirs`) go too."""
-    report = CleanReport(folders=ctl_dirs.remove_stale(log=log))
+    report = CleanReport()
     dead = [s for s in run_states() if not s.live]
     for state in dead:
         log(f"cleaning run {state.run_id}: its process {state.owner_pid} is gone (a crashed or killed run)")
@@ -426,6 +428,7 @@ def clean_dead_runs(*, log: Callable[[str], None] = lambda _m: None) -> CleanRep
         report.containers += gone
         log(f"removed {len(report.processes)} process(es), {len(report.bridges)} bridge(s), "
             f"{len(report.interfaces)} interface(s), {len(gone)} container(s)")
+    report.control_folders += ctl_dirs.remove_stale(log=log)  # once the dead runs' servers are stopped
     return report
 
 

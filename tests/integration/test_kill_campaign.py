@@ -5,6 +5,7 @@ core) and on the emulation (root, Mininet; the process backend)."""
 
 from __future__ import annotations
 
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -72,12 +73,14 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
     plan = EmulationPlan.from_model(load("triangle"))
 
     before = {s.run_id for s in run_states()}  # other runs of this machine are not the campaign's
+    folders_before = set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*"))
 
     def left() -> list[str]:
         # what the killed runs left, once the chain's last run (which cleans before it starts) is done:
         # their switches, processes and state files, and their site servers' control-socket folders
         return [f"run {s.run_id} left {got}" for s in run_states() if s.run_id not in before and not s.live
-                and (got := leftovers(s.run_id, plan)) != NOTHING] + [f"left {d}" for d in ctl_dirs.stale()]
+                and (got := leftovers(s.run_id, plan)) != NOTHING] + \
+            [f"left {d}" for d in sorted(set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*")) - folders_before)]
 
     # Execute: 20 seeded kills, up to 4 in a row on one run. Each resumed run must have run at the
     # uninterrupted run's K (their environments'), and its latency and reserved bandwidth are

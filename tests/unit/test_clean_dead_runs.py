@@ -12,9 +12,15 @@ from typing import Any
 
 import pytest
 
-from orchestrator.emulation import cleanup
+from orchestrator.emulation import cleanup, ctl_dirs
 from orchestrator.emulation.cleanup import CleanReport, RunState, clear_the_way
 from orchestrator.emulation.procs import proc_start_ticks
+
+
+@pytest.fixture(autouse=True)
+def _no_control_folders(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This machine's temporary folder is not the tests' (`tests/unit/test_ctl_dirs.py` covers it)."""
+    monkeypatch.setattr(ctl_dirs, "remove_stale", lambda **_kw: [])
 
 
 def _dead_pid() -> int:

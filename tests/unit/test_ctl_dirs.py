@@ -4,8 +4,6 @@ removed by the next run or ``netai clean`` (`orchestrator.emulation.ctl_dirs`, i
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
@@ -15,14 +13,7 @@ from orchestrator.emulation import cleanup, ctl_dirs
 from orchestrator.emulation.procs import proc_start_ticks
 from orchestrator.runtime.forked import new_ctl_dir
 
-
-def _gone_process() -> tuple[int, int]:
-    """(pid, start ticks) of a process that has exited."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.05)"])
-    ticks = proc_start_ticks(proc.pid)
-    proc.wait()
-    assert ticks is not None
-    return proc.pid, ticks
+BOOT = "0123abcd"
 
 
 def test_a_new_control_folder_names_this_process_and_is_not_stale(tmp_path: Path,
@@ -33,50 +24,79 @@ def test_a_new_control_folder_names_this_process_and_is_not_stale(tmp_path: Path
     # Execute
     made = new_ctl_dir()
 
-    # Assert: owned by this process, private, short enough for a socket path, and left alone
+    # Assert: owned by this process of this boot, and left alone
     assert made.parent == tmp_path
-    assert ctl_dirs.owner(made.name) == (os.getpid(), proc_start_ticks(os.getpid()))
-    assert made.stat().st_mode & 0o777 == 0o700
+    assert ctl_dirs.owner(made.name) == (ctl_dirs.boot_tag(), os.getpid(), proc_start_ticks(os.getpid()))
     assert ctl_dirs.stale(tmp_path) == []
 
 
-def test_only_the_folders_of_processes_that_are_gone_are_removed(tmp_path: Path) -> None:
-    # Prepare: a folder of a process that exited, one of a reused pid (this process, another start
-    # time), one of this process, one of the earlier form, and a file with the prefix
-    pid, ticks = _gone_process()
-    gone = tmp_path / f"{ctl_dirs.prefix_for(pid, ticks)}abc"
-    reused = tmp_path / f"{ctl_dirs.prefix_for(os.getpid(), 1)}def"
-    mine = ctl_dirs.make(tmp_path)
+def test_a_process_whose_start_cannot_be_read_makes_a_folder_no_one_removes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: this process's start unknown (a /proc of another PID namespace, say)
+    monkeypatch.setattr(ctl_dirs, "proc_start_ticks", lambda pid: None)
+
+    # Execute
+    made = ctl_dirs.make(tmp_path)
+
+    # Assert: the earlier form, which says no owner, so it is never taken for a dead one's
+    assert made.name.startswith(ctl_dirs.PREFIX) and ctl_dirs.owner(made.name) is None
+    assert ctl_dirs.stale(tmp_path, alive=lambda pid, ticks: False, boot=BOOT) == []
+
+
+def test_only_this_boot_s_folders_of_processes_that_are_gone_are_stale(tmp_path: Path) -> None:
+    # Prepare: folders of a gone process, of a live one, of another boot (or machine), of the
+    # earlier form, and a file with the prefix; `alive` says which processes run
+    gone = tmp_path / f"{ctl_dirs.prefix_for(BOOT, 41, 7)}abc"
+    live = tmp_path / f"{ctl_dirs.prefix_for(BOOT, 42, 7)}def"
+    reused = tmp_path / f"{ctl_dirs.prefix_for(BOOT, 42, 8)}ghi"  # pid 42 now runs, started at 7
+    other_boot = tmp_path / f"{ctl_dirs.prefix_for('ffffffff', 41, 7)}jkl"
     earlier = tmp_path / "netai-ctl-k3j4h5g6"
-    for folder in (gone, reused, earlier):
+    for folder in (gone, live, reused, other_boot, earlier):
         folder.mkdir()
-    (gone / "h1.sock").write_text("")
-    (tmp_path / f"{ctl_dirs.prefix_for(pid, ticks)}file").write_text("")
+    (tmp_path / f"{ctl_dirs.prefix_for(BOOT, 41, 7)}file").write_text("")
+
+    # Execute
+    found = ctl_dirs.stale(tmp_path, alive=lambda pid, ticks: (pid, ticks) == (42, 7), boot=BOOT)
+
+    # Assert
+    assert found == [gone, reused]
+
+
+def test_remove_stale_removes_and_reports_only_what_it_removed(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: two stale folders, one of which cannot be removed
+    kept, removed = tmp_path / "a", tmp_path / "b"
+    for folder in (kept, removed):
+        folder.mkdir()
+    (removed / "h1.sock").write_text("")
+    monkeypatch.setattr(ctl_dirs, "stale", lambda root=None: [kept, removed])
+    real_rmtree = ctl_dirs.shutil.rmtree
+    monkeypatch.setattr(ctl_dirs.shutil, "rmtree",
+                        lambda path, ignore_errors=False: None if path == kept else real_rmtree(path))
     lines: list[str] = []
 
     # Execute
-    removed = ctl_dirs.remove_stale(log=lines.append, root=tmp_path)
+    out = ctl_dirs.remove_stale(log=lines.append, root=tmp_path)
 
     # Assert
-    assert sorted(removed) == sorted([str(gone), str(reused)])
-    assert not gone.exists() and not reused.exists()
-    assert mine.is_dir() and earlier.is_dir() and (tmp_path / f"{ctl_dirs.prefix_for(pid, ticks)}file").exists()
-    assert lines == ["removed 2 control-socket folder(s) of processes that are gone"]
+    assert out == [str(removed)] and kept.is_dir() and not removed.exists()
+    assert lines == ["removed 1 control-socket folder(s) of processes that are gone"]
 
 
 def test_names_that_do_not_say_their_owner_are_not_owned() -> None:
     assert ctl_dirs.owner("netai-ctl-0124cd7x") is None
-    assert ctl_dirs.owner("netai-ctl-12.34") is None
-    assert ctl_dirs.owner("other-12.34-abc") is None
-    assert ctl_dirs.owner("netai-ctl-12.34-abc") == (12, 34)
+    assert ctl_dirs.owner("netai-ctl-12.34-abc") is None
+    assert ctl_dirs.owner("other-0123abcd.12.34-abc") is None
+    assert ctl_dirs.owner("netai-ctl-0123abcd.12.34-abc") == ("0123abcd", 12, 34)
 
 
 def test_a_bring_up_removes_the_folders_a_killed_run_left(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # Prepare: no dead run state, one control folder of a process that is gone
+    # Prepare: no dead run state, one control folder of a process of this boot that is gone
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     monkeypatch.setattr(cleanup, "run_states", lambda: [])
-    pid, ticks = _gone_process()
-    gone = tmp_path / f"{ctl_dirs.prefix_for(pid, ticks)}abc"
+    boot = ctl_dirs.boot_tag()
+    assert boot is not None
+    gone = tmp_path / f"{ctl_dirs.prefix_for(boot, 2**22 + 1, 1)}abc"  # above any pid_max: never a process
     gone.mkdir()
     lines: list[str] = []
 
@@ -84,5 +104,5 @@ def test_a_bring_up_removes_the_folders_a_killed_run_left(tmp_path: Path, monkey
     report = cleanup.clean_dead_runs(log=lines.append)
 
     # Assert: removed, and said so
-    assert report.folders == [str(gone)] and not gone.exists()
+    assert report.control_folders == [str(gone)] and not gone.exists() and not report.nothing
     assert any("control-socket folder" in line for line in lines)

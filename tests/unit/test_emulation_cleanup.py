@@ -11,16 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation import cleanup
+from orchestrator.emulation import cleanup, ctl_dirs
 from orchestrator.emulation.cleanup import (
     ENV_RUN,
     RunState,
     kill_pids,
     marked_processes,
-    proc_start_ticks,
-    process_alive,
     process_run_id,
 )
+from orchestrator.emulation.procs import proc_start_ticks, process_alive
 
 
 @pytest.fixture
@@ -112,6 +111,7 @@ def _fake_system(monkeypatch: pytest.MonkeyPatch, *, marks: dict[str, str], atta
     monkeypatch.setattr(cleanup, "delete_underlay", lambda rid: False)
     monkeypatch.setattr(cleanup, "labelled_containers", dict)
     monkeypatch.setattr(cleanup, "delete_stale_probes", lambda netns_dir: ["netai-probe-4545"])
+    monkeypatch.setattr(ctl_dirs, "remove_stale", lambda **_kw: [])  # not this machine's temporary folder
     return deleted
 
 
