@@ -11,7 +11,9 @@ time, since a short trial's few rounds vary less than the run's.
 
 `search` tries K = 1, 2, 4, ... up to the cap (`ladder`) and takes the first faithful one; where a
 trial's compute bound rules out the next K, it tries that bound rounded up to a quarter octave
-(`step_up`: ..., 32, 40, 48, 56, 64, ...) instead of the next power of two above it. Doubling
+(`step_up`: ..., 32, 40, 48, 56, 64, ...) instead of the next power of two above it, and where a
+trial failed only on its relay chains (and training), the K at which their share would meet the
+margin, rounded up the same way, if that is below the next power of two. Doubling
 is cheap because a trial's wall time grows with K: the whole calibration costs about twice the
 chosen K's trial plus one emulation bring-up per K tried. When no K up to the cap is faithful the
 run goes on at the cap, the most faithful K allowed (the instrument's share of a hop and the
@@ -45,6 +47,11 @@ TRIAL_TRAINING_USE = 0.8
 #: trial at K = 3 passed, and its run's links delivered 0.79.
 TRIAL_CHAIN_USE = 0.8
 TRIAL_RATE_LOW = 0.85
+#: How the verdict's reasons that fall as K grows begin (`orchestrator.results.fidelity.verdict`):
+#: a training's overrun and the relay chains' share. A trial that failed on these alone has a K to
+#: aim for (`Trial.compute_bound`, `Trial.chain_bound`); any other reason (a slow hop, a link's rate,
+#: a failed task) has none, and the ladder goes on.
+SCALING_REASONS = ("training:", "relay chains:")
 
 
 @dataclass(frozen=True)
@@ -63,11 +70,16 @@ class Trial:
     host_saturated: float | None = None
     #: The most of its modelled time any training of the trial used (None: none recorded).
     training_use: float | None = None
+    #: The largest share of a round its relay chains carried, over its points (None: none recorded).
+    chain_share: float | None = None
+    #: Whether everything the trial failed on falls as K grows in a known way (`SCALING_REASONS`:
+    #: training and relay chains, each about as 1 / K); False if anything else failed too.
+    scaling: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "faithful": self.faithful, "reasons": list(self.reasons), "wall_s": round(self.wall_s, 3),
                 "emulated_s": self.emulated_s, "host_saturated": self.host_saturated,
-                "training_use": self.training_use}
+                "training_use": self.training_use, "chain_share": self.chain_share}
 
     def compute_bound(self) -> float:
         """The smallest K at which the trial's trainings could be faithful: a training's wall time
@@ -75,6 +87,17 @@ class Trial:
         reach `TRIAL_TRAINING_USE` (K itself when nothing overran its margin)."""
         use = self.training_use or 0.0
         return self.k * use / TRIAL_TRAINING_USE if use > TRIAL_TRAINING_USE else self.k
+
+    def chain_bound(self) -> float:
+        """The K at which the trial's relay chains would carry the trial's margin (`TRIAL_CHAIN_USE`
+        of `fidelity.CHAIN_SHARE`): what the host adds at a hop stays about what it is in wall time
+        while a round's emulated latency is fixed, so the share falls about as 1 / K (K itself when the
+        chains were within the margin). An estimate, not a bound: a trial's three rounds are noisy
+        (paper.yaml's 8 locals: 4.6 % at K = 32, 2.8 % at K = 64), so it only chooses the next K to try."""
+        from orchestrator.results.fidelity import CHAIN_SHARE
+
+        share, limit = self.chain_share or 0.0, TRIAL_CHAIN_USE * CHAIN_SHARE
+        return self.k * share / limit if share > limit else self.k
 
 
 @dataclass(frozen=True)
@@ -136,7 +159,10 @@ def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], 
     """The smallest faithful K that the trials (`try_k`) find, else the cap. They climb `ladder(cap)`;
     a K below the compute bound of a trial before it (`Trial.compute_bound`) is skipped, not tried,
     and the next K tried is then the bound rounded up to a quarter octave (`step_up`), so a K the
-    compute bound sets is within a quarter of it rather than up to twice.
+    compute bound sets is within a quarter of it rather than up to twice. A trial that failed only
+    on what falls as K grows, and whose relay chains would meet the margin below the next rung, has
+    its chains' estimate tried first (`_next_k`): paper.yaml's 8 locals failed at K = 32 on chains of
+    4.6 % alone, and the rung after 32 is 64.
 
     With `floor` above 1 (the K chosen for the run's point at `floor_locals` locals, fewer than this
     one's) the trials start there, not at 1: a point with more locals trains more at once over deeper
@@ -170,15 +196,30 @@ def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], 
         if k >= cap:
             break
         bound = max(bound, trial.compute_bound())
-        higher = [x for x in ladder(cap) if x > k]
-        for skipped in (x for x in higher if x < bound and x < cap):
-            say(f"time dilation auto: K={skipped:g} skipped: training needs K >= {bound:.1f} (the compute bound "
-                f"from K={trial.k:g}'s trial)")
-        k = higher[0] if higher[0] >= bound else min(float(cap), max(higher[0], step_up(bound)))
+        k = _next_k(trial, bound, cap, say)
     cal = made(float(cap), False)
     say(f"warning: time dilation auto: no K up to {cap:g} was faithful; the run goes on at K={cap:g} and its "
         f"verdict says what is violated (the calibration took {cal.wall_s:.0f} s)")
     return cal
+
+
+def _next_k(trial: Trial, bound: float, cap: float, say: Callable[[str], None]) -> float:
+    """The K to try after `trial` failed: the ladder's next rung, or, where the trial failed only on
+    what falls as K grows (`Trial.scaling`) and its relay chains aim lower, the chains' estimate
+    (`Trial.chain_bound`) rounded up to a quarter octave, at least the next one above the trial's K;
+    never below the compute `bound` (the Ks below it are skipped, one line each)."""
+    k = trial.k
+    higher = [x for x in ladder(cap) if x > k]
+    rung = higher[0]
+    aim = trial.chain_bound()
+    if trial.scaling and aim > k and (guess := max(step_up(aim), step_up(k * (1 + 1e-6)))) < rung:
+        say(f"time dilation auto: K={guess:g} next, not K={rung:g}: the relay chains' {trial.chain_share:.1%} of a "
+            f"round at K={k:g} falls about as 1 / K to a trial's margin at K = {aim:.1f}")
+        rung = guess
+    for skipped in (x for x in higher if x < bound and x < cap):
+        say(f"time dilation auto: K={skipped:g} skipped: training needs K >= {bound:.1f} (the compute bound "
+            f"from K={k:g}'s trial)")
+    return rung if rung >= bound else min(float(cap), max(rung, step_up(bound)))
 
 
 def calibration_config(cfg: ExperimentConfig, k: float) -> ExperimentConfig:
@@ -194,26 +235,30 @@ def judge(k: float, wall_s: float, summary: Any) -> Trial:
     could not be written): faithful when some task ran, none failed and every point that ran is."""
     if summary is None:
         return Trial(k=k, faithful=False, reasons=("the trial's results could not be read",), wall_s=wall_s)
-    reasons: list[str] = [f"{t.scheduler} task {t.task_id} failed: {t.reason or 'no reason recorded'}"
-                          for t in summary.tasks if t.state == "failed"]
     verdicts: Sequence[Any] = summary.verdicts
+    #: (what was violated, whether it falls as K grows: `SCALING_REASONS`)
+    found: list[tuple[str, bool]] = [(f"{t.scheduler} task {t.task_id} failed: {t.reason or 'no reason recorded'}",
+                                      False) for t in summary.tasks if t.state == "failed"]
     if not verdicts:
-        reasons.append("no calibration task ran a round")
-    reasons += [f"{v.scheduler} at {v.n_locals} locals: {r}" for v in verdicts for r in v.reasons]
-    reasons += [f"{v.scheduler} at {v.n_locals} locals: training used up to {v.training_use_max:.2f} of its modelled "
-                f"time (a trial needs at most {TRIAL_TRAINING_USE:g}: its margin for the run's longer variation)"
-                for v in verdicts if v.faithful and v.training_use_max is not None
-                and v.training_use_max > TRIAL_TRAINING_USE]
-    reasons += _margins(verdicts)
+        found.append(("no calibration task ran a round", False))
+    found += [(f"{v.scheduler} at {v.n_locals} locals: {r}", r.startswith(SCALING_REASONS))
+              for v in verdicts for r in v.reasons]
+    found += [(f"{v.scheduler} at {v.n_locals} locals: training used up to {v.training_use_max:.2f} of its modelled "
+               f"time (a trial needs at most {TRIAL_TRAINING_USE:g}: its margin for the run's longer variation)", True)
+              for v in verdicts if v.faithful and v.training_use_max is not None
+              and v.training_use_max > TRIAL_TRAINING_USE]
+    found += _margins(verdicts)
     uses = [v.training_use_max for v in verdicts if v.training_use_max is not None]
-    return Trial(k=k, faithful=not reasons, reasons=tuple(reasons), wall_s=wall_s,
+    chains = [v.chain_share for v in verdicts if v.chain_share is not None]
+    return Trial(k=k, faithful=not found, reasons=tuple(r for r, _ in found), wall_s=wall_s,
                  emulated_s=summary.environment.get("clock_end_s"), host_saturated=summary.host_saturated,
-                 training_use=max(uses) if uses else None)
+                 training_use=max(uses) if uses else None, chain_share=max(chains) if chains else None,
+                 scaling=bool(found) and all(scales for _, scales in found))
 
 
-def _margins(verdicts: Sequence[Any]) -> list[str]:
+def _margins(verdicts: Sequence[Any]) -> list[tuple[str, bool]]:
     """What a faithful point of a trial lacks of the margins the run needs (`TRIAL_CHAIN_USE`,
-    `TRIAL_RATE_LOW`)."""
+    `TRIAL_RATE_LOW`), each with whether it falls as K grows (the chains' share does)."""
     from orchestrator.results.fidelity import CHAIN_SHARE
 
     out = []
@@ -221,10 +266,11 @@ def _margins(verdicts: Sequence[Any]) -> list[str]:
         if not v.faithful:
             continue
         if v.chain_share is not None and v.chain_share > TRIAL_CHAIN_USE * CHAIN_SHARE:
-            out.append(f"{v.scheduler} at {v.n_locals} locals: relay chains carried {v.chain_share:.1%} of a round "
-                       f"(a trial needs at most {TRIAL_CHAIN_USE * CHAIN_SHARE:.0%}: its margin for the run's longer "
-                       "variation)")
+            out.append((f"{v.scheduler} at {v.n_locals} locals: relay chains carried {v.chain_share:.1%} of a round "
+                        f"(a trial needs at most {TRIAL_CHAIN_USE * CHAIN_SHARE:.0%}: its margin for the run's longer "
+                        "variation)", True))
         if v.rate_share_median is not None and v.rate_share_median < TRIAL_RATE_LOW:
-            out.append(f"{v.scheduler} at {v.n_locals} locals: saturated links delivered {v.rate_share_median:.2f} of "
-                       f"their rate (a trial needs at least {TRIAL_RATE_LOW:g}: its margin for the run's longer variation)")
+            out.append((f"{v.scheduler} at {v.n_locals} locals: saturated links delivered {v.rate_share_median:.2f} of "
+                        f"their rate (a trial needs at least {TRIAL_RATE_LOW:g}: its margin for the run's longer "
+                        "variation)", False))
     return out

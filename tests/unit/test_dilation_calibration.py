@@ -6,6 +6,7 @@ the wall-time cost (`orchestrator.experiment.calibration`, fakes for the trials)
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -251,3 +252,72 @@ def test_a_trial_needs_a_margin_on_the_relay_chains_and_the_links_rate_too() -> 
     slow = judge(3, 30.0, _summary([point(0.01, (0.82, 0.81, 0.83))]))
     assert not slow.faithful and slow.reasons[0].startswith("mst at 13 locals: saturated links delivered 0.82")
     assert judge(3, 30.0, _summary([point(0.01, (0.9, 0.95))])).faithful
+
+
+def _chains_trial(k: float, share_at_32: float, *, faithful_from: float, scaling: bool = True,
+                  tried: list[float] | None = None) -> Trial:
+    """A trial whose relay chains carry `share_at_32` at K = 32, falling as 1 / K."""
+    if tried is not None:
+        tried.append(k)
+    ok = k >= faithful_from
+    return Trial(k=k, faithful=ok, reasons=() if ok else ("mst at 8 locals: relay chains carried ...",), wall_s=1.0,
+                 chain_share=share_at_32 * 32 / k, scaling=scaling)
+
+
+def test_a_trial_that_failed_on_its_relay_chains_alone_tries_where_they_would_meet_the_margin() -> None:
+    """paper.yaml's 8 locals: chains of 4.6 % at K = 32 (a trial may carry 4 %) aim at K = 36.8, so
+    40 is tried before the ladder's 64; if 40 fails too (4.6 x 32 / 40 = 3.7 %, but noisy), its own
+    estimate is within the margin and the ladder goes on at 64."""
+    tried: list[float] = []
+    said: list[str] = []
+    cal = search(lambda k: _chains_trial(k, 0.046, faithful_from=40, tried=tried), 256, say=said.append,
+                 floor=32, floor_locals=7)
+    assert tried == [32, 40] and cal.k == 40 and cal.faithful
+    assert ("time dilation auto: K=40 next, not K=64: the relay chains' 4.6% of a round at K=32 falls about as "
+            "1 / K to a trial's margin at K = 36.8") in said
+    assert Trial(k=32, faithful=False, reasons=(), wall_s=1, chain_share=0.046).chain_bound() == pytest.approx(36.8)
+    assert Trial(k=32, faithful=True, reasons=(), wall_s=1, chain_share=0.03).chain_bound() == 32
+
+    tried = []
+    search(lambda k: _chains_trial(k, 0.046, faithful_from=64, tried=tried), 256, say=[].append,
+           floor=32, floor_locals=7)
+    assert tried == [32, 40, 64]
+    # A trial that also failed on something that does not fall with K (a slow hop, a link's rate, a
+    # failed task) has no K to aim for: the ladder.
+    tried = []
+    search(lambda k: _chains_trial(k, 0.046, faithful_from=40, scaling=False, tried=tried), 256, say=[].append,
+           floor=32, floor_locals=7)
+    assert tried == [32, 64]
+    # Chains whose estimate is beyond the next rung leave the rung (the ladder never jumps further).
+    tried = []
+    search(lambda k: _chains_trial(k, 0.30, faithful_from=1000, tried=tried), 256, say=[].append,
+           floor=32, floor_locals=7)
+    assert tried == [32, 64, 128, 256]
+    # The compute bound still rules: chains aiming at 40 below a compute bound of 60 go to 64.
+    tried = []
+
+    def both(k: float) -> Trial:
+        tried.append(k)
+        return replace(_chains_trial(k, 0.046, faithful_from=64), training_use=1.5 * 32 / k)
+
+    search(both, 256, say=[].append, floor=32, floor_locals=7)
+    assert tried == [32, 64]
+
+
+def test_a_trial_records_its_chains_and_whether_all_it_failed_on_falls_with_k() -> None:
+    def point(chain: float, rates: tuple[float, ...] = (), hop: float = 1.2e-3, use: float | None = None) -> Any:
+        return verdict("mst", 8, [_hop(hop)], [], 24, compute_modelled=True, chain_share=chain,
+                       link_rates=[{"rate_share": r} for r in rates], training_use_max=use)
+
+    thin = judge(32, 30.0, _summary([point(0.046), point(0.02)]))
+    assert not thin.faithful and thin.scaling and thin.chain_share == pytest.approx(0.046)
+    over = judge(32, 30.0, _summary([point(0.07)]))  # beyond the report's 5 %: the verdict's own reason
+    assert over.reasons[0].startswith("mst at 8 locals: relay chains: the instrument adds") and over.scaling
+    assert judge(32, 30.0, _summary([point(0.046, use=0.95)])).scaling  # training falls with K too
+    assert not judge(32, 30.0, _summary([point(0.046, rates=(0.82, 0.83))])).scaling  # a link's rate does not
+    assert not judge(32, 30.0, _summary([point(0.046, hop=9e-3)])).scaling  # nor a slow hop
+    assert not judge(32, 30.0, _summary([point(0.046)], ("done", "failed"))).scaling  # nor a failed task
+    ok = judge(32, 30.0, _summary([point(0.02)]))
+    assert ok.faithful and not ok.scaling and ok.to_dict()["chain_share"] == pytest.approx(0.02)
+    overran = verdict("mst", 8, [_hop(1.2e-3)], [{"real_s": 0.02, "modelled_s": 0.01}], 16, compute_modelled=True)
+    assert judge(2, 30.0, _summary([overran])).scaling, "the verdict's training reason falls with K"
