@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.emulation.procs import stat_fields
+from orchestrator.procs import stat_fields
 from orchestrator.scheduling.background_plan import (  # noqa: F401 -- the plan, importable from here too
     IPERF_BASE_PORT,
     ON_OFF_PERIODS,

@@ -33,7 +33,7 @@ from typing import Any
 
 from orchestrator.emulation import ctl_dirs
 from orchestrator.emulation.kernel import delete_stale_probes
-from orchestrator.emulation.procs import boot_id, proc_start_ticks, process_alive
+from orchestrator.procs import boot_id, proc_start_ticks, process_alive
 
 ENV_RUN = "NETAI_RUN"
 BRIDGE_TAG = "netai-run"

@@ -23,7 +23,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from orchestrator.emulation.procs import boot_id, proc_start_ticks, process_alive
+from orchestrator.procs import boot_id, proc_start_ticks, process_alive
 
 PREFIX = "netai-ctl-"
 _OWNED = re.compile(re.escape(PREFIX) + r"([0-9a-f]{8})\.([0-9]+)\.([0-9]+)-[^/]+")

@@ -81,9 +81,9 @@ from orchestrator.emulation.kernel import (
 )
 from orchestrator.emulation.links import set_link
 from orchestrator.emulation.mininet_nodes import mininet_classes, tune_host
-from orchestrator.emulation.procs import proc_start_ticks
 from orchestrator.emulation.signals import ignore_signals, restore_signals, terminate_on_signals
 from orchestrator.emulation.task_paths import task_paths
+from orchestrator.procs import proc_start_ticks
 from orchestrator.scheduling.schedule import Schedule
 from topologies.errors import TopologyError
 from topologies.mininet_topo import HostParams, PlanTopo, switch_interfaces

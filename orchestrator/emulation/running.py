@@ -36,8 +36,8 @@ from orchestrator.emulation.controller_client import (
     ControllerHTTPError,
     ControllerUnreachable,
 )
-from orchestrator.emulation.procs import process_alive
 from orchestrator.errors import ConfigError
+from orchestrator.procs import process_alive
 from orchestrator.results import queries
 from orchestrator.scheduling import NetworkState
 from topologies.errors import TopologyError

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from orchestrator.procs import boot_id, proc_start_ticks
 from orchestrator.results import queries
 
 #: Tables whose rows belong to one task of a run (run_id, scheduler, task_id), but `task_events`,
@@ -33,26 +34,11 @@ TASK_TABLES = ("tasks", "schedules", "rounds", "network_state", "node_rounds", "
 DISCARDED = "discarded"
 
 
-def _boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return "?"
-
-
-def _start_ticks(pid: int) -> str:
-    """The process's start time in clock ticks since boot (field 22 of /proc/PID/stat); "" if gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return ""
-    return stat.rsplit(")", 1)[1].split()[19]
-
-
 def owner_stamp(pid: int | None = None) -> str:
     """This process as a run's owner: ``host pid boot-id start-ticks``."""
     pid = os.getpid() if pid is None else pid
-    return f"{socket.gethostname()} {pid} {_boot_id()} {_start_ticks(pid) or '?'}"
+    ticks = proc_start_ticks(pid)
+    return f"{socket.gethostname()} {pid} {boot_id()} {'?' if ticks is None else ticks}"
 
 
 def owner_alive(stamp: str) -> bool | None:
@@ -62,9 +48,9 @@ def owner_alive(stamp: str) -> bool | None:
     if len(parts) != 4 or parts[0] != socket.gethostname():
         return None
     _, pid, boot, ticks = parts
-    if boot != _boot_id():
+    if boot != boot_id():
         return False  # the machine rebooted since
-    return _start_ticks(int(pid)) == ticks
+    return str(proc_start_ticks(int(pid))) == ticks
 
 
 def discard_incomplete(conn: sqlite3.Connection, run_id: int, why: str) -> list[tuple[str, int]]:

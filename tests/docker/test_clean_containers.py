@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.emulation import cleanup, procs
+from orchestrator import procs
+from orchestrator.emulation import cleanup
 from orchestrator.runtime.backends import DEFAULT_IMAGE, RUN_LABEL
 
 pytestmark = [pytest.mark.root, pytest.mark.docker]

@@ -26,7 +26,7 @@ from orchestrator.emulation.cleanup import (
     tagged_bridges,
 )
 from orchestrator.emulation.network import Emulation
-from orchestrator.emulation.procs import process_alive
+from orchestrator.procs import process_alive
 from topologies.loaders import load
 from topologies.mininet_topo import switch_interfaces
 from topologies.plan import EmulationPlan

@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.emulation import cleanup, ctl_dirs
 from orchestrator.emulation.cleanup import CleanReport, RunState, clear_the_way
-from orchestrator.emulation.procs import proc_start_ticks
+from orchestrator.procs import proc_start_ticks
 
 
 @pytest.fixture(autouse=True)

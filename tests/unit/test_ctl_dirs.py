@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.emulation import cleanup, ctl_dirs
-from orchestrator.emulation.procs import proc_start_ticks
+from orchestrator.procs import proc_start_ticks
 from orchestrator.runtime.forked import new_ctl_dir
 
 BOOT = "0123abcd"

@@ -19,7 +19,7 @@ from orchestrator.emulation.cleanup import (
     marked_processes,
     process_run_id,
 )
-from orchestrator.emulation.procs import proc_start_ticks, process_alive
+from orchestrator.procs import proc_start_ticks, process_alive
 
 
 @pytest.fixture

@@ -19,10 +19,10 @@ import pytest
 
 from orchestrator.emulation import cleanup
 from orchestrator.emulation.cleanup import ENV_RUN, RunState, process_run_id
-from orchestrator.emulation.procs import proc_start_ticks
 from orchestrator.emulation.running import RunningNetwork, find_running
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.errors import ConfigError
+from orchestrator.procs import proc_start_ticks
 from orchestrator.runtime import backends
 from orchestrator.runtime.backends import NamespaceBackend, enter_net_namespace
 from orchestrator.scheduling import get_scheduler

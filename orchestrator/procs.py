@@ -1,5 +1,6 @@
-"""Processes by pid and start time: whether one still runs, and not a reused pid (for
-`orchestrator.emulation.cleanup` and `orchestrator.emulation.ctl_dirs`)."""
+"""Processes by pid and start time: whether one still runs, and not a reused pid. A leaf every
+orchestrator layer may use (`orchestrator.emulation.cleanup` and `ctl_dirs` for a dead run's
+leftovers, `orchestrator.results.durability` for a crashed run's owner), as `orchestrator.errors` is."""
 
 from __future__ import annotations
 
