@@ -15,7 +15,8 @@ trial's compute bound rules out the next K, it tries that bound rounded up to a 
 trial failed only on its relay chains (and training), the K at which their share would meet the
 margin, rounded up the same way, if that is below the next power of two. Doubling
 is cheap because a trial's wall time grows with K: the whole calibration costs about twice the
-chosen K's trial plus one emulation bring-up per K tried. When no K up to the cap is faithful the
+chosen K's trial plus one emulation bring-up per K tried (and at most one trial more, the chains'
+guess: one per search). When no K up to the cap is faithful the
 run goes on at the cap, the most faithful K allowed (the instrument's share of a hop and the
 overruns shrink as K grows), and its verdict says what is still violated: a researcher gets figures
 with their limits named rather than nothing after paying for the calibration.
@@ -79,7 +80,7 @@ class Trial:
     def to_dict(self) -> dict[str, Any]:
         return {"k": self.k, "faithful": self.faithful, "reasons": list(self.reasons), "wall_s": round(self.wall_s, 3),
                 "emulated_s": self.emulated_s, "host_saturated": self.host_saturated,
-                "training_use": self.training_use, "chain_share": self.chain_share}
+                "training_use": self.training_use, "chain_share": self.chain_share, "scaling": self.scaling}
 
     def compute_bound(self) -> float:
         """The smallest K at which the trial's trainings could be faithful: a training's wall time
@@ -172,7 +173,7 @@ def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], 
     K skipped, and one for the choice, for the console and the log."""
     trials: list[Trial] = []
     start = min(max(1.0, floor), float(cap)) if floor_locals else 1.0
-    bound, k = 1.0, start
+    bound, k, guessed = 1.0, start, False
     if start > 1:
         whose = f"the K of this run's point at {floor_locals} locals" if start == floor else \
             f"the cap, below the K={floor:g} of this run's point at {floor_locals} locals"
@@ -196,30 +197,36 @@ def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], 
         if k >= cap:
             break
         bound = max(bound, trial.compute_bound())
-        k = _next_k(trial, bound, cap, say)
+        k, aimed = _next_k(trial, bound, cap, say, guess=not guessed)
+        guessed = guessed or aimed  # one chains' guess per search: a second could creep up a quarter at a time
     cal = made(float(cap), False)
     say(f"warning: time dilation auto: no K up to {cap:g} was faithful; the run goes on at K={cap:g} and its "
         f"verdict says what is violated (the calibration took {cal.wall_s:.0f} s)")
     return cal
 
 
-def _next_k(trial: Trial, bound: float, cap: float, say: Callable[[str], None]) -> float:
-    """The K to try after `trial` failed: the ladder's next rung, or, where the trial failed only on
-    what falls as K grows (`Trial.scaling`) and its relay chains aim lower, the chains' estimate
-    (`Trial.chain_bound`) rounded up to a quarter octave, at least the next one above the trial's K;
-    never below the compute `bound` (the Ks below it are skipped, one line each)."""
+def _next_k(trial: Trial, bound: float, cap: float, say: Callable[[str], None], *,
+            guess: bool = True) -> tuple[float, bool]:
+    """The K to try after `trial` failed, and whether it is the chains' guess: the ladder's next rung,
+    or, where the trial failed only on what falls as K grows (`Trial.scaling`), `guess` is allowed
+    and its relay chains aim lower, the chains' estimate (`Trial.chain_bound`) rounded up to a quarter
+    octave, at least the next one above the trial's K; never below the compute `bound` (the Ks below
+    it are skipped, one line each)."""
     k = trial.k
     higher = [x for x in ladder(cap) if x > k]
-    rung = higher[0]
+    rung = aimed = higher[0]
     aim = trial.chain_bound()
-    if trial.scaling and aim > k and (guess := max(step_up(aim), step_up(k * (1 + 1e-6)))) < rung:
-        say(f"time dilation auto: K={guess:g} next, not K={rung:g}: the relay chains' {trial.chain_share:.1%} of a "
-            f"round at K={k:g} falls about as 1 / K to a trial's margin at K = {aim:.1f}")
-        rung = guess
+    if guess and trial.scaling and aim > k:
+        aimed = min(rung, max(step_up(aim), step_up(k * (1 + 1e-6))))
     for skipped in (x for x in higher if x < bound and x < cap):
         say(f"time dilation auto: K={skipped:g} skipped: training needs K >= {bound:.1f} (the compute bound "
             f"from K={k:g}'s trial)")
-    return rung if rung >= bound else min(float(cap), max(rung, step_up(bound)))
+    out = aimed if aimed >= bound else min(float(cap), max(aimed, step_up(bound)))
+    if out == aimed < rung:
+        say(f"time dilation auto: K={aimed:g} next, not K={rung:g}: the relay chains' {trial.chain_share:.1%} of a "
+            f"round at K={k:g} falls about as 1 / K to a trial's margin at K = {aim:.1f}")
+        return out, True
+    return out, False
 
 
 def calibration_config(cfg: ExperimentConfig, k: float) -> ExperimentConfig:
@@ -241,8 +248,8 @@ def judge(k: float, wall_s: float, summary: Any) -> Trial:
                                       False) for t in summary.tasks if t.state == "failed"]
     if not verdicts:
         found.append(("no calibration task ran a round", False))
-    found += [(f"{v.scheduler} at {v.n_locals} locals: {r}", r.startswith(SCALING_REASONS))
-              for v in verdicts for r in v.reasons]
+    found += [(f"{v.scheduler} at {v.n_locals} locals: {r}", v.compute_modelled and r.startswith(SCALING_REASONS))
+              for v in verdicts for r in v.reasons]  # measured training fails at every K
     found += [(f"{v.scheduler} at {v.n_locals} locals: training used up to {v.training_use_max:.2f} of its modelled "
                f"time (a trial needs at most {TRIAL_TRAINING_USE:g}: its margin for the run's longer variation)", True)
               for v in verdicts if v.faithful and v.training_use_max is not None

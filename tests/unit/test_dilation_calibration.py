@@ -293,15 +293,30 @@ def test_a_trial_that_failed_on_its_relay_chains_alone_tries_where_they_would_me
     search(lambda k: _chains_trial(k, 0.30, faithful_from=1000, tried=tried), 256, say=[].append,
            floor=32, floor_locals=7)
     assert tried == [32, 64, 128, 256]
-    # The compute bound still rules: chains aiming at 40 below a compute bound of 60 go to 64.
+    # The compute bound still rules, and then no chains' line is said: chains aiming at 40 below a
+    # compute bound of 60 go to 64, below one of 44 to 48.
+    for use, expected in ((1.5, [32, 64]), (1.1, [32, 48])):
+        both_tried: list[float] = []
+        said = []
+
+        def both(k: float, use: float = use, log: list[float] = both_tried) -> Trial:
+            log.append(k)
+            return replace(_chains_trial(k, 0.046, faithful_from=48), training_use=use * 32 / k)
+
+        search(both, 256, say=said.append, floor=32, floor_locals=7)
+        assert both_tried == expected
+        assert not any(" next, not " in line for line in said)
+    # One chains' guess per search: chains that do not fall (4.1 % at every K) would otherwise creep
+    # up a quarter octave at a time (40, 48, 56) where the ladder costs one trial.
     tried = []
 
-    def both(k: float) -> Trial:
+    def stuck(k: float) -> Trial:
         tried.append(k)
-        return replace(_chains_trial(k, 0.046, faithful_from=64), training_use=1.5 * 32 / k)
+        return Trial(k=k, faithful=k >= 64, reasons=() if k >= 64 else ("chains",), wall_s=1.0, chain_share=0.041,
+                     scaling=True)
 
-    search(both, 256, say=[].append, floor=32, floor_locals=7)
-    assert tried == [32, 64]
+    search(stuck, 256, say=[].append, floor=32, floor_locals=7)
+    assert tried == [32, 40, 64]
 
 
 def test_a_trial_records_its_chains_and_whether_all_it_failed_on_falls_with_k() -> None:
@@ -321,3 +336,6 @@ def test_a_trial_records_its_chains_and_whether_all_it_failed_on_falls_with_k() 
     assert ok.faithful and not ok.scaling and ok.to_dict()["chain_share"] == pytest.approx(0.02)
     overran = verdict("mst", 8, [_hop(1.2e-3)], [{"real_s": 0.02, "modelled_s": 0.01}], 16, compute_modelled=True)
     assert judge(2, 30.0, _summary([overran])).scaling, "the verdict's training reason falls with K"
+    measured = verdict("mst", 8, [_hop(1.2e-3)], [], 16, compute_modelled=False, chain_share=0.046)
+    assert measured.reasons[0].startswith("training: measured on this host")
+    assert not judge(32, 30.0, _summary([measured])).scaling, "training measured on the host fails at every K"
