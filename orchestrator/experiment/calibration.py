@@ -205,6 +205,14 @@ def search(try_k: Callable[[float], Trial], cap: float, *, say: Callable[[str], 
     return cal
 
 
+def _above(bound: float, k: float) -> str:
+    """`bound` with as many decimals (one to four) as show it above `k` (16.004 over 16: 16.004, not 16.0)."""
+    for digits in range(1, 4):
+        if float(text := f"{bound:.{digits}f}") > k:
+            return text
+    return f"{bound:.4f}"
+
+
 def _next_k(trial: Trial, bound: float, cap: float, say: Callable[[str], None], *,
             guess: bool = True) -> tuple[float, bool]:
     """The K to try after `trial` failed, and whether it is the chains' guess: the ladder's next rung,
@@ -219,8 +227,8 @@ def _next_k(trial: Trial, bound: float, cap: float, say: Callable[[str], None], 
     if guess and trial.scaling and aim > k:
         aimed = min(rung, max(step_up(aim), step_up(k * (1 + 1e-6))))
     for skipped in (x for x in higher if x < bound and x < cap):
-        say(f"time dilation auto: K={skipped:g} skipped: training needs K >= {bound:.1f} (the compute bound "
-            f"from K={k:g}'s trial)")
+        say(f"time dilation auto: K={skipped:g} skipped: training needs K >= {_above(bound, skipped)} (the compute "
+            f"bound from K={k:g}'s trial)")
     out = aimed if aimed >= bound else min(float(cap), max(aimed, step_up(bound)))
     if out == aimed < rung:
         say(f"time dilation auto: K={aimed:g} next, not K={rung:g}: the relay chains' {trial.chain_share:.1%} of a "

@@ -111,6 +111,11 @@ def test_search_skips_what_the_compute_bound_rules_out() -> None:
     assert Trial(k=1, faithful=False, reasons=(), wall_s=1, training_use=4.0).compute_bound() == pytest.approx(5.0)
     assert any(line.startswith("time dilation auto: K=4 skipped: training needs K >= 5.0") for line in said)
     assert Trial(k=2, faithful=True, reasons=(), wall_s=1, training_use=0.5).compute_bound() == 2
+    # A bound just above a rung says so: 16.004 over 16, not "K=16 skipped: training needs K >= 16.0".
+    close: list[str] = []
+    search(lambda k: Trial(k=k, faithful=k > 16, reasons=() if k > 16 else ("overran",), wall_s=1.0,
+                           training_use=0.8 * 16.004 / k), 64, say=close.append)
+    assert any(line.startswith("time dilation auto: K=16 skipped: training needs K >= 16.004") for line in close)
 
 
 def test_a_points_trials_start_at_the_k_of_a_point_with_fewer_locals_and_the_report_says_so() -> None:
