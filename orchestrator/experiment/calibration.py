@@ -94,7 +94,7 @@ class Trial:
         of `fidelity.CHAIN_SHARE`): what the host adds at a hop stays about what it is in wall time
         while a round's emulated latency is fixed, so the share falls about as 1 / K (K itself when the
         chains were within the margin). An estimate, not a bound: a trial's three rounds are noisy
-        (paper.yaml's 8 locals: 4.6 % at K = 32, 2.8 % at K = 64), so it only chooses the next K to try."""
+        (mst's at paper.yaml's 8 locals: 4.2 % at K = 32, 2.8 % at K = 64), so it only chooses the next K to try."""
         from orchestrator.results.fidelity import CHAIN_SHARE
 
         share, limit = self.chain_share or 0.0, TRIAL_CHAIN_USE * CHAIN_SHARE
