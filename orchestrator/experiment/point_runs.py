@@ -15,7 +15,8 @@ clock goes on from where the last one stopped, so the records' times never overl
 dashboard's replay, the time in rounds). The run's environment records, as each
 point goes (so that a resume keeps them): ``time_dilation_per_point`` {locals: K},
 ``time_dilation_calibration_per_point`` {locals: its calibration}, ``wall_per_point`` {locals: its
-wall time and its parts: trials, bring-up, tasks; its emulated time}, ``time_dilation`` (the
+wall time and its parts: trials, bring-up (none when it ran on its last trial's emulation,
+``on_trial_emulation``: `orchestrator.experiment.kept`), tasks; its emulated time}, ``time_dilation`` (the
 largest K), and the link samples and CPU seconds summed over the sessions. Whatever reads a point's
 K takes it from `orchestrator.results.dilation.k_for`.
 
@@ -139,7 +140,7 @@ def run_points(cfg: ExperimentConfig, *, calibrate: Callable[[ExperimentConfig, 
         totals.walls[key] = {"k": k, "calibration_s": round(calibration_s, 3), "bringup_s": round(end.bringup_s, 3),
                              "tasks_s": round((end.clock_end_s - clock_s) * k, 3),
                              "emulated_s": round(end.clock_end_s - clock_s, 3), "view_s": round(end.view_s, 3),
-                             "wall_s": round(time.monotonic() - t0, 3)}
+                             "wall_s": round(time.monotonic() - t0, 3), "on_trial_emulation": end.reused}
         totals.link_samples += end.link_samples
         totals.cpu = {c: round(totals.cpu.get(c, 0.0) + end.cpu.get(c, 0.0), 3) for c in {*totals.cpu, *end.cpu}}
         clock_s = end.clock_end_s

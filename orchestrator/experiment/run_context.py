@@ -7,7 +7,7 @@ and the objects the faults and the online sampler act on (the emulation, the sit
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -66,15 +66,18 @@ class ExperimentRun:
 
 
 def lifecycle_for(cfg: ExperimentConfig, emu: Any, manager: Any, *, db: ResultsDB, run_id: int,
-                  plan: EmulationPlan, model: NetworkModel, run_dir: Path, clock_start_s: float = 0.0) -> ExperimentRun:
+                  plan: EmulationPlan, model: NetworkModel, run_dir: Path, clock_start_s: float = 0.0,
+                  install_ids: Iterator[int] | None = None) -> ExperimentRun:
     """The lifecycle core of `cfg`'s run on the emulation `emu` and the site servers `manager`; its
-    clock reads `clock_start_s` emulated seconds now (a later session of the run goes on from the last)."""
+    clock reads `clock_start_s` emulated seconds now (a later session of the run goes on from the last);
+    its tasks' install ids come from `install_ids` (default 1, 2, ...: the emulation's own, when
+    another session ran on it before)."""
     delay = bool(getattr(emu.info, "delay_emulated", False))
     k = plan.time_dilation
     clock = RunClock(time.monotonic() - clock_start_s * k, dilation=k)
     live = getattr(emu.info, "datapath", "") == "tc"  # the tc datapath's counters are exact when read
     view = background_view(cfg, emu.client, plan, db=db, run_id=run_id, clock=clock, live=live)
-    network = ControllerNetwork(emu.client, plan, delay_emulated=delay, background_view=view,
+    network = ControllerNetwork(emu.client, plan, delay_emulated=delay, background_view=view, install_ids=install_ids,
                                 background_per_task=cfg.mode != "online", live_counters=live,
                                 paced=cfg.emulation.pace_copies)
     faults = bool(getattr(cfg, "faults", False))

@@ -43,11 +43,12 @@ from orchestrator.errors import ConfigError
 from orchestrator.experiment.calibration import Calibration, Trial, calibration_config, judge
 from orchestrator.experiment.config import ExperimentConfig
 from orchestrator.experiment.k_store import after_run, search_or_reuse, workload_key
+from orchestrator.experiment.kept import KeptEmulation, fresh_dir
 from orchestrator.experiment.point_runs import point_kept, run_points
 from orchestrator.experiment.progress import round_progress as round_progress  # its home before
 from orchestrator.experiment.resume import Resume, recorded_dilation, reopen
 from orchestrator.experiment.runs import RunOutcome, check_memory
-from orchestrator.experiment.session import RunShared, SessionEnd, run_session
+from orchestrator.experiment.session import Hosting, RunShared, SessionEnd, hosted, run_session
 from orchestrator.results import durability, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.report import write_results_on_exit
@@ -176,7 +177,7 @@ def remote_clients(cfg: ExperimentConfig, plan: EmulationPlan, backend_kind: str
 def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, model: Any, backend_kind: str,
                   model_bytes: int, remote: dict[str, Any], dashboard_port: int | None, progress: bool, *,
                   figures: bool = True, source: dict[str, Any] | None = None,
-                  resume: Path | None = None) -> RunOutcome:
+                  resume: Path | None = None, hosting: Hosting | None = None) -> RunOutcome:
     started = time.monotonic()
     run_dir, dash, log_handler, db, run_id, again = _open_run(cfg, out_root, plan, model, dashboard_port,
                                                               source=source, resume=resume)
@@ -184,7 +185,8 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
     shared = RunShared(db=db, run_id=run_id, run_dir=run_dir, model=model, backend_kind=backend_kind,
                        model_bytes=model_bytes, remote=remote, dash=dash, progress=progress, again=again)
     try:
-        outcomes, lost = _points(shared, cfg, plan) if cfg.emulation.per_point else _one_k(shared, cfg, plan)
+        outcomes, lost = _points(shared, cfg, plan) if cfg.emulation.per_point else \
+            _one_k(shared, cfg, plan, hosting=hosting)
         status, note = _outcome(again.outcomes(outcomes) if again else outcomes, lost)
     except KeyboardInterrupt:
         status, note = "interrupted", "interrupted by the user (Ctrl-C)"
@@ -201,35 +203,45 @@ def _run_emulated(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, mo
     return RunOutcome(run_id=run_id, run_dir=run_dir, status=status, report=report, summary=summary)
 
 
-def _one_k(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan) -> tuple[dict[str, int], str]:
+def _one_k(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *,
+           hosting: Hosting | None = None) -> tuple[dict[str, int], str]:
     """The run at one K: with ``time_dilation: auto`` its calibration first (recorded with the plan at
-    its K), then one session (`orchestrator.experiment.session`). Its tasks' outcomes and lost note."""
-    if cfg.emulation.time_dilation_auto:  # K from trials of the run's own workload, before it starts
-        calibration = _calibrate(cfg, shared.run_dir / "calibration", plan, shared)
-        plan = _record_plan(shared.db, shared.run_id, shared.model, plan.dilated(calibration.k))
-        shared.db.update_environment(shared.run_id, time_dilation_calibration=calibration.to_dict())
-    end = run_session(shared, cfg, plan)
+    its K), then one session (`orchestrator.experiment.session`) on the last trial's emulation when that
+    trial was at the K chosen (`orchestrator.experiment.kept`), else on its own (or on `hosting`: a
+    trial's session). Its tasks' outcomes and lost note."""
+    with KeptEmulation() as kept:
+        if cfg.emulation.time_dilation_auto:  # K from trials of the run's own workload, before it starts
+            calibration = _calibrate(cfg, shared.run_dir / "calibration", plan, shared, kept=kept)
+            plan = _record_plan(shared.db, shared.run_id, shared.model, plan.dilated(calibration.k))
+            shared.db.update_environment(shared.run_id, time_dilation_calibration=calibration.to_dict())
+            hosting = kept.take(calibration.k)
+        end = run_session(shared, cfg, plan, hosting=hosting)
     return end.outcomes, end.lost
 
 
 def _points(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan) -> tuple[dict[str, int], str]:
     """The run with a K per point (`orchestrator.experiment.point_runs`): each point calibrated in its
-    own folder under ``calibration/`` (``time_dilation: auto``), then its session at its K, its plan
-    recorded as the run's while it runs."""
+    own folder under ``calibration/`` (``time_dilation: auto``), then its session at its K (on its last
+    trial's emulation when that trial was at its K: `orchestrator.experiment.kept`), its plan recorded
+    as the run's while it runs."""
     db, run_id = shared.db, shared.run_id
 
     def session(point: ExperimentConfig, k: float, clock_start_s: float) -> SessionEnd:
         dilated = _record_plan(db, run_id, shared.model, plan.dilated(k))
-        return run_session(shared, point, dilated, clock_start_s=clock_start_s)
+        try:
+            return run_session(shared, point, dilated, clock_start_s=clock_start_s, hosting=kept.take(k))
+        finally:
+            kept.close()
 
     again = shared.again
-    return run_points(
-        cfg, calibrate=lambda point, floor, floor_locals: _calibrate(
-            point, shared.run_dir / "calibration" / f"{point.locals[0]}-locals", plan, shared,
-            floor=floor, floor_locals=floor_locals),
-        session=session, record=lambda **items: db.update_environment(run_id, **items),
-        recorded=db.run(run_id)["environment"] if again is not None else {},
-        kept=None if again is None else lambda point: point_kept(point, shared.model, shared.model_bytes, again))
+    with KeptEmulation() as kept:
+        return run_points(
+            cfg, calibrate=lambda point, floor, floor_locals: _calibrate(
+                point, shared.run_dir / "calibration" / f"{point.locals[0]}-locals", plan, shared,
+                floor=floor, floor_locals=floor_locals, kept=kept),
+            session=session, record=lambda **items: db.update_environment(run_id, **items),
+            recorded=db.run(run_id)["environment"] if again is not None else {},
+            kept=None if again is None else lambda point: point_kept(point, shared.model, shared.model_bytes, again))
 
 
 def _close_run(db: ResultsDB, run_id: int, run_dir: Path, status: str, note: str, *, dash: Dashboard | None,
@@ -304,20 +316,24 @@ def _record_plan(db: ResultsDB, run_id: int, model: Any, plan: EmulationPlan) ->
 
 
 def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, shared: RunShared, *,
-               floor: float = 1.0, floor_locals: int = 0) -> Calibration:
+               floor: float = 1.0, floor_locals: int = 0, kept: KeptEmulation | None = None) -> Calibration:
     """``time_dilation: auto``: the K the run (or a point of it, `cfg` then holding its locals alone)
     uses, from trials of its own workload at K = 1, 2, 4, ... (`orchestrator.experiment.calibration`;
     from `floor`, a point of the run with fewer locals' K, for a point),
-    each a short run of its own (results without figures in `out_root`) on `plan` dilated by K; one line
-    per K on the console and in the log."""
+    each a short run of its own (results without figures in `out_root`) on `plan` dilated by K, brought
+    up into `kept` (its logs in ``emulation-k<K>/`` there) and left up for the run; one line per K on
+    the console and in the log."""
     def say(line: str) -> None:
         LOG.info("%s", line)
         print(f"netai: {line}", flush=True)
 
     def trial(k: float) -> Trial:
-        t0 = time.monotonic()
-        outcome = _run_emulated(calibration_config(cfg, k), out_root, plan.dilated(k), shared.model, shared.backend_kind,
-                                shared.model_bytes, shared.remote, None, False, figures=False)
+        t0, trial_cfg = time.monotonic(), calibration_config(cfg, k)
+        hosting = None if kept is None else kept.bring_up(k, lambda: hosted(
+            shared.backend_kind, trial_cfg, plan.dilated(k), fresh_dir(out_root / f"emulation-k{k:g}"),
+            remote=shared.remote))
+        outcome = _run_emulated(trial_cfg, out_root, plan.dilated(k), shared.model, shared.backend_kind,
+                                shared.model_bytes, shared.remote, None, False, figures=False, hosting=hosting)
         return judge(k, time.monotonic() - t0, outcome.summary)
 
     trial_cfg = calibration_config(cfg, 1)

@@ -17,6 +17,7 @@ import logging
 import os
 import platform
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,8 @@ class SessionEnd:
     link_samples: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
     view_s: float = 0.0
+    #: Whether it ran on an emulation another session brought up (its faithful trial's): no bring-up.
+    reused: bool = False
 
 
 def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: str) -> dict[str, Any]:
@@ -106,25 +109,63 @@ def environment(cfg: ExperimentConfig, plan: EmulationPlan, info: Any, backend: 
     } | ({"cluster": cluster} if cluster else {})  # {servers: {server: [sites]}, cut: [[a, b]..], cut_mbps, ..}
 
 
-def run_session(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *,
-                clock_start_s: float = 0.0) -> SessionEnd:
-    """Bring the emulation of `plan` up, run `cfg`'s tasks on it (sequential or online), settle and
-    record, tear down (on every exit path); the run clock starts at `clock_start_s` emulated seconds."""
+@dataclass
+class Hosting:
+    """An emulation and its site servers, up: what a session runs on. A run's session brings up its
+    own (`hosted`); a point of a run with ``time_dilation: auto`` runs on the one its faithful trial
+    ran on, kept up for it (`orchestrator.experiment.kept`), so the trial judged the emulation the
+    run measures on. The sessions on one share its install ids (the controller's cookies are never
+    reused) and each takes its own folder of task directories (`ComputeManager.tasks_folder`)."""
+
+    emu: Any
+    compute: Any
+    #: The install ids its sessions hand out, in turn (`ControllerNetwork.new_install_id`).
+    install_ids: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    #: How many sessions have run on it (the one running included).
+    sessions: int = 0
+
+    def next_session(self) -> None:
+        """A session starts on it: from its second on, the tasks' directories go to a folder of its own."""
+        self.sessions += 1
+        self.compute.tasks_folder = "tasks" if self.sessions == 1 else f"tasks-{self.sessions}"
+
+
+@contextlib.contextmanager
+def hosted(backend_kind: str, cfg: ExperimentConfig, plan: EmulationPlan, log_root: Path, *,
+           remote: dict[str, Any] | None = None) -> Iterator[Hosting]:
+    """The emulation of `plan` and its site servers brought up (their logs under `log_root`:
+    ``emulation/`` and ``workers/``) and torn down on every exit path."""
     from orchestrator.emulation.network import Emulation
     from orchestrator.runtime.backends import emulation_options, open_compute
     from orchestrator.runtime.forked import early_fork_server
 
+    workers = log_root / "workers"
+    options = emulation_options(backend_kind, log_dir=workers, clients=remote or {})
+    with early_fork_server(backend_kind, log_root=workers) as forks, \
+            Emulation(plan, log_dir=log_root / "emulation", connectivity=cfg.emulation.connectivity,
+                      datapath=cfg.emulation.datapath, cluster=cfg.emulation.cluster, **options) as emu, \
+            open_compute(backend_kind, emu, log_root=workers, forks=forks) as compute:
+        yield Hosting(emu=emu, compute=compute)
+
+
+def run_session(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *,
+                clock_start_s: float = 0.0, hosting: Hosting | None = None) -> SessionEnd:
+    """Bring the emulation of `plan` up (or run on `hosting`, up at `plan`'s K, left up), run `cfg`'s
+    tasks on it (sequential or online), settle and record, tear down what it brought up (on every
+    exit path); the run clock starts at `clock_start_s` emulated seconds."""
     started, db, run_id, run_dir = time.monotonic(), shared.db, shared.run_id, shared.run_dir
     views_before = db.background_view_mark()
-    hosting = emulation_options(shared.backend_kind, log_dir=run_dir / "workers", clients=shared.remote)
-    with early_fork_server(shared.backend_kind, log_root=run_dir / "workers") as forks, \
-            Emulation(plan, log_dir=run_dir / "emulation", connectivity=cfg.emulation.connectivity,
-                      datapath=cfg.emulation.datapath, cluster=cfg.emulation.cluster, **hosting) as emu, \
-            open_compute(shared.backend_kind, emu, log_root=run_dir / "workers", forks=forks) as compute:
+    with contextlib.ExitStack() as stack:
+        up = hosting or stack.enter_context(hosted(shared.backend_kind, cfg, plan, run_dir, remote=shared.remote))
+        up.next_session()
+        emu, compute = up.emu, up.compute
+        if emu.plan.to_dict() != plan.to_dict():
+            raise ValueError(f"the emulation is up with another plan (K={emu.plan.time_dilation:g}) than the "
+                             f"session's (K={plan.time_dilation:g})")
         record_environment(db, run_id, cfg, plan, shared.backend_kind, emu, compute)
         background = Background(cfg, plan, shared.model, emu, run_dir / "background")
         run = lifecycle_for(cfg, emu, compute, db=db, run_id=run_id, plan=plan, model=shared.model, run_dir=run_dir,
-                            clock_start_s=clock_start_s)
+                            clock_start_s=clock_start_s, install_ids=up.install_ids)
         run.background_step = background.step
         if shared.dash is not None:
             shared.dash.controller = emu.client
@@ -139,10 +180,11 @@ def run_session(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *
             db.update_environment(run_id, **site_peaks(compute, shared.model_bytes))
     if emu.info is not None and emu.info.cluster.get("far", {}).get("lost"):
         db.update_environment(run_id, cluster=emu.info.cluster)  # with the lost machines
+    bringup_s = 0.0 if hosting is not None else float(getattr(emu.info, "bringup_s", 0.0) or 0.0)  # a trial's
     return SessionEnd(outcomes=dict(run.core.outcomes), lost=lost_note(emu), clock_end_s=run.core.clock.now(),
-                      wall_s=time.monotonic() - started, bringup_s=float(getattr(emu.info, "bringup_s", 0.0) or 0.0),
+                      wall_s=time.monotonic() - started, bringup_s=bringup_s,
                       link_samples=recorder.samples, cpu=recorder.cpu_environment(),
-                      view_s=db.background_view_wait_s(run_id, views_before))
+                      view_s=db.background_view_wait_s(run_id, views_before), reused=hosting is not None)
 
 
 def record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan: EmulationPlan,

@@ -77,7 +77,8 @@ def _trial_lines(cal: Mapping[str, Any] | None, prefix: str = "") -> list[str]:
 
 
 def point_wall_line(n_locals: int, k: float, how: str, wall: Mapping[str, Any] | None) -> str:
-    """One point's K, how it was set, and its wall time with its parts (trials, bring-up, the tasks
+    """One point's K, how it was set, and its wall time with its parts (trials, bring-up unless it ran
+    on its last trial's emulation, the tasks
     and of them the schedulers' background measurements, the rest: starting the servers, settling,
     tearing down) against its emulated time."""
     head = f"{n_locals} locals: K={k:g} ({how})"
@@ -86,6 +87,9 @@ def point_wall_line(n_locals: int, k: float, how: str, wall: Mapping[str, Any] |
     total, emulated = float(wall["wall_s"]), wall.get("emulated_s")
     parts = {"trials": wall.get("calibration_s") or 0.0, "bring-up": wall.get("bringup_s") or 0.0,
              "tasks": wall.get("tasks_s") or 0.0}
+    if wall.get("on_trial_emulation"):  # its last trial's emulation went on (orchestrator.experiment.kept)
+        parts.pop("bring-up")
+        head += ", on its last trial's emulation"
     rest = max(0.0, total - sum(parts.values()))
     view = f" (of which the background view {wall['view_s']:.1f} s)" if wall.get("view_s") else ""
     return (f"{head}; wall time {total:.1f} s: " + ", ".join(f"{name} {s:.1f} s" for name, s in parts.items())

@@ -165,6 +165,10 @@ class ComputeManager:
         #: The sites whose servers run on other machines: their clocks and events (`far_clock`).
         self.far_sites: set[str] = set(getattr(backend, "far_sites", ()))
         self._synced: dict[str, float] = {}
+        #: The folder under the log root that holds the tasks' directories (`task_dir`): a later
+        #: session on the same servers (a run on its faithful trial's emulation) takes its own, so
+        #: that its tasks' directories (named by scheduler and task id) never meet the trial's.
+        self.tasks_folder = "tasks"
         self.mirror = EventMirror(lambda site, rel, offset: self._request(site, {"op": "read", "path": rel,
                                                                                   "offset": offset}),
                                   lambda site: self._request(site, {"op": "hello"}))
@@ -470,6 +474,6 @@ class ComputeManager:
 
     def task_dir(self, name: str) -> Path:
         """A new directory under the log root for one task's events (`name` must be a safe stem)."""
-        path = self.log_root / "tasks" / name
+        path = self.log_root / self.tasks_folder / name
         path.mkdir(parents=True, exist_ok=True)
         return path

@@ -1,6 +1,7 @@
 """``emulation.time_dilation: auto`` for real, on a tiny topology: the calibration tries K = 1, 2, 4
 (the cap) in trials of its own, stops at the first faithful one (or runs at the cap), says so on the
-console, and the run records the K it chose, the trials and the wall time; the report gives them.
+console, and the run records the K it chose, the trials and the wall time; the report gives them. The
+run goes on on its last trial's emulation; a run of a K reused without trials brings up its own.
 The model (221 KB) saturates G's link, so the run also records the shaped link's rate."""
 
 from __future__ import annotations
@@ -42,6 +43,14 @@ def test_auto_dilation_picks_a_k_and_the_run_records_it(tmp_path: Path) -> None:
     for k in tried:  # each trial is a run of its own, with its results
         (trial_dir,) = (run_dir / "calibration").glob(f"k{k:g}-*")
         assert (trial_dir / "results.db").stat().st_size > 0 and (trial_dir / "report.md").is_file()
+    # The run went on on its last trial's emulation (orchestrator.experiment.kept): the run's task
+    # directories are in that emulation's log root, in a folder of their own beside the trial's.
+    (link,) = (run_dir / "tasks").iterdir()
+    emulation = run_dir / "calibration" / f"emulation-k{cal['k']:g}"
+    assert link.resolve().parent == (emulation / "workers" / "tasks-2").resolve()
+    (last_trial,) = (run_dir / "calibration").glob(f"k{cal['k']:g}-*")
+    assert (last_trial / "tasks" / link.name).resolve().parent == (emulation / "workers" / "tasks").resolve()
+    assert not (run_dir / "workers").exists()
     assert "time dilation auto: K=1 " in stdout
     assert f"K={cal['k']:g} chosen" in stdout or f"no K up to {CAP} was faithful" in stdout
     rounds = db.query("SELECT latency_s FROM rounds")
@@ -53,11 +62,13 @@ def test_auto_dilation_picks_a_k_and_the_run_records_it(tmp_path: Path) -> None:
     assert leftovers() == {"bridges": [], "veths": [], "controller": [], "containers": []}
 
     # The same workload again on this host: a faithful K is reused, with no trials, and the report says so.
-    status, stdout, _, db = run_config(config, tmp_path / "again", timeout=600)
+    status, stdout, again_dir, db = run_config(config, tmp_path / "again", timeout=600)
     assert status == 0, stdout[-3000:]
     again = db.run(1)["environment"]["time_dilation_calibration"]
     if cal["faithful"]:
         assert again["trials"] == [] and again["k"] == cal["k"] and again["reused_from"]
+        (link,) = (again_dir / "tasks").iterdir()  # no trial: its own emulation
+        assert link.resolve().parent == (again_dir / "workers" / "tasks").resolve()
         assert "as this host chose for the same workload" in stdout
     else:  # nothing faithful was stored: it calibrates again
         assert again["trials"] and "reused_from" not in again

@@ -221,10 +221,12 @@ def test_the_runner_dilates_and_records_each_points_plan_and_calibrates_it_in_it
     plan = EmulationPlan.from_model(model)
     calibrated: list[tuple[tuple[int, ...], Path, float]] = []
     ran: list[tuple[float, float]] = []
-    monkeypatch.setattr(runner, "_calibrate", lambda point, out, plan_, shared, floor, floor_locals: calibrated.append(
+    monkeypatch.setattr(runner, "_calibrate", lambda point, out, plan_, shared, floor, floor_locals, kept: calibrated.append(
         (point.locals, out, floor)) or Calibration(k=4.0 * point.locals[0], faithful=True, cap=64, trials=()))
 
-    def session(shared: Any, point: Any, dilated: EmulationPlan, *, clock_start_s: float) -> SessionEnd:
+    def session(shared: Any, point: Any, dilated: EmulationPlan, *, clock_start_s: float,
+                hosting: Any = None) -> SessionEnd:
+        assert hosting is None  # no trial ran: each point brings its own emulation up
         with ResultsDB(shared.db.path) as db:
             ran.append((dilated.time_dilation, json.loads(db.query("SELECT plan_json FROM topology")[0]["plan_json"])
                         ["time_dilation"]))
