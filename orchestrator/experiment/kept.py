@@ -7,7 +7,8 @@ paper.yaml's sweep of 2026-11-30 the same task's relay chains carried 1.4 % of a
 5-locals trial and 5.8 % in the run brought up after it (docs/fidelity.md, "Choosing K"). So each
 trial runs on an emulation of its own, brought up here (`KeptEmulation.bring_up`, the one before
 torn down first: one is up at a time), and the run at the K chosen takes the last one if that
-trial was at that K (`KeptEmulation.take`), else brings up its own. The run's sessions then record
+trial was faithful at that K (`KeptEmulation.take`; the runner tears down a cap's trial that was
+not: what failed there stays with its emulation), else brings up its own. The run's sessions then record
 no bring-up of their own (`SessionEnd.reused`).
 
 This module owns the kept emulation's lifetime; it runs no trial and no session.

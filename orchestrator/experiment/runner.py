@@ -4,8 +4,9 @@ One run (docs/architecture.md, "Data flow of one experiment"):
 
 1. validate the config and check the machine *before* anything starts (root, Mininet, Open vSwitch,
    the controller, iperf3, the compute backend); a failure here leaves nothing behind;
-2. with ``time_dilation: auto``, choose K by trials (`_calibrate`); bring the emulation up (Mininet +
-   OVS + the controller) and start background traffic (a session: `orchestrator.experiment.session`);
+2. with ``time_dilation: auto``, choose K by trials (`_calibrate`), each on an emulation of its own
+   (Mininet, the switches, the controller, the site servers); go on on the last faithful trial's,
+   else bring one up, and start background traffic (a session: `orchestrator.experiment.session`);
    with a K per point, one calibration and session per number of locals, in turn, into the same run
    (`orchestrator.experiment.point_runs`);
 3. for every number of locals, every task and every scheduler (interleaved, so background load
@@ -207,7 +208,7 @@ def _one_k(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *,
            hosting: Hosting | None = None) -> tuple[dict[str, int], str]:
     """The run at one K: with ``time_dilation: auto`` its calibration first (recorded with the plan at
     its K), then one session (`orchestrator.experiment.session`) on the last trial's emulation when that
-    trial was at the K chosen (`orchestrator.experiment.kept`), else on its own (or on `hosting`: a
+    trial was faithful at the K chosen (`orchestrator.experiment.kept`), else on its own (or on `hosting`: a
     trial's session). Its tasks' outcomes and lost note."""
     with KeptEmulation() as kept:
         if cfg.emulation.time_dilation_auto:  # K from trials of the run's own workload, before it starts
@@ -222,7 +223,7 @@ def _one_k(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *,
 def _points(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan) -> tuple[dict[str, int], str]:
     """The run with a K per point (`orchestrator.experiment.point_runs`): each point calibrated in its
     own folder under ``calibration/`` (``time_dilation: auto``), then its session at its K (on its last
-    trial's emulation when that trial was at its K: `orchestrator.experiment.kept`), its plan recorded
+    trial's emulation when that trial was faithful at its K: `orchestrator.experiment.kept`), its plan recorded
     as the run's while it runs."""
     db, run_id = shared.db, shared.run_id
 
@@ -321,13 +322,15 @@ def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, share
     uses, from trials of its own workload at K = 1, 2, 4, ... (`orchestrator.experiment.calibration`;
     from `floor`, a point of the run with fewer locals' K, for a point),
     each a short run of its own (results without figures in `out_root`) on `plan` dilated by K, brought
-    up into `kept` (its logs in ``emulation-k<K>/`` there) and left up for the run; one line per K on
-    the console and in the log."""
+    up into `kept` (its logs in ``emulation-k<K>/`` there) and left up for the run if it is faithful;
+    one line per K on the console and in the log."""
     def say(line: str) -> None:
         LOG.info("%s", line)
         print(f"netai: {line}", flush=True)
 
     def trial(k: float) -> Trial:
+        if kept is not None:
+            kept.close()  # the trial before's emulation, torn down outside this trial's wall time
         t0, trial_cfg = time.monotonic(), calibration_config(cfg, k)
         hosting = None if kept is None else kept.bring_up(k, lambda: hosted(
             shared.backend_kind, trial_cfg, plan.dilated(k), fresh_dir(out_root / f"emulation-k{k:g}"),
@@ -339,8 +342,11 @@ def _calibrate(cfg: ExperimentConfig, out_root: Path, plan: EmulationPlan, share
     trial_cfg = calibration_config(cfg, 1)
     say(f"time dilation auto: calibrating on 1 task of {trial_cfg.locals[0]} locals, {trial_cfg.task.rounds} "
         f"rounds, under {', '.join(cfg.schedulers)}, K up to {cfg.emulation.max_time_dilation:g}")
-    return search_or_reuse(workload_key(cfg, shared.backend_kind), trial, cfg.emulation.max_time_dilation, say=say,
-                           floor=floor, floor_locals=floor_locals)
+    cal = search_or_reuse(workload_key(cfg, shared.backend_kind), trial, cfg.emulation.max_time_dilation, say=say,
+                          floor=floor, floor_locals=floor_locals)
+    if kept is not None and not cal.faithful:  # the cap's trial failed: what failed stays with its emulation
+        kept.close()
+    return cal
 
 
 def trimmed(cfg: ExperimentConfig, *, locals_: tuple[int, ...], tasks_per_point: int, rounds: int) -> ExperimentConfig:

@@ -1,6 +1,7 @@
 """One emulation of an emulated run and the tasks it runs there: the network and the site servers
-brought up at one plan (one K), the environment recorded, the background started, the tasks run
-(the sequential loop, or the online mode), the counters settled and recorded, everything torn down.
+brought up at one plan (one K), or a trial's left up for it (`Hosting`), the environment recorded,
+the background started, the tasks run (the sequential loop, or the online mode), the counters
+settled and recorded, and what the session brought up torn down.
 
 A run at one K is one session (`orchestrator.experiment.runner`); a run with a K per point is one
 session per point, in the same results database (`orchestrator.experiment.point_runs`), each
@@ -73,7 +74,7 @@ class SessionEnd:
     link_samples: int = 0
     cpu: dict[str, float] = field(default_factory=dict)
     view_s: float = 0.0
-    #: Whether it ran on an emulation another session brought up (its faithful trial's): no bring-up.
+    #: Whether it ran on an emulation a session before it ran on (its last trial's): no bring-up.
     reused: bool = False
 
 
@@ -125,9 +126,17 @@ class Hosting:
     sessions: int = 0
 
     def next_session(self) -> None:
-        """A session starts on it: from its second on, the tasks' directories go to a folder of its own."""
+        """A session starts on it: from its second on, the tasks' directories go to a folder of its own
+        and the site servers' memory peaks are counted afresh (the session's own, `runs.site_peaks`)."""
         self.sessions += 1
         self.compute.tasks_folder = "tasks" if self.sessions == 1 else f"tasks-{self.sessions}"
+        if self.sessions > 1:
+            getattr(self.compute, "peak_rss", {}).clear()
+
+    @property
+    def reused(self) -> bool:
+        """Whether the session running on it is not its first (it brought up nothing)."""
+        return self.sessions > 1
 
 
 @contextlib.contextmanager
@@ -162,7 +171,7 @@ def run_session(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *
         if emu.plan.to_dict() != plan.to_dict():
             raise ValueError(f"the emulation is up with another plan (K={emu.plan.time_dilation:g}) than the "
                              f"session's (K={plan.time_dilation:g})")
-        record_environment(db, run_id, cfg, plan, shared.backend_kind, emu, compute)
+        record_environment(db, run_id, cfg, plan, shared.backend_kind, emu, compute, reused=up.reused)
         background = Background(cfg, plan, shared.model, emu, run_dir / "background")
         run = lifecycle_for(cfg, emu, compute, db=db, run_id=run_id, plan=plan, model=shared.model, run_dir=run_dir,
                             clock_start_s=clock_start_s, install_ids=up.install_ids)
@@ -178,24 +187,28 @@ def run_session(shared: RunShared, cfg: ExperimentConfig, plan: EmulationPlan, *
         finally:
             settle_and_record(run.core, recorder, background, db, run_id, plan, clock_start_s=clock_start_s)
             db.update_environment(run_id, **site_peaks(compute, shared.model_bytes))
+            if hosting is not None:  # left up: its far machines' probes settled now, not at its teardown
+                emu.lost_sites(settle=True)
+        reused = up.reused
     if emu.info is not None and emu.info.cluster.get("far", {}).get("lost"):
         db.update_environment(run_id, cluster=emu.info.cluster)  # with the lost machines
-    bringup_s = 0.0 if hosting is not None else float(getattr(emu.info, "bringup_s", 0.0) or 0.0)  # a trial's
+    bringup_s = 0.0 if reused else float(getattr(emu.info, "bringup_s", 0.0) or 0.0)  # a trial's, before it
     return SessionEnd(outcomes=dict(run.core.outcomes), lost=lost_note(emu), clock_end_s=run.core.clock.now(),
                       wall_s=time.monotonic() - started, bringup_s=bringup_s,
                       link_samples=recorder.samples, cpu=recorder.cpu_environment(),
-                      view_s=db.background_view_wait_s(run_id, views_before), reused=hosting is not None)
+                      view_s=db.background_view_wait_s(run_id, views_before), reused=reused)
 
 
 def record_environment(db: ResultsDB, run_id: int, cfg: ExperimentConfig, plan: EmulationPlan,
-                       backend_kind: str, emu: Any, compute: Any) -> None:
-    """Record the machine, the emulation just brought up and whether it enforces reservations."""
+                       backend_kind: str, emu: Any, compute: Any, *, reused: bool = False) -> None:
+    """Record the machine, the emulation just brought up (or, `reused`, left up by the run's last
+    trial: ``on_trial_emulation``) and whether it enforces reservations."""
     info = emu.info
     reservations = emu.client.health().get("reservations", {})
     db.update_environment(run_id, **environment(cfg, plan, info, backend_kind) | {  # a resume's adds to the first
         "remote_sites": {site: server.docker for server in cfg.remote_servers for site in server.sites},
         "reservations_enforced": bool(reservations.get("enforced")),
-        "reservations_note": reservations.get("reason", ""), "mode": cfg.mode,
+        "reservations_note": reservations.get("reason", ""), "mode": cfg.mode, "on_trial_emulation": reused,
         # the site containers' CPU weight against the host's other processes (orchestrator/runtime/site_cgroup.py)
         "site_cpu_group": getattr(getattr(emu, "host_cls", None), "describe_groups", lambda: None)()})
     LOG.info("emulation up: %d switches in %.1f s, delay emulated: %s; %d site servers up",

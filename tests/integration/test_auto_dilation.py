@@ -43,14 +43,19 @@ def test_auto_dilation_picks_a_k_and_the_run_records_it(tmp_path: Path) -> None:
     for k in tried:  # each trial is a run of its own, with its results
         (trial_dir,) = (run_dir / "calibration").glob(f"k{k:g}-*")
         assert (trial_dir / "results.db").stat().st_size > 0 and (trial_dir / "report.md").is_file()
-    # The run went on on its last trial's emulation (orchestrator.experiment.kept): the run's task
-    # directories are in that emulation's log root, in a folder of their own beside the trial's.
+    # A faithful last trial's emulation went on for the run (orchestrator.experiment.kept): the run's
+    # task directories are in its log root, in a folder of their own beside the trial's; a cap's
+    # trial that was not faithful was torn down and the run brought up its own.
     (link,) = (run_dir / "tasks").iterdir()
     emulation = run_dir / "calibration" / f"emulation-k{cal['k']:g}"
-    assert link.resolve().parent == (emulation / "workers" / "tasks-2").resolve()
-    (last_trial,) = (run_dir / "calibration").glob(f"k{cal['k']:g}-*")
-    assert (last_trial / "tasks" / link.name).resolve().parent == (emulation / "workers" / "tasks").resolve()
-    assert not (run_dir / "workers").exists()
+    assert env["on_trial_emulation"] is cal["faithful"]
+    if cal["faithful"]:
+        assert link.resolve().parent == (emulation / "workers" / "tasks-2").resolve()
+        (last_trial,) = (run_dir / "calibration").glob(f"k{cal['k']:g}-*")
+        assert (last_trial / "tasks" / link.name).resolve().parent == (emulation / "workers" / "tasks").resolve()
+        assert not (run_dir / "workers").exists()
+    else:
+        assert link.resolve().parent == (run_dir / "workers" / "tasks").resolve()
     assert "time dilation auto: K=1 " in stdout
     assert f"K={cal['k']:g} chosen" in stdout or f"no K up to {CAP} was faithful" in stdout
     rounds = db.query("SELECT latency_s FROM rounds")
@@ -69,6 +74,7 @@ def test_auto_dilation_picks_a_k_and_the_run_records_it(tmp_path: Path) -> None:
         assert again["trials"] == [] and again["k"] == cal["k"] and again["reused_from"]
         (link,) = (again_dir / "tasks").iterdir()  # no trial: its own emulation
         assert link.resolve().parent == (again_dir / "workers" / "tasks").resolve()
+        assert db.run(1)["environment"]["on_trial_emulation"] is False
         assert "as this host chose for the same workload" in stdout
     else:  # nothing faithful was stored: it calibrates again
         assert again["trials"] and "reused_from" not in again

@@ -92,7 +92,12 @@ def test_auto_per_point_calibrates_each_point_on_its_own(tmp_path: Path) -> None
         assert env["time_dilation_per_point"][n] == cals[n]["k"] in (1.0, 2.0)
         if not cals[n].get("reused_from"):  # this host may have chosen it before: then no trials
             assert cals[n]["trials"] and list((run_dir / "calibration" / f"{n}-locals").glob("k*-*/results.db"))
-            assert env["wall_per_point"][n]["on_trial_emulation"] and env["wall_per_point"][n]["bringup_s"] == 0
+            # its last trial's emulation went on when that trial was faithful (its tasks' folder beside the trial's)
+            assert env["wall_per_point"][n]["on_trial_emulation"] is cals[n]["faithful"]
+            if cals[n]["faithful"]:
+                tasks = {p.resolve().parent.name for p in (run_dir / "tasks").iterdir()
+                         if p.resolve().parent.parent.parent.name.startswith("emulation-k")}
+                assert tasks == {"tasks-2"}
         else:  # no trial: its own emulation
             assert not env["wall_per_point"][n]["on_trial_emulation"] and env["wall_per_point"][n]["bringup_s"] > 0
     assert "calibrating on 1 task of 1 locals" in stdout or "as this host chose" in stdout

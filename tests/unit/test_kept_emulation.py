@@ -70,13 +70,14 @@ def test_a_bring_up_that_fails_leaves_nothing_kept_and_an_exception_tears_the_ke
     assert fakes.events[-1] == ("down", "k2")
 
 
-def test_sessions_on_one_emulation_share_its_install_ids_and_each_has_its_own_task_folder() -> None:
-    hosting = Hosting(emu=None, compute=SimpleNamespace(tasks_folder="tasks"))
+def test_sessions_on_one_emulation_share_its_install_ids_and_each_has_its_own_task_folder_and_peaks() -> None:
+    hosting = Hosting(emu=None, compute=SimpleNamespace(tasks_folder="tasks", peak_rss={"a": 1 << 30}))
     hosting.next_session()
     first = list(itertools.islice(hosting.install_ids, 3))
-    assert hosting.compute.tasks_folder == "tasks"
+    assert hosting.compute.tasks_folder == "tasks" and not hosting.reused and hosting.compute.peak_rss
     hosting.next_session()
     assert hosting.compute.tasks_folder == "tasks-2" and next(hosting.install_ids) == first[-1] + 1
+    assert hosting.reused and hosting.compute.peak_rss == {}  # the second session's peaks are its own
 
 
 def test_a_compute_managers_task_directories_go_to_its_tasks_folder(tmp_path: Path) -> None:
@@ -96,9 +97,10 @@ def test_fresh_dir_never_reuses_a_folder(tmp_path: Path) -> None:
 
 # -- the runner: trials bring their emulation up, the run goes on on the last one at its K ------------
 def _runner_with_fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ks: list[float], chosen: float,
-                       ) -> tuple[Fakes, list[tuple[str, Any]]]:
-    """The runner with fake bring-ups (`hosted`), trials (one per K of `ks`, faithful at the last) and
-    sessions, the calibration choosing `chosen`; returns the fakes and what ran on which emulation."""
+                       faithful: bool = True) -> tuple[Fakes, list[tuple[str, Any]]]:
+    """The runner with fake bring-ups (`hosted`), trials (one per K of `ks`) and sessions, the
+    calibration choosing `chosen` (`faithful` or not); returns the fakes and what ran on which
+    emulation (the trials and sessions are also in the fakes' events, in order with the bring-ups)."""
     from orchestrator.experiment import runner
 
     fakes, ran = Fakes(), []
@@ -107,13 +109,15 @@ def _runner_with_fakes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, ks: list
 
     def trial_run(cfg: Any, out_root: Path, plan: Any, *args: Any, hosting: Any = None, **kw: Any) -> Any:
         ran.append((f"trial k{plan.time_dilation:g}", hosting and hosting.emu.name))
+        fakes.events.append(ran[-1])
         return SimpleNamespace(summary=None)
 
     def search(key: str, trial: Any, cap: float, **kw: Any) -> Calibration:
-        return Calibration(k=chosen, faithful=True, cap=cap, trials=tuple(trial(k) for k in ks))
+        return Calibration(k=chosen, faithful=faithful, cap=cap, trials=tuple(trial(k) for k in ks))
 
     def session(shared: Any, cfg: Any, plan: Any, *, clock_start_s: float = 0.0, hosting: Any = None) -> SessionEnd:
         ran.append((f"run k{plan.time_dilation:g}", hosting and hosting.emu.name))
+        fakes.events.append(ran[-1])
         return SessionEnd(outcomes={"done": 1, "failed": 0, "blocked": 0}, lost="", clock_end_s=clock_start_s + 1,
                           wall_s=1.0, bringup_s=0.0, reused=hosting is not None)
 
@@ -153,7 +157,9 @@ def test_each_point_runs_on_its_last_trials_emulation_and_nothing_stays_up(
     assert ran == [("trial k1", f"k1 in {one}1"), ("trial k2", f"k2 in {one}2"), ("run k2", f"k2 in {one}2"),
                    ("trial k1", f"k1 in {three}1"), ("trial k2", f"k2 in {three}2"), ("run k2", f"k2 in {three}2")]
     # one up at a time: each torn down before the next comes up, the last after its point's run
-    assert fakes.events == [(e, f"k{k} in {d}{k}") for d in (one, three) for k in (1, 2) for e in ("up", "down")]
+    assert [e for e in fakes.events if e[0] in ("up", "down")] == [
+        (e, f"k{k} in {d}{k}") for d in (one, three) for k in (1, 2) for e in ("up", "down")]
+    assert fakes.events.index(("down", f"k2 in {one}2")) > fakes.events.index(("run k2", f"k2 in {one}2"))
     assert walls["1"]["on_trial_emulation"] and walls["3"]["on_trial_emulation"]
 
 
@@ -168,7 +174,23 @@ def test_a_run_at_a_k_no_trial_ran_at_brings_up_its_own(tmp_path: Path, monkeypa
         runner._one_k(shared, cfg, EmulationPlan.from_model(shared.model))
 
     assert ran[-1] == ("run k8", None)  # its own: the last trial's, at K = 4, was torn down before it
-    assert fakes.events[-2:] == [("up", "k4 in calibration/emulation-k4"), ("down", "k4 in calibration/emulation-k4")]
+    assert fakes.events[-3:] == [("trial k4", "k4 in calibration/emulation-k4"),
+                                 ("down", "k4 in calibration/emulation-k4"), ("run k8", None)]
+
+
+def test_a_cap_whose_trial_was_not_faithful_is_torn_down_and_the_run_brings_up_its_own(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.experiment import runner
+    from topologies.plan import EmulationPlan
+
+    cfg = parse_config({**CFG, "locals": [3], "emulation": {"time_dilation": "auto", "max_time_dilation": 4}})
+    fakes, _ = _runner_with_fakes(monkeypatch, tmp_path, [1.0, 2.0, 4.0], chosen=4.0, faithful=False)
+    with ResultsDB(tmp_path / "results.db") as db:
+        shared = _shared(tmp_path, cfg, db)
+        runner._one_k(shared, cfg, EmulationPlan.from_model(shared.model))
+
+    assert fakes.events[-3:] == [("trial k4", "k4 in calibration/emulation-k4"),
+                                 ("down", "k4 in calibration/emulation-k4"), ("run k4", None)]
 
 
 def test_a_points_line_says_it_ran_on_its_trials_emulation_and_has_no_bring_up() -> None:
