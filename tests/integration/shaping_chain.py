@@ -51,13 +51,14 @@ import socket, sys, time
 c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 data, out = b"x" * int(sys.argv[3]), []
 pace = float(sys.argv[5]) if len(sys.argv) > 5 else 0.0
+leads = [float(x) for x in sys.argv[6].split(",")] if len(sys.argv) > 6 else [None]
 if pace:
     from workers.pacing import Pacer
-    pacer = Pacer(pace)
-for _ in range(int(sys.argv[4])):
+    pacers = [Pacer(pace) if lead is None else Pacer(pace, lead_share=lead) for lead in leads]
+for i in range(int(sys.argv[4])):
     time.sleep(0.2)  # idle: the classes' tokens refill to their burst
     t = time.perf_counter()
-    pacer.send(c, [data], last=True) if pace else c.sendall(data)  # one copy, whole: its end never led
+    pacers[i % len(pacers)].send(c, [data], last=True) if pace else c.sendall(data)  # one copy, whole
     c.recv(1); out.append(time.perf_counter() - t)
 print(" ".join(repr(x) for x in out))
 """
@@ -116,7 +117,10 @@ def unshape() -> None:
     subprocess.run(in_ns(NS[1], "tc", "qdisc", "del", "dev", "sc-s1", "root"), capture_output=True, check=False)
 
 
-def copy_times(tmp_path: Path, copies: int = 6, pace_mbps: float = 0.0) -> list[float]:
+def copy_times(tmp_path: Path, copies: int = 6, pace_mbps: float = 0.0, leads: str = "") -> list[float]:
+    """Each copy's time from its first byte to the receiver's acknowledgement, seconds, after an idle gap
+    each: sent whole, or paced at `pace_mbps` (`workers.pacing.Pacer`); `leads` ("0.5,0": lead shares,
+    one pacer each, taken in turn copy after copy; default the pacer's own)."""
     (tmp_path / "server.py").write_text(SERVER)
     (tmp_path / "client.py").write_text(CLIENT)
     server = subprocess.Popen(in_ns(NS[2], sys.executable, str(tmp_path / "server.py"), B_ADDR, str(PORT),
@@ -124,7 +128,8 @@ def copy_times(tmp_path: Path, copies: int = 6, pace_mbps: float = 0.0) -> list[
     try:
         assert server.stdout is not None and server.stdout.readline().strip() == "ready"
         out = subprocess.run(in_ns(NS[0], sys.executable, str(tmp_path / "client.py"), B_ADDR, str(PORT),
-                                 str(COPY_BYTES), str(copies), str(pace_mbps)), capture_output=True, text=True,
+                                 str(COPY_BYTES), str(copies), str(pace_mbps), *([leads] if leads else [])),
+                             capture_output=True, text=True,
                              check=True, timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})
         return [float(x) for x in out.stdout.split()]
     finally:
