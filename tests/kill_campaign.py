@@ -205,12 +205,11 @@ DILATION_KEYS = ("time_dilation", "time_dilation_per_point")
 
 
 def compare(resumed: Path, reference: Path, *, flexible: str = "mst", fixed: str = "spff",
-            figures: Sequence[str] = ("mean_latency_s", "reserved_mbps"), tolerance: float = 0.0) -> list[str]:
+            figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> list[str]:
     """How the resumed run's database differs from the uninterrupted one's (none expected): the task
     sets, no task ended twice, the run completed, its time dilation (`DILATION_KEYS` of the
     environment) the uninterrupted run's, and each of `figures`' flexible / fixed ratio inside the uninterrupted
-    run's 95 % interval, widened by `tolerance` of its mean either side (where every task gives about
-    the same ratio the interval is narrower than two runs of the same tasks differ)."""
+    run's 95 % interval."""
     problems = []
     if task_set(resumed) != task_set(reference):
         problems.append("task sets differ")
@@ -229,10 +228,9 @@ def compare(resumed: Path, reference: Path, *, flexible: str = "mst", fixed: str
     problems += [f"{key}: {env.get(key)!r} resumed, {ref_env.get(key)!r} uninterrupted" for key in DILATION_KEYS
                  if env.get(key) != ref_env.get(key)]
     for n, figure, b, (a,) in paired_points(ref, [ours], flexible=flexible, fixed=fixed, figures=figures):
-        slack = tolerance * abs(b.mean) + 1e-9 if b is not None else 0.0
-        if a is None or b is None or not b.low - slack <= a.mean <= b.high + slack:
+        if a is None or b is None or not b.low - 1e-9 <= a.mean <= b.high + 1e-9:
             problems.append(f"{figure} {flexible}/{fixed} at {n} locals: {a and a.mean} outside "
-                            f"[{b and b.low - slack}, {b and b.high + slack}]")
+                            f"[{b and b.low}, {b and b.high}]")
     return problems
 
 
@@ -337,11 +335,10 @@ def measure(config: Path, out: Path, *, extra: Sequence[str], env: Mapping[str, 
 def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, extra: Sequence[str] = (),
              env: Mapping[str, str] | None = None, limit_s: float = 300.0,
              check_after: Callable[[], list[str]] = list,
-             figures: Sequence[str] = ("mean_latency_s", "reserved_mbps"),
-             tolerance: float = 0.0) -> tuple[Path, list[Chain], list[str]]:
+             figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> tuple[Path, list[Chain], list[str]]:
     """The uninterrupted run of `config`, then chains of up to `per_chain` seeded kills until `kills`
     kills have landed (a chain whose run completes before its next moment ends early); each chain's
-    run is compared with the uninterrupted one (`compare`, with `tolerance`), and `check_after` (e.g.
+    run is compared with the uninterrupted one (`compare`), and `check_after` (e.g.
     what the killed runs left on the machine) is checked after it. Returns (the uninterrupted run's folder, the chains, the
     problems: none expected)."""
     env = dict(os.environ if env is None else env)
@@ -358,7 +355,7 @@ def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, 
             problems += [f"chain {c}, kill {k.kill}: {p}" for p in k.problems]
         problems += [f"chain {c}: {p}" for p in chain.problems + check_after()]
         if chain.run_dir is not None and not chain.problems:
-            differs = compare(chain.run_dir / "results.db", reference, figures=figures, tolerance=tolerance)
+            differs = compare(chain.run_dir / "results.db", reference, figures=figures)
             problems += [f"chain {c}: {p}" for p in differs]
         chains.append(chain)
         landed += len(chain.kills)

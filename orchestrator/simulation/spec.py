@@ -314,7 +314,8 @@ def simulate(spec: dict[str, Any], *, work_dir: Path | None = None, processes: i
     if any(f.get("periods") for f in spec.get("background", {}).get("flows", [])):
         processes = 1  # an on/off background runs on one timeline: one engine process
     groups = split_runs(spec["runs"], processes or default_processes()) or [[]]
-    with tempfile.TemporaryDirectory(dir=work_dir, prefix="netai-sim-") as tmp:
+    # absolute: the engines run in the project's root, so a folder relative to here would not be theirs
+    with tempfile.TemporaryDirectory(dir=Path(work_dir).resolve() if work_dir else None, prefix="netai-sim-") as tmp:
         root = str(Path(__file__).resolve().parents[2])
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
         procs = []

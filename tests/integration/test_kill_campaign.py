@@ -30,9 +30,9 @@ simulation: {calibration: "kill campaign: the model's defaults, the same in ever
 
 EMU_CONFIG = """\
 name: survive-emu
-topology: triangle
+topology: ring:6
 schedulers: [spff, mst]
-locals: [2]
+locals: [3]
 tasks_per_point: 4
 seed: 3
 task: {model: mlp, model_args: {hidden: 64, layers: 1}, rounds: 2, demand_mbps: 10, partition: iid}
@@ -67,10 +67,10 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
     from topologies.loaders import load
     from topologies.plan import EmulationPlan
 
-    # Prepare: a short emulated run of 8 task runs on the triangle, workers as processes.
+    # Prepare: a short emulated run of 8 task runs on a ring of six, workers as processes.
     config = tmp_path / "emu.yaml"
     config.write_text(EMU_CONFIG)
-    plan = EmulationPlan.from_model(load("triangle"))
+    plan = EmulationPlan.from_model(load("ring:6"))
 
     before = {s.run_id for s in run_states()}  # other runs of this machine are not the campaign's
     folders_before = set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*"))
@@ -83,17 +83,16 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
             [f"left {d}" for d in sorted(set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*")) - folders_before)]
 
     # Execute: 20 seeded kills, up to 4 in a row on one run. Each resumed run must have run at the
-    # uninterrupted run's K (their environments'), and its latency and reserved bandwidth are
-    # compared with the uninterrupted run's intervals. The run is at K = 16, where the emulation is faithful on a small
-    # host (docs/fidelity.md); at K = 1 its latencies were the host's moment's (in a CI run, the
-    # resumed runs' mst/spff latency at 2 locals was 1.06-1.31 against the uninterrupted run's
-    # [0.82, 1.04]). At K = 16 every task gives about the same ratio, so the interval is narrower than
-    # two runs differ by their timers: over five campaigns (three by hand, two in CI) the uninterrupted
-    # runs' means were 1.064-1.072 and the resumed runs' 1.062-1.080, 1.7 % of the mean apart, so it
-    # is widened by 2 % of its mean (1 % left a resumed run 0.002 inside the edge in CI).
+    # uninterrupted run's K (their environments'), and its mst/spff latency and reserved bandwidth must
+    # lie inside the uninterrupted run's 95 % intervals. The run is at K = 16, where the emulation is
+    # faithful on a small host (docs/fidelity.md); at K = 1 its latencies were the host's moment's (in a
+    # CI run, the resumed runs' mst/spff latency was 1.06-1.31 against the uninterrupted run's [0.82,
+    # 1.04]). Three locals on a ring of six give tasks whose trees differ (mst/spff latency about 1.13
+    # [1.07, 1.21] in the simulation, bandwidth 0.64), so the interval is wider than two runs of the same
+    # tasks differ by their timers (1.7 % of the mean over five campaigns on the triangle, where every
+    # task gave about the same ratio and the interval was narrower than that).
     reference, chains, problems = campaign(config, tmp_path / "runs", seed=48, kills=20, per_chain=4,
-                                           extra=("--no-progress", "--no-figures"), limit_s=600, check_after=left,
-                                           tolerance=0.02)
+                                           extra=("--no-progress", "--no-figures"), limit_s=600, check_after=left)
 
     # Assert
     figures.extend(["kill campaign (emulation):", *table(chains), *ratios(reference, chains)])

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kill_campaign import ROOT, netai
+from tests.kill_campaign import ROOT, netai, sim_leftovers
 
 pytestmark = [pytest.mark.slow]
 
@@ -85,3 +85,4 @@ def test_ctrl_c_twice_then_resume_twice_completes_and_runs_no_task_twice(tmp_pat
         conn.close()
         assert twice == [] and tasks == 16 and status == "completed", (db, twice, tasks, status)
     assert (sweep_dir / "report.md").exists()
+    assert sim_leftovers(out) == []  # no engine file, no process of the interrupted runs

@@ -281,3 +281,30 @@ def test_an_event_tail_reads_each_line_once_and_waits_for_a_torn_one(tmp_path: P
     path.unlink()
     path.write_text('{"event":"ready","t":9.0}\n')  # the role started again: a new file
     assert [e["t"] for e in tail.read()] == [9.0]
+
+
+def test_a_simulated_run_writes_into_an_out_folder_given_relative_to_where_it_was_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import yaml
+
+    from orchestrator.cli import main
+    from orchestrator.experiment import simulated
+
+    # Prepare: a simulated run started in tmp_path with `--out runs` (its engines run elsewhere)
+    raw = {"name": "relative", "engine": "simulation", "topology": "triangle", "schedulers": ["spff", "mst"],
+           "locals": [2], "tasks_per_point": 2, "task": {"rounds": 1},
+           "simulation": {"rates": "emulated", "calibration": "a test's: the defaults"}}
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(raw))
+    monkeypatch.setattr(simulated, "_model_sizes", lambda cfg, given: (200_000, None))
+    monkeypatch.chdir(tmp_path)
+
+    # Execute
+    code = main(["experiment", "cfg.yaml", "--out", "runs", "--no-figures", "--no-progress"])
+
+    # Assert: the run completed in tmp_path/runs (before, the engines looked for their spec relative to
+    # the project's root and the run failed)
+    assert code == 0
+    (db_path,) = (tmp_path / "runs").glob("*/results.db")
+    with ResultsDB(db_path) as db:
+        assert db.run(1)["status"] == "completed"
