@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import statistics
 import subprocess
@@ -126,8 +127,8 @@ def bound_run(text: str) -> tuple[float, float]:
         rate, k = float(rate_s), float(k_s) if at else 1.0
     except ValueError:
         raise argparse.ArgumentTypeError(f"not RATE or RATE@K: {text!r}") from None
-    if not (rate > 0 and k >= 1):
-        raise argparse.ArgumentTypeError(f"the rate must be > 0 and K >= 1: {text!r}")
+    if not (0 < rate < math.inf and 1 <= k < math.inf):
+        raise argparse.ArgumentTypeError(f"the rate must be finite and > 0, K finite and >= 1: {text!r}")
     return rate, k
 
 

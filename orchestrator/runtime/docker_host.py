@@ -95,7 +95,8 @@ class DockerWorkerHost(Host):
         if self.cpus:
             kwargs["nano_cpus"] = int(self.cpus * 1e9)
         if self.memory_mb:
-            kwargs["mem_limit"] = f"{int(self.memory_mb)}m"
+            # the site's memory, swap included: Docker's default lets a container swap as much again
+            kwargs["mem_limit"] = kwargs["memswap_limit"] = f"{int(self.memory_mb)}m"
         group = type(self).groups.get(id(self.dclient))
         if group is None:
             group = type(self).groups[id(self.dclient)] = for_daemon(self.dclient, local=local)

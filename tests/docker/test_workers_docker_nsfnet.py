@@ -41,9 +41,11 @@ def test_nsfnet_mst_task_in_containers(tmp_path: Path) -> None:
             run_id = emu.run_id
             containers = client.containers.list(filters={"label": f"{RUN_LABEL}={run_id}"})
             assert len(containers) == len(plan.hosts), "every emulated host is a container"
-            limits = {c.labels["org.netai.site"]: (c.attrs["HostConfig"]["NanoCpus"], c.attrs["HostConfig"]["Memory"])
+            limits = {c.labels["org.netai.site"]: (c.attrs["HostConfig"]["NanoCpus"], c.attrs["HostConfig"]["Memory"],
+                                                   c.attrs["HostConfig"]["MemorySwap"])
                       for c in containers}
-            assert limits == {h.name: (int(h.cpu * 1e9), h.memory_mb * 2**20) for h in plan.hosts}
+            # a site's memory is its memory: no swap beyond it
+            assert limits == {h.name: (int(h.cpu * 1e9), h.memory_mb * 2**20, h.memory_mb * 2**20) for h in plan.hosts}
             with open_compute("docker", emu, log_root=tmp_path / "workers") as manager:
                 emu.install_task(schedule)
                 log_dir = manager.task_dir("task")

@@ -86,11 +86,12 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
     # uninterrupted run's K (their environments'), and its mst/spff latency and reserved bandwidth must
     # lie inside the uninterrupted run's 95 % intervals. The run is at K = 16, where the emulation is
     # faithful on a small host (docs/fidelity.md); at K = 1 its latencies were the host's moment's (in a
-    # CI run, the resumed runs' mst/spff latency was 1.06-1.31 against the uninterrupted run's [0.82,
-    # 1.04]). Three locals on a ring of six give tasks whose trees differ (mst/spff latency about 1.13
-    # [1.07, 1.21] in the simulation, bandwidth 0.64), so the interval is wider than two runs of the same
-    # tasks differ by their timers (1.7 % of the mean over five campaigns on the triangle, where every
-    # task gave about the same ratio and the interval was narrower than that).
+    # CI run on the triangle at 2 locals, the resumed runs' mst/spff latency was 1.06-1.31 against the
+    # uninterrupted run's [0.82, 1.04]). Three locals on a ring of six give tasks whose trees differ
+    # (measured: mst/spff latency 0.988 [0.938, 1.032], bandwidth 0.655 [0.536, 0.775]), so the interval
+    # is wider than two runs of the same tasks differ by their timers (1.7 % of the mean over five
+    # campaigns on the triangle at 2 locals, where every task gave about the same ratio and the interval
+    # was narrower than that; docs/long-runs.md).
     reference, chains, problems = campaign(config, tmp_path / "runs", seed=48, kills=20, per_chain=4,
                                            extra=("--no-progress", "--no-figures"), limit_s=600, check_after=left)
 
