@@ -74,11 +74,17 @@ def cgroup_memory(directory: Path) -> CgroupMemory:
 def container_memory(container: Any) -> CgroupMemory | None:
     """A Docker container's memory cgroup, read through its init process (which outlives a site server
     killed in it); None without a container or a cgroup to read."""
+    directory = container_cgroup(container)
+    return None if directory is None else cgroup_memory(directory)
+
+
+def container_cgroup(container: Any) -> Path | None:
+    """The memory cgroup directory of a Docker container, through its init process (`cgroup_dir`);
+    None without a container or once its init is gone."""
     if container is None:
         return None
     container.reload()
-    directory = cgroup_dir(int(container.attrs["State"]["Pid"]))
-    return None if directory is None else cgroup_memory(directory)
+    return cgroup_dir(int(container.attrs["State"]["Pid"]))
 
 
 def lost_reason(site: str, status: int | None, memory: CgroupMemory | None, *, limit_mb: int | None = None,

@@ -11,7 +11,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from orchestrator.emulation.network import Emulation, EmulationError
 from orchestrator.runtime import compute
 from orchestrator.runtime.backends import emulation_options, open_compute
 from tests.integration.test_emulation_teardown import NOTHING, leftovers
+from tests.kill_campaign import netai, sim_leftovers
 from topologies.model import NetworkModel
 from topologies.plan import EmulationPlan
 
@@ -148,7 +148,7 @@ def test_a_stopped_site_server_is_lost_within_the_request_timeout(
 def test_a_site_server_killed_for_memory_is_reported_with_its_limit_and_peak(
     tmp_path: Path, figures: list[str],
 ) -> None:
-    from orchestrator.runtime.memory import cgroup_dir, cgroup_memory
+    from orchestrator.runtime.memory import cgroup_memory, container_cgroup
     from orchestrator.runtime.task_runner import FLOptions, run_task
     from orchestrator.scheduling import NetworkState, get_scheduler
     from orchestrator.scheduling.tasks import generate_tasks
@@ -157,8 +157,8 @@ def test_a_site_server_killed_for_memory_is_reported_with_its_limit_and_peak(
     # a watcher reads the site containers' memory cgroups (their files, found once) every 10 ms for
     # the moment of the OOM kill
     limit_mb = 400
-    plan = _plan(memory_mb=limit_mb)
     model = _model(memory_mb=limit_mb)
+    plan = EmulationPlan.from_model(model)
     (task,) = generate_tasks(model, count=1, locals_per_task=2, seed=1, rounds=2, demand_mbps=10)
     schedule = get_scheduler("spff").schedule(NetworkState(model), task)
     assert not schedule.blocked, schedule.reason
@@ -176,10 +176,7 @@ def test_a_site_server_killed_for_memory_is_reported_with_its_limit_and_peak(
 
         cm._mark_lost = marking  # type: ignore[method-assign]
 
-        groups = []
-        for srv in cm.servers.values():
-            srv.proc.host.container.reload()
-            groups.append(cgroup_dir(int(srv.proc.host.container.attrs["State"]["Pid"])))
+        groups = [container_cgroup(srv.proc.host.container) for srv in cm.servers.values()]
         assert all(groups), groups
 
         def watch() -> None:
@@ -234,7 +231,6 @@ def test_a_disk_that_fills_while_results_are_written_gives_one_line_a_whole_data
     tmp_path: Path, figures: list[str],
 ) -> None:
     from orchestrator.results.durability import reap_all
-    from tests.kill_campaign import sim_leftovers
 
     # Prepare: a real file system of 8 MB (tmpfs) for the run's folder, all but 1,000 KB of it taken
     # by a file: room for the run's start, not for its 80 task runs (a database of about 1 MB, and its
@@ -298,8 +294,8 @@ def test_a_disk_that_fills_while_results_are_written_gives_one_line_a_whole_data
 def _netai(*args: str) -> subprocess.CompletedProcess[str]:
     """`netai` with `args` in a session of its own, its whole group killed if it outlives 300 s (its
     simulation engines included: they keep files open in the run's folder)."""
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator.cli", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(netai(*args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
     try:
         out, err = proc.communicate(timeout=300)
     except subprocess.TimeoutExpired:
