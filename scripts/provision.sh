@@ -110,6 +110,23 @@ if [ -n "$ovs_tb" ] && [ "$ovs_tb" -lt "$OVS_SEND_BYTES" ]; then
 fi
 
 # 3. Docker daemon -------------------------------------------------------------------------------
+# A daemon killed without its shutdown (a machine's processes ended at once) leaves its pid files.
+# dockerd takes the pid in /var/run/docker/containerd/containerd.pid for its containerd if any
+# process has that pid, and once the pid is another program's, it waits for a containerd that never
+# answers and exits ("timeout waiting for containerd to start"). With no dockerd running, a pid file
+# whose process is not the program it names is removed before the start.
+clear_stale_docker_pids() {
+    local file name pid
+    for file in /var/run/docker/containerd/containerd.pid:containerd /var/run/docker.pid:dockerd; do
+        name=${file##*:}; file=${file%:*}
+        [ -f "$file" ] || continue
+        pid=$(tr -dc '0-9' <"$file")
+        if [ -z "$pid" ] || [ "$(cat "/proc/$pid/comm" 2>/dev/null)" != "$name" ]; then
+            log "removing $file, left by a $name that no longer runs"
+            rm -f "$file"
+        fi
+    done
+}
 if [ -z "${NETAI_SKIP_DOCKER:-}" ]; then
     if docker info >/dev/null 2>&1; then
         log "Docker daemon running"
@@ -117,11 +134,18 @@ if [ -z "${NETAI_SKIP_DOCKER:-}" ]; then
         log "starting the Docker daemon"
         if [ -d /run/systemd/system ] && systemctl start docker 2>/dev/null; then :; else
             mkdir -p /var/log/netai
+            if ! pgrep -x dockerd >/dev/null; then clear_stale_docker_pids; fi
             # Not on any TCP socket: the daemon listens on its unix socket only.
             nohup dockerd -H unix:///var/run/docker.sock >/var/log/netai/dockerd.log 2>&1 &
         fi
         for _ in $(seq 1 150); do docker info >/dev/null 2>&1 && break; sleep 0.2; done
-        docker info >/dev/null 2>&1 || log "WARNING: the Docker daemon did not start; the docker backend will be unavailable"
+        if ! docker info >/dev/null 2>&1; then
+            log "WARNING: the Docker daemon did not start; the docker backend will be unavailable"
+            if [ -f /var/log/netai/dockerd.log ]; then
+                log "the end of /var/log/netai/dockerd.log:"
+                tail -n 3 /var/log/netai/dockerd.log | sed 's/^/    /'
+            fi
+        fi
     fi
 fi
 

@@ -6,6 +6,9 @@
   terminal summary of every run, passing or not.
 - `sshd` (from `tests.integration.sshd`): an sshd on 127.0.0.1 with keys made for the test.
 - `machines` (from `tests.integration.machines`): test machines, containers on an internal network.
+- Every `netai` a test started (`tests.integration.test_experiment.netai`) and left running, because
+  it failed before its end, is interrupted after it, so that its network does not stand in the way
+  of the next test's.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> 
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture(autouse=True)
+def _end_started_runs() -> Generator[None, None, None]:
+    from tests.integration.test_experiment import end_started
+
+    yield
+    end_started()
 
 
 @pytest.fixture
