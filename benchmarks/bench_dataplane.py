@@ -7,7 +7,7 @@
   (`orchestrator.scheduling.cost`), median per scheduler, with the links at 25 and at 50 Mbit/s at
   K = 1 and at 50 Mbit/s at time dilation K = 2, and the host's CPU busy share over each run (at
   K = 1 a 2-core host does not keep up with 50: the figure there is the host's, and K = 2 gives the
-  configured network's; docs/measurements/index.md, "The data plane at K = 1");
+  configured network's; docs/measurements/index.md, "The data plane at K = 1 and 2");
 - stalls: NSFNET, 8 locals, spff and mst, background traffic on, many rounds of a small model:
   the largest round over the median round of its task;
 - isolation: a task's broadcast time with iperf3 saturating the links it uses, over the same

@@ -59,9 +59,9 @@ def netai(*args: str, **kw: object) -> subprocess.Popen[str]:
     return proc
 
 
-def end_started(grace_s: float = 60.0) -> list[int]:
-    """Interrupt (as Ctrl-C) each `netai` a test started that still runs, kill it after `grace_s`;
-    returns their pids (a test that failed midway leaves its run to this, not to the next test)."""
+def end_started(grace_s: float = 60.0) -> None:
+    """Interrupt (as Ctrl-C) each `netai` a test started that still runs, kill it after `grace_s` (a
+    test that failed midway leaves its run to this, not to the next test)."""
     running = [p for p in STARTED if p.poll() is None]
     STARTED.clear()
     for proc in running:
@@ -72,7 +72,6 @@ def end_started(grace_s: float = 60.0) -> list[int]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.communicate()
-    return [p.pid for p in running]
 
 
 def leftovers() -> dict[str, list[str]]:
