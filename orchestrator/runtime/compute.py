@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from orchestrator.errors import ConfigError
+from orchestrator.runtime import model_counts
 from orchestrator.runtime.far_clock import EventMirror
 from workers.config import AgentConfig, file_stem
 from workers.control import (
@@ -67,7 +68,17 @@ def model_sizes(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULT
                 dataset_args: Mapping[str, Any] | None = None) -> tuple[int, Callable[[int], tuple[int, ...]]]:
     """`check_model`'s size, and the bytes of each chunk frame of one copy when cut at a given chunk
     size (`workers.framing.frame_sizes`, of the model built here), for the flow-level simulation's
-    transfers and carried bytes. Raises `ConfigError` as `check_model`."""
+    transfers and carried bytes. Kept across processes for a built-in model and dataset
+    (`model_counts.kept_sizes`: the model is built only for what is not kept yet). Raises
+    `ConfigError` as `check_model`."""
+    settings = {"model": spec, "model_args": dict(model_args), "dataset": dataset,
+                "dataset_args": dict(dataset_args or {})}
+    return model_counts.kept_sizes(settings, partial(_built_sizes, spec, model_args, dataset, dataset_args))
+
+
+def _built_sizes(spec: str, model_args: Mapping[str, Any], dataset: str,
+                 dataset_args: Mapping[str, Any] | None) -> tuple[int, Callable[[int | None], tuple[int, ...]]]:
+    """`model_sizes` of the model built here."""
     from workers.data import open_dataset
     from workers.framing import frame_sizes
     from workers.models import build_model, state_nbytes

@@ -33,9 +33,11 @@ round, so it fits inside the modelled time with about 2x margin. The 2.8 MB mlp 
 per example, 0.151 s per round for a local at 8 locals (360 examples x epochs), against about 0.1 s
 measured: a conservative core, in the same order.
 
-Counting builds the model and loads the dataset once per process and task settings (no timing, no
-file: the profile cache is only read and written with ``cost: profile``). This module imports torch
-only when it counts.
+Counting builds the model and loads the dataset (no timing). A count is kept, once per process and
+across processes (`orchestrator.runtime.model_counts`: keyed on the settings, the versions of
+torch, numpy and scikit-learn, and the workers' source; a built-in model on a built-in dataset
+only), so a later ``netai`` neither counts again nor imports torch. The profile cache is only read and written
+with ``cost: profile``. This module imports torch only when it counts.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import ConfigError
-from orchestrator.runtime import profiles
+from orchestrator.runtime import model_counts, profiles
 from orchestrator.scheduling.joint import TrainingProfile
 from workers.compute import NOT_MODELLED, TrainingCost
 from workers.spec import SpecError, choice, number, optional, setting
@@ -200,13 +202,25 @@ def _agent_config(settings: Mapping[str, Any]) -> Any:
 
 
 def _settings_json(options: Any) -> str:
-    """What a count depends on, as canonical JSON (the key of `_count`'s per-process memo)."""
+    """What a count depends on, as canonical JSON (the key of `_count`'s per-process memo, and part of
+    the kept count's, `model_counts.key`)."""
     return json.dumps({"model": options.model, "model_args": dict(options.model_args), "dataset": options.dataset,
                        "dataset_args": dict(options.dataset_args), "batch_size": options.batch_size}, sort_keys=True)
 
 
 @functools.lru_cache(maxsize=16)
 def _count(settings_json: str) -> tuple[float, int]:
+    key = model_counts.key("flops", json.loads(settings_json))
+    kept = model_counts.flops(key) if key is not None else None
+    if kept is not None:
+        return kept
+    flops, examples = _count_now(settings_json)
+    if key is not None and flops > 0:
+        model_counts.keep(key, {"flops_per_example": flops, "train_examples": examples})
+    return flops, examples
+
+
+def _count_now(settings_json: str) -> tuple[float, int]:
     import torch
 
     from workers.learning import Learner
@@ -235,7 +249,8 @@ def _split_examples(dataset: str, dataset_args_json: str) -> int:
 
 def count_training(options: Any) -> tuple[float, int]:
     """(FLOPs per example of one training step, examples of the training split) of the task's model
-    on its dataset (`options`: its learning settings), counted once per process.
+    on its dataset (`options`: its learning settings), counted once (`_count`: kept per process, and
+    across processes for a built-in model and dataset).
 
     Raises
     ------

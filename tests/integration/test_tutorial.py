@@ -84,7 +84,7 @@ def stop(background: list[subprocess.Popen[str]]) -> None:
     background.clear()
 
 
-def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
+def test_the_tutorial_runs_as_written(tmp_path: Path, figures: list[str]) -> None:
     # Prepare: the shims, and the tutorial's steps
     env = shims(tmp_path / "bin")
     runs = tmp_path / "runs" / "tutorial"
@@ -107,7 +107,10 @@ def test_the_tutorial_runs_as_written(tmp_path: Path) -> None:
                     assert said(log, NET_UP_SAYS, within_s=READY_S), f"docs/tutorial.md:{step.line}: never up"
                 after_background = True
             elif step.kind == "run":
+                started = time.monotonic()
                 res = run_block(rewritten(step, runs), env, retry_s=READY_S if after_background else 0.0)
+                figures.append(f"tutorial, docs/tutorial.md:{step.line}: {time.monotonic() - started:.1f} s "
+                               f"({step.text.splitlines()[0][:60]})")
                 after_background = False
                 # Assert: each block exits 0
                 assert res.returncode == 0, (f"docs/tutorial.md:{step.line}: {step.text}\n"

@@ -1,0 +1,183 @@
+"""What is counted of a model, kept across processes: its training step's FLOPs (for ``cost:
+counted``, `orchestrator.runtime.compute_model`), its size and a copy's chunk frames (for admission
+and the flow-level simulation, `orchestrator.runtime.compute.model_sizes`). A ``netai`` that finds
+them kept neither builds the model nor imports torch: counting took about 2 s of a process's start,
+most of it importing torch and the compiler its FLOP counter imports.
+
+A count is not a measurement. It is a pure function of the code that builds the model and its data
+and of the task's settings: no timing, nothing of the host's load. So a kept count is the count, and
+its key holds all it depends on:
+
+- the settings (model, model_args, dataset, dataset_args; the batch size for FLOPs), as canonical
+  JSON, and what is counted;
+- the versions of torch (the counter, the ops' formulas, the tensors' sizes), numpy, scikit-learn
+  (the digits file the dataset reads) and safetensors (the frames' headers);
+- the source of the ``workers`` package (the models, the datasets, the learner, the frames).
+
+Only a built-in model on a built-in dataset is kept. A model or dataset named by a spec
+(``module:attr`` or ``file.py:attr``) runs code the key cannot hold (a file's own imports), and is
+counted afresh by every process.
+
+File: ``model-counts.json`` in the project's cache folder (`profiles.cache_dir`), written atomically.
+A file that does not parse, or an entry that is not a count, is counted again and replaced::
+
+    {"version": 1, "counts": {"<sha256 of the key>": {"flops_per_example": 20224.0, "train_examples": 1438},
+                              "<sha256 of another>": {"model_bytes": 19240, "frames": {"65536": [19712]}}}}
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import importlib.metadata
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.runtime import profiles
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+FILE = "model-counts.json"
+#: The distributions whose versions a count depends on (`key`).
+VERSIONED = ("torch", "numpy", "scikit-learn", "safetensors")
+#: The package whose source builds the model, the data, the training step and the frames.
+WORKERS = Path(__file__).resolve().parents[2] / "workers"
+
+Frames = Callable[[int | None], tuple[int, ...]]
+
+
+def default_path() -> Path:
+    """The store: `FILE` in `profiles.cache_dir` (read when called)."""
+    return profiles.cache_dir() / FILE
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "absent"
+
+
+@functools.lru_cache(maxsize=1)
+def _workers_digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(f"\0{path.relative_to(root).as_posix()}\0".encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
+
+def key(what: str, settings: Mapping[str, Any]) -> str | None:
+    """The store's key of the count `what` (``flops``, ``sizes``) of a model with these `settings`
+    (``model`` and ``dataset`` among them), or None when the model or dataset is named by a spec."""
+    if ":" in str(settings["model"]) or ":" in str(settings["dataset"]):
+        return None
+    h = hashlib.sha256(json.dumps({"what": what, **settings}, sort_keys=True).encode())
+    for dist in VERSIONED:
+        h.update(f"\0{dist}={_version(dist)}".encode())
+    h.update(_workers_digest(WORKERS).encode())
+    return h.hexdigest()
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        log.warning("%s: unreadable model counts (%s): counting again", path, e)
+        return {}
+    if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("counts"), dict):
+        log.warning("%s: not version %d model counts: counting again", path, VERSION)
+        return {}
+    return dict(doc["counts"])
+
+
+def _positive_int(x: object) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+
+def flops(k: str, path: Path | None = None) -> tuple[float, int] | None:
+    """The kept FLOP count under key `k`: (FLOPs per example, training examples), or None."""
+    entry = _read(path or default_path()).get(k)
+    if not isinstance(entry, dict):
+        return None
+    f, examples = entry.get("flops_per_example"), entry.get("train_examples")
+    if not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0 \
+            or not isinstance(examples, int) or not _positive_int(examples):
+        return None
+    return float(f), examples
+
+
+def sizes(k: str, path: Path | None = None) -> tuple[int, dict[str, tuple[int, ...]]] | None:
+    """The kept size under key `k`: (the model's bytes, a copy's frames by chunk size, as text), or None."""
+    entry = _read(path or default_path()).get(k)
+    if not isinstance(entry, dict) or not _positive_int(entry.get("model_bytes")) \
+            or not isinstance(entry.get("frames"), dict):
+        return None
+    frames = {c: tuple(f) for c, f in entry["frames"].items()
+              if isinstance(f, list) and f and all(_positive_int(n) for n in f)}
+    return int(entry["model_bytes"]), frames
+
+
+def keep(k: str, entry: Mapping[str, Any], path: Path | None = None) -> None:
+    """Add `entry` to the kept counts under `k` (read, merged and replaced atomically: a process
+    writing at the same moment may lose its entry, which is then counted again)."""
+    path = path or default_path()
+    counts = _read(path)
+    counts[k] = dict(entry)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".model-counts-", suffix=".json", dir=path.parent)
+    except OSError as e:  # a cache that cannot be written is counted again next time
+        log.warning("%s: cannot keep the model's counts (%s)", path, e)
+        return
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"version": VERSION, "counts": counts}, f, indent=2, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        log.warning("%s: cannot keep the model's counts (%s)", path, e)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def kept_sizes(settings: Mapping[str, Any], build: Callable[[], tuple[int, Frames]]) -> tuple[int, Frames]:
+    """The model's bytes and its frames by chunk size, as `build` gives them (it builds the model),
+    taken from the store where kept: `build` then runs only for a chunk size not kept yet, once."""
+    k = key("sizes", settings)
+    if k is None:
+        return build()
+    got = sizes(k)
+    if got is None:
+        model_bytes, frames = build()
+        keep(k, {"model_bytes": model_bytes, "frames": {}})
+        got = (model_bytes, {})
+        built: list[Frames] = [frames]
+    else:
+        built = []
+    model_bytes, known = got
+
+    @functools.cache
+    def frames_at(chunk: int | None) -> tuple[int, ...]:
+        text = "none" if chunk is None else str(chunk)
+        if text in known:
+            return known[text]
+        if not built:
+            built.append(build()[1])
+        sized = tuple(int(n) for n in built[0](chunk))
+        known[text] = sized
+        now = sizes(k)
+        keep(k, {"model_bytes": model_bytes,
+                 "frames": {**{c: list(f) for c, f in (now[1] if now else {}).items()}, text: list(sized)}})
+        return sized
+
+    return model_bytes, frames_at
