@@ -54,7 +54,8 @@ SYNC_S = 0.25
 def check_model(spec: str, model_args: Mapping[str, Any], dataset: str = DEFAULTS.dataset,
                 dataset_args: Mapping[str, Any] | None = None) -> int:
     """Load the dataset and build the model spec once on this machine, before anything starts, as
-    every server will; the size of the model's weights (an uncompressed GLOBAL or UPDATE payload).
+    every server will; the size of the model's weights (an uncompressed GLOBAL or UPDATE payload). A
+    built-in model whose size is kept (`model_sizes`) is not built again: the same code built it.
 
     Raises
     ------

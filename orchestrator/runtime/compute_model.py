@@ -35,7 +35,7 @@ measured: a conservative core, in the same order.
 
 Counting builds the model and loads the dataset (no timing). A count is kept, once per process and
 across processes (`orchestrator.runtime.model_counts`: keyed on the settings, the versions of
-torch, numpy and scikit-learn, and the workers' source; a built-in model on a built-in dataset
+torch, numpy and scikit-learn, and the source that counts; a built-in model on a built-in dataset
 only), so a later ``netai`` neither counts again nor imports torch. The profile cache is only read and written
 with ``cost: profile``. This module imports torch only when it counts.
 """

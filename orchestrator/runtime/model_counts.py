@@ -10,13 +10,16 @@ its key holds all it depends on:
 
 - the settings (model, model_args, dataset, dataset_args; the batch size for FLOPs), as canonical
   JSON, and what is counted;
-- the versions of torch (the counter, the ops' formulas, the tensors' sizes), numpy, scikit-learn
-  (the digits file the dataset reads) and safetensors (the frames' headers);
-- the source of the ``workers`` package (the models, the datasets, the learner, the frames).
+- the versions of torch (the counter, the ops' formulas, the tensors' sizes), numpy and
+  scikit-learn (the digits file the dataset reads);
+- the source of the ``workers`` package (the models, the datasets, the learner, the frames) and of
+  the modules that count with it (`COUNTING`: this one, `compute_model`'s count and `compute`'s
+  build), as the process read them when it first keyed a count.
 
-Only a built-in model on a built-in dataset is kept. A model or dataset named by a spec
-(``module:attr`` or ``file.py:attr``) runs code the key cannot hold (a file's own imports), and is
-counted afresh by every process.
+Only a built-in model (`BUILTIN_MODELS`, as ``workers.models`` registers it) on a built-in dataset
+is kept. A model registered under another name or over a built-in's (``register_model``), or
+named by a spec (``module:attr``, ``file.py:attr``), runs code the key cannot hold, and is counted
+afresh by every process.
 
 File: ``model-counts.json`` in the project's cache folder (`profiles.cache_dir`), written atomically.
 A file that does not parse, or an entry that is not a count, is counted again and replaced::
@@ -33,6 +36,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import sys
 import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -45,9 +49,15 @@ log = logging.getLogger(__name__)
 VERSION = 1
 FILE = "model-counts.json"
 #: The distributions whose versions a count depends on (`key`).
-VERSIONED = ("torch", "numpy", "scikit-learn", "safetensors")
+VERSIONED = ("torch", "numpy", "scikit-learn")
 #: The package whose source builds the model, the data, the training step and the frames.
 WORKERS = Path(__file__).resolve().parents[2] / "workers"
+#: The modules that count with it: their source is in the key too.
+COUNTING = tuple(Path(__file__).resolve().parent / name for name in ("model_counts.py", "compute_model.py",
+                                                                      "compute.py"))
+#: The models and datasets whose counts are kept: ``workers.models``' own factories, ``workers.data``'s.
+BUILTIN_MODELS = ("mlp", "cnn", "large")
+BUILTIN_DATASETS = ("digits", "synthetic")
 
 Frames = Callable[[int | None], tuple[int, ...]]
 
@@ -65,23 +75,38 @@ def _version(dist: str) -> str:
 
 
 @functools.lru_cache(maxsize=1)
-def _workers_digest(root: Path) -> str:
+def _code_digest(root: Path) -> str:
     h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(f"\0{path.relative_to(root).as_posix()}\0".encode())
+    named = [(p.relative_to(root).as_posix(), p) for p in sorted(root.rglob("*.py"))]
+    for name, path in [*named, *((f"orchestrator/runtime/{p.name}", p) for p in COUNTING)]:
+        h.update(f"\0{name}\0".encode())
         h.update(path.read_bytes())
     return h.hexdigest()
 
 
+def _builtin(model: object, dataset: object) -> bool:
+    """Whether `model` is one of `BUILTIN_MODELS` as ``workers.models`` registers it (not replaced in
+    this process by ``register_model``) and `dataset` one of `BUILTIN_DATASETS`."""
+    if model not in BUILTIN_MODELS or dataset not in BUILTIN_DATASETS:
+        return False
+    models = sys.modules.get("workers.models")  # not imported: nothing could have replaced it
+    return models is None or models._REGISTRY.get(model) is getattr(models, str(model), None)
+
+
 def key(what: str, settings: Mapping[str, Any]) -> str | None:
     """The store's key of the count `what` (``flops``, ``sizes``) of a model with these `settings`
-    (``model`` and ``dataset`` among them), or None when the model or dataset is named by a spec."""
-    if ":" in str(settings["model"]) or ":" in str(settings["dataset"]):
+    (``model`` and ``dataset`` among them), or None when they are not built-in (`_builtin`) or the
+    settings are not JSON."""
+    if not _builtin(settings["model"], settings["dataset"]):
         return None
-    h = hashlib.sha256(json.dumps({"what": what, **settings}, sort_keys=True).encode())
+    try:
+        text = json.dumps({"what": what, "settings": dict(settings)}, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+    h = hashlib.sha256(text.encode())
     for dist in VERSIONED:
         h.update(f"\0{dist}={_version(dist)}".encode())
-    h.update(_workers_digest(WORKERS).encode())
+    h.update(_code_digest(WORKERS).encode())
     return h.hexdigest()
 
 
@@ -110,7 +135,7 @@ def flops(k: str, path: Path | None = None) -> tuple[float, int] | None:
         return None
     f, examples = entry.get("flops_per_example"), entry.get("train_examples")
     if not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0 \
-            or not isinstance(examples, int) or not _positive_int(examples):
+            or not isinstance(examples, int) or isinstance(examples, bool) or examples <= 0:
         return None
     return float(f), examples
 
@@ -141,6 +166,7 @@ def keep(k: str, entry: Mapping[str, Any], path: Path | None = None) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             json.dump({"version": VERSION, "counts": counts}, f, indent=2, sort_keys=True)
+        os.chmod(tmp, 0o644)  # readable by a run of another user, as a profile cache is
         os.replace(tmp, path)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)

@@ -16,7 +16,7 @@ import yaml
 
 from orchestrator.errors import ConfigError
 from orchestrator.experiment.config import parse_config
-from orchestrator.runtime import compute_model, profiles
+from orchestrator.runtime import compute_model, model_counts, profiles
 from orchestrator.runtime.compute_model import ComputeModel, count_training, counted_cost, resolve
 from orchestrator.simulation import calibration
 from topologies.model import NetworkModel
@@ -143,6 +143,7 @@ def test_the_same_config_gives_the_same_cost_with_no_cache_and_with_a_cache_of_o
     own_cache.parent.mkdir(parents=True, exist_ok=True)  # the FLOP count is kept there (model_counts)
     own_cache.write_text(json.dumps({"version": profiles.CACHE_VERSION, "profiles": {key: other.to_dict()}}))
     written = own_cache.read_text()
+    (own_cache.parent / model_counts.FILE).unlink()  # counted afresh again, not taken from the first count
     _fresh_count()
     with_cache = resolve(cfg.task, cfg.compute)
 

@@ -100,14 +100,20 @@ def test_the_key_changes_with_the_settings_the_versions_and_the_workers_source(
     assert model_counts.key("sizes", settings) != base
     assert model_counts.key("flops", {**settings, "batch_size": 16}) != base
     assert model_counts.key("flops", {**settings, "model_args": {"hidden": 200}}) != base
+    assert model_counts.key("flops", {**settings, "dataset": "synthetic"}) != base
+    assert model_counts.key("flops", {**settings, "dataset_args": {"seed": 1}}) != base
     (copy / "models" / "__init__.py").write_text((copy / "models" / "__init__.py").read_text() + "\n# edited\n")
-    model_counts._workers_digest.cache_clear()
+    model_counts._code_digest.cache_clear()
     edited = model_counts.key("flops", settings)
     assert edited not in (base, None)
     real = model_counts._version
-    monkeypatch.setattr(model_counts, "_version", lambda dist: "0" if dist == "torch" else real(dist))
-    assert model_counts.key("flops", settings) not in (base, edited, None)
-    model_counts._workers_digest.cache_clear()
+    keys = {base, edited}
+    for dist in model_counts.VERSIONED:
+        monkeypatch.setattr(model_counts, "_version", lambda d, dist=dist: "0" if d == dist else real(d))
+        moved = model_counts.key("flops", settings)
+        assert moved not in keys and moved is not None, dist
+        keys.add(moved)
+    model_counts._code_digest.cache_clear()
 
 
 @pytest.mark.parametrize("spec", [{"model": "examples/models/wide_mlp.py:wide_mlp"},
@@ -122,6 +128,29 @@ def test_a_model_or_dataset_named_by_a_spec_is_never_kept(spec: dict[str, str], 
         size, frames = model_sizes(spec["model"], {})
         assert flops > 0 and size > 0 and frames(4096)
         assert not store.exists()
+
+
+def test_a_model_registered_over_a_built_in_or_under_a_new_name_is_never_kept(
+        store: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workers import models
+
+    # Prepare: the built-in mlp kept by a first count.
+    size, _ = model_sizes("mlp", {})
+    assert model_counts.key("sizes", {"model": "mlp", "model_args": {}, "dataset": "digits",
+                                      "dataset_args": {}}) is not None
+
+    # Execute: mlp replaced in this process by a narrower model, and one under a new name.
+    monkeypatch.setitem(models._REGISTRY, "mlp",
+                        lambda **kw: models.mlp(**{**kw, "hidden": 8}))
+    monkeypatch.setitem(models._REGISTRY, "mine", models.mlp)
+    replaced, _ = model_sizes("mlp", {})
+    mine, _ = model_sizes("mine", {})
+
+    # Assert: both built here (the replaced mlp is not the kept one), neither keyed.
+    assert replaced < size and mine == size
+    for name in ("mlp", "mine"):
+        assert model_counts.key("sizes", {"model": name, "model_args": {}, "dataset": "digits",
+                                          "dataset_args": {}}) is None
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"version": 0, "counts": {}}), "BAD_ENTRY"])
