@@ -111,17 +111,7 @@ def key(what: str, settings: Mapping[str, Any]) -> str | None:
 
 
 def _read(path: Path) -> dict[str, Any]:
-    try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except (OSError, ValueError) as e:
-        log.warning("%s: unreadable model counts (%s): counting again", path, e)
-        return {}
-    if not isinstance(doc, dict) or doc.get("version") != VERSION or not isinstance(doc.get("counts"), dict):
-        log.warning("%s: not version %d model counts: counting again", path, VERSION)
-        return {}
-    return dict(doc["counts"])
+    return profiles.read_store(path, version=VERSION, field="counts", what="model counts", redo="counting")
 
 
 def _positive_int(x: object) -> bool:

@@ -236,18 +236,24 @@ def measure(
     )
 
 
-def _read_cache(path: Path) -> dict[str, Any]:
+def read_store(path: Path, *, version: int, field: str, what: str, redo: str) -> dict[str, Any]:
+    """The entries (`field`) of a versioned JSON store of the project's caches; none, with a warning
+    naming `what` and `redo`, when the file does not parse or is of another version; none when absent."""
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         return {}
     except (OSError, ValueError) as e:
-        log.warning("%s: unreadable profile cache (%s): measuring again", path, e)
+        log.warning("%s: unreadable %s (%s): %s again", path, what, e, redo)
         return {}
-    if not isinstance(doc, dict) or doc.get("version") != CACHE_VERSION or not isinstance(doc.get("profiles"), dict):
-        log.warning("%s: not a version %d profile cache: measuring again", path, CACHE_VERSION)
+    if not isinstance(doc, dict) or doc.get("version") != version or not isinstance(doc.get(field), dict):
+        log.warning("%s: not version %d %s: %s again", path, version, what, redo)
         return {}
-    return dict(doc["profiles"])
+    return dict(doc[field])
+
+
+def _read_cache(path: Path) -> dict[str, Any]:
+    return read_store(path, version=CACHE_VERSION, field="profiles", what="profile cache", redo="measuring")
 
 
 def _write_cache(path: Path, profiles: Mapping[str, Any]) -> None:
