@@ -135,7 +135,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--topology is required (or --attach, to run on the network `netai net up` runs)")
     if args.url or args.task_id is not None:
         raise ConfigError("--url and --task-id go with --attach")
-    check_model(args.model, model_args)  # a broken model: one line, exit 2, before anything starts
+    # a broken model: one line, exit 2, before anything starts; sized on the task's own dataset
+    check_model(options.model, options.model_args, options.dataset, options.dataset_args)
     model = load(args.topology)
     (task,) = generate_tasks(model, count=1, locals_per_task=args.locals, seed=args.seed,
                              model_name=args.model, rounds=args.rounds)
@@ -282,7 +283,8 @@ def _cmd_attach(args: argparse.Namespace, options: Any) -> int:
     get_scheduler(args.scheduler)  # an unknown scheduler or a broken plugin: one line, exit 2
     if os.geteuid() != 0:
         raise ConfigError("--attach enters the running network's hosts (network namespaces): run it with sudo")
-    model_bytes = check_model(options.model, options.model_args)  # a broken model: one line, exit 2, before anything starts
+    # a broken model: one line, exit 2, before anything starts; sized on the task's own dataset
+    model_bytes = check_model(options.model, options.model_args, options.dataset, options.dataset_args)
     resolve(options, args.compute)  # the modelled training, counted (or measured) before anything is installed
     net = find_running(args.url)
     req = AttachRequest(scheduler=args.scheduler, locals=args.locals, seed=args.seed, options=options,

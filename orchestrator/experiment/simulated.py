@@ -219,7 +219,7 @@ def _model_sizes(cfg: ExperimentConfig, model_bytes: int | None
         return model_bytes, None
     from orchestrator.runtime.compute import model_sizes
 
-    return model_sizes(cfg.task.model, cfg.task.model_args)
+    return model_sizes(cfg.task.model, cfg.task.model_args, cfg.task.dataset, cfg.task.dataset_args)
 
 
 def controller_route(plan: EmulationPlan, src: str, dst: str) -> list[str]:

@@ -70,3 +70,21 @@ def test_model_sizes_gives_the_models_bytes_and_its_frames_at_each_chunk_size() 
     assert len(frames(4_000)) > len(frames(100_000)) >= 1
     assert sum(frames(4_000)) > sum(frames(100_000)) > size
     assert frames(4_000) == frames(4_000)  # cached, the same figures
+
+
+def test_the_simulation_sizes_the_model_on_the_tasks_own_dataset() -> None:
+    from orchestrator.experiment.config import parse_config
+    from orchestrator.experiment.simulated import _model_sizes
+    from orchestrator.runtime.compute import _built_sizes
+
+    # Prepare: a task on synthetic 3x16x16 images, whose mlp's first layer is 12 times digits' (8x8).
+    cfg = parse_config({"name": "x", "engine": "simulation", "topology": "triangle", "locals": [2],
+                        "task": {"dataset": "synthetic", "dataset_args": {"input_shape": [3, 16, 16]}}})
+
+    # Execute
+    size, frames = _model_sizes(cfg, None)
+
+    # Assert: the model built on that dataset, not on digits (as the emulation's admission sizes it).
+    own, own_frames = _built_sizes("mlp", {}, "synthetic", {"input_shape": [3, 16, 16]})
+    assert size == own > _built_sizes("mlp", {}, "digits", None)[0]
+    assert frames is not None and frames(4_000) == own_frames(4_000)
