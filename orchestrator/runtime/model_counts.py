@@ -35,12 +35,10 @@ import hashlib
 import importlib.metadata
 import json
 import logging
-import os
 import sys
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from orchestrator.runtime import profiles
 
@@ -114,7 +112,7 @@ def _read(path: Path) -> dict[str, Any]:
     return profiles.read_store(path, version=VERSION, field="counts", what="model counts", redo="counting")
 
 
-def _positive_int(x: object) -> bool:
+def _positive_int(x: object) -> TypeGuard[int]:
     return isinstance(x, int) and not isinstance(x, bool) and x > 0
 
 
@@ -124,8 +122,7 @@ def flops(k: str, path: Path | None = None) -> tuple[float, int] | None:
     if not isinstance(entry, dict):
         return None
     f, examples = entry.get("flops_per_example"), entry.get("train_examples")
-    if not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0 \
-            or not isinstance(examples, int) or isinstance(examples, bool) or examples <= 0:
+    if not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0 or not _positive_int(examples):
         return None
     return float(f), examples
 
@@ -147,23 +144,10 @@ def keep(k: str, entry: Mapping[str, Any], path: Path | None = None) -> None:
     path = path or default_path()
     counts = _read(path)
     counts[k] = dict(entry)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".model-counts-", suffix=".json", dir=path.parent)
+    try:  # readable by a run of another user (every counted run writes it, root's under sudo too)
+        profiles.write_store(path, counts, version=VERSION, field="counts", mode=0o644)
     except OSError as e:  # a cache that cannot be written is counted again next time
         log.warning("%s: cannot keep the model's counts (%s)", path, e)
-        return
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump({"version": VERSION, "counts": counts}, f, indent=2, sort_keys=True)
-        os.chmod(tmp, 0o644)  # readable by a run of another user, as a profile cache is
-        os.replace(tmp, path)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        log.warning("%s: cannot keep the model's counts (%s)", path, e)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def kept_sizes(settings: Mapping[str, Any], build: Callable[[], tuple[int, Frames]]) -> tuple[int, Frames]:
@@ -172,28 +156,18 @@ def kept_sizes(settings: Mapping[str, Any], build: Callable[[], tuple[int, Frame
     k = key("sizes", settings)
     if k is None:
         return build()
+    built = functools.cache(build)
     got = sizes(k)
     if got is None:
-        model_bytes, frames = build()
-        keep(k, {"model_bytes": model_bytes, "frames": {}})
-        got = (model_bytes, {})
-        built: list[Frames] = [frames]
-    else:
-        built = []
+        got = (built()[0], {})
+        keep(k, {"model_bytes": got[0], "frames": {}})
     model_bytes, known = got
 
-    @functools.cache
     def frames_at(chunk: int | None) -> tuple[int, ...]:
         text = "none" if chunk is None else str(chunk)
-        if text in known:
-            return known[text]
-        if not built:
-            built.append(build()[1])
-        sized = tuple(int(n) for n in built[0](chunk))
-        known[text] = sized
-        now = sizes(k)
-        keep(k, {"model_bytes": model_bytes,
-                 "frames": {**{c: list(f) for c, f in (now[1] if now else {}).items()}, text: list(sized)}})
-        return sized
+        if text not in known:
+            known[text] = tuple(int(n) for n in built()[1](chunk))
+            keep(k, {"model_bytes": model_bytes, "frames": known})
+        return known[text]
 
     return model_bytes, frames_at

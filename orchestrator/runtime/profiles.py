@@ -256,16 +256,24 @@ def _read_cache(path: Path) -> dict[str, Any]:
     return read_store(path, version=CACHE_VERSION, field="profiles", what="profile cache", redo="measuring")
 
 
-def _write_cache(path: Path, profiles: Mapping[str, Any]) -> None:
+def write_store(path: Path, entries: Mapping[str, Any], *, version: int, field: str, mode: int | None = None) -> None:
+    """Replace `read_store`'s file with `entries` (`field`) atomically: written beside it, then renamed
+    over it (`mode`: its permissions, else the temporary file's, the owner's only). Raises `OSError`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".profiles-", suffix=".json", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".json", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            json.dump({"version": CACHE_VERSION, "profiles": dict(profiles)}, f, indent=2, sort_keys=True)
+            json.dump({"version": version, field: dict(entries)}, f, indent=2, sort_keys=True)
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _write_cache(path: Path, profiles: Mapping[str, Any]) -> None:
+    write_store(path, profiles, version=CACHE_VERSION, field="profiles")
 
 
 def load_profile(
