@@ -78,9 +78,8 @@ class Agent:
                       retrans_bytes=tcp.retrans_bytes, retrans_segments=tcp.retrans_segments)
 
     def _listen(self, kind: str, port: int, expected: dict[str, str]) -> None:
-        def on_frame(peer: str, header: Header, payload: bytearray) -> None:
-            tensors = self.engine.check_frame(kind, peer, header, payload)  # FrameError drops the connection
-            self.engine.post("frame", kind, peer, header, payload, tensors)
+        def on_frame(peer: str, header: Header, payload: bytearray, arrived: float | None) -> None:
+            self.engine.receive(kind, peer, header, payload, arrived)  # FrameError drops the connection
 
         def on_reject(peer_ip: str, e: FrameError | OSError, port_kind: str) -> None:
             reason = e.reason if isinstance(e, FrameError) else "connection"
@@ -103,7 +102,7 @@ class Agent:
 
     def run(self) -> int:
         cfg = self.cfg
-        # this thread runs the round loop (forwarding, aggregating): network-path work
+        # this thread runs the round loop (aggregating; the readers forward): network-path work
         applied = priority.enter_transfer()
         if cfg.expects_global and cfg.broadcast_parent is not None:
             self._listen("broadcast", cfg.broadcast_port, {cfg.broadcast_parent.site: cfg.broadcast_parent.host})

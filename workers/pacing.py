@@ -26,7 +26,10 @@ a busy host) delays the segments it held, not the ones after. A frame queued whi
 was still being paced starts where the link left off, even if the thread reaches it later, and its
 segments already due go at once; htb's burst (6 ms of the rate) lets such a late segment catch up.
 Before, each frame started when the thread got to it, so the overruns of a copy's frames (eight
-at a 3 KB chunk size) added up at every hop.
+at a 3 KB chunk size) added up at every hop. The same holds across a relay: a forwarded chunk is
+ready when the kernel received it (`ready_at`, `workers.round_parts.CutThrough`), not when the
+relay's reader, checks and sender got to it, so that time is made up on its link too, while what
+the emulated links added before it arrived is kept.
 
 A segment behind another (in the same frame, or in a frame queued while the link still carried
 the one before) goes half its serialization time early (`LEAD_SHARE`), so that it already waits in

@@ -1,7 +1,7 @@
 """Scheduling priority of a worker's threads: the network path runs before training.
 
-A round's latency waits on short bursts of network-path work (a reader taking a chunk in, the round
-loop forwarding or aggregating it, a sender writing it, the site server answering its manager),
+A round's latency waits on short bursts of network-path work (a reader taking a chunk in and
+forwarding it, the round loop aggregating it, a sender writing it, the site server answering its manager),
 while training is one long CPU-bound step per round. With eight locals training on two cores, the
 bursts queued behind training: a hop of a broadcast tree took about 7 times one copy's
 transmission time. So each thread says what kind it is when it starts:

@@ -1,20 +1,21 @@
 """The pieces the round engine (`workers.rounds.RoundEngine`) is built of: what it sends through and
 learns with (`Sender`, `Learning`), the copies of a trained model still being sent (`SentCopy`), the
-broadcast lanes that send a relay's children one after another (`Lanes`), and one round's state
-(`RoundState`). No sockets; torch only for the tensors' types.
+broadcast lanes that send a relay's children one after another (`Lanes`), a relay's forward of the
+broadcast on the thread that took each chunk in (`CutThrough`), and one round's state (`RoundState`).
+No sockets; torch only for the tensors' types.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from workers.aggregate import ChunkSum
-from workers.framing import Buffer, TensorSet
+from workers.framing import Buffer, Header, TensorSet, reheader
 from workers.selection import LocalStats
 
 
@@ -22,7 +23,13 @@ class Sender(Protocol):
     """An outbound connection (`workers.transport.Outbound`)."""
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
-             drain: bool = False, last: bool = False) -> None: ...
+             drain: bool = False, last: bool = False, ready_at: float | None = None) -> None: ...
+
+    @property
+    def paced_until(self) -> float | None:
+        """When its link finishes serializing what was sent on it, by its pacing schedule (the
+        clock's time); None where it is not paced."""
+        ...
 
 
 class Learning(Protocol):
@@ -106,8 +113,8 @@ class Lanes:
         self.on_copy_sent = on_copy_sent
         self.round = 0
         self.pos = [0] * len(self.lanes)  # per lane: the child whose copy goes now
-        #: Per child, its frames waiting for its turn: (frame, round, on_sent, last).
-        self.held: dict[str, list[tuple[Sequence[Buffer], int, Callable[[], None] | None, bool]]] = {
+        #: Per child, its frames waiting for its turn: (frame, round, on_sent, last, ready_at).
+        self.held: dict[str, list[tuple[Sequence[Buffer], int, Callable[[], None] | None, bool, float | None]]] = {
             c: [] for c in self.lane_of}
         #: Children whose connection broke and has not come back: never waited for.
         self.down: set[str] = set()
@@ -116,31 +123,35 @@ class Lanes:
         self._lock = threading.RLock()  # reentrant: a sender may run `on_sent` inline
 
     def send(self, child: str, frame: Sequence[Buffer], r: int, on_sent: Callable[[], None] | None,
-             last: bool) -> None:
+             last: bool, ready_at: float | None = None) -> None:
+        """Send `frame` to `child` now, or hold it for its turn in its lane. `ready_at`: when it was
+        ready (`Sender.send`; a relay's chunk: when it arrived); a held frame goes no earlier than
+        that nor than the lane's link finished the copy before it (`sent`)."""
         lane = self.lane_of.get(child)
         if lane is None:
-            self.outs[child].send(frame, round=r, on_sent=on_sent, last=last)
+            self.outs[child].send(frame, round=r, on_sent=on_sent, last=last, ready_at=ready_at)
             return
         with self._lock:
             if r > self.round:
                 self._open(r)
             if r < self.round or self.lanes[lane].index(child) < self.pos[lane]:
-                self.outs[child].send(frame, round=r, on_sent=on_sent, last=last)
+                self.outs[child].send(frame, round=r, on_sent=on_sent, last=last, ready_at=ready_at)
                 return
             if last:  # the copy has left whole once `drain` says so (`Outbound.send`): the link is free
                 on_sent = both(on_sent, lambda: self.sent(r, child))
             if self.lanes[lane][self.pos[lane]] == child:
-                self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last, last=last)
+                self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last, last=last, ready_at=ready_at)
             else:
-                self.held[child].append((frame, r, on_sent, last))
+                self.held[child].append((frame, r, on_sent, last, ready_at))
 
     def sent(self, r: int, child: str) -> None:
-        """`child`'s copy of round `r` left whole: the next child of its lane goes."""
+        """`child`'s copy of round `r` left whole: the next child of its lane goes, ready when the
+        link finished that copy by its schedule (paced: the drain's own wait is not the link's)."""
         self.on_copy_sent(r, child)
         with self._lock:
             lane = self.lane_of[child]
             if r == self.round and self._current(lane) == child:
-                self._advance(lane)
+                self._advance(lane, after=self.outs[child].paced_until)
 
     def lost(self, child: str) -> None:
         """`child`'s connection broke: its copy will not leave whole; the lane goes on without it."""
@@ -185,20 +196,76 @@ class Lanes:
             self.pos[lane] = -1
             self._advance(lane)
 
-    def _advance(self, lane: int) -> None:
+    def _advance(self, lane: int, after: float | None = None) -> None:
         while True:
             self.pos[lane] += 1
             child = self._current(lane)
             if child is None:
                 return
-            self._flush(child)
+            self._flush(child, after)
             if child not in self.down:
                 return
 
-    def _flush(self, child: str) -> None:
+    def _flush(self, child: str, after: float | None = None) -> None:
+        """Send what waits for `child`, each frame ready no earlier than `after` (the lane's link free
+        again, by its schedule) nor than it was itself; with no `after` (a child lost, a round past
+        its deadline), ready now."""
         held, self.held[child] = self.held[child], []
-        for frame, r, on_sent, last in held:
-            self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last, last=last)
+        for frame, r, on_sent, last, ready_at in held:
+            ready = None if after is None else after if ready_at is None else max(after, ready_at)
+            self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last, last=last, ready_at=ready)
+
+
+class CutThrough:
+    """A relay's forward of the broadcast, on the reader thread that took each GLOBAL chunk in and
+    checked it: the chunk goes to every broadcast child (`Lanes`) at once, with the relay's own
+    header and the payload as received, ready when the kernel received it (`arrived`,
+    `workers.transport.read_frame_at`), before the round loop takes it in.
+
+    Forwarded from the round loop, every chunk waited for the loop's wake-up, and on a paced link
+    each frame's schedule started when the relay's threads got to it: a copy's last chunk, one or
+    two segments, could not make that time up on its link, and a deep tree paid it at every relay
+    (docs/data-plane.md, "A relay's chunk, ready when it arrived"). Ready at its arrival, what the
+    relay's reader, checks and sender add is made up on its link out of htb's burst; what the
+    emulated links added before it arrived (their rate, a shared link, background) is not.
+
+    A chunk is forwarded as the round loop accepts it (`RoundEngine._on_global`), on the same ordered
+    stream: the next of its round (chunk 0 first, each once), in a round not finished here, not given
+    up (`abandon`) and not older than a round already begun. `on_first(round, child, on_arrival)`
+    gives the callback run once a copy's first chunk is written (``forward_first``, saying whether
+    it went ready at its arrival). Thread-safe."""
+
+    def __init__(self, site: str, chunks: int, children: Sequence[str], lanes: Lanes, finished: Container[int],
+                 on_first: Callable[[int, str, bool], Callable[[], None]]) -> None:
+        self.site, self.chunks, self.children = site, chunks, sorted(children)
+        self.lanes, self.finished, self.on_first = lanes, finished, on_first
+        #: The latest round begun, and its next chunk to forward (`chunks`: all of it was, or given up).
+        self.latest, self.next = 0, 0
+        #: Rounds given up here (`abandon`), begun or not.
+        self.given_up: set[int] = set()
+        self._lock = threading.Lock()  # a reconnect's reader may overlap the old one's last frame
+
+    def take(self, header: Header, payload: bytearray, arrived: float | None = None) -> bool:
+        """Forward GLOBAL chunk `header.chunk` of `header.round` if the loop accepts it (see the
+        class docstring), ready at `arrived` (None: now); whether it was."""
+        r, k = header.round, header.chunk
+        with self._lock:
+            if r > self.latest:
+                self.latest, self.next = r, 0
+            if (not self.children or r in self.finished or r in self.given_up or r < self.latest or k != self.next
+                    or k >= self.chunks):
+                return False
+            self.next = k + 1
+            forwarded: list[Buffer] = [reheader(header, sender=self.site), memoryview(payload)]
+            for child in self.children:
+                first = self.on_first(r, child, arrived is not None) if k == 0 else None
+                self.lanes.send(child, forwarded, r, first, k == self.chunks - 1, ready_at=arrived)
+        return True
+
+    def abandon(self, r: int) -> None:
+        """Round `r` was given up here (`RoundEngine._give_up_own`), begun or not: none of it goes on."""
+        with self._lock:
+            self.given_up.add(r)
 
 
 @dataclass

@@ -9,8 +9,8 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
   its upload children) accepted, and every upload child said READY. It then says READY to its
   upload parent. G starts round 1 when it is set up, so no round opens a connection.
 - **Broadcast, cut-through.** G sends GLOBAL(r) as chunks. A relay forwards chunk k to each
-  broadcast child as soon as chunk k arrived checked (same payload, its own header), and copies it
-  into its next model. With the last chunk it loads the model and, if it holds data, trains.
+  broadcast child as soon as chunk k arrived checked (same payload, its own header), from the
+  reader thread that checked it (`round_parts.CutThrough`), and copies it into its next model. With the last chunk it loads the model and, if it holds data, trains.
   Copies to children whose paths share a link (a *lane*, `AgentConfig.broadcast_lanes`) go one
   after another, each whole before the next starts (`Lanes`): the first child's subtree trains
   and uploads while the next copy crosses the link, instead of every copy ending together.
@@ -63,7 +63,6 @@ from workers.config import AgentConfig
 from workers.events import EventLog
 from workers.framing import (
     FIXED_LEN,
-    Buffer,
     ChunkSpec,
     FrameError,
     Header,
@@ -72,9 +71,8 @@ from workers.framing import (
     chunk_view,
     encode_frame,
     parse_chunk,
-    reheader,
 )
-from workers.round_parts import Lanes, Learning, RoundState, Sender, SentCopy, both
+from workers.round_parts import CutThrough, Lanes, Learning, RoundState, Sender, SentCopy, both
 from workers.selection import (
     LocalStats,
     SelectionError,
@@ -122,13 +120,15 @@ class RoundEngine:
         self.log = log
         self.broadcast_out = dict(broadcast_out)
         self.lanes = Lanes(cfg.broadcast_lanes, self.broadcast_out, self._copy_sent)
+        self.finished_rounds: set[int] = set()
+        self.cut_through = CutThrough(cfg.site, len(self.layout), list(self.broadcast_out), self.lanes, self.finished_rounds,
+                                      lambda r, c, on_arrival: self._once("forward_first", r, c, on_arrival=on_arrival))
         self.upload_out = upload_out
         self.clock = clock
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._incoming = {k: v.clone() for k, v in learner.template.items()}
         self._next_global: dict[str, torch.Tensor] = {}
         self.rounds: dict[int, RoundState] = {}
-        self.finished_rounds: set[int] = set()
         self._connected: set[tuple[str, str]] = set()
         self._ready_children: set[str] = set()
         #: Upload children whose connection broke, left out of new rounds until they say READY again.
@@ -156,6 +156,13 @@ class RoundEngine:
     # -- from the transport's threads ----------------------------------------------------------------
     def post(self, *event: Any) -> None:
         self.events.put(event)
+
+    def receive(self, kind: str, peer: str, header: Header, payload: bytearray, arrived: float | None = None) -> None:
+        """A frame, on its reader thread: checked, a GLOBAL chunk forwarded (`CutThrough`), then to the loop."""
+        tensors = self.check_frame(kind, peer, header, payload)
+        if header.type == "GLOBAL":
+            self.cut_through.take(header, payload, arrived)
+        self.post("frame", kind, peer, header, payload, tensors)
 
     def check_frame(self, kind: str, peer: str, header: Header, payload: bytearray) -> TensorSet:
         """Validate a frame against what may come on this connection (reader thread; raises
@@ -324,13 +331,9 @@ class RoundEngine:
                     st.own_done = st.own_excluded = True
                     self.log.emit("skipped", round=r, detail="not selected")
                     self._finalize(st)  # a leaf sends its skip at once
-        forwarded: list[Buffer] = [reheader(header, sender=self.cfg.site), memoryview(payload)]
-        last = k == len(self.layout) - 1
-        for child in sorted(self.broadcast_out):
-            self.lanes.send(child, forwarded, r, self._once("forward_first", r, child) if k == 0 else None, last)
-        for p in self.layout[k].pieces:
+        for p in self.layout[k].pieces:  # already forwarded, by the reader (`CutThrough`)
             p.view(self._incoming[p.base]).copy_(tensors[p.name])
-        if last:
+        if k == len(self.layout) - 1:
             st.global_done = True
             self.log.emit("global_received", round=r, nbytes=st.received_bytes)
             self.learner.load(self._incoming)
@@ -413,6 +416,7 @@ class RoundEngine:
             st.own_done = st.own_excluded = True
             self.log.emit("own_excluded", round=st.number, detail=why)
         st.global_done = True
+        self.cut_through.abandon(st.number)
         self._finalize(st)
 
     def _on_deadlines(self) -> None:

@@ -23,6 +23,7 @@ round except to replace a broken one.
 
 from __future__ import annotations
 
+import math
 import queue
 import socket
 import threading
@@ -31,6 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from workers import priority
+from workers.arrivals import out_of_order, recv_stamped, stamp_arrivals
 from workers.config import WILDCARD_ADDRESSES
 from workers.framing import (
     FIXED,
@@ -103,7 +105,18 @@ def _recv_into(sock: socket.socket, view: memoryview, what: str) -> None:
 
 
 def read_frame(sock: socket.socket, *, max_payload_bytes: int) -> tuple[Header, bytearray] | None:
-    """One frame, its payload checked against the digest; None on a clean end of stream.
+    """One frame, its payload checked against the digest; None on a clean end of stream
+    (`read_frame_at` without the arrival time)."""
+    got = read_frame_at(sock, max_payload_bytes=max_payload_bytes)
+    return None if got is None else (got[0], got[1])
+
+
+def read_frame_at(sock: socket.socket, *, max_payload_bytes: int,
+                  gaps: int | None = None) -> tuple[Header, bytearray, float | None] | None:
+    """One frame, its payload checked against the digest, and when the kernel received its last
+    byte (CLOCK_MONOTONIC; None where the socket does not stamp arrivals, `stamp_arrivals`, where the
+    frame has no payload, or where a segment came out of order since `gaps`: `arrivals.recv_stamped`);
+    None on a clean end of stream.
 
     Raises
     ------
@@ -135,12 +148,12 @@ def read_frame(sock: socket.socket, *, max_payload_bytes: int) -> tuple[Header, 
         raise FrameError("bad_header", f"header says {header.nbytes} payload bytes, frame says {payload_len}", header)
     payload = bytearray(payload_len)
     try:
-        _recv_into(sock, memoryview(payload), "payload")
+        arrived = recv_stamped(sock, memoryview(payload), "payload", gaps) if payload_len else None
     except FrameError as e:
         e.header = header
         raise
     verify_payload(header, payload)
-    return header, payload
+    return header, payload, arrived
 
 
 def hello(task: int, site: str) -> list[Buffer]:
@@ -214,15 +227,22 @@ class Outbound:
         self._thread.start()
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
-             drain: bool = False, last: bool = False) -> None:
+             drain: bool = False, last: bool = False, ready_at: float | None = None) -> None:
         """Queue a frame; `on_sent` runs (on the sender thread) once it was written, or with `drain`
         once it has left: on a paced connection once the socket sent it all, its last segment
         written when the emulated link would have finished serializing it (the next copy of a lane
         then goes as in the configured network, and as the simulated twin has it); unpaced once the
         peer also acknowledged it (`DRAIN_POLL_S`, `DRAIN_STALL_S`). `last` (implied by `drain`):
         the frame ends a copy or an update (paced, its final segment is never led:
-        `workers.pacing.Pacer.send`)."""
-        self._queue.put(_Item(pieces, round, on_sent, drain, time.monotonic(), last or drain))
+        `workers.pacing.Pacer.send`). `ready_at` (paced only): when the frame was ready, if before
+        now (a relay's chunk: when the kernel received it, `read_frame_at`)."""
+        ready = time.monotonic() if ready_at is None else ready_at
+        self._queue.put(_Item(pieces, round, on_sent, drain, ready, last or drain))
+
+    @property
+    def paced_until(self) -> float | None:
+        """When the link finishes serializing what was sent, by the pacing schedule; None unpaced."""
+        return self.pacer.free_at if self.pacer is not None and math.isfinite(self.pacer.free_at) else None
 
     def flush_and_close(self, timeout_s: float) -> bool:
         """Send what is queued, then close. False if that did not finish within `timeout_s`."""
@@ -327,7 +347,9 @@ class Outbound:
 
 
 # -- inbound connections --------------------------------------------------------------------------
-FrameHandler = Callable[[str, Header, bytearray], None]
+#: ``on_frame(peer, header, payload, arrived)``: `arrived` is when the kernel received the frame's
+#: last byte (`read_frame_at`), or None.
+FrameHandler = Callable[[str, Header, bytearray, float | None], None]
 LostHandler = Callable[[str, BaseException | None], None]
 
 
@@ -373,6 +395,9 @@ class Listener:
         self._stopping = threading.Event()
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # what its connections receive is stamped from their first byte (an accepted socket takes its
+        # listener's flags): a relay forwards a chunk ready when it arrived (`round_parts.CutThrough`)
+        stamp_arrivals(self.sock)
         self.sock.bind((host, port))
         self.sock.listen(len(self.expected) + MAX_UNIDENTIFIED)
         self._thread = threading.Thread(target=self._accept_loop, name=f"accept-{kind}", daemon=True)
@@ -440,16 +465,18 @@ class Listener:
         self.on_accept(peer)
         error: BaseException | None = None
         try:
+            gaps = out_of_order(conn)  # segments out of order so far: a frame with one more is not stamped
             while not self._stopping.is_set():
-                got = read_frame(conn, max_payload_bytes=self.max_payload_bytes)
+                got = read_frame_at(conn, max_payload_bytes=self.max_payload_bytes, gaps=gaps)
                 if got is None:
                     break
-                header, payload = got
+                header, payload, arrived = got
+                gaps = out_of_order(conn)
                 ack_now(conn)
                 if header.sender != peer or header.task != self.task:
                     raise FrameError("wrong_sender", f"frame says it is from {header.sender!r} of task "
                                      f"{header.task} on {peer}'s connection", header)
-                self.on_frame(peer, header, payload)
+                self.on_frame(peer, header, payload, arrived)
         except FrameError as e:
             error = e
             self.on_reject(peer_ip, e, self.kind)  # the stream position is unknown: drop the connection

@@ -7,6 +7,7 @@ and an interrupted run (SIGINT while rounds are running).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -142,6 +143,13 @@ def test_trimmed_quick_experiment_end_to_end(tmp_path: Path, figures: list[str])
         assert t["start_overhead_s"] == pytest.approx(t["first_broadcast_s"] - t["admitted_s"])
     header = (run_dir / "tasks.csv").read_text().splitlines()[0].split(",")
     assert "start_overhead_s" in header
+    # the relays forwarded the broadcast from their readers, each chunk ready when the kernel received
+    # it (the copies are paced: a relay's own time is made up on its link); a chunk with a segment
+    # received out of order is not stamped, so a few may go without
+    relayed = [json.loads(line) for f in sorted((run_dir / "tasks").glob("mst-*/*.events.jsonl"))
+               for line in f.read_text().splitlines() if '"forward_first"' in line]
+    relays = [e for e in relayed if "on_arrival" in e]  # G's own copies: no field
+    assert relays and sum(e["on_arrival"] is True for e in relays) >= 0.9 * len(relays), relays[:3]
     # the plotted means come from the rows
     drawn = plot(run_summary(db, 1).points, tmp_path / "replot")
     assert assert_plotted_means_match_rows(db, 1, drawn) == 2 * 3

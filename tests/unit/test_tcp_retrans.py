@@ -129,7 +129,7 @@ def test_an_outbound_hands_over_its_totals_over_every_connection_when_it_closes(
         port = probe.getsockname()[1]
     frames: list[int] = []
     listener = Listener(host="127.0.0.1", port=port, task=3, kind="upload", expected={"P": "127.0.0.1"},
-                        max_payload_bytes=1 << 20, on_frame=lambda _p, _h, payload: frames.append(len(payload)),
+                        max_payload_bytes=1 << 20, on_frame=lambda _p, _h, payload, _at: frames.append(len(payload)),
                         on_lost=lambda *_: None, on_accept=lambda _p: None, on_reject=lambda *_: None)
     reported: list[tuple[str, TcpBytes, int]] = []
     out = Outbound(peer="Q", peer_host="127.0.0.1", port=port, local_host="127.0.0.1", task=3, site="P",

@@ -60,8 +60,10 @@ class Holding(Wire):
 
     held: ClassVar[list[Sequence[Buffer]]] = []
 
+    paced_until: float | None = None  # not paced
+
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
-             last: bool = False) -> None:
+             last: bool = False, ready_at: float | None = None) -> None:
         self.held.append(pieces)
         super().send(pieces, round=round, on_sent=None)
 

@@ -27,7 +27,10 @@ class ClosesBroadcastFirst(Wire):
     """P's upload to X: before P's first UPDATE chunk of the last round reaches X, X hears that P's
     broadcast connection ended cleanly (as P's agent closes it when its rounds are over)."""
 
-    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Any = None, last: bool = False) -> None:
+    paced_until: float | None = None  # not paced
+
+    def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Any = None, last: bool = False,
+             ready_at: float | None = None) -> None:
         if round == ROUNDS and not getattr(self, "closed", False):
             self.closed = True
             self.dst().post("lost", "in", self.src, "end of stream", "broadcast")

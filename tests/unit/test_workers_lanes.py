@@ -29,8 +29,10 @@ class Out:
     def __init__(self, child: str, log: list[tuple[str, int, str]], pending: list[Callable[[], None]]) -> None:
         self.child, self.log, self.pending = child, log, pending
 
+    paced_until: float | None = None  # not paced
+
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
-             drain: bool = False, last: bool = False) -> None:
+             drain: bool = False, last: bool = False, ready_at: float | None = None) -> None:
         self.log.append((self.child, round, str(pieces[0])))
         if drain:
             DRAINED.append((self.child, round, str(pieces[0])))

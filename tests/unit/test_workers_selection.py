@@ -204,13 +204,15 @@ class Recording(Learner):
 
 class Wire:
     """One overlay edge in process: frames are encoded as on the wire, then checked and parsed by
-    the receiving engine (`RoundEngine.check_frame`) and posted to it, as the transport does."""
+    the receiving engine (`RoundEngine.receive`), as the transport's reader does."""
 
     def __init__(self, src: str, kind: str, dst: Callable[[], RoundEngine], sent: list[tuple[str, Header, int]]) -> None:
         self.src, self.kind, self.dst, self.sent = src, kind, dst, sent
 
+    paced_until: float | None = None  # not paced
+
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
-             last: bool = False) -> None:
+             last: bool = False, ready_at: float | None = None) -> None:
         data = b"".join(bytes(p) for p in pieces)
         _magic, _version, _f, _r, hlen, plen = FIXED.unpack_from(data, 0)
         header = Header.from_json(data[FIXED.size:FIXED.size + hlen])
@@ -218,8 +220,7 @@ class Wire:
         assert len(payload) == plen == header.nbytes
         self.sent.append((self.src, header, len(data)))
         engine = self.dst()
-        engine.post("frame", self.kind, self.src, header, payload, engine.check_frame(self.kind, self.src, header,
-                                                                                      payload))
+        engine.receive(self.kind, self.src, header, payload)
         if on_sent is not None:
             on_sent()
 
