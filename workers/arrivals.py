@@ -10,8 +10,6 @@ import socket
 import struct
 import time
 
-from workers.framing import FrameError
-
 #: ``tcpi_rcv_ooopack`` (u32, Linux 5.4+): segments the connection received out of order, at this
 #: offset of ``struct tcp_info`` (checked with ``offsetof`` against linux/tcp.h).
 RCV_OOOPACK_OFFSET = 224
@@ -23,11 +21,12 @@ MAX_STAMP_AGE_S = 1.0
 #: the stamp of the last segment it read.
 SO_TIMESTAMPNS = 35
 _TIMESPEC = struct.Struct("@qq")
-_STAMP_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+#: The ancillary buffer a stamped recvmsg needs.
+STAMP_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
 def stamp_arrivals(sock: socket.socket) -> bool:
-    """Have the kernel stamp what `sock` receives (`recv_stamped`; an accepted connection takes its
+    """Have the kernel stamp what `sock` receives (`stamp_in`; an accepted connection takes its
     listener's flag); whether it will."""
     try:
         sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
@@ -47,23 +46,20 @@ def out_of_order(sock: socket.socket) -> int | None:
     return struct.unpack_from("I", raw, RCV_OOOPACK_OFFSET)[0] if len(raw) >= RCV_OOOPACK_OFFSET + 4 else None
 
 
-def recv_stamped(sock: socket.socket, view: memoryview, what: str, gaps: int | None = None) -> float | None:
-    """Fill `view` from the connection (one MSG_WAITALL read where the kernel allows), and say when
-    the kernel received the last of it (this host's CLOCK_MONOTONIC); None where the socket does
-    not stamp what it receives (`stamp_arrivals`), where a segment of it came out of order
-    (`out_of_order`: `gaps`, its count when the frame began, else now), or where the stamp is not a
+def stamp_in(ancillary: list[tuple[int, int, bytes]]) -> float | None:
+    """The receive stamp in a recvmsg's ancillary data (CLOCK_REALTIME seconds), if there is one."""
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+            seconds, nanoseconds = _TIMESPEC.unpack_from(data)
+            return seconds + nanoseconds * 1e-9
+    return None
+
+
+def arrival(sock: socket.socket, stamp: float | None, gaps: int | None) -> float | None:
+    """When the kernel received what a read of `sock` returned with `stamp` (`stamp_in` of its last
+    recvmsg), as this host's CLOCK_MONOTONIC; None without a stamp, where a segment came out of order
+    since the count `gaps` (`out_of_order`, read when the read began), or where the stamp is not a
     recent arrival's (`MAX_STAMP_AGE_S`)."""
-    got, n, stamp = 0, view.nbytes, None
-    gaps = out_of_order(sock) if gaps is None else gaps
-    while got < n:
-        k, ancillary, _flags, _address = sock.recvmsg_into([view[got:]], _STAMP_SPACE, socket.MSG_WAITALL)
-        if k == 0:
-            raise FrameError("truncated", f"connection closed after {got} of {n} bytes of {what}")
-        got += k
-        for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
-                seconds, nanoseconds = _TIMESPEC.unpack_from(data)
-                stamp = seconds + nanoseconds * 1e-9
     if stamp is None or gaps is None or out_of_order(sock) != gaps:
         return None
     before, now, after = time.time(), time.monotonic(), time.time()  # the clocks' offset, read closely

@@ -8,9 +8,9 @@ and decides. Per round r (see docs/architecture.md, "Data plane"):
   children and its upload parent) are connected, its inbound ones (from its broadcast parent and
   its upload children) accepted, and every upload child said READY. It then says READY to its
   upload parent. G starts round 1 when it is set up, so no round opens a connection.
-- **Broadcast, cut-through.** G sends GLOBAL(r) as chunks. A relay forwards chunk k to each
-  broadcast child as soon as chunk k arrived checked (same payload, its own header), from the
-  reader thread that checked it (`round_parts.CutThrough`), and copies it into its next model. With the last chunk it loads the model and, if it holds data, trains.
+- **Broadcast, cut-through.** G sends GLOBAL(r) as chunks. A relay's reader forwards chunk k to each
+  broadcast child as soon as chunk k arrived checked (same payload, its own header; `round_parts.CutThrough`)
+  and copies it into its next model. With the last chunk it loads the model and, if it holds data, trains.
   Copies to children whose paths share a link (a *lane*, `AgentConfig.broadcast_lanes`) go one
   after another, each whole before the next starts (`Lanes`): the first child's subtree trains
   and uploads while the next copy crosses the link, instead of every copy ending together.

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from workers import priority
-from workers.arrivals import out_of_order, recv_stamped, stamp_arrivals
+from workers.arrivals import STAMP_SPACE, arrival, out_of_order, stamp_arrivals, stamp_in
 from workers.config import WILDCARD_ADDRESSES
 from workers.framing import (
     FIXED,
@@ -91,17 +91,22 @@ def ack_now(sock: socket.socket) -> None:
         pass  # the connection is going: its reader sees it next
 
 
-def _recv_into(sock: socket.socket, view: memoryview, what: str) -> None:
+def _recv_into(sock: socket.socket, view: memoryview, what: str, *, stamped: bool = False) -> float | None:
     """Fill `view` from the connection. MSG_WAITALL lets the kernel return once the whole view is
     in (one system call, and one hand-back of the interpreter lock, per chunk rather than per
-    segment); it may still return less (a signal, a timeout), which the loop takes up."""
-    got = 0
-    n = view.nbytes
+    segment); it may still return less (a signal, a timeout), which the loop takes up. `stamped`:
+    read with recvmsg, and return the receive stamp of the last read (`arrivals.stamp_in`), if any."""
+    got, n, stamp = 0, view.nbytes, None
     while got < n:
-        k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+        if stamped:
+            k, ancillary, _flags, _address = sock.recvmsg_into([view[got:]], STAMP_SPACE, socket.MSG_WAITALL)
+            stamp = stamp_in(ancillary)
+        else:
+            k = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
         if k == 0:
             raise FrameError("truncated", f"connection closed after {got} of {n} bytes of {what}")
         got += k
+    return stamp
 
 
 def read_frame(sock: socket.socket, *, max_payload_bytes: int) -> tuple[Header, bytearray] | None:
@@ -115,7 +120,7 @@ def read_frame_at(sock: socket.socket, *, max_payload_bytes: int,
                   gaps: int | None = None) -> tuple[Header, bytearray, float | None] | None:
     """One frame, its payload checked against the digest, and when the kernel received its last
     byte (CLOCK_MONOTONIC; None where the socket does not stamp arrivals, `stamp_arrivals`, where the
-    frame has no payload, or where a segment came out of order since `gaps`: `arrivals.recv_stamped`);
+    frame has no payload, or where a segment came out of order since `gaps`: `arrivals.arrival`);
     None on a clean end of stream.
 
     Raises
@@ -148,12 +153,13 @@ def read_frame_at(sock: socket.socket, *, max_payload_bytes: int,
         raise FrameError("bad_header", f"header says {header.nbytes} payload bytes, frame says {payload_len}", header)
     payload = bytearray(payload_len)
     try:
-        arrived = recv_stamped(sock, memoryview(payload), "payload", gaps) if payload_len else None
+        gaps = out_of_order(sock) if gaps is None and payload_len else gaps
+        stamp = _recv_into(sock, memoryview(payload), "payload", stamped=True) if payload_len else None
     except FrameError as e:
         e.header = header
         raise
     verify_payload(header, payload)
-    return header, payload, arrived
+    return header, payload, arrival(sock, stamp, gaps)
 
 
 def hello(task: int, site: str) -> list[Buffer]:
