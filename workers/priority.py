@@ -13,7 +13,18 @@ transmission time. So each thread says what kind it is when it starts:
   too, it runs as it is.
 - `enter_transfer`: a network-path thread runs at nice -10 (`TRANSFER_NICE`), above every normal
   thread on the machine (iperf3's background traffic included). Raising needs CAP_SYS_NICE: without
-  it the thread keeps its priority and a note is logged once per process.
+  it the thread keeps its priority and a note is logged once per process. It also asks for the
+  kernel's shortest time slice (`TRANSFER_SLICE_NS`, `set_slice`), which needs no privilege.
+
+Why the slice. SCHED_IDLE and nice act only between threads of one cgroup (Linux 6.6 on, its EEVDF
+scheduler): where they sit in different cgroups, as each site of the docker backend does, the
+kernel compares the cgroups, and a site whose only runnable thread is a SCHED_IDLE training weighs
+its group's full share. A woken relay thread of another site then waited until that group's slice
+(1.4 ms on two cores) ran out, noticed at the next tick (4 ms at HZ = 250). A waking thread whose
+slice is shorter than the running one's preempts it at once (EEVDF's ``PREEMPT_SHORT``, a group
+presenting its shortest queued thread's slice), so network-path threads ask for the kernel's least,
+0.1 ms, and a training thread goes back to the default. Before Linux 6.12 the kernel keeps no slice
+for fair threads: the call is accepted and ignored (read back as 0), and nothing changes.
 
 Linux keeps the policy and the nice value per thread (sched_setscheduler(2) and setpriority(2) on
 a thread id), and a new thread starts with its creator's: each kind sets its own at its start, so
@@ -28,8 +39,10 @@ not be set.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
+import platform
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +58,12 @@ TRANSFER_NICE: Final = -10
 TRAIN_NICE_FALLBACK: Final = 10
 #: Real-time priority of transfer threads under the ``rt`` scheme (SCHED_FIFO, lowest band).
 TRANSFER_RT_PRIORITY: Final = 1
+#: The time slice network-path threads ask for, ns: the least the kernel grants (it clamps to 0.1-100 ms).
+TRANSFER_SLICE_NS: Final = 100_000
+#: sched_setattr(2) and sched_getattr(2) by machine; elsewhere no slice is asked for.
+_SCHED_ATTR_CALLS: Final = {"x86_64": (314, 315), "aarch64": (274, 275)}
+#: sched_attr's flag that keeps the thread's policy (SCHED_OTHER or SCHED_IDLE) as it is.
+_SCHED_FLAG_KEEP_POLICY: Final = 0x08
 
 #: Field numbers (1-based, as proc(5) counts) of /proc/PID/task/TID/stat.
 _STAT_NICE, _STAT_POLICY = 19, 41
@@ -108,6 +127,70 @@ def _note_once(kind: str, text: str) -> None:
     LOG.warning("%s", text)
 
 
+class _SchedAttr(ctypes.Structure):
+    """``struct sched_attr`` (include/uapi/linux/sched/types.h), its first version's 48 bytes."""
+
+    _fields_ = [("size", ctypes.c_uint32), ("sched_policy", ctypes.c_uint32), ("sched_flags", ctypes.c_uint64),
+                ("sched_nice", ctypes.c_int32), ("sched_priority", ctypes.c_uint32),
+                ("sched_runtime", ctypes.c_uint64), ("sched_deadline", ctypes.c_uint64),
+                ("sched_period", ctypes.c_uint64)]
+
+
+def set_slice(ns: int) -> int:
+    """Ask for a time slice of `ns` for the calling thread (0: the kernel's default), its policy and
+    nice value kept; the slice now in force in ns as the kernel reads it back, 0 where it keeps none
+    for the thread's policy (before Linux 6.12, or a real-time thread) or the call failed.
+
+    Raises
+    ------
+    ValueError
+        A negative `ns`.
+    """
+    if ns < 0:
+        raise ValueError(f"a time slice cannot be negative: {ns}")
+    calls = _SCHED_ATTR_CALLS.get(platform.machine())
+    if calls is None:
+        return 0
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    except (OSError, AttributeError):
+        return 0
+    attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr), sched_flags=_SCHED_FLAG_KEEP_POLICY, sched_nice=nice,
+                      sched_runtime=ns)
+    if libc.syscall(calls[0], 0, ctypes.byref(attr), 0) != 0:
+        return 0
+    return thread_slice()
+
+
+def thread_slice() -> int:
+    """The calling thread's time slice in ns as the kernel reads it back (sched_getattr(2)), 0 where
+    it keeps none for the thread's policy (before Linux 6.12, or a real-time thread)."""
+    calls = _SCHED_ATTR_CALLS.get(platform.machine())
+    if calls is None:
+        return 0
+    got = _SchedAttr()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.syscall(calls[1], 0, ctypes.byref(got), ctypes.sizeof(_SchedAttr), 0) != 0:
+            return 0
+        fair = os.sched_getscheduler(0) in (os.SCHED_OTHER, os.SCHED_IDLE, os.SCHED_BATCH)
+    except (OSError, AttributeError):
+        return 0
+    return int(got.sched_runtime) if fair else 0
+
+
+def _short_slice() -> str:
+    """The network path's slice (`TRANSFER_SLICE_NS`), as `enter_transfer` reports it ("" if not kept)."""
+    got = set_slice(TRANSFER_SLICE_NS)
+    if got != TRANSFER_SLICE_NS:
+        _note_once("slice", "network-path threads keep the default time slice (this kernel keeps none for "
+                   "fair threads before Linux 6.12): across cgroups, as the docker backend's sites are, "
+                   "one may wait a scheduler tick behind another site's training")
+        return ""
+    return f", slice {got / 1e6:g} ms"
+
+
 def enter_training() -> str:
     """Lower the calling thread for training (see the module docstring); what now applies."""
     mode = _active.train
@@ -115,6 +198,9 @@ def enter_training() -> str:
         return "unchanged"
     if mode == "idle":
         try:
+            # first the default slice, not a network-path creator's short one: Linux keeps a custom
+            # slice across sched_setscheduler, and a SCHED_IDLE thread's cannot be changed
+            set_slice(0)
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             return "SCHED_IDLE"
         except (OSError, AttributeError) as e:
@@ -123,6 +209,7 @@ def enter_training() -> str:
     try:
         # absolute, not relative to the creator's: a thread made by a raised one must still go below 0
         os.setpriority(os.PRIO_PROCESS, tid, max(os.getpriority(os.PRIO_PROCESS, tid), TRAIN_NICE_FALLBACK))
+        set_slice(0)  # not a network-path thread's short slice, inherited from its creator
         return f"nice {os.getpriority(os.PRIO_PROCESS, tid):+d}"
     except (OSError, AttributeError) as e:
         _note_once("train-nice", f"training thread: priority unchanged, nice refused ({e})")
@@ -143,11 +230,14 @@ def enter_transfer() -> str:
             os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
         if os.getpriority(os.PRIO_PROCESS, tid) != TRANSFER_NICE:
             os.setpriority(os.PRIO_PROCESS, tid, TRANSFER_NICE)
-        return f"nice {TRANSFER_NICE:+d}"
+        applied = f"nice {TRANSFER_NICE:+d}"
     except (OSError, AttributeError) as e:
         _note_once("transfer", f"network-path threads keep their priority ({mode} refused: {e}; "
                    "raising needs CAP_SYS_NICE): they may wait behind other work on a busy host")
-        return "unchanged"
+        applied = "unchanged"
+    if os.sched_getscheduler(0) == os.SCHED_IDLE:  # left SCHED_IDLE was refused: no network-path slice
+        return applied
+    return applied + _short_slice()
 
 
 def thread_priority(tid: int, pid: int | None = None) -> tuple[str, int]:

@@ -27,6 +27,21 @@ from workers.transport import Listener, Outbound
 RAISE_ALLOWED = os.geteuid() == 0
 
 
+def _kernel_keeps_slices() -> bool:
+    """Whether this kernel keeps a fair thread's own time slice (Linux 6.12 on), tried on a thread of
+    its own."""
+    got: list[int] = []
+    t = threading.Thread(target=lambda: got.append(priority.set_slice(priority.TRANSFER_SLICE_NS)))
+    t.start()
+    t.join()
+    return got == [priority.TRANSFER_SLICE_NS]
+
+
+KEEPS_SLICE = _kernel_keeps_slices()
+#: What `enter_transfer` adds to what it applied: the network path's short slice, where kept.
+SLICE = ", slice 0.1 ms" if KEEPS_SLICE else ""
+
+
 def _mine() -> tuple[str, int]:
     return priority.thread_priority(threading.get_native_id())
 
@@ -92,7 +107,7 @@ def test_refused_raise_leaves_a_transfer_thread_as_it_was_with_a_note(monkeypatc
         t.join()
 
     before, applied, after = got
-    assert applied == "unchanged" and after == before
+    assert applied == "unchanged" + SLICE and after == before, "refused nice, the slice still asked for"
     assert any("CAP_SYS_NICE" in r.getMessage() for r in caplog.records)
 
 
@@ -142,7 +157,7 @@ def test_a_transfer_thread_made_by_a_training_thread_leaves_sched_idle() -> None
     inherited, applied, now = got
     assert inherited[0] == "SCHED_IDLE", "Linux: a new thread takes its creator's policy"
     if RAISE_ALLOWED:
-        assert (applied, now) == ("nice -10", ("SCHED_OTHER", priority.TRANSFER_NICE))
+        assert (applied, now) == ("nice -10" + SLICE, ("SCHED_OTHER", priority.TRANSFER_NICE))
     else:  # leaving SCHED_IDLE needs the privilege: noted, not fatal
         assert applied == "unchanged"
 
@@ -160,7 +175,8 @@ def test_site_servers_control_loops_and_round_loops_run_raised(tmp_path: Path) -
     """Real site servers on loopback run a task G -> A -> L: every server's control thread reads back
     nice -10 from /proc, and every role's round loop says in its ``ready`` event that it runs raised."""
     sites = ("G", "A", "L")
-    expected = ("nice -10", ("SCHED_OTHER", priority.TRANSFER_NICE)) if RAISE_ALLOWED else ("unchanged", None)
+    expected = (("nice -10" + SLICE, ("SCHED_OTHER", priority.TRANSFER_NICE)) if RAISE_ALLOWED
+                else ("unchanged" + SLICE, None))
     sched = Schedule(task_id=5, scheduler="hand", global_site="G", local_sites=("A", "L"), demand_mbps=1.0,
                      broadcast_parent={"A": "G", "L": "A"}, upload_parent={"A": "G", "L": "A"})
     with ComputeManager(LoopbackBackend(sites, log_root=tmp_path / "root"), sites) as cm:
@@ -173,3 +189,46 @@ def test_site_servers_control_loops_and_round_loops_run_raised(tmp_path: Path) -
     assert ready == dict.fromkeys(sites, expected[0])
     if expected[1] is not None:
         assert control == dict.fromkeys(sites, expected[1])
+
+
+@pytest.mark.skipif(not KEEPS_SLICE, reason="this kernel keeps no time slice for fair threads (before Linux 6.12)")
+def test_network_path_threads_ask_for_the_shortest_slice_and_training_goes_back_to_the_default() -> None:
+    """Across cgroups (the docker backend's sites) a woken network-path thread preempts another
+    site's training only with a shorter slice (docs/data-plane.md, "The network path before
+    training"): the transfer thread reads back 0.1 ms, the training it starts the default, as does a
+    nice +10 training."""
+    got: list[Any] = []
+
+    def transfer_thread() -> None:
+        default = priority.thread_slice()
+        got.extend([default, priority.enter_transfer(), priority.thread_slice()])
+        got.append(run_at_lower_priority(priority.thread_slice))
+        priority.use("train-niced")
+        got.append(run_at_lower_priority(priority.thread_slice))
+
+    t = threading.Thread(target=transfer_thread)
+    t.start()
+    t.join()
+
+    default, applied, raised, idle_training, niced_training = got
+    assert default > priority.TRANSFER_SLICE_NS, "the kernel's default slice is longer than the least"
+    assert applied.endswith(", slice 0.1 ms") and raised == priority.TRANSFER_SLICE_NS
+    assert idle_training == niced_training == default, "training does not keep its creator's short slice"
+
+
+def test_a_slice_is_refused_below_zero_and_zero_restores_the_default() -> None:
+    got: list[int] = []
+
+    def body() -> None:
+        default = priority.thread_slice()
+        priority.set_slice(priority.TRANSFER_SLICE_NS)
+        got.extend([default, priority.set_slice(0)])
+
+    with pytest.raises(ValueError, match="negative"):
+        priority.set_slice(-1)
+    t = threading.Thread(target=body)
+    t.start()
+    t.join()
+
+    default, restored = got
+    assert restored == default
