@@ -55,13 +55,15 @@ def stamp_in(ancillary: list[tuple[int, int, bytes]]) -> float | None:
     return None
 
 
-def arrival(sock: socket.socket, stamp: float | None, gaps: int | None) -> float | None:
+def arrival(sock: socket.socket, stamp: float | None, gaps: int | None) -> tuple[float | None, int | None]:
     """When the kernel received what a read of `sock` returned with `stamp` (`stamp_in` of its last
-    recvmsg), as this host's CLOCK_MONOTONIC; None without a stamp, where a segment came out of order
+    recvmsg), as this host's CLOCK_MONOTONIC: None without a stamp, where a segment came out of order
     since the count `gaps` (`out_of_order`, read when the read began), or where the stamp is not a
-    recent arrival's (`MAX_STAMP_AGE_S`)."""
-    if stamp is None or gaps is None or out_of_order(sock) != gaps:
-        return None
+    recent arrival's (`MAX_STAMP_AGE_S`); and the connection's out-of-order count now, the next
+    read's `gaps` (one TCP_INFO read a frame)."""
+    gaps_now = out_of_order(sock)
+    if stamp is None or gaps is None or gaps_now != gaps:
+        return None, gaps_now
     before, now, after = time.time(), time.monotonic(), time.time()  # the clocks' offset, read closely
     age = (before + after) / 2 - stamp
-    return now - age if 0.0 <= age <= MAX_STAMP_AGE_S else None
+    return (now - age if 0.0 <= age <= MAX_STAMP_AGE_S else None), gaps_now

@@ -40,10 +40,12 @@ not be set.
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import platform
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, Literal
@@ -148,17 +150,17 @@ def set_slice(ns: int) -> int:
     """
     if ns < 0:
         raise ValueError(f"a time slice cannot be negative: {ns}")
-    calls = _SCHED_ATTR_CALLS.get(platform.machine())
+    calls = _sched_attr_calls()
     if calls is None:
         return 0
+    syscall, set_nr, _get_nr = calls
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
         nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
     except (OSError, AttributeError):
         return 0
     attr = _SchedAttr(size=ctypes.sizeof(_SchedAttr), sched_flags=_SCHED_FLAG_KEEP_POLICY, sched_nice=nice,
                       sched_runtime=ns)
-    if libc.syscall(calls[0], 0, ctypes.byref(attr), 0) != 0:
+    if syscall(set_nr, 0, ctypes.byref(attr), 0) != 0:
         return 0
     return thread_slice()
 
@@ -166,18 +168,32 @@ def set_slice(ns: int) -> int:
 def thread_slice() -> int:
     """The calling thread's time slice in ns as the kernel reads it back (sched_getattr(2)), 0 where
     it keeps none for the thread's policy (before Linux 6.12, or a real-time thread)."""
-    calls = _SCHED_ATTR_CALLS.get(platform.machine())
+    calls = _sched_attr_calls()
     if calls is None:
         return 0
+    syscall, _set_nr, get_nr = calls
     got = _SchedAttr()
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.syscall(calls[1], 0, ctypes.byref(got), ctypes.sizeof(_SchedAttr), 0) != 0:
+        if syscall(get_nr, 0, ctypes.byref(got), ctypes.sizeof(_SchedAttr), 0) != 0:
             return 0
         fair = os.sched_getscheduler(0) in (os.SCHED_OTHER, os.SCHED_IDLE, os.SCHED_BATCH)
     except (OSError, AttributeError):
         return 0
     return int(got.sched_runtime) if fair else 0
+
+
+@functools.cache
+def _sched_attr_calls() -> tuple[Callable[..., int], int, int] | None:
+    """libc's syscall(2) with sched_setattr's and sched_getattr's numbers on this machine, looked up
+    once per process; None where they are not known (`_SCHED_ATTR_CALLS`) or there is no libc."""
+    numbers = _SCHED_ATTR_CALLS.get(platform.machine())
+    if numbers is None:
+        return None
+    try:
+        syscall: Callable[..., int] = ctypes.CDLL(None).syscall
+    except (OSError, AttributeError):
+        return None
+    return syscall, numbers[0], numbers[1]
 
 
 def _short_slice() -> str:

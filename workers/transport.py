@@ -117,11 +117,12 @@ def read_frame(sock: socket.socket, *, max_payload_bytes: int) -> tuple[Header, 
 
 
 def read_frame_at(sock: socket.socket, *, max_payload_bytes: int,
-                  gaps: int | None = None) -> tuple[Header, bytearray, float | None] | None:
-    """One frame, its payload checked against the digest, and when the kernel received its last
-    byte (CLOCK_MONOTONIC; None where the socket does not stamp arrivals, `stamp_arrivals`, where the
-    frame has no payload, or where a segment came out of order since `gaps`: `arrivals.arrival`);
-    None on a clean end of stream.
+                  gaps: int | None = None) -> tuple[Header, bytearray, float | None, int | None] | None:
+    """One frame, its payload checked against the digest, when the kernel received its last byte
+    (CLOCK_MONOTONIC; None where the socket does not stamp arrivals, `stamp_arrivals`, where the
+    frame has no payload, or where a segment came out of order since `gaps`: `arrivals.arrival`),
+    and the connection's out-of-order count after it (the next frame's `gaps`); None on a clean end
+    of stream.
 
     Raises
     ------
@@ -159,7 +160,7 @@ def read_frame_at(sock: socket.socket, *, max_payload_bytes: int,
         e.header = header
         raise
     verify_payload(header, payload)
-    return header, payload, arrival(sock, stamp, gaps)
+    return header, payload, *arrival(sock, stamp, gaps)
 
 
 def hello(task: int, site: str) -> list[Buffer]:
@@ -476,8 +477,7 @@ class Listener:
                 got = read_frame_at(conn, max_payload_bytes=self.max_payload_bytes, gaps=gaps)
                 if got is None:
                     break
-                header, payload, arrived = got
-                gaps = out_of_order(conn)
+                header, payload, arrived, gaps = got
                 ack_now(conn)
                 if header.sender != peer or header.task != self.task:
                     raise FrameError("wrong_sender", f"frame says it is from {header.sender!r} of task "

@@ -48,7 +48,7 @@ def test_a_stamped_connection_says_when_the_kernel_received_each_frame() -> None
         before = time.monotonic()
         client.sendall(b"".join(bytes(p) for p in encode_frame(Header("GLOBAL", 7, 1, "P"), bytes(5_000))))
         time.sleep(0.1)  # read well after it arrived: the stamp is the arrival's, not the read's
-        header, payload, arrived = read_frame_at(conn, max_payload_bytes=1 << 16)  # type: ignore[misc]
+        header, payload, arrived, _gaps = read_frame_at(conn, max_payload_bytes=1 << 16)  # type: ignore[misc]
         read = time.monotonic()
         assert header.type == "GLOBAL" and len(payload) == 5_000
         assert arrived is not None and before - 0.02 <= arrived <= read - 0.05
@@ -68,10 +68,12 @@ def test_a_frame_with_a_segment_out_of_order_since_it_began_gives_no_arrival() -
         time.sleep(0.02)
         gaps = out_of_order(conn)
         assert gaps is not None
-        assert read_frame_at(conn, max_payload_bytes=1 << 16, gaps=gaps - 1)[2] is None  # type: ignore[index]
+        first = read_frame_at(conn, max_payload_bytes=1 << 16, gaps=gaps - 1)
+        assert first is not None and first[2] is None
+        assert first[3] == gaps, "the count after the frame: the next frame's baseline"
         client.sendall(frame)
         time.sleep(0.02)
-        assert read_frame_at(conn, max_payload_bytes=1 << 16, gaps=gaps)[2] is not None  # type: ignore[index]
+        assert read_frame_at(conn, max_payload_bytes=1 << 16, gaps=first[3])[2] is not None  # type: ignore[index]
 
 
 def test_a_connection_not_stamped_gives_no_arrival() -> None:
