@@ -27,6 +27,11 @@ def now() -> float:
     return time.monotonic() + _SKEW_S
 
 
+def of_monotonic(t: float) -> float:
+    """A CLOCK_MONOTONIC time (e.g. a frame's kernel arrival, `workers.arrivals`) on the event clock."""
+    return t + _SKEW_S
+
+
 class EventLog:
     """JSON-lines timing events on the monotonic clock; thread-safe; flushed per line."""
 
@@ -36,7 +41,13 @@ class EventLog:
         self._lock = threading.Lock()
 
     def emit(self, event: str, round: int | None = None, **extra: Any) -> float:
-        t = now()
+        """Log `event` now; its time."""
+        return self.emit_at(None, event, round, **extra)
+
+    def emit_at(self, at: float | None, event: str, round: int | None = None, **extra: Any) -> float:
+        """Log `event` at `at` (the event clock's time it happened, if before now: e.g. a frame's
+        arrival in the kernel; None: now); its time."""
+        t = now() if at is None else min(at, now())
         rec = {"t": t, "wall": time.time(), "event": event, "task": self._cfg.task, "site": self._cfg.site}
         if round is not None:
             rec["round"] = round

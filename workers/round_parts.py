@@ -1,7 +1,8 @@
 """The pieces the round engine (`workers.rounds.RoundEngine`) is built of: what it sends through and
 learns with (`Sender`, `Learning`), the copies of a trained model still being sent (`SentCopy`), the
 broadcast lanes that send a relay's children one after another (`Lanes`), a relay's forward of the
-broadcast on the thread that took each chunk in (`CutThrough`), and one round's state (`RoundState`).
+broadcast on the thread that took each chunk in (`CutThrough`), the copies it still forwards
+(`Forwards`), and one round's state (`RoundState`).
 No sockets; torch only for the tensors' types.
 """
 
@@ -216,6 +217,50 @@ class Lanes:
             self.outs[child].send(frame, round=r, on_sent=on_sent, drain=last, last=last, ready_at=ready)
 
 
+#: The most of its modelled time a relay's training waits for the copies it forwards (`Forwards`).
+FORWARD_WAIT_SHARE = 0.25
+
+
+class Forwards:
+    """The copies of each round's GLOBAL a relay is still forwarding: a copy counts from its last
+    chunk being handed to its child's sender (`CutThrough`) until that chunk was written, paced, when
+    the emulated link would have finished serializing it (`sending` gives the callback).
+
+    The relay's training waits for them (`RoundEngine`): a site server's threads share one GIL, and
+    a training thread (SCHED_IDLE, `workers.priority`) that holds it while the kernel runs other
+    sites' threads keeps the sender of the copy's last segments from running. Waiting costs the
+    emulated timeline nothing where training is modelled: its time runs from the copy's arrival
+    either way (docs/data-plane.md, "Training after the forward"). Thread-safe."""
+
+    def __init__(self) -> None:
+        self._left: dict[int, set[str]] = {}
+        self._cond = threading.Condition()
+
+    def sending(self, r: int, child: str) -> Callable[[], None]:
+        """Count `child`'s copy of round `r` as being forwarded; the callback to run once it was."""
+        with self._cond:
+            self._left.setdefault(r, set()).add(child)
+
+        def done() -> None:
+            with self._cond:
+                left = self._left.get(r)
+                if left is not None:
+                    left.discard(child)
+                    if not left:
+                        del self._left[r]
+                        self._cond.notify_all()
+        return done
+
+    def wait(self, r: int, modelled_s: float) -> bool:
+        """Wait until every copy of round `r` was forwarded, at most `FORWARD_WAIT_SHARE` of the
+        training's modelled time `modelled_s`; whether they were. Copies of earlier rounds still
+        counted (a child lost mid-copy) are forgotten."""
+        with self._cond:
+            for old in [n for n in self._left if n < r]:
+                del self._left[old]
+            return self._cond.wait_for(lambda: r not in self._left, max(0.0, FORWARD_WAIT_SHARE * modelled_s))
+
+
 class CutThrough:
     """A relay's forward of the broadcast, on the reader thread that took each GLOBAL chunk in and
     checked it: the chunk goes to every broadcast child (`Lanes`) at once, with the relay's own
@@ -233,12 +278,14 @@ class CutThrough:
     stream: the next of its round (chunk 0 first, each once), in a round not finished here, not given
     up (`abandon`) and not older than a round already begun. `on_first(round, child, on_arrival)`
     gives the callback run once a copy's first chunk is written (``forward_first``, saying whether
-    it went ready at its arrival). Thread-safe."""
+    it went ready at its arrival); `forwards` counts each copy until its last chunk was. Thread-safe."""
 
     def __init__(self, site: str, chunks: int, children: Sequence[str], lanes: Lanes, finished: Container[int],
-                 on_first: Callable[[int, str, bool], Callable[[], None]]) -> None:
+                 on_first: Callable[[int, str, bool], Callable[[], None]], forwards: Forwards | None = None) -> None:
         self.site, self.chunks, self.children = site, chunks, sorted(children)
         self.lanes, self.finished, self.on_first = lanes, finished, on_first
+        #: Where each copy's last chunk is counted until it was written (None: not counted).
+        self.forwards = forwards
         #: The latest round begun, and its next chunk to forward (`chunks`: all of it was, or given up).
         self.latest, self.next = 0, 0
         #: Rounds given up here (`abandon`), begun or not.
@@ -257,9 +304,12 @@ class CutThrough:
                 return False
             self.next = k + 1
             forwarded: list[Buffer] = [reheader(header, sender=self.site), memoryview(payload)]
+            last = k == self.chunks - 1
             for child in self.children:
                 first = self.on_first(r, child, arrived is not None) if k == 0 else None
-                self.lanes.send(child, forwarded, r, first, k == self.chunks - 1, ready_at=arrived)
+                if last and self.forwards is not None:
+                    first = both(first, self.forwards.sending(r, child))
+                self.lanes.send(child, forwarded, r, first, last, ready_at=arrived)
         return True
 
     def abandon(self, r: int) -> None:
@@ -287,6 +337,8 @@ class RoundState:
     #: Frame bytes (fixed and JSON headers included) of this round's UPDATE sent / GLOBAL received.
     sent_bytes: int = 0
     received_bytes: int = 0
+    #: When this node held the whole GLOBAL (the event clock's; None: not yet).
+    held_at: float | None = None
     #: The copy of the trained model this round's update is made of (when this node trained).
     own_copy: SentCopy | None = None
     #: Selection: the statistics of the locals heard from this round (own and the children's).

@@ -56,11 +56,11 @@ from typing import Any
 
 import torch
 
-from workers.aggregate import ChunkSum
+from workers.aggregate import ChunkSum, fingerprint
 from workers.compression import make_codec
 from workers.compute import hold, modelled_s
 from workers.config import AgentConfig
-from workers.events import EventLog
+from workers.events import EventLog, of_monotonic
 from workers.framing import (
     FIXED_LEN,
     ChunkSpec,
@@ -72,7 +72,7 @@ from workers.framing import (
     encode_frame,
     parse_chunk,
 )
-from workers.round_parts import CutThrough, Lanes, Learning, RoundState, Sender, SentCopy, both
+from workers.round_parts import CutThrough, Forwards, Lanes, Learning, RoundState, Sender, SentCopy, both
 from workers.selection import (
     LocalStats,
     SelectionError,
@@ -85,19 +85,6 @@ from workers.selection import (
 from workers.spec import DEFAULT_TOPK
 
 SELF = ""  # the node's own contribution among a chunk's contributors
-
-
-def fingerprint(tensors: Mapping[str, torch.Tensor]) -> list[float]:
-    """Two linear functionals of a tensor set (float64): the sum of every element, and the sum
-    weighted by (index mod 7) - 3. Linear, so an aggregate's fingerprint is the example-weighted mean
-    of its contributors' (up to float32 rounding): what the fault tests check a round against."""
-    total = weighted = 0.0
-    for name in sorted(tensors):
-        t = tensors[name].detach().reshape(-1).to(torch.float64)
-        w = torch.arange(t.numel(), dtype=torch.float64).remainder_(7).sub_(3)
-        total += float(t.sum())
-        weighted += float((t * w).sum())
-    return [total, weighted]
 
 
 class RoundEngine:
@@ -122,7 +109,8 @@ class RoundEngine:
         self.lanes = Lanes(cfg.broadcast_lanes, self.broadcast_out, self._copy_sent)
         self.finished_rounds: set[int] = set()
         self.cut_through = CutThrough(cfg.site, len(self.layout), list(self.broadcast_out), self.lanes, self.finished_rounds,
-                                      lambda r, c, on_arrival: self._once("forward_first", r, c, on_arrival=on_arrival))
+                                      lambda r, c, on_arrival: self._once("forward_first", r, c, on_arrival=on_arrival),
+                                      forwards=Forwards())  # training waits for them (`_train_and_add`)
         self.upload_out = upload_out
         self.clock = clock
         self.events: queue.Queue[tuple[Any, ...]] = queue.Queue()
@@ -162,7 +150,7 @@ class RoundEngine:
         tensors = self.check_frame(kind, peer, header, payload)
         if header.type == "GLOBAL":
             self.cut_through.take(header, payload, arrived)
-        self.post("frame", kind, peer, header, payload, tensors)
+        self.post("frame", kind, peer, header, payload, tensors, arrived)
 
     def check_frame(self, kind: str, peer: str, header: Header, payload: bytearray) -> TensorSet:
         """Validate a frame against what may come on this connection (reader thread; raises
@@ -279,7 +267,8 @@ class RoundEngine:
                                  round=0)
 
     # -- frames ------------------------------------------------------------------------------------------
-    def _on_frame(self, kind: str, peer: str, header: Header, payload: bytearray, tensors: TensorSet) -> None:
+    def _on_frame(self, kind: str, peer: str, header: Header, payload: bytearray, tensors: TensorSet,
+                  arrived: float | None = None) -> None:
         if header.type == "READY":
             self._ready_children.add(peer)
             if header.meta is not None and "stats" in header.meta:
@@ -295,7 +284,7 @@ class RoundEngine:
             if header.chunk == 0:
                 self.log.emit("stale", round=header.round, peer=peer, type=header.type)
         elif header.type == "GLOBAL":
-            self._on_global(header, payload, tensors)
+            self._on_global(header, payload, tensors, arrived)
         else:
             self._on_update(peer, header, tensors)
 
@@ -313,7 +302,7 @@ class RoundEngine:
                 self._exclude(st, child, "child_absent", "its connection broke in an earlier round")
         return st
 
-    def _on_global(self, header: Header, payload: bytearray, tensors: TensorSet) -> None:
+    def _on_global(self, header: Header, payload: bytearray, tensors: TensorSet, arrived: float | None = None) -> None:
         r, k = header.round, header.chunk
         for older in [s for s in self.rounds.values() if s.number < r and not s.global_done]:
             self._give_up_own(older, "a later round's GLOBAL arrived")
@@ -334,8 +323,9 @@ class RoundEngine:
         for p in self.layout[k].pieces:  # already forwarded, by the reader (`CutThrough`)
             p.view(self._incoming[p.base]).copy_(tensors[p.name])
         if k == len(self.layout) - 1:
-            st.global_done = True
-            self.log.emit("global_received", round=r, nbytes=st.received_bytes)
+            st.global_done = True  # held since its last chunk arrived (the kernel's stamp, else now)
+            st.held_at = self.log.emit_at(None if arrived is None else of_monotonic(arrived), "global_received",
+                                          round=r, nbytes=st.received_bytes)
             self.learner.load(self._incoming)
             if self.cfg.trains and not st.own_done:
                 self._train_and_add(st)
@@ -429,7 +419,12 @@ class RoundEngine:
 
     # -- learning and aggregation ---------------------------------------------------------------------
     def _train_and_add(self, st: RoundState) -> None:
-        started = self.log.emit("train_start", round=st.number)
+        started = self.log.emit_at(st.held_at, "train_start", round=st.number)  # modelled from the arrival
+        cfg = self.cfg  # the emulated site's training time (`workers.compute`): hold, or log an overrun
+        modelled = modelled_s(cfg.train_s_per_example, self.learner.num_examples, cfg.local_epochs, train_s_per_round=
+                              cfg.train_s_per_round, site_speed=cfg.site_speed, time_dilation=cfg.time_dilation)
+        if modelled is not None and self.cut_through.forwards is not None:  # its time runs from `started`
+            self.cut_through.forwards.wait(st.number, modelled)
         measures = self.measures or ()
         loss_before = self.learner.train_loss() if "loss" in measures else None
         start = self.learner.state() if "update_norm" in measures else None
@@ -443,9 +438,6 @@ class RoundEngine:
                 num_examples=n, path_cost=float(self.cfg.path_cost), round=st.number,
                 update_norm=None if start is None else update_norm(own, start),
                 loss_before=loss_before, loss_after=self.learner.train_loss() if "loss" in measures else None)
-        cfg = self.cfg  # the emulated site's training time (`workers.compute`): hold, or log an overrun
-        modelled = modelled_s(cfg.train_s_per_example, n, cfg.local_epochs, train_s_per_round=cfg.train_s_per_round,
-                              site_speed=cfg.site_speed, time_dilation=cfg.time_dilation)
         real = time.monotonic() - started
         hold(started, modelled, emit=self.log.emit, round_=st.number)
         timing = {} if modelled is None else {"real_s": real, "modelled_s": modelled}

@@ -33,9 +33,9 @@ from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
 from tests.unit.test_controller_shaping import FakeTc
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
+from workers.aggregate import fingerprint
 from workers.config import AgentConfig, Peer, checkpoint_of
 from workers.control import ProtocolError, check_request
-from workers.rounds import fingerprint
 
 NSF = "sndlib/nobel-us"
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,6 +11,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pytest
 
@@ -225,3 +226,160 @@ def test_the_listener_hands_each_frame_its_arrival() -> None:
         out.flush_and_close(5.0)
         listener.close()
     assert got[0][0] == "GLOBAL" and got[0][1] is not None and got[0][1] <= time.monotonic()
+
+
+# -- the relay's training, after its forward --------------------------------------------------------
+def test_a_copy_counts_from_its_last_chunks_hand_over_until_it_was_written() -> None:
+    from workers.round_parts import Forwards
+
+    fw = Forwards()
+    done_a, done_b = fw.sending(1, "A"), fw.sending(1, "B")
+    assert fw.wait(1, 0.0) is False  # both still being forwarded
+    done_a()
+    done_a()  # a second call changes nothing
+    assert fw.wait(1, 0.04) is False  # waited a quarter of a modelled 0.04 s
+    t = threading.Timer(0.05, done_b)
+    t.start()
+    assert fw.wait(1, 20.0) is True and not t.is_alive()
+    assert fw.wait(2, 0.0) is True  # nothing of round 2 was handed over: nothing to wait for
+    fw.sending(3, "A")  # a child lost mid-copy: its callback never runs
+    assert fw.wait(4, 0.0) is True and fw.wait(3, 0.0) is True  # a later round forgets it
+
+
+def test_a_relay_counts_each_childs_copy_with_its_last_chunk() -> None:
+    from workers.round_parts import Forwards
+
+    class Calls(Recorder):
+        def __init__(self) -> None:
+            super().__init__()
+            self.callbacks: list[Callable[[], None]] = []
+
+        def send(self, child: str, frame: Sequence[Buffer], r: int, on_sent: Callable[[], None] | None, last: bool,
+                 ready_at: float | None = None) -> None:
+            super().send(child, frame, r, on_sent, last, ready_at)
+            if last and on_sent is not None:
+                self.callbacks.append(on_sent)
+
+    rec, fw, firsts = Calls(), Forwards(), []
+    cut = CutThrough("R", 3, ["A", "B"], rec, set(), lambda r, c, a: lambda: firsts.append((r, c)), fw)  # type: ignore[arg-type]
+    assert chunk(cut, 1, 0) and chunk(cut, 1, 1)
+    assert fw.wait(1, 0.0) is True  # not counted before the last chunk is handed over
+    assert chunk(cut, 1, 2) and [s[:4] for s in rec.sent[-2:]] == [("A", 1, 2, True), ("B", 1, 2, True)]
+    assert fw.wait(1, 0.0) is False and len(rec.callbacks) == 2
+    for cb in rec.callbacks:
+        cb()
+    assert fw.wait(1, 0.0) is True
+    one = CutThrough("R", 1, ["A"], rec, set(), lambda r, c, a: lambda: firsts.append((r, c)), fw)  # type: ignore[arg-type]
+    rec.callbacks.clear()
+    assert one.take(Header("GLOBAL", 7, 1, "P", chunk=0, chunks=1, nbytes=4), bytearray(4), 50.0)
+    assert fw.wait(1, 0.0) is False
+    rec.callbacks[0]()  # a one-chunk copy: its first and last chunk's callbacks both run
+    assert fw.wait(1, 0.0) is True and firsts == [(1, "A")]
+
+
+def _chain(rounds: int, forward_s: float | None, train_s_per_round: float,
+           arrived_ago_s: float | None = None) -> tuple[dict[str, Any], list[float], list[float]]:
+    """G -> R -> L in process (`Wire`), R's copy to L written `forward_s` after it was handed over
+    (None: never: a child lost mid-copy), each GLOBAL frame from G stamped as arrived in R's kernel
+    `arrived_ago_s` before R's reader took it (None: not stamped); each role's events, when R's
+    trainings began work, and when R's copies to L were written."""
+    import dataclasses
+    import io
+    import json
+
+    from orchestrator.runtime.task_runner import FLOptions, agent_configs
+    from orchestrator.scheduling.schedule import Schedule
+    from tests.unit.test_workers_selection import Recording, Wire, run_connected
+    from workers.events import EventLog
+    from workers.framing import chunk_layout
+    from workers.rounds import RoundEngine
+
+    worked: list[float] = []
+    left: list[float] = []
+
+    class Timed(Recording):
+        def train(self) -> int:
+            worked.append(time.monotonic())
+            return super().train()
+
+    class Paced(Wire):
+        def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
+                 last: bool = False, ready_at: float | None = None) -> None:
+            super().send(pieces, round=round, on_sent=None if last else on_sent)
+            if last and on_sent is not None and forward_s is not None:
+                def written(on_sent: Callable[[], None] = on_sent) -> None:
+                    left.append(time.monotonic())
+                    on_sent()
+                threading.Timer(forward_s, written).start()  # its last segment leaves later, paced
+
+    class Stamped(Wire):
+        def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
+                 last: bool = False, ready_at: float | None = None) -> None:
+            if arrived_ago_s is None:
+                return super().send(pieces, round=round, on_sent=on_sent)
+            data = b"".join(bytes(p) for p in pieces)
+            _m, _v, _f, _r, hlen, _p = FIXED.unpack_from(data, 0)
+            header = Header.from_json(data[FIXED_LEN:FIXED_LEN + hlen])
+            self.dst().receive(self.kind, self.src, header, bytearray(data[FIXED_LEN + hlen:]),
+                               time.monotonic() - arrived_ago_s)
+            if on_sent is not None:
+                on_sent()
+
+    edge = {"G": Stamped, "R": Paced}
+    sched = Schedule(task_id=3, scheduler="hand", global_site="G", local_sites=("R", "L"), demand_mbps=1.0,
+                     broadcast_parent={"R": "G", "L": "R"}, upload_parent={"R": "G", "L": "R"})
+    addrs = {n: f"127.0.0.{i + 1}" for i, n in enumerate(sched.overlay_nodes)}
+    cfgs = {n: dataclasses.replace(c, train_s_per_round=train_s_per_round) for n, c in agent_configs(
+        sched, addresses=addrs, options=FLOptions(rounds=rounds, local_epochs=1, max_chunk_bytes=4096,
+                                                  child_timeout_s=60)).items()}
+    learners = {n: (Timed if n == "R" else Recording)(c) for n, c in cfgs.items()}
+    layout = chunk_layout(learners["G"].template, cfgs["G"].max_chunk_bytes)
+    engines: dict[str, RoundEngine] = {}
+    logs = {n: io.StringIO() for n in cfgs}
+    sent: list[tuple[str, Any, int]] = []
+    for n, c in cfgs.items():
+        engines[n] = RoundEngine(c, learners[n], layout, EventLog(c, logs[n]),
+                                 broadcast_out={p.site: edge.get(n, Wire)(
+                                     n, "broadcast", lambda p=p: engines[p.site], sent) for p in c.broadcast_children},
+                                 upload_out=None if c.upload_parent is None else Wire(
+                                     n, "upload", lambda up=c.upload_parent: engines[up.site], sent))
+    run_connected(cfgs, engines)
+    return {n: [json.loads(line) for line in logs[n].getvalue().splitlines()] for n in cfgs}, worked, left
+
+
+def _at(events: list[dict[str, Any]], name: str) -> list[float]:
+    return [e["t"] for e in events if e["event"] == name]
+
+
+def test_a_relays_training_works_once_its_forward_left_and_its_time_runs_from_the_arrival() -> None:
+    # Its modelled round is 1 s; the copy to L leaves 0.15 s after the relay handed it over.
+    events, worked, left = _chain(2, 0.15, 1.0)
+    starts, ends = _at(events["R"], "train_start"), _at(events["R"], "train_end")
+    assert len(worked) == len(starts) == len(left) == 2
+    for began, written, work, end in zip(starts, left, worked, ends, strict=True):
+        assert written <= work, "the work began once the copy had left"
+        # held to its modelled time from the arrival (from the work's start it would end 0.15 s later)
+        assert end - began == pytest.approx(1.0, abs=0.1)
+    assert all(e["event"] != "train_overrun" for e in events["R"])
+
+
+def test_a_relays_training_waits_at_most_a_quarter_of_its_modelled_time() -> None:
+    from workers.round_parts import FORWARD_WAIT_SHARE
+
+    events, worked, _ = _chain(1, None, 0.4)  # L's copy never reports leaving
+    began = _at(events["R"], "train_start")[0]
+    assert FORWARD_WAIT_SHARE * 0.4 - 1e-3 <= worked[0] - began <= 0.4
+
+
+def test_a_node_holds_the_global_model_from_its_arrival_and_trains_from_then() -> None:
+    # R's reader takes each GLOBAL frame 0.1 s after the kernel received it; R's modelled round is 0.5 s.
+    from workers.events import of_monotonic
+
+    before = time.monotonic()
+    events, _, _ = _chain(1, 0.0, 0.5, arrived_ago_s=0.1)
+    received, began = _at(events["R"], "global_received"), _at(events["R"], "train_start")
+    ended = _at(events["R"], "train_end")
+    assert received == began, "training starts, as modelled, when the node holds the model"
+    # the stamp, not the moment R's loop logged it: L (not stamped) got its copy from R right after
+    assert of_monotonic(before) - 0.1 <= received[0] <= _at(events["L"], "global_received")[0] - 0.09
+    assert ended[0] - began[0] == pytest.approx(0.5, abs=0.05)
