@@ -31,3 +31,21 @@ def chunk_sizes(run: dict[str, Any]) -> list[int]:
     model, chunk = int(run["model_bytes"]), int(run["chunk_bytes"])
     k = max(1, math.ceil(model / chunk))
     return [chunk] * (k - 1) + [model - chunk * (k - 1)]
+
+
+def wire_bytes_factor(run: dict[str, Any], default: float) -> float:
+    """Wire bytes per byte a run's copies put on a link (its links' payload units, `chunk_sizes`),
+    for its carried bytes: with ``segment_mss``, each frame's segments with their headers and the
+    ACKs their receiver sends back, one for every two segments and one for a frame's odd last
+    segment (the emulation's reader acknowledges each frame at once when it has read it,
+    `workers.transport.ack_now`; the kernel every second full segment); otherwise `default` (the
+    run's ``wire_bytes_factor``: ACKs as one for every two full segments)."""
+    frames = [int(n) for n in run.get("frame_sizes") or ()]
+    mss = int(run.get("segment_mss", 0))
+    share = float(run.get("payload_share", 1.0))
+    if not frames or mss <= 0 or share <= 0:
+        return default
+    segments = [math.ceil(n / mss) for n in frames]
+    wire = sum(n + SEGMENT_HEADER_BYTES * s for n, s in zip(frames, segments, strict=True))
+    acks = sum(-(-s // 2) for s in segments)
+    return (wire + SEGMENT_HEADER_BYTES * acks) / (wire * share)

@@ -21,6 +21,7 @@ from orchestrator.scheduling import NetworkState, Schedule
 from orchestrator.scheduling.cost import RateFn
 from orchestrator.scheduling.tasks import Task
 from orchestrator.simulation.background import SimBackground
+from orchestrator.simulation.frames import wire_bytes_factor
 from orchestrator.simulation.spec import SimParams, TaskRun, build_spec, simulate
 from topologies.model import NetworkModel
 from topologies.shaping import burst_bytes
@@ -42,6 +43,8 @@ class SimBatch:
         self.results: dict[str, dict[str, Any]] = {}
         self.result: dict[str, Any] = {"runs": [], "sim_end_s": 0.0}
         self.ran = False
+        #: Per run: wire bytes per byte on its links, ACKs included (`frames.wire_bytes_factor`).
+        self.wire_factors: dict[str, float] = {}
         #: Where the engine processes' files go (a run's own folder: what a killed run leaves stays
         #: there, `orchestrator.experiment.simulated` removes it on resume); None: the system's temp.
         self.work_dir: Path | None = None
@@ -56,8 +59,9 @@ class SimBatch:
         if not self.ran:
             self.ran = True
             if self.runs:
-                self.result = simulate(build_spec(self.model, self.runs, self.params, self.rate, self.background,
-                                                  self.frames), work_dir=self.work_dir)
+                spec = build_spec(self.model, self.runs, self.params, self.rate, self.background, self.frames)
+                self.wire_factors = {r["key"]: wire_bytes_factor(r, self.params.wire_bytes_factor) for r in spec["runs"]}
+                self.result = simulate(spec, work_dir=self.work_dir)
             self.results = {r["key"]: r for r in self.result["runs"]}
         return self.result
 
@@ -71,7 +75,7 @@ class SimBatch:
 
 class SimNetwork:
     """`NetworkPort` of the simulation: paths need no install; carried bytes are the simulated
-    bytes over every link the task's transfers crossed, as wire bytes (`SimParams.wire_bytes_factor`:
+    bytes over every link the task's transfers crossed, as wire bytes (`frames.wire_bytes_factor`:
     the emulation counts frames, headers and ACKs included).
 
     `replay` (task id -> load per directed link, model Mbit/s) gives a task's schedulers the
@@ -113,10 +117,12 @@ class SimNetwork:
         self.keys.pop(install_id, None)
 
     def task_bytes(self, install_id: int) -> int:
-        r = self.batch.results.get(self.keys.get(install_id, ""))
+        key = self.keys.get(install_id, "")
+        r = self.batch.results.get(key)
         if r is None:
             raise LookupError(f"install {install_id} was not simulated")
-        return round(sum(int(n) for _, _, n in r["link_bytes"]) * self.batch.params.wire_bytes_factor)
+        factor = self.batch.wire_factors.get(key, self.batch.params.wire_bytes_factor)
+        return round(sum(int(n) for _, _, n in r["link_bytes"]) * factor)
 
     def background(self, state: NetworkState, task_id: int | None = None) -> dict[tuple[str, str], float] | None:
         """The background flows' own traffic per directed link (`SimBackground.view_mbps`), the

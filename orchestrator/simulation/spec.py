@@ -77,8 +77,10 @@ ACK_SHARE = round(ACK_WIRE_PER_PAYLOAD * TCP_PAYLOAD_SHARE, 4)
 #: (`twin_simulation`), so what was fitted or validated under 2 without them is off; 4 (2026-11-29):
 #: the twin's burst is htb's at the link's line rate, not at its payload rate (4 % more at K = 16-32);
 #: 5 (2026-11-29): a copy is its real chunk frames (`frames`), and a paced copy's frames cross as
-#: their own TCP segments (``segment_mss``), the last of each frame short.
-MODEL_REVISION = 5
+#: their own TCP segments (``segment_mss``), the last of each frame short; 6 (2026-12-01): a paced
+#: copy's carried bytes count the ACKs of its frames, one for every two segments and one for a
+#: frame's odd last one (`frames.wire_bytes_factor`), not one for every two full segments.
+MODEL_REVISION = 6
 #: Training examples of the default dataset (scikit-learn's digits, 1797 examples, 20 % held out).
 DEFAULT_TRAIN_EXAMPLES = 1437
 

@@ -88,3 +88,31 @@ def test_the_simulation_sizes_the_model_on_the_tasks_own_dataset() -> None:
     own, own_frames = _built_sizes("mlp", {}, "synthetic", {"input_shape": [3, 16, 16]})
     assert size == own > _built_sizes("mlp", {}, "digits", None)[0]
     assert frames is not None and frames(4_000) == own_frames(4_000)
+
+
+def test_a_paced_copys_carried_bytes_count_one_ack_per_two_segments_and_per_frames_odd_last() -> None:
+    # The emulation's reader acknowledges each frame once read (TCP_QUICKACK), the kernel every
+    # second full segment: a frame of three segments draws two ACKs, one of two segments one.
+    from orchestrator.scheduling.cost import (
+        ACK_WIRE_PER_PAYLOAD,
+        SEGMENT_HEADER_BYTES,
+        TCP_MSS,
+        TCP_PAYLOAD_SHARE,
+    )
+    from orchestrator.simulation.frames import wire_bytes_factor
+    from orchestrator.simulation.spec import WIRE_BYTES_FACTOR
+
+    run = {"segment_mss": TCP_MSS, "payload_share": TCP_PAYLOAD_SHARE}
+    h = SEGMENT_HEADER_BYTES
+    three = 2 * TCP_MSS + 500  # two full segments and a short one
+    got = wire_bytes_factor({**run, "frame_sizes": [three, 2 * TCP_MSS]}, default=9.9)
+    wire = three + 3 * h + 2 * TCP_MSS + 2 * h
+    assert got == pytest.approx((wire + 3 * h) / (wire * TCP_PAYLOAD_SHARE))
+    # frames of whole pairs of full segments: one ACK for every two, as the constant has it
+    big = wire_bytes_factor({**run, "frame_sizes": [100 * TCP_MSS] * 3}, default=9.9)
+    assert big == pytest.approx(1 / TCP_PAYLOAD_SHARE + ACK_WIRE_PER_PAYLOAD) == pytest.approx(WIRE_BYTES_FACTOR, abs=1e-4)
+    # the default mlp's copy (a 516-byte frame and short last segments) draws 1.6 % more
+    small = wire_bytes_factor({**run, "frame_sizes": [516, *[3349] * 5, 1405, 2829]}, default=9.9)
+    assert small / big == pytest.approx(1.0156, abs=5e-4)
+    assert wire_bytes_factor({"frame_sizes": [three], "payload_share": 0.9}, default=1.07) == 1.07  # not paced
+    assert wire_bytes_factor({**run, "frame_sizes": []}, default=1.07) == 1.07  # no frames modelled
