@@ -68,3 +68,13 @@ def hold(started_t: float, modelled: float | None, *, emit: Callable[..., float]
         sleep(end - now)
         now = clock()
     return 0.0
+
+
+def ready_since(started_t: float, modelled: float | None, overrun: float) -> float:
+    """When a training's update was ready, on CLOCK_MONOTONIC (a sender's ``ready_at``): at its
+    modelled end (`started_t` + `modelled`, the event clock's), which `hold` woke up a moment after
+    (that moment is the host's); after an overrun, or where training is not modelled, now."""
+    now = time.monotonic()
+    if modelled is None or overrun > 0:
+        return now
+    return now - max(0.0, events_clock() - (started_t + modelled))

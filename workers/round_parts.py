@@ -339,6 +339,12 @@ class RoundState:
     received_bytes: int = 0
     #: When this node held the whole GLOBAL (the event clock's; None: not yet).
     held_at: float | None = None
+    #: Per chunk: when its latest contribution was there (CLOCK_MONOTONIC: a child's chunk when the
+    #: kernel received it, the own one at the training's modelled end), the aggregate's ``ready_at``.
+    ready: dict[int, float] = field(default_factory=dict)
+
+    def contributed(self, k: int, at: float) -> None:
+        self.ready[k] = max(self.ready.get(k, at), at)
     #: The copy of the trained model this round's update is made of (when this node trained).
     own_copy: SentCopy | None = None
     #: Selection: the statistics of the locals heard from this round (own and the children's).

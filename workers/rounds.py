@@ -58,7 +58,7 @@ import torch
 
 from workers.aggregate import ChunkSum, fingerprint
 from workers.compression import make_codec
-from workers.compute import hold, modelled_s
+from workers.compute import hold, modelled_s, ready_since
 from workers.config import AgentConfig
 from workers.events import EventLog, of_monotonic
 from workers.framing import (
@@ -286,7 +286,7 @@ class RoundEngine:
         elif header.type == "GLOBAL":
             self._on_global(header, payload, tensors, arrived)
         else:
-            self._on_update(peer, header, tensors)
+            self._on_update(peer, header, tensors, time.monotonic() if arrived is None else arrived)
 
     def _round(self, r: int) -> RoundState:
         st = self.rounds.get(r)
@@ -331,7 +331,7 @@ class RoundEngine:
                 self._train_and_add(st)
             self._finalize(st)
 
-    def _on_update(self, child: str, header: Header, tensors: TensorSet) -> None:
+    def _on_update(self, child: str, header: Header, tensors: TensorSet, arrived: float) -> None:
         r, k = header.round, header.chunk
         st = self._round(r)
         if child in st.excluded:
@@ -342,6 +342,7 @@ class RoundEngine:
             return
         st.child_next[child] = k + 1
         st.chunks[k].add(child, tensors, header.num_examples)
+        st.contributed(k, arrived)
         if k == len(self.layout) - 1:
             if header.meta is not None and "stats" in header.meta:
                 st.stats.update(parse_stats(header.meta["stats"]))
@@ -439,7 +440,7 @@ class RoundEngine:
                 update_norm=None if start is None else update_norm(own, start),
                 loss_before=loss_before, loss_after=self.learner.train_loss() if "loss" in measures else None)
         real = time.monotonic() - started
-        hold(started, modelled, emit=self.log.emit, round_=st.number)
+        own_at = ready_since(started, modelled, hold(started, modelled, emit=self.log.emit, round_=st.number))
         timing = {} if modelled is None else {"real_s": real, "modelled_s": modelled}
         self.log.emit("train_end", round=st.number, num_examples=n, **timing,
                       **({"fingerprint": fingerprint(own)} if self.cfg.fingerprints else {}))
@@ -447,6 +448,7 @@ class RoundEngine:
             own = self.codec.delta(own, self._g_base if self.cfg.is_global else self._incoming)
         for k in range(st.next_out, len(self.layout)):
             st.chunks[k].add(SELF, chunk_view(own, self.layout[k]), n)
+            st.contributed(k, own_at)
         st.own_done = True
 
     def _contributors(self, st: RoundState) -> set[str]:
@@ -506,7 +508,9 @@ class RoundEngine:
                             st.own_copy.one_done if st.own_copy is not None else None)
         else:
             on_sent = self._once("update_first_sent", st.number, None) if k == 0 else None
-        self.upload_out.send(frame, round=st.number, on_sent=on_sent, last=last)
+        # ready when its last contribution was; a round that left a child out waited for it until now
+        self.upload_out.send(frame, round=st.number, on_sent=on_sent, last=last,
+                             ready_at=None if st.excluded else st.ready.get(k))
         if last:
             self.log.emit("aggregated", round=st.number, num_examples=n, stragglers=sorted(st.excluded),
                           nbytes=st.sent_bytes)
@@ -588,8 +592,9 @@ class RoundEngine:
             st.own_copy.one_done()
         if st.stats:
             self._learn_stats(st.stats, reporter="", ready=False)
-        t_agg = self.log.emit("aggregated", round=st.number, num_examples=st.max_examples,
-                              num_updates=len(self._contributors(st)), stragglers=sorted(st.excluded))
+        t_agg = self.log.emit_at(of_monotonic(max(st.ready.values())) if st.ready and not st.excluded else None,
+                                 "aggregated", round=st.number, num_examples=st.max_examples,  # the last chunk in
+                                 num_updates=len(self._contributors(st)), stragglers=sorted(st.excluded))
         self.learner.load(self._next_global)
         if self.cfg.checkpoint_path is not None:
             self.learner.save_file(self.cfg.checkpoint_path)

@@ -277,12 +277,18 @@ def test_a_relay_counts_each_childs_copy_with_its_last_chunk() -> None:
     assert fw.wait(1, 0.0) is True and firsts == [(1, "A")]
 
 
+#: Each UPDATE chunk sent in `_chain`: (sender, round, chunk, its ``ready_at``, the arrival stamp
+#: its receiver was given).
+UPLOADS: list[tuple[str, int, int, float | None, float | None]] = []
+
+
 def _chain(rounds: int, forward_s: float | None, train_s_per_round: float,
            arrived_ago_s: float | None = None) -> tuple[dict[str, Any], list[float], list[float]]:
     """G -> R -> L in process (`Wire`), R's copy to L written `forward_s` after it was handed over
-    (None: never: a child lost mid-copy), each GLOBAL frame from G stamped as arrived in R's kernel
-    `arrived_ago_s` before R's reader took it (None: not stamped); each role's events, when R's
-    trainings began work, and when R's copies to L were written."""
+    (None: never: a child lost mid-copy), each GLOBAL frame from G and each UPDATE frame stamped as
+    arrived in its receiver's kernel `arrived_ago_s` before its reader took it (None: not stamped;
+    `UPLOADS` records the UPDATEs); each role's events, when R's trainings began work, and when
+    R's copies to L were written."""
     import dataclasses
     import io
     import json
@@ -315,13 +321,15 @@ def _chain(rounds: int, forward_s: float | None, train_s_per_round: float,
     class Stamped(Wire):
         def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
                  last: bool = False, ready_at: float | None = None) -> None:
-            if arrived_ago_s is None:
-                return super().send(pieces, round=round, on_sent=on_sent)
             data = b"".join(bytes(p) for p in pieces)
             _m, _v, _f, _r, hlen, _p = FIXED.unpack_from(data, 0)
             header = Header.from_json(data[FIXED_LEN:FIXED_LEN + hlen])
-            self.dst().receive(self.kind, self.src, header, bytearray(data[FIXED_LEN + hlen:]),
-                               time.monotonic() - arrived_ago_s)
+            stamp = None if arrived_ago_s is None else time.monotonic() - arrived_ago_s
+            if header.type == "UPDATE":
+                UPLOADS.append((self.src, header.round, header.chunk, ready_at, stamp))
+            if stamp is None:
+                return super().send(pieces, round=round, on_sent=on_sent)
+            self.dst().receive(self.kind, self.src, header, bytearray(data[FIXED_LEN + hlen:]), stamp)
             if on_sent is not None:
                 on_sent()
 
@@ -341,8 +349,9 @@ def _chain(rounds: int, forward_s: float | None, train_s_per_round: float,
         engines[n] = RoundEngine(c, learners[n], layout, EventLog(c, logs[n]),
                                  broadcast_out={p.site: edge.get(n, Wire)(
                                      n, "broadcast", lambda p=p: engines[p.site], sent) for p in c.broadcast_children},
-                                 upload_out=None if c.upload_parent is None else Wire(
+                                 upload_out=None if c.upload_parent is None else Stamped(
                                      n, "upload", lambda up=c.upload_parent: engines[up.site], sent))
+    UPLOADS.clear()
     run_connected(cfgs, engines)
     return {n: [json.loads(line) for line in logs[n].getvalue().splitlines()] for n in cfgs}, worked, left
 
@@ -383,3 +392,38 @@ def test_a_node_holds_the_global_model_from_its_arrival_and_trains_from_then() -
     # the stamp, not the moment R's loop logged it: L (not stamped) got its copy from R right after
     assert of_monotonic(before) - 0.1 <= received[0] <= _at(events["L"], "global_received")[0] - 0.09
     assert ended[0] - began[0] == pytest.approx(0.5, abs=0.05)
+
+
+def test_an_aggregate_is_ready_when_its_last_contribution_was_and_the_round_ends_there() -> None:
+    # Each UPDATE frame reaches its reader 0.1 s after its kernel received it. Each chunk of R's
+    # aggregate is ready when the later of its two contributions was: L's chunk when it arrived,
+    # R's own at its training's modelled end (0.4 s after R held the model).
+    from workers.events import of_monotonic
+
+    events, _, _ = _chain(2, 0.0, 0.4, arrived_ago_s=0.1)
+    assert not [e for e in events["R"] if e["event"] == "train_overrun"]
+    from_l = {(r, k): stamp for src, r, k, _, stamp in UPLOADS if src == "L"}
+    from_r = {(r, k): (ready, stamp) for src, r, k, ready, stamp in UPLOADS if src == "R"}
+    own_end = dict(zip((1, 2), (t + 0.4 for t in _at(events["R"], "train_start")), strict=True))
+    assert from_l and set(from_l) == set(from_r)
+    for (r, k), (ready, _) in from_r.items():
+        assert ready is not None and from_l[(r, k)] is not None
+        assert of_monotonic(ready) == pytest.approx(max(of_monotonic(from_l[(r, k)]), own_end[r]), abs=2e-3)
+    assert all(ready is None or ready <= stamp + 0.1 for src, _, _, ready, stamp in UPLOADS if src == "L")
+    last = max(k for _, k in from_r)
+    for r, t in zip((1, 2), _at(events["G"], "aggregated"), strict=True):
+        assert t == pytest.approx(of_monotonic(from_r[(r, last)][1]), abs=1e-9), "the round ends as R's last chunk arrived"
+    late = [e["t"] for e in events["G"] if e["event"] == "round_complete"]
+    assert all(t > a + 0.09 for t, a in zip(late, _at(events["G"], "aggregated"), strict=True))
+
+
+def test_a_trainings_update_is_ready_at_its_modelled_end() -> None:
+    from workers.compute import ready_since
+    from workers.events import now
+
+    t = time.monotonic()
+    started = now() - 0.3  # modelled 0.2 s: it ended 0.1 s ago, the hold woke up late
+    assert ready_since(started, 0.2, 0.0) == pytest.approx(t - 0.1, abs=0.01)
+    assert ready_since(started, 0.5, 0.0) == pytest.approx(time.monotonic(), abs=0.01)  # not yet over: now
+    assert ready_since(started, 0.2, 0.1) == pytest.approx(time.monotonic(), abs=0.01)  # overran: now
+    assert ready_since(started, None, 0.0) == pytest.approx(time.monotonic(), abs=0.01)  # not modelled
