@@ -342,10 +342,11 @@ class RoundState:
     #: Per chunk: when its latest contribution was there (CLOCK_MONOTONIC: a child's chunk when the
     #: kernel received it, the own one at the training's modelled end), the aggregate's ``ready_at``.
     ready: dict[int, float] = field(default_factory=dict)
-
-    def contributed(self, k: int, at: float) -> None:
-        self.ready[k] = max(self.ready.get(k, at), at)
     #: The copy of the trained model this round's update is made of (when this node trained).
     own_copy: SentCopy | None = None
     #: Selection: the statistics of the locals heard from this round (own and the children's).
     stats: dict[str, LocalStats] = field(default_factory=dict)
+
+    def contributed(self, k: int, at: float) -> None:
+        """Chunk `k` got a contribution, there at `at` (CLOCK_MONOTONIC): `ready` keeps the latest."""
+        self.ready[k] = max(self.ready.get(k, at), at)
