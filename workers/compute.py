@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from workers.config import check_cost
 from workers.events import now as events_clock
+from workers.events import to_monotonic
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,6 @@ def ready_since(started_t: float, modelled: float | None, overrun: float) -> flo
     """When a training's update was ready, on CLOCK_MONOTONIC (a sender's ``ready_at``): at its
     modelled end (`started_t` + `modelled`, the event clock's), which `hold` woke up a moment after
     (that moment is the host's); after an overrun, or where training is not modelled, now."""
-    now = time.monotonic()
     if modelled is None or overrun > 0:
-        return now
-    return now - max(0.0, events_clock() - (started_t + modelled))
+        return time.monotonic()
+    return min(time.monotonic(), to_monotonic(started_t + modelled))

@@ -32,6 +32,11 @@ def of_monotonic(t: float) -> float:
     return t + _SKEW_S
 
 
+def to_monotonic(t: float) -> float:
+    """An event-clock time on CLOCK_MONOTONIC (`of_monotonic`'s inverse)."""
+    return t - _SKEW_S
+
+
 class EventLog:
     """JSON-lines timing events on the monotonic clock; thread-safe; flushed per line."""
 
