@@ -10,6 +10,8 @@
 # in the machine's load falls on both alike, and prints each run's seconds and outcome (each run's
 # output is kept as $TMPDIR/netai-suite-time-LABEL-N.log, until the next invocation writes over it:
 # its slowest tests say where a difference lies), then the medians and the paired ratios HEAD / BASE.
+# A run whose suite fails is timed and paired all the same (an old base may fail tests its successors
+# fixed), and named at the end; the script then exits 1.
 #
 # Each run gets the machine as CI does: the Docker images the suite builds are put back as they
 # were before every run (a revision's worker image must not be taken over by the next), and the
@@ -68,11 +70,11 @@ one_run() {  # one_run LABEL REV INDEX: a fresh clone of REV, CI's command, its 
     echo "[suite-time] $label ${rev:0:10} run $i: ${times[$label-$i]} s, exit status $status ($(grep -Eo \
         '[0-9]+ (passed|failed)[^=]*in [0-9.]+s' "$log" | tail -1 || true)); its output: \
 ${TMPDIR:-/tmp}/netai-suite-time-$label-$i.log"
-    if [ "$status" != 0 ]; then
-        echo "[suite-time] $label run $i failed; its output: ${TMPDIR:-/tmp}/netai-suite-time-$label-$i.log" >&2
-        exit 1
+    if [ "$status" != 0 ]; then  # still paired: a revision whose suite fails (an old base) is timed all the same
+        failed+=("$label run $i")
     fi
 }
+failed=()
 
 for i in $(seq 1 "$pairs"); do
     if [ $((i % 2)) = 1 ]; then one_run base "$base" "$i"; one_run head "$head" "$i"
@@ -91,3 +93,8 @@ ratios = [h / b for h, b in zip(head, base, strict=True)]
 print(f"[suite-time] median seconds: base {statistics.median(base):.1f}, head {statistics.median(head):.1f}; "
       f"head / base per pair: {', '.join(f'{r:.3f}' for r in ratios)} (median {statistics.median(ratios):.3f})")
 EOF
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "[suite-time] failed: ${failed[*]} (a failed run's time is its own: a test that fails may end early," \
+        "or wait out its timeout; its output says which)"
+    exit 1
+fi

@@ -2,11 +2,14 @@
 database checked after every kill, the run resumed until it completes, and the result compared with
 an uninterrupted run of the same config.
 
-The moments are seeded (`plan_kills`) and bounded in number and in time: each is either a time after
-the process starts (uniform up to the uninterrupted run's own wall time) or the moment the database
-first holds some number of whole task records (polled read-only), so that kills land inside the
-recording too and not only in the seconds of set-up. A *chain* starts a fresh run and kills it and
-each of its resumes in turn, then lets the last resume finish; the campaign is a few chains.
+The moments are seeded (`next_kill`) and bounded in number and in time: each is a time in the
+start-up, a time while the run is live, or the moment the database first holds some more whole task
+records (polled read-only), so that kills land inside the recording too and not only in the seconds
+of set-up. The last two are a seeded share of what is left of the run when its process starts (its
+task records not yet whole, or as much of the uninterrupted run's live time), so that a resume's kill
+lands before the resume completes as often as a fresh run's does (`Moment.place`). A *chain* starts
+a fresh run and kills it and each of its resumes in turn, then lets the last resume finish; the
+campaign is a few chains.
 
 After every kill (`check_whole`): ``PRAGMA integrity_check`` passes; every task marked whole has all
 of its rows (its end state; a done task its schedule and one row per round); once the run is found
@@ -44,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Kill:
-    """One seeded moment: `after_s` seconds after the run is live (its database says ``running``: a fresh
+    """One seeded moment as placed on a run (`Moment.place`): `after_s` seconds after the run is live (its database says ``running``: a fresh
     run recorded, or a resume reopened it), or after `after_tasks` more whole task records, or, with
     `at_start`, `after_s` seconds after the process starts (its start-up, before the run is live)."""
 
@@ -76,15 +79,31 @@ class Timing:
     task_runs: int
 
 
-def next_kill(rng: random.Random, i: int, timing: Timing) -> Kill:
+@dataclass(frozen=True)
+class Moment:
+    """A seeded moment before it is placed on a run: `kind` ``start`` (a time in the start-up), ``live``
+    (a time while live) or ``tasks`` (a count of more whole task records), and `u`, uniform in [0, 1)."""
+
+    kind: str
+    u: float
+
+    def place(self, timing: Timing, whole: int) -> Kill:
+        """The kill for a process whose run already holds `whole` whole task records: a share `u` of
+        the uninterrupted run's start-up, or of what is left of the run (its task records not yet
+        whole, or the uninterrupted run's live time in proportion to them)."""
+        if self.kind == "start":
+            return Kill(after_s=round(0.1 + self.u * max(0.1, timing.start_s - 0.1), 3), at_start=True)
+        left = max(0, timing.task_runs - whole)
+        if self.kind == "tasks":
+            return Kill(after_tasks=int(self.u * left))
+        return Kill(after_s=round(self.u * timing.live_s * left / max(1, timing.task_runs), 3))
+
+
+def next_kill(rng: random.Random, i: int) -> Moment:
     """The `i`-th seeded moment: in turn a time while live, a count of whole tasks, a time while
     live, a count, and a time in the start-up."""
     kind = i % 5
-    if kind in (1, 3):
-        return Kill(after_tasks=rng.randrange(0, max(1, timing.task_runs)))
-    if kind == 4:
-        return Kill(after_s=round(rng.uniform(0.1, max(0.2, timing.start_s)), 3), at_start=True)
-    return Kill(after_s=round(rng.uniform(0.0, timing.live_s), 3))
+    return Moment("tasks" if kind in (1, 3) else "start" if kind == 4 else "live", rng.random())
 
 
 def _whole_tasks(db_path: Path) -> int:
@@ -99,12 +118,14 @@ def _whole_tasks(db_path: Path) -> int:
         return 0
 
 
-def run_killed(argv: Sequence[str], kill: Kill, find_db: Callable[[], Path | None], *, limit_s: float,
-               env: Mapping[str, str]) -> str:
-    """Run `argv` and SIGKILL its session at `kill` (`find_db`: the run's database once it exists); the
-    phase it was killed in (``start-up``, ``running``), or ``done`` when it ended first."""
+def run_killed(argv: Sequence[str], moment: Moment, timing: Timing, find_db: Callable[[], Path | None], *,
+               limit_s: float, env: Mapping[str, str]) -> tuple[str, Kill]:
+    """Run `argv` and SIGKILL its session at `moment`, placed on what is left of its run (`find_db`: the
+    run's database once it exists); the phase it was killed in (``start-up``, ``running``), or ``done``
+    when it ended first, and the kill as placed."""
     db_path = find_db()
     base = _whole_tasks(db_path) if db_path is not None else 0  # a resume's whole tasks: the count is on top
+    kill = moment.place(timing, base)
     proc = subprocess.Popen(list(argv), cwd=ROOT, env=dict(env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     t0, live_at = time.monotonic(), None
@@ -118,9 +139,9 @@ def run_killed(argv: Sequence[str], kill: Kill, find_db: Callable[[], Path | Non
                 break
             time.sleep(0.01)
         if proc.poll() is not None:
-            return "done"
+            return "done", kill
         os.killpg(proc.pid, signal.SIGKILL)
-        return "running" if live_at is not None else "start-up"
+        return "running" if live_at is not None else "start-up", kill
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -260,8 +281,8 @@ class Chain:
     problems: list[str]
 
 
-def run_chain(config: Path, out: Path, moments: Iterator[Kill], *, kills: int, extra: Sequence[str],
-              limit_s: float, env: Mapping[str, str]) -> Chain:
+def run_chain(config: Path, out: Path, moments: Iterator[Moment], timing: Timing, *, kills: int,
+              extra: Sequence[str], limit_s: float, env: Mapping[str, str]) -> Chain:
     """Start `config` in `out`, kill it at the next moment, resume it and kill it at the next, ...: up
     to `kills` kills (a moment the process outlives ends the chain: the run completed), then resume
     it to its end; the database checked after every kill."""
@@ -277,8 +298,7 @@ def run_chain(config: Path, out: Path, moments: Iterator[Kill], *, kills: int, e
                      *extra)
 
     while len(results) < kills:
-        kill = next(moments)
-        phase = run_killed(command(), kill, find_db, limit_s=limit_s, env=env)
+        phase, kill = run_killed(command(), next(moments), timing, find_db, limit_s=limit_s, env=env)
         db_path = find_db()
         if db_path is not None and _has_run(db_path):
             run_dir = db_path.parent
@@ -336,21 +356,25 @@ def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, 
              env: Mapping[str, str] | None = None, limit_s: float = 300.0,
              check_after: Callable[[], list[str]] = list,
              figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> tuple[Path, list[Chain], list[str]]:
-    """The uninterrupted run of `config`, then chains of up to `per_chain` seeded kills until `kills`
+    """A warm-up run and the uninterrupted run of `config`, then chains of up to `per_chain` seeded kills until `kills`
     kills have landed (a chain whose run completes before its next moment ends early); each chain's
     run is compared with the uninterrupted one (`compare`), and `check_after` (e.g.
     what the killed runs left on the machine) is checked after it. Returns (the uninterrupted run's folder, the chains, the
     problems: none expected)."""
     env = dict(os.environ if env is None else env)
+    # a first run fills the caches every later run finds filled (the model's counts: two seconds of a
+    # simulated run that takes one), so that the moments are placed on a run as long as the chains' are
+    measure(config, out / "warm-up", extra=extra, env=env, limit_s=limit_s)
     reference, timing = measure(config, out / "uninterrupted", extra=extra, env=env, limit_s=limit_s)
     rng = random.Random(seed)
-    moments = (next_kill(rng, i, timing) for i in itertools.count())
+    moments = (next_kill(rng, i) for i in itertools.count())
     problems, chains = check_after(), list[Chain]()
     landed = 0
     while landed < kills and len(chains) < 4 * kills:
         c = len(chains)
         want = min(per_chain, kills - landed)
-        chain = run_chain(config, out / f"chain-{c}", moments, kills=want, extra=extra, limit_s=limit_s, env=env)
+        chain = run_chain(config, out / f"chain-{c}", moments, timing, kills=want, extra=extra, limit_s=limit_s,
+                          env=env)
         for k in chain.kills:
             problems += [f"chain {c}, kill {k.kill}: {p}" for p in k.problems]
         problems += [f"chain {c}: {p}" for p in chain.problems + check_after()]

@@ -1,5 +1,6 @@
 """scripts/suite_time.sh (make test's time, revision against revision): what it refuses, before it
-clones, tags or starts anything."""
+clones, tags or starts anything, and that a revision whose suite fails is timed and paired all the
+same."""
 
 from __future__ import annotations
 
@@ -35,3 +36,34 @@ def test_an_unknown_revision_or_a_normal_user_is_refused_before_anything_starts(
     why = "unknown revision: no-such-revision" if os.geteuid() == 0 else "run as root"
     assert why in res.stderr, res.stderr
     assert list(tmp_path.iterdir()) == [], "no work folder"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the script runs as root")
+def test_a_revision_whose_suite_fails_is_timed_paired_and_named(tmp_path: Path) -> None:
+    # Prepare: a repository with the script, whose CI command fails at the base and passes at the head
+    repo = tmp_path / "repo"
+    (repo / "scripts").mkdir(parents=True)
+    (repo / ".ci").mkdir()
+    (repo / "scripts" / "suite_time.sh").write_bytes(SCRIPT.read_bytes())
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.org"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    revs = []
+    for code in (3, 0):
+        (repo / ".ci" / "run").write_text(f"sleep 0.3\necho '1 passed in 0.3s'\nexit {code}\n")
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", f"exit {code}"], check=True)
+        revs.append(subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True,
+                                   text=True).stdout.strip())
+    work = tmp_path / "tmp"
+    work.mkdir()
+
+    # Execute
+    res = subprocess.run(["bash", str(repo / "scripts" / "suite_time.sh"), *revs], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "TMPDIR": str(work)})
+
+    # Assert: both runs timed and paired, the failed one named, exit 1
+    assert res.returncode == 1, res.stderr
+    assert "base " + revs[0][:10] + " run 1: " in res.stdout and "exit status 3" in res.stdout
+    assert "head " + revs[1][:10] + " run 1: " in res.stdout and "exit status 0" in res.stdout
+    assert "head / base per pair: " in res.stdout
+    assert res.stdout.rstrip().splitlines()[-1].startswith("[suite-time] failed: base run 1 ")
