@@ -47,9 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Kill:
-    """One seeded moment as placed on a run (`Moment.place`): `after_s` seconds after the run is live (its database says ``running``: a fresh
-    run recorded, or a resume reopened it), or after `after_tasks` more whole task records, or, with
-    `at_start`, `after_s` seconds after the process starts (its start-up, before the run is live)."""
+    """One seeded moment as placed on a run (`Moment.place`): `after_s` seconds after the run is live
+    (its database says ``running``: a fresh run recorded, or a resume reopened it), or after
+    `after_tasks` more whole task records, or, with `at_start`, `after_s` seconds after the process
+    starts (its start-up, before the run is live)."""
 
     after_s: float | None = None
     after_tasks: int | None = None
@@ -356,11 +357,11 @@ def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, 
              env: Mapping[str, str] | None = None, limit_s: float = 300.0,
              check_after: Callable[[], list[str]] = list,
              figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> tuple[Path, list[Chain], list[str]]:
-    """A warm-up run and the uninterrupted run of `config`, then chains of up to `per_chain` seeded kills until `kills`
-    kills have landed (a chain whose run completes before its next moment ends early); each chain's
-    run is compared with the uninterrupted one (`compare`), and `check_after` (e.g.
-    what the killed runs left on the machine) is checked after it. Returns (the uninterrupted run's folder, the chains, the
-    problems: none expected)."""
+    """A warm-up run and the uninterrupted run of `config`, then chains of up to `per_chain` seeded
+    kills until `kills` kills have landed (a chain whose run completes before its next moment ends
+    early); each chain's run is compared with the uninterrupted one (`compare`), and `check_after`
+    (e.g. what the killed runs left on the machine) is checked after it. Returns (the uninterrupted
+    run's folder, the chains, the problems: none expected)."""
     env = dict(os.environ if env is None else env)
     # a first run fills the caches every later run finds filled (the model's counts: two seconds of a
     # simulated run that takes one), so that the moments are placed on a run as long as the chains' are
