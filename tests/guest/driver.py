@@ -159,8 +159,13 @@ def start_checks(checks: list[str] | None = None, where: str | None = None) -> P
 
 
 def run_checks(checks: list[str] | None = None, where: str | None = None) -> ChecksRun:
-    """Run the named checks (all by default) on the host or in the guest; see the module docstring."""
-    return start_checks(checks, where).wait()
+    """Run the named checks (all by default) on the host or in the guest; see the module docstring.
+    An interrupt (Ctrl-C) while they run ends them."""
+    pending = start_checks(checks, where)
+    try:
+        return pending.wait()
+    finally:
+        pending.stop()
 
 
 class RecordedChecks:

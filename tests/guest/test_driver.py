@@ -4,6 +4,7 @@ by another process and adopted (no root, no guest)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,13 +48,32 @@ def test_the_host_runs_the_checks_under_the_mininet_lock_and_the_guest_through_r
 
     assert host[:2] == ["flock", driver.MININET_LOCK] and host[-3:] == ["-m", "tests.guest.checks", "rtt"]
     assert guest[:5] == ["nice", "-n", str(driver.GUEST_NICE), "bash", str(driver.RUN_SCRIPT)]
-    assert driver.GUEST_NICE < 0, "the guest's QEMU ahead of the unit tests it overlaps"
+    assert driver.GUEST_NICE < 0, "the guest's QEMU ahead of the set-up it overlaps"
     assert guest[guest.index("--") + 1:] == ["/opt/venv/bin/python", "-m", "tests.guest.checks"]
 
 
 def _fake_checks(monkeypatch: pytest.MonkeyPatch, script: str) -> None:
     monkeypatch.setenv(driver.ENV_WHERE, "guest")
     monkeypatch.setattr(driver, "command", lambda where, checks: [sys.executable, "-c", script])
+
+
+def test_an_interrupt_while_the_checks_run_ends_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: checks that would run for a minute, and Ctrl-C while the suite waits for them
+    _fake_checks(monkeypatch, "import time; time.sleep(60)")
+    started: list[driver.PendingChecks] = []
+    monkeypatch.setattr(driver, "start_checks", lambda *a: started.append(driver.PendingChecks(*a)) or started[-1])
+
+    def interrupted(self: driver.PendingChecks) -> driver.ChecksRun:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(driver.PendingChecks, "wait", interrupted)
+
+    # Execute
+    with pytest.raises(KeyboardInterrupt):
+        driver.run_checks()
+
+    # Assert: their process group was ended, not left to run out its time
+    assert started[0].proc.wait(timeout=10) == -signal.SIGTERM
 
 
 def test_a_recorded_run_is_adopted_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
