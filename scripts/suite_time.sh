@@ -68,7 +68,7 @@ one_run() {  # one_run LABEL REV INDEX: a fresh clone of REV, CI's command, its 
     times[$label-$i]=$(python3 -c 'import sys; print(f"{float(sys.argv[2]) - float(sys.argv[1]):.1f}")' "$t0" "$t1")
     cp "$log" "${TMPDIR:-/tmp}/netai-suite-time-$label-$i.log"  # kept: its slowest tests explain a ratio
     echo "[suite-time] $label ${rev:0:10} run $i: ${times[$label-$i]} s, exit status $status ($(grep -Eo \
-        '[0-9]+ (passed|failed)[^=]*in [0-9.]+s' "$log" | paste -sd';' - || true)); its output: \
+        '[0-9]+ (passed|failed)[^=]*in [0-9.]+s' "$log" | tail -1 || true)); its output: \
 ${TMPDIR:-/tmp}/netai-suite-time-$label-$i.log"
     if [ "$status" != 0 ]; then  # still paired: a revision whose suite fails (an old base) is timed all the same
         failed+=("$label run $i")

@@ -7,9 +7,6 @@ The unit tests run first. When the stock-kernel tests (tests/guest) are selected
 in the background as soon as the suite is collected (the guest's build, boot and checks take
 minutes and need no network of this host's); they overlap the unit tests, and the guest's tests,
 next in order, wait for what is left. ``NETAI_GUEST_EARLY=0`` runs them in their turn instead.
-``NETAI_SUITE_PART`` (`PART_ENV`) keeps one part of the suite: as root, `make test` runs the part
-that needs no network of this host's (`is_beside`) beside the rest, at idle CPU priority, once the
-guest's checks (started before its set-up) are done (scripts/test.sh, docs/testing.md).
 
 No test touches the user's caches: at session start the profile cache (``NETAI_CACHE_DIR``,
 `orchestrator.runtime.profiles.default_cache`) and the calibration store (``NETAI_CALIBRATION``,
@@ -30,18 +27,12 @@ from pathlib import Path
 
 import pytest
 
-#: The part of the suite a session runs: ``beside`` (what needs nothing of this host's networking,
-#: `is_beside`), ``main`` (the rest), unset (all). The whole `make test` runs both at once, ``beside``
-#: at idle CPU priority (scripts/test.sh).
-PART_ENV = "NETAI_SUITE_PART"
 #: The environment variables `pytest_configure` points into the session's folder, and where.
 SESSION_STORES = {"NETAI_CACHE_DIR": "cache", "NETAI_CALIBRATION": "state/calibration.json"}
 _session: dict[str, str | None] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if os.environ.get(PART_ENV, "") not in ("", "beside", "main"):
-        raise pytest.UsageError(f"{PART_ENV} must be 'beside' or 'main', not {os.environ[PART_ENV]!r}")
     root = tempfile.mkdtemp(prefix="netai-tests-")
     _session.update({name: os.environ.get(name) for name in SESSION_STORES}, root=root)
     for name, where in SESSION_STORES.items():
@@ -92,24 +83,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 if reason and not in_ci:
                     item.add_marker(pytest.mark.skip(reason=reason))
     items[:] = sorted(items, key=_phase)  # stable: each phase keeps its order
-    part = os.environ.get(PART_ENV, "")
-    if part:
-        dropped = [i for i in items if is_beside(i) != (part == "beside")]
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-        items[:] = [i for i in items if is_beside(i) == (part == "beside")]
-
-
-def is_beside(item: pytest.Item) -> bool:
-    """Whether `item` needs nothing of this host's networking and no CPU priority of its own
-    (`PART_ENV`): a unit test, or an integration test marked neither root nor docker (the
-    simulation's), unless marked ``priorities``."""
-    if item.get_closest_marker("priorities"):
-        return False
-    path = item.path.as_posix()
-    if "/tests/unit/" in path:
-        return True
-    return "/tests/integration/" in path and not any(item.get_closest_marker(m) for m in ("root", "docker"))
 
 
 def _phase(item: pytest.Item) -> int:

@@ -48,7 +48,7 @@ def test_the_host_runs_the_checks_under_the_mininet_lock_and_the_guest_through_r
 
     assert host[:2] == ["flock", driver.MININET_LOCK] and host[-3:] == ["-m", "tests.guest.checks", "rtt"]
     assert guest[:5] == ["nice", "-n", str(driver.GUEST_NICE), "bash", str(driver.RUN_SCRIPT)]
-    assert driver.GUEST_NICE < 0, "the guest's QEMU ahead of the set-up it overlaps"
+    assert driver.GUEST_NICE < 0, "the guest's QEMU ahead of the unit tests it overlaps"
     assert guest[guest.index("--") + 1:] == ["/opt/venv/bin/python", "-m", "tests.guest.checks"]
 
 

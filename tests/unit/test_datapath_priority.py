@@ -12,9 +12,6 @@ import pytest
 
 from orchestrator.emulation import datapath_priority as dp
 
-#: they read back the scheduling the code sets from a process's default: never at idle priority
-pytestmark = pytest.mark.priorities
-
 
 def test_only_processes_named_ovs_vswitchd_are_found(tmp_path: Path) -> None:
     for pid, comm in ((10, "ovs-vswitchd"), (11, "monitor"), (12, "ovs-vswitchd-x"), (13, "ovsdb-server")):

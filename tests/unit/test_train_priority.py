@@ -24,9 +24,6 @@ from workers import priority
 from workers.learning import run_at_lower_priority
 from workers.transport import Listener, Outbound
 
-#: they read back the scheduling the code sets from a process's default: never at idle priority
-pytestmark = pytest.mark.priorities
-
 RAISE_ALLOWED = os.geteuid() == 0
 
 
