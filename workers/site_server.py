@@ -61,6 +61,8 @@ from workers.events import now as events_clock
 DEFAULT_MAX_ROLES = 64
 #: How long a server waits for its manager to connect before it gives up and exits.
 ACCEPT_TIMEOUT_S = 600.0
+#: How often a server waiting for its manager checks that its control socket's file is still there.
+ACCEPT_POLL_S = 1.0
 #: The most a ``read`` reply carries (well under the protocol's 4 MiB message limit).
 READ_BYTES = 1 << 20
 
@@ -347,6 +349,27 @@ def _log_rejected(out: IO[str], what: str, error: object) -> None:
     print(line.encode("utf-8", "backslashreplace").decode("utf-8"), file=out, flush=True)
 
 
+def accept_manager(lsock: socket.socket, sock_path: Path, *, out: IO[str],
+                   timeout_s: float = ACCEPT_TIMEOUT_S) -> socket.socket | None:
+    """The manager's control connection on `lsock` (listening on `sock_path`), or None, said on `out`,
+    when none can come: no manager connected within `timeout_s`, or the socket's file was removed
+    meanwhile (a manager killed before it connected, whose run a later cleanup removed)."""
+    deadline = time.monotonic() + timeout_s
+    lsock.settimeout(min(ACCEPT_POLL_S, timeout_s))
+    while True:
+        try:
+            conn, _ = lsock.accept()
+            return conn
+        except TimeoutError:
+            if not sock_path.exists():
+                print("the control socket was removed before a manager connected: exiting", file=out, flush=True)
+                return None
+            if time.monotonic() >= deadline:
+                print(f"no manager connected within {timeout_s:.0f} s: exiting", file=out, flush=True)
+                sock_path.unlink(missing_ok=True)
+                return None
+
+
 def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
     """Listen on `sock_path`, serve one control connection, stop every role when it ends. A refused
     message or request is answered ``ok: false`` and logged to `out` as one ``rejected control`` line."""
@@ -360,17 +383,14 @@ def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
     finally:
         os.umask(old_umask)
     lsock.listen(1)
-    lsock.settimeout(ACCEPT_TIMEOUT_S)  # a manager that died before it connected: do not wait forever
     print(f"site server of {server.site!r} at {server.address}, pid {os.getpid()}, control {sock_path}, "
           f"control thread's priority: {applied}", file=out, flush=True)
     try:
-        conn, _ = lsock.accept()
-    except TimeoutError:
-        print(f"no manager connected within {ACCEPT_TIMEOUT_S:.0f} s: exiting", file=out, flush=True)
-        sock_path.unlink(missing_ok=True)
-        return 1
+        conn = accept_manager(lsock, sock_path, out=out)
     finally:
         lsock.close()
+    if conn is None:
+        return 1
     conn.settimeout(None)
     sock_path.unlink(missing_ok=True)
     try:
