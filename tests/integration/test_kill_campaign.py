@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kill_campaign import campaign, processes_naming, ratios, sim_leftovers, table
+from tests.kill_campaign import campaign, ratios, sim_leftovers, table
 
 pytestmark = [pytest.mark.slow]
 
@@ -74,17 +74,13 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
 
     before = {s.run_id for s in run_states()}  # other runs of this machine are not the campaign's
     folders_before = set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*"))
-    servers_before = set(processes_naming(ctl_dirs.PREFIX))
 
     def left() -> list[str]:
         # what the killed runs left, once the chain's last run (which cleans before it starts) is done:
-        # their switches, processes and state files, their site servers' control-socket folders, and their
-        # site servers (forked ones carry no run mark: a kill before the run connected to them left them
-        # waiting until their folder went, with the next run's cleanup)
+        # their switches, processes and state files, and their site servers' control-socket folders
         return [f"run {s.run_id} left {got}" for s in run_states() if s.run_id not in before and not s.live
                 and (got := leftovers(s.run_id, plan)) != NOTHING] + \
-            [f"left {d}" for d in sorted(set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*")) - folders_before)] + \
-            [f"left server process {pid}" for pid in sorted(set(processes_naming(ctl_dirs.PREFIX)) - servers_before)]
+            [f"left {d}" for d in sorted(set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*")) - folders_before)]
 
     # Execute: 20 seeded kills, up to 4 in a row on one run. Each resumed run must have run at the
     # uninterrupted run's K (their environments'), and its mst/spff latency and reserved bandwidth must
