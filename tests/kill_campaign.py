@@ -24,6 +24,7 @@ simulation's engine processes (its children) die with it and nothing is left run
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import random
@@ -426,6 +427,20 @@ def processes_naming(text: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def lingering(text: str, before: set[int], *, grace_s: float = 5.0) -> list[str]:
+    """The processes whose command line contains `text`, not in `before`, still running `grace_s`
+    after the call (a server gives up within a second of its socket's removal), each as
+    ``pid: command line``."""
+    deadline = time.monotonic() + grace_s
+    while (pids := set(processes_naming(text)) - before) and time.monotonic() < deadline:
+        time.sleep(0.2)  # poll interval while they exit
+    found = []
+    for pid in sorted(pids):
+        with contextlib.suppress(OSError):
+            found.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+    return found
 
 
 def sim_leftovers(root: Path) -> list[str]:

@@ -33,8 +33,10 @@ import os
 import re
 import socket
 import struct
+import time
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
+from typing import IO, Any
 
 PROTOCOL_VERSION = 1
 #: Largest control message (a model file's source travels in one).
@@ -44,6 +46,10 @@ SHIPPED_PREFIX = "@sha256:"
 _DIGEST = re.compile(r"[0-9a-f]{64}")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _LEN = struct.Struct(">I")
+#: How long a server (a site server, the fork server) waits for its manager to connect before it exits.
+ACCEPT_TIMEOUT_S = 600.0
+#: How often a server waiting for its manager checks that its control socket's file is still there.
+ACCEPT_POLL_S = 1.0
 
 OPS: dict[str, dict[str, type]] = {
     "hello": {},
@@ -173,3 +179,37 @@ def parse_shipped(spec: str) -> tuple[str, str] | None:
     if not sep or not _DIGEST.fullmatch(digest) or not _IDENT.fullmatch(factory):
         raise ProtocolError(f"bad shipped model spec {spec!r}")
     return digest, factory
+
+
+def listen(sock_path: Path) -> socket.socket:
+    """A socket listening on `sock_path` (any stale file there replaced), its file owner-only."""
+    sock_path.unlink(missing_ok=True)
+    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)
+    try:
+        lsock.bind(str(sock_path))
+    finally:
+        os.umask(old_umask)
+    lsock.listen(1)
+    return lsock
+
+
+def accept_manager(lsock: socket.socket, sock_path: Path, *, out: IO[str],
+                   timeout_s: float = ACCEPT_TIMEOUT_S) -> socket.socket | None:
+    """The manager's control connection on `lsock` (listening on `sock_path`), or None, said on `out`,
+    when none can come: no manager connected within `timeout_s`, or the socket's file was removed
+    meanwhile (a manager killed before it connected, whose run a later cleanup removed)."""
+    deadline = time.monotonic() + timeout_s
+    lsock.settimeout(min(ACCEPT_POLL_S, timeout_s))
+    while True:
+        try:
+            conn, _ = lsock.accept()
+            return conn
+        except TimeoutError:
+            if not sock_path.exists():
+                print("the control socket was removed before a manager connected: exiting", file=out, flush=True)
+                return None
+            if time.monotonic() >= deadline:
+                print(f"no manager connected within {timeout_s:.0f} s: exiting", file=out, flush=True)
+                sock_path.unlink(missing_ok=True)
+                return None

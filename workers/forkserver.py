@@ -42,12 +42,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from workers.control import ProtocolError, recv_message, send_message
+from workers.control import ProtocolError, accept_manager, listen, recv_message, send_message
 
 #: How long forked servers get to exit on SIGTERM when the manager went away.
 STOP_GRACE_S = 5.0
-#: A manager that never connects: the fork server exits after this long.
-ACCEPT_TIMEOUT_S = 600.0
 _CLONE_NEWNS, _CLONE_NEWNET = 0x00020000, 0x40000000
 
 
@@ -180,23 +178,15 @@ def _child(argv: list[str], ns_fds: list[tuple[int, int]], log_file: str, closin
 
 def serve(sock_path: Path) -> int:
     """Listen on `sock_path`, serve one manager connection, stop every forked server when it ends."""
-    sock_path.unlink(missing_ok=True)
-    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)
-    try:
-        lsock.bind(str(sock_path))
-    finally:
-        os.umask(old_umask)
-    lsock.listen(1)
-    lsock.settimeout(ACCEPT_TIMEOUT_S)
+    lsock = listen(sock_path)
     print(f"fork server pid {os.getpid()} at {sock_path}", flush=True)
     try:
-        conn, _ = lsock.accept()
-    except TimeoutError:
-        print("no manager connected: exiting", flush=True)
-        return 1
+        conn = accept_manager(lsock, sock_path, out=sys.stdout)  # gone with its run's folder, or in 600 s
     finally:
         sock_path.unlink(missing_ok=True)
+    if conn is None:
+        lsock.close()
+        return 1
     conn.settimeout(None)
     table = ForkServer()
     try:

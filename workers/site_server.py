@@ -36,7 +36,6 @@ import argparse
 import ctypes
 import gc
 import os
-import socket
 import sys
 import tempfile
 import threading
@@ -50,7 +49,9 @@ from workers.config import CHECKPOINT_SUFFIX, WILDCARD_ADDRESSES, AgentConfig, c
 from workers.control import (
     PROTOCOL_VERSION,
     ProtocolError,
+    accept_manager,
     check_request,
+    listen,
     parse_shipped,
     recv_message,
     send_message,
@@ -59,10 +60,6 @@ from workers.events import EventLog
 from workers.events import now as events_clock
 
 DEFAULT_MAX_ROLES = 64
-#: How long a server waits for its manager to connect before it gives up and exits.
-ACCEPT_TIMEOUT_S = 600.0
-#: How often a server waiting for its manager checks that its control socket's file is still there.
-ACCEPT_POLL_S = 1.0
 #: The most a ``read`` reply carries (well under the protocol's 4 MiB message limit).
 READ_BYTES = 1 << 20
 
@@ -349,40 +346,12 @@ def _log_rejected(out: IO[str], what: str, error: object) -> None:
     print(line.encode("utf-8", "backslashreplace").decode("utf-8"), file=out, flush=True)
 
 
-def accept_manager(lsock: socket.socket, sock_path: Path, *, out: IO[str],
-                   timeout_s: float = ACCEPT_TIMEOUT_S) -> socket.socket | None:
-    """The manager's control connection on `lsock` (listening on `sock_path`), or None, said on `out`,
-    when none can come: no manager connected within `timeout_s`, or the socket's file was removed
-    meanwhile (a manager killed before it connected, whose run a later cleanup removed)."""
-    deadline = time.monotonic() + timeout_s
-    lsock.settimeout(min(ACCEPT_POLL_S, timeout_s))
-    while True:
-        try:
-            conn, _ = lsock.accept()
-            return conn
-        except TimeoutError:
-            if not sock_path.exists():
-                print("the control socket was removed before a manager connected: exiting", file=out, flush=True)
-                return None
-            if time.monotonic() >= deadline:
-                print(f"no manager connected within {timeout_s:.0f} s: exiting", file=out, flush=True)
-                sock_path.unlink(missing_ok=True)
-                return None
-
-
 def serve(server: SiteServer, sock_path: Path, *, out: IO[str]) -> int:
     """Listen on `sock_path`, serve one control connection, stop every role when it ends. A refused
     message or request is answered ``ok: false`` and logged to `out` as one ``rejected control`` line."""
     # the control loop starts, polls and stops roles while others run rounds: network-path work
     applied = priority.enter_transfer()
-    sock_path.unlink(missing_ok=True)
-    lsock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # the socket file: owner only
-    try:
-        lsock.bind(str(sock_path))
-    finally:
-        os.umask(old_umask)
-    lsock.listen(1)
+    lsock = listen(sock_path)
     print(f"site server of {server.site!r} at {server.address}, pid {os.getpid()}, control {sock_path}, "
           f"control thread's priority: {applied}", file=out, flush=True)
     try:

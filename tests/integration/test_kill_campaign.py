@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kill_campaign import campaign, ratios, sim_leftovers, table
+from tests.kill_campaign import campaign, lingering, processes_naming, ratios, sim_leftovers, table
 
 pytestmark = [pytest.mark.slow]
 
@@ -74,13 +74,17 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
 
     before = {s.run_id for s in run_states()}  # other runs of this machine are not the campaign's
     folders_before = set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*"))
+    servers_before = set(processes_naming(ctl_dirs.PREFIX))
 
     def left() -> list[str]:
         # what the killed runs left, once the chain's last run (which cleans before it starts) is done:
-        # their switches, processes and state files, and their site servers' control-socket folders
+        # their switches, processes and state files, their site servers' control-socket folders, and any
+        # process naming one (a site server or fork server started before its run connected carries no
+        # run mark: it exits within a second of its socket's removal, with the next run's cleanup)
         return [f"run {s.run_id} left {got}" for s in run_states() if s.run_id not in before and not s.live
                 and (got := leftovers(s.run_id, plan)) != NOTHING] + \
-            [f"left {d}" for d in sorted(set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*")) - folders_before)]
+            [f"left {d}" for d in sorted(set(Path(tempfile.gettempdir()).glob(ctl_dirs.PREFIX + "*")) - folders_before)] + \
+            [f"left process {p}" for p in lingering(ctl_dirs.PREFIX, servers_before)]
 
     # Execute: 20 seeded kills, up to 4 in a row on one run. Each resumed run must have run at the
     # uninterrupted run's K (their environments'), and its mst/spff latency and reserved bandwidth must

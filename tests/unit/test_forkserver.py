@@ -135,6 +135,29 @@ def test_a_fork_server_stopped_before_it_listened_is_terminated_not_waited_for(t
     assert starting.returncode == -signal.SIGTERM  # ended at once, not killed after a wait
 
 
+def test_a_fork_server_whose_socket_is_removed_before_a_manager_connected_exits(tmp_path: Path) -> None:
+    # Prepare: a fork server listening for a manager that was killed before it connected
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    sock = _ctl_dir() / "f.sock"
+    log = tmp_path / "forkserver.out.txt"
+    client = ForkServerClient.launch([sys.executable, "-m", "workers.forkserver"], sock_path=sock, log_file=log,
+                                     cwd=str(ROOT), env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while "fork server pid" not in log.read_text() and client.popen.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)  # poll interval while it imports torch
+
+        # Execute: the killed run's cleanup removes its control folder's sockets
+        sock.unlink()
+
+        # Assert: it exits on its own within its poll (not its 600 s), saying why
+        assert client.popen.wait(timeout=60) == 1
+    finally:
+        client.close()
+    assert "the control socket was removed before a manager connected: exiting" in log.read_text()
+
+
 def test_the_local_backends_fork_their_servers_unless_told_not_to(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     sites = ["a", "b"]

@@ -1,5 +1,5 @@
-"""A site server waiting for its manager's control connection (`workers.site_server.accept_manager`):
-it takes the connection when it comes, and gives up, saying why, when none can come."""
+"""A server (a site server, the fork server) waiting for its manager's control connection
+(`workers.control.accept_manager`): it takes the connection when it comes, and gives up, saying why, when none can come."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import socket
 import threading
 from pathlib import Path
 
-from workers.site_server import accept_manager
+from workers.control import accept_manager
 
 
 def _listening(path: Path) -> socket.socket:
