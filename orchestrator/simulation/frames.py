@@ -15,6 +15,13 @@ from typing import Any
 SEGMENT_HEADER_BYTES = 66
 
 
+def segmented_bytes(frame_bytes: int, mss: int) -> tuple[int, int]:
+    """(wire bytes, segments) of one frame sent as TCP segments of at most `mss` payload bytes, each
+    with its headers (`SEGMENT_HEADER_BYTES`)."""
+    segments = math.ceil(frame_bytes / mss)
+    return frame_bytes + SEGMENT_HEADER_BYTES * segments, segments
+
+
 def chunk_sizes(run: dict[str, Any]) -> list[int]:
     """The bytes each chunk of a copy puts on a link, in the links' payload units: the copy's frames
     (``frame_sizes``) as they are or, with ``segment_mss``, each frame as its own TCP segments with
@@ -25,7 +32,7 @@ def chunk_sizes(run: dict[str, Any]) -> list[int]:
     mss = int(run.get("segment_mss", 0))
     if frames and mss > 0:
         share = float(run.get("payload_share", 1.0))
-        return [round((n + SEGMENT_HEADER_BYTES * math.ceil(n / mss)) * share) for n in frames]
+        return [round(segmented_bytes(n, mss)[0] * share) for n in frames]
     if frames:
         return frames
     model, chunk = int(run["model_bytes"]), int(run["chunk_bytes"])
@@ -45,7 +52,7 @@ def wire_bytes_factor(run: dict[str, Any], default: float) -> float:
     share = float(run.get("payload_share", 1.0))
     if not frames or mss <= 0 or share <= 0:
         return default
-    segments = [math.ceil(n / mss) for n in frames]
-    wire = sum(n + SEGMENT_HEADER_BYTES * s for n, s in zip(frames, segments, strict=True))
-    acks = sum(-(-s // 2) for s in segments)
+    sent = [segmented_bytes(n, mss) for n in frames]
+    wire = sum(w for w, _ in sent)
+    acks = sum(-(-s // 2) for _, s in sent)
     return (wire + SEGMENT_HEADER_BYTES * acks) / (wire * share)
