@@ -64,6 +64,9 @@ def test_a_shaped_link_off_its_configured_rate_flips_the_verdict(shares: tuple[f
     if not faithful:
         assert v.reasons[0].startswith(f"shaped-link rate: saturated links delivered {sorted(shares)[1]:.2f} of their "
                                        "configured rate (median of 3 link-rounds")
+        above = sorted(shares)[1] > 1  # the reason says which way, and what can cause it
+        assert ("the senders logged their copies' starts late (the host)" in v.reasons[0]) is above
+        assert ("cannot carry or drain the copies" in v.reasons[0]) is not above
 
 
 def _run(tmp_path: Path, hop_s: float) -> tuple[ResultsDB, int]:
