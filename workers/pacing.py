@@ -36,7 +36,8 @@ the one before) goes half its serialization time early (`LEAD_SHARE`), so that i
 the task's htb class when the link frees. Sent only once due, each segment found the class empty a
 moment before it came, and a backlogged background, which htb serves whenever a task's class is
 empty, took that gap: on paper.yaml's claim point at K = 64 the copies' links that carried
-background delivered a median 0.92 of their rate, the others 0.97; with the lead 0.95 and 0.99,
+background delivered a median 0.92 of their rate, the others 0.97 (flights from the first chunk's
+write, about 0.03 above their start on the link); with the lead 0.95 and 0.99,
 and the relay chains' share of a round fell from 2.6-3.2 % to 1.5-1.7 % (docs/fidelity.md,
 "Shaping"). The first segment after an idle gap still goes only once serialized (the bucket would
 let it through at once).
@@ -93,6 +94,9 @@ class Pacer:
         self.free_at = float("-inf")
         #: The share of its serialization a segment behind another goes early (`LEAD_SHARE`).
         self.lead_share = lead_share
+        #: When the link started serializing the last frame `send` was given, by its schedule (the
+        #: clock's time): the later of when it was ready and when the link finished the one before.
+        self.started_at = float("-inf")
 
     def segments(self, pieces: Sequence[Buffer], mss: int) -> list[list[memoryview]]:
         """`pieces` cut into segments of at most `mss` payload bytes, each a list of views."""
@@ -124,6 +128,7 @@ class Pacer:
         due: list[float] = []
         ready = self.clock() if ready_at is None else ready_at
         at = max(ready, self.free_at)
+        self.started_at = at
         behind = ready <= self.free_at  # queued while the link still carried our last segment
         for i, seg in enumerate(segs):
             wire_s = (sum(v.nbytes for v in seg) + FRAME_OVERHEAD_BYTES) / self.bytes_per_s

@@ -32,6 +32,12 @@ class Sender(Protocol):
         clock's time); None where it is not paced."""
         ...
 
+    @property
+    def started_at(self) -> float | None:
+        """When the frame whose ``on_sent`` runs now started on its link (`time.monotonic`; paced: by
+        its pacing schedule); None where the sender cannot say. Read from ``on_sent`` only."""
+        ...
+
 
 class Learning(Protocol):
     """What the engine needs of `workers.learning.Learner`."""

@@ -109,7 +109,8 @@ class RoundEngine:
         self.lanes = Lanes(cfg.broadcast_lanes, self.broadcast_out, self._copy_sent)
         self.finished_rounds: set[int] = set()
         self.cut_through = CutThrough(cfg.site, len(self.layout), list(self.broadcast_out), self.lanes, self.finished_rounds,
-                                      lambda r, c, on_arrival: self._once("forward_first", r, c, on_arrival=on_arrival),
+                                      lambda r, c, on_arrival: self._once("forward_first", r, c, out=self.broadcast_out[c],
+                                                                         on_arrival=on_arrival),
                                       forwards=Forwards())  # training waits for them (`_train_and_add`)
         self.upload_out = upload_out
         self.clock = clock
@@ -515,9 +516,11 @@ class RoundEngine:
             self.log.emit("aggregated", round=st.number, num_examples=n, stragglers=sorted(st.excluded),
                           nbytes=st.sent_bytes)
 
-    def _once(self, event: str, r: int, peer: str | None, **extra: Any) -> Callable[[], None]:
+    def _once(self, event: str, r: int, peer: str | None, *, out: Sender | None = None, **extra: Any) -> Callable[[], None]:
+        """Log `event` once called; at when `out`'s frame started on its link if it says (a copy's flight)."""
         def emit() -> None:
-            self.log.emit(event, round=r, **({"peer": peer} if peer else {}), **extra)
+            at = None if out is None or out.started_at is None else of_monotonic(out.started_at)
+            self.log.emit_at(at, event, round=r, **({"peer": peer} if peer else {}), **extra)
 
         return emit
 
@@ -577,7 +580,7 @@ class RoundEngine:
                                      meta=meta), chunk_view(state, spec))
             last = k == len(self.layout) - 1
             for child in sorted(self.broadcast_out):
-                first = self._once("forward_first", r, child) if k == 0 else None
+                first = self._once("forward_first", r, child, out=self.broadcast_out[child]) if k == 0 else None
                 self.lanes.send(child, frame, r, both(first, self._last_sent.one_done if last else None), last)
         if self.cfg.trains and not st.own_done:
             self._train_and_add(st)

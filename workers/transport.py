@@ -23,6 +23,7 @@ round except to replace a broken one.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import queue
 import socket
@@ -85,10 +86,8 @@ def ack_now(sock: socket.socket) -> None:
     (up to 40 ms of wall time, over a millisecond of the emulated network's at K = 32): a sender
     that waits for its peer's acknowledgement (an unpaced lane's ``drain``, a closing connection's
     figures) waits for the link, not for the timer."""
-    try:
+    with contextlib.suppress(OSError):  # the connection is going: its reader sees it next
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1)
-    except OSError:
-        pass  # the connection is going: its reader sees it next
 
 
 def _recv_into(sock: socket.socket, view: memoryview, what: str, *, stamped: bool = False) -> float | None:
@@ -219,6 +218,9 @@ class Outbound:
         self.on_connect = on_connect
         self.on_tcp = on_tcp
         self.sock: socket.socket | None = None
+        #: When the frame whose `on_sent` runs (on the sender thread) started on its link
+        #: (`time.monotonic`): paced, by its schedule (`Pacer.started_at`); unpaced, when its write began.
+        self.started_at: float | None = None
         #: TCP figures summed over the connections closed so far, and how many there were.
         self.tcp: TcpBytes = ZERO
         self.connections = 0
@@ -295,10 +297,8 @@ class Outbound:
         if self.sock is not None:
             self.tcp = self.tcp + read_tcp_bytes(self.sock)
             self.connections += 1
-            try:
+            with contextlib.suppress(OSError):  # already broken: nothing to shut down
                 self.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already broken: nothing to shut down
             self.sock.close()
             self.sock = None
 
@@ -325,10 +325,12 @@ class Outbound:
                     self._connect(None if self._gone_since is None else RETRY_CONNECT_S)
                     self._gone_since = None
                 assert self.sock is not None
+                self.started_at = time.monotonic()
                 if self.pacer is None:
                     sendmsg_all(self.sock, item.pieces)
                 else:
                     self.pacer.send(self.sock, item.pieces, ready_at=item.queued_at, last=item.last)
+                    self.started_at = self.pacer.started_at
             except OSError as e:
                 self._broken_round = item.round
                 if self.sock is None and self._gone_since is None:
@@ -416,10 +418,8 @@ class Listener:
         """Stop accepting and close every connection (shutdown wakes the blocked threads)."""
         self._stopping.set()
         for s in (self.sock, *self.live.values()):
-            try:
+            with contextlib.suppress(OSError):  # not connected: nothing to wake up
                 s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # not connected: nothing to wake up
             s.close()
         self._thread.join(timeout=2.0)
 

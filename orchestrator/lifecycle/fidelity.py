@@ -23,8 +23,9 @@ broadcast: for each directed link that is the bottleneck of G's broadcast edges 
 configured rate (under dilation the dilated one: the rate is the undilated rate and the times are
 emulated) over the time the link was busy with them. A copy's bytes are the frame bytes its child
 received (the ``nbytes`` of its ``global_received``: the chunks with their headers, TCP/IP's not);
-it is *in flight* from its sender having written its first chunk (the sender's ``forward_first``
-naming the child, `copy_rows`) to its child holding the whole model; the link is *busy* during the
+it is *in flight* from its first chunk starting on the link (the sender's ``forward_first``
+naming the child, `copy_rows`: logged at that start, `workers.transport.Outbound.started_at`)
+to its child holding the whole model; the link is *busy* during the
 union of its copies' flights. So the sender's own gaps between copies (host software: the link idle
 while nothing of the task is in flight on it) are not charged to the link (the per-hop overhead is
 what judges them), and neither are the chunks' headers (the task's protocol, not the link), while a
@@ -151,7 +152,7 @@ def _bottlenecks(schedule: Schedule, rate: RateFn) -> dict[DirectedLink, list[Ov
 def copy_rows(events: Mapping[str, Sequence[Mapping[str, Any]]],
               clock_of: Callable[[float], float] = float) -> dict[tuple[int, str], dict[str, Any]]:
     """What the roles logged of each broadcast copy, by (round, child): ``start_s``, when its sender
-    had written its first chunk (the sender's ``forward_first`` naming the child; through `clock_of`,
+    started its first chunk on the link (the sender's ``forward_first`` naming the child; through `clock_of`,
     e.g. onto the run's clock), and ``bytes``, the frame bytes the child received (its
     ``global_received``'s ``nbytes``). Either is absent where the engine does not log it."""
     out: dict[tuple[int, str], dict[str, Any]] = {}

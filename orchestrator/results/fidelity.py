@@ -195,8 +195,8 @@ def verdict(scheduler: str, n_locals: int, hops: Sequence[dict[str, Any]], overr
                        "hop (the sites' software time; beside background, the gaps between a copy's segments that "
                        "the background takes), paid at every hop of a deep tree")
     if share is not None and not RATE_LOW <= share <= RATE_HIGH:
-        why = ("more than a link carries: bytes passed ahead of the rate, or the senders logged their copies' "
-               "starts late (the host)") if share > RATE_HIGH else "a link or host that cannot carry or drain the copies"
+        why = "more than a link carries: bytes passed ahead of its rate (a shaper's burst)" if share > RATE_HIGH \
+            else "a link or host that cannot carry or drain the copies"
         reasons.append(f"shaped-link rate: saturated links delivered {share:.2f} of their configured rate (median of "
                        f"{len(link_rates)} link-rounds; allowed {RATE_LOW:g} to {RATE_HIGH:g}): {why}")
     if not compute_modelled:

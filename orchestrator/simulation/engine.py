@@ -34,8 +34,8 @@ the link busy): it adds to each node's latency and bounds a transfer at one chun
 but does not add to every chunk's transmission. Nodes forward cut-through and aggregate per
 chunk. A local's training ends `train_s` after the last chunk of the global model reached it; G
 aggregates when the last chunk of every upload child arrived, and starts the next round then. The sender of a broadcast copy logs
-``forward_first`` (naming the child) when the copy's first segment starts, as an agent does once it
-has written the copy's first chunk (the shaped-link rate's flights, `orchestrator.lifecycle.fidelity`).
+``forward_first`` (naming the child) when the copy's first segment starts, as an agent logs it (its
+first chunk's start on the link; the shaped-link rate's flights, `orchestrator.lifecycle.fidelity`).
 
 How it runs. The spec's runs are independent (the sequential mode), so each is one discrete-event
 loop in a single SimGrid actor (Python actors are threads; a hand-off per chunk was most of the time):

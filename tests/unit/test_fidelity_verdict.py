@@ -65,7 +65,7 @@ def test_a_shaped_link_off_its_configured_rate_flips_the_verdict(shares: tuple[f
         assert v.reasons[0].startswith(f"shaped-link rate: saturated links delivered {sorted(shares)[1]:.2f} of their "
                                        "configured rate (median of 3 link-rounds")
         above = sorted(shares)[1] > 1  # the reason says which way, and what can cause it
-        assert ("the senders logged their copies' starts late (the host)" in v.reasons[0]) is above
+        assert ("bytes passed ahead of its rate (a shaper's burst)" in v.reasons[0]) is above
         assert ("cannot carry or drain the copies" in v.reasons[0]) is not above
 
 

@@ -5,9 +5,11 @@ clock makes the schedule exact."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Iterator, Sequence
 
 import pytest
 
@@ -204,19 +206,9 @@ def test_an_agent_config_with_a_bad_pace_is_refused(pace: dict[str, object], mat
         AgentConfig.from_dict({**good.to_dict(), "pace_mbps": pace})
 
 
-def test_an_outbound_connection_hands_each_frames_last_flag_to_its_pacer() -> None:
-    # A real connection on loopback (a plain server that reads everything): the sender thread
-    # passes `last` from `Outbound.send` to the pacer, so a copy's final frame is sent unled.
-    class Recording(Pacer):
-        def __init__(self) -> None:
-            super().__init__(1_000.0)
-            self.lasts: list[bool] = []
-
-        def send(self, sock: socket.socket, pieces: Sequence[Buffer], *, mss: int | None = None,
-                 ready_at: float | None = None, last: bool = False) -> int:
-            self.lasts.append(last)
-            return super().send(sock, pieces, mss=mss, ready_at=ready_at, last=last)
-
+@contextlib.contextmanager
+def loopback_outbound(pace_mbps: float) -> Iterator[Outbound]:
+    """A started `Outbound` to a plain server on loopback that reads everything; closed after."""
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen(1)
@@ -229,19 +221,66 @@ def test_an_outbound_connection_hands_each_frames_last_flag_to_its_pacer() -> No
 
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
-    sent = threading.Event()
     out = Outbound(peer="Q", peer_host="127.0.0.1", port=server.getsockname()[1], local_host="127.0.0.1", task=3,
                    site="P", connect_timeout_s=5.0, on_lost=lambda *_: None, on_connect=lambda *_: None,
-                   pace_mbps=1_000.0)
-    recording = Recording()
-    out.pacer = recording
-    out.start()
+                   pace_mbps=pace_mbps)
     try:
-        out.send([b"a" * 3_000], round=1)
-        out.send([b"b" * 3_000], round=1, last=True, on_sent=sent.set)
-        assert sent.wait(5.0)
+        yield out
     finally:
         assert out.flush_and_close(5.0)
         server.close()
         reader.join(5.0)
+
+
+def test_an_outbound_connection_hands_each_frames_last_flag_to_its_pacer() -> None:
+    # A real connection on loopback: the sender thread passes `last` from `Outbound.send` to the
+    # pacer, so a copy's final frame is sent unled.
+    class Recording(Pacer):
+        def __init__(self) -> None:
+            super().__init__(1_000.0)
+            self.lasts: list[bool] = []
+
+        def send(self, sock: socket.socket, pieces: Sequence[Buffer], *, mss: int | None = None,
+                 ready_at: float | None = None, last: bool = False) -> int:
+            self.lasts.append(last)
+            return super().send(sock, pieces, mss=mss, ready_at=ready_at, last=last)
+
+    sent = threading.Event()
+    recording = Recording()
+    with loopback_outbound(1_000.0) as out:
+        out.pacer = recording
+        out.start()
+        out.send([b"a" * 3_000], round=1)
+        out.send([b"b" * 3_000], round=1, last=True, on_sent=sent.set)
+        assert sent.wait(5.0)
     assert recording.lasts == [False, True]
+
+
+def test_a_frames_start_on_its_link_is_when_it_was_ready_or_when_the_link_was_free() -> None:
+    clock, sock, pacer = paced(RATE_MBPS)  # an idle link: the first frame started when it was given
+    assert pacer.started_at == 100.0
+    first_end = pacer.free_at
+    pacer.send(sock, [bytes(1_448)], mss=1_448, ready_at=first_end - 0.004)  # type: ignore[arg-type]
+    assert pacer.started_at == first_end  # queued while the link was busy: where it left off
+    clock.now = pacer.free_at + 1.0
+    pacer.send(sock, [bytes(1_448)], mss=1_448, ready_at=clock.now - 0.5)  # type: ignore[arg-type]
+    assert pacer.started_at == clock.now - 0.5  # ready during an idle gap, sent late: when it was ready
+
+
+@pytest.mark.parametrize("pace_mbps", [1.0, 0.0], ids=["paced", "unpaced"])
+def test_an_outbound_connection_says_when_the_frame_it_reports_started_on_its_link(pace_mbps: float) -> None:
+    # What a copy's `forward_first` is logged at (`workers.rounds`): the start of its first chunk on
+    # the link, not the end of its write. Paced at 1 Mbit/s, 3,000 bytes (one segment: loopback's MSS
+    # is 64 KB) take 24.5 ms to serialize, and the write ends once they have (within the slack).
+    got: list[tuple[float | None, float]] = []
+    with loopback_outbound(pace_mbps) as out:
+        out.start()
+        given = time.monotonic()
+        out.send([b"c" * 3_000], round=1, last=True, on_sent=lambda: got.append((out.started_at, time.monotonic())))
+        deadline = time.monotonic() + 5.0
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)  # poll interval for the sender thread's callback
+    ((started, reported),) = got
+    assert started is not None and given <= started <= reported
+    if pace_mbps:
+        assert reported - started >= (3_000 + FRAME_OVERHEAD_BYTES) / (pace_mbps * 1e6 / 8) - SLACK_S

@@ -162,6 +162,7 @@ class PacedOut:
     def __init__(self, child: str, log: list[tuple[str, float | None]], pending: list[Callable[[], None]]) -> None:
         self.child, self.log, self.pending = child, log, pending
         self.paced_until: float | None = None
+        self.started_at: float | None = None
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
              drain: bool = False, last: bool = False, ready_at: float | None = None) -> None:

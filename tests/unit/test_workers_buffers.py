@@ -2,11 +2,14 @@
 (no second copy), and a round aggregates into the buffer the last round broadcast only once every
 child has all of it. A local: its trained model is copied into the copy its last update left from,
 once all of that update has left. The result stays the exact FedAvg. Also the worker process's
-allocator tuning and the learner's copy into given tensors."""
+allocator tuning, the learner's copy into given tensors, and when a copy's ``forward_first`` is
+logged."""
 
 from __future__ import annotations
 
 import io
+import json
+import time
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
@@ -17,7 +20,7 @@ from orchestrator.runtime.task_runner import FLOptions, agent_configs
 from orchestrator.scheduling.schedule import Schedule
 from tests.unit.test_workers_selection import Recording, Wire, run_connected
 from workers.aggregate import aggregate_tensors
-from workers.events import EventLog
+from workers.events import EventLog, of_monotonic
 from workers.framing import Buffer, Header, chunk_layout
 from workers.learning import Learner, keep_freed_memory
 from workers.round_parts import RoundState
@@ -61,6 +64,7 @@ class Holding(Wire):
     held: ClassVar[list[Sequence[Buffer]]] = []
 
     paced_until: float | None = None  # not paced
+    started_at: float | None = None  # not said: `forward_first` is logged when written
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
              last: bool = False, ready_at: float | None = None) -> None:
@@ -90,6 +94,20 @@ def _run(rounds: int, edge: type[Wire], up: type[Wire] = Wire) -> tuple[Watched,
     g = engines["G"]
     assert isinstance(g, Watched)
     return g, learners, engines
+
+
+def test_a_copys_forward_first_is_logged_at_when_its_sender_says_its_first_chunk_started() -> None:
+    # Its flight starts there (`orchestrator.lifecycle.fidelity`, the shaped-link rate), as the
+    # simulation logs it: a paced first chunk is written only once serialized, and a busy host logs late.
+    class Started(Wire):
+        started_at = time.monotonic() - 5.0
+
+    g, _, _ = _run(1, Started)
+    stream = g.log._stream
+    assert isinstance(stream, io.StringIO)
+    firsts = [e for e in map(json.loads, stream.getvalue().splitlines()) if e["event"] == "forward_first"]
+    assert sorted(e["peer"] for e in firsts) == ["L1", "L2"]
+    assert {e["t"] for e in firsts} == {of_monotonic(Started.started_at)}
 
 
 def _exact(learners: dict[str, Recording]) -> None:

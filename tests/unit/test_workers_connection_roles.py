@@ -28,6 +28,7 @@ class ClosesBroadcastFirst(Wire):
     broadcast connection ended cleanly (as P's agent closes it when its rounds are over)."""
 
     paced_until: float | None = None  # not paced
+    started_at: float | None = None  # not said: `forward_first` is logged when written
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Any = None, last: bool = False,
              ready_at: float | None = None) -> None:

@@ -30,6 +30,7 @@ class Out:
         self.child, self.log, self.pending = child, log, pending
 
     paced_until: float | None = None  # not paced
+    started_at: float | None = None  # not said: `forward_first` is logged when written
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
              drain: bool = False, last: bool = False, ready_at: float | None = None) -> None:

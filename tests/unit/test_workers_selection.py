@@ -210,6 +210,7 @@ class Wire:
         self.src, self.kind, self.dst, self.sent = src, kind, dst, sent
 
     paced_until: float | None = None  # not paced
+    started_at: float | None = None  # not said: `forward_first` is logged when written
 
     def send(self, pieces: Sequence[Buffer], *, round: int, on_sent: Callable[[], None] | None = None,
              last: bool = False, ready_at: float | None = None) -> None:
