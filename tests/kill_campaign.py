@@ -24,7 +24,6 @@ simulation's engine processes (its children) die with it and nothing is left run
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import random
@@ -38,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.emulation.cpu_use import cmdline
 from orchestrator.results import durability
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.stats import paired_ratio
@@ -416,17 +416,13 @@ def ratios(reference: Path, chains: Sequence[Chain], *, flexible: str = "mst", f
     return lines
 
 
-def processes_naming(text: str) -> list[int]:
-    """The pids of the processes whose command line contains `text` (e.g. a test's folder)."""
-    pids = []
+def processes_naming(text: str) -> dict[int, str]:
+    """{pid: command line} of the processes whose command line contains `text` (e.g. a test's folder)."""
+    named = {}
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit() and proc.name != str(os.getpid()):
-            try:
-                if text in (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    pids.append(int(proc.name))
-            except OSError:
-                continue
-    return pids
+        if proc.name.isdigit() and proc.name != str(os.getpid()) and text in (line := cmdline(int(proc.name))):
+            named[int(proc.name)] = line
+    return named
 
 
 def lingering(text: str, before: set[int], *, grace_s: float = 5.0) -> list[str]:
@@ -434,13 +430,10 @@ def lingering(text: str, before: set[int], *, grace_s: float = 5.0) -> list[str]
     after the call (a server gives up within a second of its socket's removal), each as
     ``pid: command line``."""
     deadline = time.monotonic() + grace_s
-    while (pids := set(processes_naming(text)) - before) and time.monotonic() < deadline:
+    while (named := {p: c for p, c in processes_naming(text).items() if p not in before}) \
+            and time.monotonic() < deadline:
         time.sleep(0.2)  # poll interval while they exit
-    found = []
-    for pid in sorted(pids):
-        with contextlib.suppress(OSError):
-            found.append(f"{pid}: " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
-    return found
+    return [f"{pid}: {line}" for pid, line in sorted(named.items())]
 
 
 def sim_leftovers(root: Path) -> list[str]:

@@ -325,8 +325,8 @@ class Outbound:
                     self._connect(None if self._gone_since is None else RETRY_CONNECT_S)
                     self._gone_since = None
                 assert self.sock is not None
-                self.started_at = time.monotonic()
                 if self.pacer is None:
+                    self.started_at = time.monotonic()
                     sendmsg_all(self.sock, item.pieces)
                 else:
                     self.pacer.send(self.sock, item.pieces, ready_at=item.queued_at, last=item.last)

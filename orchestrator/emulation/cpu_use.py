@@ -80,7 +80,8 @@ def classify(comm: str, cmdline: str) -> str | None:
     return None
 
 
-def _cmdline(pid: int, proc: Path) -> str:
+def cmdline(pid: int, proc: Path = Path("/proc")) -> str:
+    """Process `pid`'s command line, its arguments joined by spaces ("" if it is gone)."""
     try:
         return (proc / str(pid) / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
@@ -122,7 +123,7 @@ class CpuAccount:
             return "switches"
         if comm in DOCKER_COMMS:
             return "docker"
-        component = classify(comm, _cmdline(pid, self.proc))
+        component = classify(comm, cmdline(pid, self.proc))
         if component is None:
             return None
         mark = process_run_id(pid)
