@@ -33,6 +33,7 @@ from typing import Any
 
 from orchestrator.emulation import ctl_dirs
 from orchestrator.emulation.kernel import delete_stale_probes
+from orchestrator.emulation.link_groups import delete_together
 from orchestrator.procs import boot_id, proc_start_ticks, process_alive
 
 ENV_RUN = "NETAI_RUN"
@@ -198,8 +199,8 @@ def mark_interfaces(names: Iterable[str], run_id: str) -> list[str]:
 
 
 def delete_interfaces(names: Iterable[str]) -> None:
-    for name in existing_interfaces(names):
-        _run(["ip", "link", "del", name])
+    """Delete each of `names` that exists, together (`link_groups.delete_together`)."""
+    delete_together(list(names), "netai-clean")
 
 
 # -- worker containers (the docker CLI: this module needs only the standard library) ---------------

@@ -22,6 +22,7 @@ from controller.htb import (
     delay_leaves,
 )
 from orchestrator.emulation.cleanup import BRIDGE_TAG
+from orchestrator.emulation.link_groups import delete_together
 from topologies.plan import IP_PREFIX_LEN
 
 #: TCP's minimum retransmission timeout on the hosts' routes (see `set_rto_min`).
@@ -59,6 +60,20 @@ class TcBatch:
         return ""
 
 
+class BatchDeleted:
+    """Mixin for Mininet's Intf: one whose pair `delete_links` removed in its batch is only forgotten
+    when Mininet deletes it (no ``ip link del`` round trip through its node's shell)."""
+
+    deleted_in_batch = False
+
+    def delete(self) -> None:
+        if self.deleted_in_batch:
+            self.node.delIntf(self)  # type: ignore[attr-defined]
+            self.link = None
+            return
+        super().delete()  # type: ignore[misc]
+
+
 #: The switch classes' datapaths: Open vSwitch's kernel module or userspace datapath, or tc filters.
 TC_DATAPATH = "tc"
 
@@ -87,7 +102,7 @@ def mininet_classes(run_id: str, datapath: str = "user") -> tuple[Any, Any, Any]
         def checkListening(self) -> None:
             return None
 
-    class ShapedIntf(TcBatch, TCIntf):
+    class ShapedIntf(BatchDeleted, TcBatch, TCIntf):
         """TCIntf whose htb tree leaves room for the controller's per-task classes.
 
         `controller.htb.base_layout`: root qdisc 5:0 (default 5:2), the link class 5:1 at `bw`,
@@ -169,6 +184,38 @@ def run_tc_batch(node: Any, commands: list[str]) -> str:
                       stderr=subprocess.STDOUT, text=True)
     out, _ = proc.communicate("".join(c.strip() + "\n" for c in commands), timeout=60)
     return str(out).strip()
+
+
+def delete_links(links: list[Any], run_id: str) -> None:
+    """Every link's veth pair removed at once before Mininet stops them: an end of each that lives in
+    the root namespace (its peer goes with it), deleted with the others as one interface group
+    (`orchestrator.emulation.link_groups`), where Mininet deletes one interface at a time. Both ends of
+    a pair that is gone are marked ``deleted_in_batch`` (`BatchDeleted`); a link with no end here (a
+    far node's), or one that stays, is left to Mininet."""
+    ends: dict[str, Any] = {}
+    for link in links:
+        for intf in (link.intf1, link.intf2):
+            node = getattr(intf, "node", None)
+            if node is not None and not node.inNamespace and not getattr(node, "isRemote", False):
+                ends[intf.name] = link
+                break
+    stayed = set(delete_together(list(ends), run_id))
+    for name, link in ends.items():
+        if name not in stayed:
+            link.intf1.deleted_in_batch = link.intf2.deleted_in_batch = True
+
+
+def static_arp(hosts: list[Any]) -> None:
+    """Mininet's ``staticArp`` (each host a permanent neighbour entry for every other), one ``ip -batch``
+    per host instead of a shell round trip per pair (0.34 s on 14 sites)."""
+    for src in hosts:
+        lines = [f"neigh replace {dst.IP()} lladdr {dst.MAC()} dev {src.defaultIntf()} nud permanent\n"
+                 for dst in hosts if dst is not src]
+        proc = src.popen(["ip", "-batch", "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        out, _ = proc.communicate("".join(lines), timeout=60)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{src.name}: its static ARP entries could not be set: {str(out).strip()}")
 
 
 def tune_host(host: Any, *, segmentation_offload: bool = True) -> None:

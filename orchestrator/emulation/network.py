@@ -80,7 +80,7 @@ from orchestrator.emulation.kernel import (
     warn_no_delay,
 )
 from orchestrator.emulation.links import set_link
-from orchestrator.emulation.mininet_nodes import mininet_classes, tune_host
+from orchestrator.emulation.mininet_nodes import delete_links, mininet_classes, static_arp, tune_host
 from orchestrator.emulation.signals import ignore_signals, restore_signals, terminate_on_signals
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.procs import proc_start_ticks
@@ -408,7 +408,10 @@ class Emulation:
         if unmarked:
             LOG.warning("could not mark %d interface(s) with the run id: %s", len(unmarked), ", ".join(unmarked[:4]))
         self.net.start()  # the controller answers already (`_start_controller`): no switch waits out a back-off
-        self.net.staticArp()
+        if self.cluster is None:
+            static_arp(self.net.hosts)
+        else:  # far hosts' shells answer over SSH: Mininet's own, one entry at a time
+            self.net.staticArp()
         for h in self.net.hosts:
             tune_host(h, segmentation_offload=datapath != TC)
             if self._far is not None:  # no frame larger than a tunnel carries
@@ -434,6 +437,7 @@ class Emulation:
                 try:
                     if self._far is not None and self._far.mark_lost(self.net) and self.info is not None:
                         self.info.cluster["far"] = self._far.to_dict()  # what is left there is not checked
+                    delete_links(self.net.links if self.cluster is None else [], self.run_id)  # far: Mininet's
                     self.net.stop()
                     # A remote controller's stop() leaves its (interactive, SIGTERM-proof) shell.
                     for c in self.net.controllers:

@@ -395,15 +395,15 @@ class Lifecycle:
     # -- carried bytes, then the flows' removal ----------------------------------------------------------
     def settle_counters(self, *, wait: bool = False, at_once: bool = False) -> None:
         """Record the carried bytes of ended tasks whose counters agree over two reads the network's
-        ``counter_settle_s`` apart, then remove their flows. `wait`: block until every pending task is
+        ``counter_settle_s`` apart (the first as soon as the task is pending), then remove their flows. `wait`: block until every pending task is
         done (at most ~10 s each); `at_once`: one read each, then remove (after a failure or Ctrl-C)."""
         settle = 0.0 if at_once else self.network.counter_settle_s
         deadline = time.monotonic() + 10.0 * max(1, len(self.counters.pending))
         while self.counters.pending:
             now = time.monotonic()
             for key, (t_last, last) in list(self.counters.pending.items()):
-                if now - t_last < settle and not at_once:
-                    continue
+                if now - t_last < settle and not at_once and last is not None:
+                    continue  # the first read is at once: the second, `settle` later, may make it final
                 label, task_id, install_id = key
                 try:
                     got = int(self.network.task_bytes(install_id))

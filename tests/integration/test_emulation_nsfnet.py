@@ -102,6 +102,15 @@ def test_nsfnet_comes_up_with_every_switch_connected_quickly(nsfnet: Emulation, 
         assert {sw.name for sw in nsfnet.plan.switches} <= set(bridges)
 
 
+def test_every_host_has_a_permanent_neighbour_entry_for_every_other(nsfnet: Emulation) -> None:
+    """`static_arp`'s batches: no host resolves another's address on the wire (the switches drop it)."""
+    hosts = nsfnet.net.hosts
+    for host in hosts:
+        entries = json.loads(host.cmd("ip -j neigh show nud permanent"))
+        got = {(e["dst"], e["lladdr"]) for e in entries if e.get("dev") == str(host.defaultIntf())}
+        assert got == {(other.IP(), other.MAC()) for other in hosts if other is not host}, host.name
+
+
 def test_every_switch_port_is_read_with_the_full_receive_buffer(nsfnet: Emulation) -> None:
     """The userspace datapath's per-port packet sockets got the raised receive default (bursts into a
     port are not dropped before any shaped link), and the run records the smallest of them."""

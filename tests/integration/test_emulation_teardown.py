@@ -75,12 +75,15 @@ def test_normal_exit_and_exception_leave_nothing() -> None:
     with normal:
         assert normal.controller is not None
         controller_pid = normal.controller.pid
+        intfs = [i for link in normal.net.links for i in (link.intf1, link.intf2)]
     failing = Emulation(plan)
 
     with pytest.raises(RuntimeError, match="boom"), failing:
         raise RuntimeError("boom")
 
     assert controller_pid is not None and not process_alive(controller_pid)
+    # every link's pair went in the teardown's one batch (`delete_links`), none by Mininet's own round trips
+    assert len(intfs) == 2 * len(plan.links + plan.hosts) and all(i.deleted_in_batch for i in intfs)
     for emu in (normal, failing):
         assert emu.info is not None and emu.info.teardown_clean
         assert leftovers(emu.run_id, plan) == NOTHING
@@ -170,3 +173,32 @@ def test_a_new_run_clears_a_crashed_run_s_interfaces_but_not_another_program_s(
         assert Path(f"/sys/class/net/{name}").exists()  # left as it was
     finally:
         subprocess.run(["ip", "link", "del", name], check=False, capture_output=True)
+
+
+def test_delete_links_removes_the_runs_pairs_together_and_leaves_another_programs_interface_in_its_group() -> None:
+    from types import SimpleNamespace
+
+    from orchestrator.emulation.link_groups import interface_group
+    from orchestrator.emulation.mininet_nodes import delete_links
+
+    # Prepare: six veth pairs of "a run", and another program's pair already in that run's group
+    tag = f"nd{os.getpid() % 10000}"
+    root = SimpleNamespace(inNamespace=False)
+    links = [SimpleNamespace(intf1=SimpleNamespace(name=f"{tag}a{i}", node=root),
+                             intf2=SimpleNamespace(name=f"{tag}b{i}", node=root)) for i in range(6)]
+    other = f"{tag}x"
+    try:
+        for i in range(6):
+            subprocess.run(["ip", "link", "add", f"{tag}a{i}", "type", "veth", "peer", "name", f"{tag}b{i}"], check=True)
+        subprocess.run(["ip", "link", "add", other, "type", "veth", "peer", "name", f"{tag}y"], check=True)
+        subprocess.run(["ip", "link", "set", "dev", other, "group", str(interface_group("run-a"))], check=True)
+        # Execute: one run's teardown whose group another program's interface shares, then a run's alone
+        delete_links(links[:3], "run-a")
+        delete_links(links[3:], "run-b")
+        # Assert: every pair of the runs gone and marked; the other program's pair still there
+        assert not [n for i in range(6) for n in (f"{tag}a{i}", f"{tag}b{i}") if Path(f"/sys/class/net/{n}").exists()]
+        assert all(link.intf1.deleted_in_batch and link.intf2.deleted_in_batch for link in links)
+        assert Path(f"/sys/class/net/{other}").exists() and Path(f"/sys/class/net/{tag}y").exists()
+    finally:
+        for name in [f"{tag}a{i}" for i in range(6)] + [other]:
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
