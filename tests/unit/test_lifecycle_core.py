@@ -181,12 +181,18 @@ def test_bounds_count_propagation_only_where_delays_are_emulated(tmp_path: Path,
     assert recorded == pytest.approx(want[delay_emulated])
 
 
-def test_settle_reads_an_ended_tasks_counters_at_once_and_again_only_the_settle_time_later(tmp_path: Path) -> None:
-    # Prepare: counters that would need seconds to settle, and that would agree at once
+def _ended_with_counters(tmp_path: Path, reads: list[int]) -> tuple[Any, Any]:
+    """A rig whose counters need 5 s to settle, and its task run to its end, the counters to read `reads`."""
     rig = make_rig(tmp_path, counter_settle_s=5.0)
     live = rig.start(LABEL, rig.task(1, ["r2"]), NetworkState(rig.model))
-    rig.network.bytes_script[live.install_id] = [100, 100, 100]
+    rig.network.bytes_script[live.install_id] = reads
     rig.run(live)
+    return rig, live
+
+
+def test_settle_reads_an_ended_tasks_counters_at_once_and_again_only_the_settle_time_later(tmp_path: Path) -> None:
+    # Prepare: counters that would need seconds to settle, and that would agree at once
+    rig, live = _ended_with_counters(tmp_path, [100, 100, 100])
     # Execute: two looks in a row
     rig.core.settle_counters()
     rig.core.settle_counters()
@@ -198,10 +204,7 @@ def test_settle_reads_an_ended_tasks_counters_at_once_and_again_only_the_settle_
 
 def test_settle_at_once_reads_each_counter_once_more_then_removes(tmp_path: Path) -> None:
     # Prepare: counters that would need seconds to settle
-    rig = make_rig(tmp_path, counter_settle_s=5.0)
-    live = rig.start(LABEL, rig.task(1, ["r2"]), NetworkState(rig.model))
-    rig.network.bytes_script[live.install_id] = [100, 200, 300]
-    rig.run(live)
+    rig, live = _ended_with_counters(tmp_path, [100, 200, 300])
     # Execute
     rig.core.settle_counters()
     before = (list(rig.recorder.carried), list(rig.network.removed))
