@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -33,7 +32,7 @@ from typing import Any
 
 from orchestrator.emulation import ctl_dirs
 from orchestrator.emulation.kernel import delete_stale_probes
-from orchestrator.emulation.link_groups import delete_together
+from orchestrator.emulation.link_groups import BATCH_WORD, delete_together, existing_interfaces, ip_batch
 from orchestrator.procs import boot_id, proc_start_ticks, process_alive
 
 ENV_RUN = "NETAI_RUN"
@@ -126,11 +125,6 @@ def ovs_port_names() -> set[str] | None:
         return None
 
 
-def existing_interfaces(names: Iterable[str]) -> list[str]:
-    """Those of `names` that exist in the root network namespace."""
-    return [n for n in names if Path(f"/sys/class/net/{n}").exists()]
-
-
 def delete_bridges(names: Iterable[str]) -> None:
     for name in names:
         _run(["ovs-vsctl", "--timeout=5", "--if-exists", "del-br", name])
@@ -166,7 +160,6 @@ def delete_underlay(run_id: str) -> bool:
 
 
 IFALIAS_MARK = "netai-run="
-_BATCH_WORD = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 SYS_NET = Path("/sys/class/net")
 
 
@@ -190,10 +183,9 @@ def mark_interfaces(names: Iterable[str], run_id: str) -> list[str]:
     if not names:
         return []
     for word in (*names, run_id):  # one word each on ip's batch line (the names are Mininet's, s1-eth2)
-        if not _BATCH_WORD.fullmatch(word):
+        if not BATCH_WORD.fullmatch(word):
             raise ValueError(f"not an interface name or run id: {word!r}")
-    batch = "".join(f"link set dev {n} alias {IFALIAS_MARK}{run_id}\n" for n in names)
-    subprocess.run(["ip", "-force", "-batch", "-"], input=batch, capture_output=True, text=True, check=False)
+    ip_batch([f"link set dev {n} alias {IFALIAS_MARK}{run_id}" for n in names])
     marks = marked_interfaces()
     return [n for n in names if marks.get(n) != run_id]
 

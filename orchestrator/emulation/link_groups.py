@@ -17,12 +17,13 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Iterable
 
 #: The first interface group a key maps to (2**24 up: clear of the default group, 0, and of small
 #: numbers an administrator may use).
 GROUP_BASE = 1 << 24
-#: An interface name as ``ip -batch`` takes it: one word.
-_NAME = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
+#: An interface name (or a run id) as ``ip -batch`` takes it: one word.
+BATCH_WORD = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
 
 
 def interface_group(key: str) -> int:
@@ -32,6 +33,11 @@ def interface_group(key: str) -> int:
 
 def exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
+
+
+def existing_interfaces(names: Iterable[str]) -> list[str]:
+    """Those of `names` that exist in the root network namespace."""
+    return [n for n in names if exists(n)]
 
 
 def group_members(group: int) -> set[str]:
@@ -47,9 +53,9 @@ def group_members(group: int) -> set[str]:
 def delete_together(names: list[str], key: str) -> list[str]:
     """Delete each of `names` that exists in the root namespace (a veth's peer goes with it), as one
     group when the group of `key` holds nothing else, else one by one; the names still there after."""
-    names = [n for n in dict.fromkeys(names) if exists(n)]
+    names = existing_interfaces(dict.fromkeys(names))
     for name in names:
-        if not _NAME.fullmatch(name):
+        if not BATCH_WORD.fullmatch(name):
             raise ValueError(f"not an interface name: {name!r}")
     if not names:
         return []

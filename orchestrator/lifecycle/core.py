@@ -395,8 +395,9 @@ class Lifecycle:
     # -- carried bytes, then the flows' removal ----------------------------------------------------------
     def settle_counters(self, *, wait: bool = False, at_once: bool = False) -> None:
         """Record the carried bytes of ended tasks whose counters agree over two reads the network's
-        ``counter_settle_s`` apart (the first as soon as the task is pending), then remove their flows. `wait`: block until every pending task is
-        done (at most ~10 s each); `at_once`: one read each, then remove (after a failure or Ctrl-C)."""
+        ``counter_settle_s`` apart (the first as soon as the task is pending), then remove their flows.
+        `wait`: block until every pending task is done (at most ~10 s each); `at_once`: one read
+        each, then remove (after a failure or Ctrl-C)."""
         settle = 0.0 if at_once else self.network.counter_settle_s
         deadline = time.monotonic() + 10.0 * max(1, len(self.counters.pending))
         while self.counters.pending:
