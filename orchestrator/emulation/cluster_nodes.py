@@ -14,6 +14,7 @@ import os
 import shlex
 import subprocess
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from itertools import groupby
 from operator import attrgetter
 from pathlib import Path
@@ -181,13 +182,18 @@ def _link_class(run_id: str, link_cls: Any, far: FarSide | None) -> type:
             if node1.inNamespace or node2.inNamespace:
                 raise RuntimeError(f"{node1}-{node2}: only links between switches may cross servers")
             vni, p1, p2 = next(vnis), next(ports), next(ports)
-            if far is not None:
-                ends = (far.underlay[s1], far.underlay[s2])
-                _vxlan_underlay(node1, intfname1, vni, (p1, p2), ends, addr1, far.inner_mtu)
-                _vxlan_underlay(node2, intfname2, vni, (p2, p1), ends[::-1], addr2, far.inner_mtu)
-                return None
-            _vxlan(node1, intfname1, vni, p1, p2, addr1, run_id)
-            _vxlan(node2, intfname2, vni, p2, p1, addr2, run_id)
+            # the two ends at once, each on its own server (each command is an SSH session on a far one)
+            with ThreadPoolExecutor(2) as pool:
+                if far is not None:
+                    ends = (far.underlay[s1], far.underlay[s2])
+                    made = [pool.submit(_vxlan_underlay, node1, intfname1, vni, (p1, p2), ends, addr1, far.inner_mtu),
+                            pool.submit(_vxlan_underlay, node2, intfname2, vni, (p2, p1), ends[::-1], addr2,
+                                        far.inner_mtu)]
+                else:
+                    made = [pool.submit(_vxlan, node1, intfname1, vni, p1, p2, addr1, run_id),
+                            pool.submit(_vxlan, node2, intfname2, vni, p2, p1, addr2, run_id)]
+            for end in made:
+                end.result()  # a failed end's error
             return None
 
     return ClusterLink
@@ -207,25 +213,27 @@ def _runner(node: Any) -> Any:
 
 def _vxlan(node: Any, name: str, vni: int, port: int, peer_port: int, mac: str | None, run_id: str) -> None:
     """One end of a tunnel, made by `node`'s server in the run's underlay namespace, then moved to the
-    root namespace: ``name`` sends to the peer's port on loopback and listens on `port`."""
+    root namespace (keeping its address and MTU): ``name`` sends to the peer's port on loopback and
+    listens on `port`."""
     ns = underlay_netns(run_id)
-    steps: list[list[str]] = [
-        ["ip", "-n", ns, "link", "add", name, "type", "vxlan", "id", str(vni), "local", "127.0.0.1",
-         "dstport", str(port), "nolearning"],
+    _tunnel_end(node, name, [
+        ["ip", "-n", ns, "link", "add", name, *_link_attrs(mac, 1500), "type", "vxlan", "id", str(vni),
+         "local", "127.0.0.1", "dstport", str(port), "nolearning"],
         ["ip", "-n", ns, "link", "set", name, "netns", "1"],
         ["bridge", "fdb", "append", "00:00:00:00:00:00", "dev", name, "dst", "127.0.0.1", "port", str(peer_port)],
-        ["ip", "link", "set", name, "mtu", "1500"],
-    ]
-    _finish_tunnel_end(node, name, steps, mac)
+    ])
 
 
-def _finish_tunnel_end(node: Any, name: str, steps: list[list[str]], mac: str | None) -> None:
-    """Run a tunnel end's `steps` on `node`'s server, then give it `mac` and bring it up; any output
-    of a step is its error."""
-    if mac:
-        steps.append(["ip", "link", "set", name, "address", str(mac)])
-    steps.append(["ip", "link", "set", name, "up"])
-    for argv in steps:
+def _link_attrs(mac: str | None, mtu: int) -> list[str]:
+    """A tunnel end's MTU and, if given, its MAC, set as ``ip link add`` makes it (fewer commands: each
+    is an SSH session on a far server)."""
+    return [*(["address", str(mac)] if mac else []), "mtu", str(mtu)]
+
+
+def _tunnel_end(node: Any, name: str, steps: list[list[str]]) -> None:
+    """Run a tunnel end's `steps` on `node`'s server, then bring it up; any output of a step is its
+    error."""
+    for argv in [*steps, ["ip", "link", "set", name, "up"]]:
         out = node.rcmd(argv).strip()
         if out:
             raise RuntimeError(f"tunnel end {name} on {node.server}: {shlex.join(argv)}: {out}")
@@ -236,13 +244,11 @@ def _vxlan_underlay(node: Any, name: str, vni: int, ports: tuple[int, int], ends
     """One end of a tunnel between machines, made by `node`'s server in its root namespace: ``name``
     sends from the underlay address ``ends[0]`` to the peer's ``ends[1]`` (UDP port ``ports[1]``) and
     receives on ``ports[0]``; its MTU is the underlay's less the encapsulation."""
-    steps: list[list[str]] = [
-        ["ip", "link", "add", name, "type", "vxlan", "id", str(vni), "local", ends[0], "dstport", str(ports[0]),
-         "nolearning"],
+    _tunnel_end(node, name, [
+        ["ip", "link", "add", name, *_link_attrs(mac, mtu), "type", "vxlan", "id", str(vni), "local", ends[0],
+         "dstport", str(ports[0]), "nolearning"],
         ["bridge", "fdb", "append", "00:00:00:00:00:00", "dev", name, "dst", ends[1], "port", str(ports[1])],
-        ["ip", "link", "set", name, "mtu", str(mtu)],
-    ]
-    _finish_tunnel_end(node, name, steps, mac)
+    ])
 
 
 def create_underlay(run_id: str) -> str:

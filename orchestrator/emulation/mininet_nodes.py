@@ -3,13 +3,14 @@
 Layered the Mininet way: each class changes one default of Mininet's own. The switch tags its
 bridge with the run id from the moment it is made (`orchestrator.emulation.cleanup` finds it by
 that tag); the remote controller skips Mininet's telnet probe; the links' interfaces build the htb
-tree the controller hangs each task's class under (`controller.htb`). `tune_host` sets what every
+tree the controller hangs each task's class under (`controller.htb`). `tune_hosts` sets what every
 emulated host needs before a task runs on it. Mininet is imported only when a run is built.
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -25,7 +26,7 @@ from orchestrator.emulation.cleanup import BRIDGE_TAG
 from orchestrator.emulation.link_groups import delete_together
 from topologies.plan import IP_PREFIX_LEN
 
-#: TCP's minimum retransmission timeout on the hosts' routes (see `set_rto_min`).
+#: TCP's minimum retransmission timeout on the hosts' routes (see `rto_min_route`).
 RTO_MIN_MS = 10
 
 
@@ -218,37 +219,46 @@ def static_arp(hosts: list[Any]) -> None:
             raise RuntimeError(f"{src.name}: its static ARP entries could not be set: {str(out).strip()}")
 
 
-def tune_host(host: Any, *, segmentation_offload: bool = True) -> None:
-    """What every emulated host needs: no IPv6, and a short TCP minimum retransmission timeout; with
-    `segmentation_offload` False, no TSO or GSO on its interface (see `no_segmentation_offload`)."""
-    # IPv6 neighbour discovery would only be dropped by the table-miss entry; keep counters clean.
-    host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
-    set_rto_min(host)
+def tune_hosts(hosts: list[Any], *, segmentation_offload: bool = True) -> None:
+    """What every emulated host needs: no IPv6, and a short TCP minimum retransmission timeout
+    (`rto_min_route`); with `segmentation_offload` False, no TSO or GSO on its interface
+    (`no_segmentation_offload`). Each command runs on every host at once: a far host's is an SSH
+    session of its own (about 0.3 s), and one host after another, a cluster's took seconds."""
+    for host in hosts:  # IPv6 neighbour discovery would only be dropped by the table-miss entry
+        host.cmd("sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1")
+    with_intf = [h for h in hosts if h.defaultIntf() is not None]
+    on_each(with_intf, rto_min_route, "setting rto_min")
     if not segmentation_offload:
-        no_segmentation_offload(host)
+        on_each(with_intf, no_segmentation_offload, "turning segmentation offload off")
 
 
-def no_segmentation_offload(host: Any) -> None:
-    """TSO and GSO off on the host's interface, checksum offload left on.
+def on_each(hosts: list[Any], argv_of: Callable[[Any], list[str]], what: str) -> None:
+    """Run ``argv_of(host)`` on every one of `hosts` at once, then wait for all; the failures, each
+    with its host's name and the command's error, are raised together once every command ended."""
+    procs = [(h, h.popen(argv_of(h), stdout=subprocess.PIPE, stderr=subprocess.PIPE)) for h in hosts]
+    failed = []
+    for host, proc in procs:
+        _out, err = proc.communicate(timeout=30)
+        if proc.returncode != 0:
+            failed.append(f"{host.name}: {what} failed: {err.decode(errors='replace').strip()}")
+    if failed:
+        raise RuntimeError("; ".join(failed))
+
+
+def no_segmentation_offload(host: Any) -> list[str]:
+    """The command turning TSO and GSO off on the host's interface, checksum offload left on.
 
     On the tc datapath a host's TCP segments cross the switches as the host sent them (no
     re-segmentation on the way), and htb charges a GSO super-packet of up to 64 KB as one: it leaves
     when the class has any token, so a whole small model would cross an idle link at once. Segments of
     one frame each keep htb's burst what `controller.htb.burst_bytes` says.
     """
-    intf = host.defaultIntf()
-    if intf is None:
-        return
-    proc = host.popen(["ethtool", "-K", str(intf), "tso", "off", "gso", "off"], stdout=subprocess.PIPE,
-                      stderr=subprocess.PIPE)
-    _out, err = proc.communicate(timeout=10)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{host.name}: turning segmentation offload off failed: "
-                           f"{err.decode(errors='replace').strip()}")
+    return ["ethtool", "-K", str(host.defaultIntf()), "tso", "off", "gso", "off"]
 
 
-def set_rto_min(host: Any) -> None:
-    """TCP's minimum retransmission timeout on the host's route to the emulated network.
+def rto_min_route(host: Any) -> list[str]:
+    """The command setting TCP's minimum retransmission timeout on the host's route to the emulated
+    network.
 
     Linux's default (200 ms) is meant for WAN round trips; here they are below a millisecond, so
     one lost tail segment of a small message cost a round 200-300 ms (measured: the round's
@@ -259,13 +269,5 @@ def set_rto_min(host: Any) -> None:
     loop at K = 64 retransmitted 0.12 % of mst's bytes and one round took 34.6 ms of emulated time
     against its task's 11-13 (docs/fidelity.md, "Shaping").
     """
-    intf = host.defaultIntf()
-    if intf is None:
-        return
-    prefix = f"10.0.0.0/{IP_PREFIX_LEN}"
-    cmd = ["ip", "route", "replace", prefix, "dev", str(intf), "proto", "kernel", "scope", "link",
-           "src", str(host.IP()), "rto_min", f"{RTO_MIN_MS}ms"]
-    proc = host.popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    _out, err = proc.communicate(timeout=10)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{host.name}: setting rto_min failed: {err.decode(errors='replace').strip()}")
+    return ["ip", "route", "replace", f"10.0.0.0/{IP_PREFIX_LEN}", "dev", str(host.defaultIntf()), "proto",
+            "kernel", "scope", "link", "src", str(host.IP()), "rto_min", f"{RTO_MIN_MS}ms"]

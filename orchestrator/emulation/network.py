@@ -80,7 +80,7 @@ from orchestrator.emulation.kernel import (
     warn_no_delay,
 )
 from orchestrator.emulation.links import set_link
-from orchestrator.emulation.mininet_nodes import delete_links, mininet_classes, static_arp, tune_host
+from orchestrator.emulation.mininet_nodes import delete_links, mininet_classes, static_arp, tune_hosts
 from orchestrator.emulation.signals import ignore_signals, restore_signals, terminate_on_signals
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.procs import proc_start_ticks
@@ -412,10 +412,10 @@ class Emulation:
             static_arp(self.net.hosts)
         else:  # far hosts' shells answer over SSH: Mininet's own, one entry at a time
             self.net.staticArp()
-        for h in self.net.hosts:
-            tune_host(h, segmentation_offload=datapath != TC)
-            if self._far is not None:  # no frame larger than a tunnel carries
-                h.cmd("ip", "link", "set", "dev", h.intf().name, "mtu", str(self._far.inner_mtu))
+        tune_hosts(self.net.hosts, segmentation_offload=datapath != TC)
+        mtu = None if self._far is None else str(self._far.inner_mtu)  # no frame larger than a tunnel carries
+        for h in self.net.hosts if mtu else ():
+            h.cmd("ip", "link", "set", "dev", h.intf().name, "mtu", mtu)
 
     def _record_hosts(self) -> None:
         """Record the connectivity mode and every host's pid in the run's state (for attaching processes)."""
