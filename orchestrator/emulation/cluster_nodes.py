@@ -140,22 +140,32 @@ def _switch_class(ssh_node: Any, switch_cls: Any) -> Any:
         def batchStartup(cls, switches: Any, **_kwargs: Any) -> Any:
             """Per server, Mininet's batch of ``ovs-vsctl`` commands run as one argument list
             (split, no shell) rather than typed into the first switch's shell as `RemoteOVSSwitch` does: a
-            terminal in line mode cuts a line at 4095 bytes, which a server of a dozen switches exceeds."""
-            key = attrgetter("server")
-            for _server, group in groupby(sorted(switches, key=key), key):
-                members = tuple(group)
-                OVSSwitch.batchStartup(members, run=_runner(members[0]))
+            terminal in line mode cuts a line at 4095 bytes, which a server of a dozen switches exceeds.
+            The servers' batches run at once (each waits on its own Open vSwitch)."""
+            _per_server(switches, lambda members: OVSSwitch.batchStartup(members, run=_runner(members[0])))
             return switches
 
         @classmethod
         def batchShutdown(cls, switches: Any, **_kwargs: Any) -> Any:
-            key = attrgetter("server")
-            for _server, group in groupby(sorted(switches, key=key), key):
-                members = tuple(group)
-                OVSSwitch.batchShutdown(members, run=_runner(members[0]))
+            _per_server(switches, lambda members: OVSSwitch.batchShutdown(members, run=_runner(members[0])))
             return switches
 
     return ClusterSwitch
+
+
+def _per_server(switches: Any, each: Callable[[tuple[Any, ...]], Any]) -> None:
+    """``each(members)`` for every server's switches, the servers at once; the first failure is raised
+    once every server's call has ended."""
+    key = attrgetter("server")
+    groups = [tuple(group) for _server, group in groupby(sorted(switches, key=key), key)]
+    if len(groups) < 2:
+        for members in groups:
+            each(members)
+        return
+    with ThreadPoolExecutor(len(groups)) as pool:
+        calls = [pool.submit(each, members) for members in groups]
+    for call in calls:
+        call.result()
 
 
 def _link_class(run_id: str, link_cls: Any, far: FarSide | None) -> type:

@@ -1,12 +1,14 @@
-"""The commands a run's bring-up sends its hosts and its tunnel ends (`orchestrator.emulation.mininet_nodes`,
-`orchestrator.emulation.cluster_nodes`): every host's command started before any is waited for, each
-failure named with its host, and a tunnel end made in as few commands as hold its settings (on a far
-server each is an SSH session). Fakes stand in for Mininet's nodes; the commands themselves are real
+"""The commands a run's bring-up sends its hosts, its tunnel ends and its servers' switches
+(`orchestrator.emulation.mininet_nodes`, `orchestrator.emulation.cluster_nodes`): every host's command
+started before any is waited for, each failure named with its host; a tunnel end made in as few
+commands as hold its settings (on a far server each is an SSH session); each server's switch batch
+under way together with the others'. Fakes stand in for Mininet's nodes; the hosts' commands are real
 processes. The real bring-up runs in tests/integration (test_cluster*.py, test_emulation_*.py)."""
 
 from __future__ import annotations
 
 import subprocess
+import threading
 from typing import Any
 
 import pytest
@@ -133,3 +135,25 @@ def test_a_tunnel_end_stops_at_the_first_command_that_answers() -> None:
     with pytest.raises(RuntimeError, match=r"tunnel end s1-eth3 on far-1: ip link add s1-eth3 .*File exists"):
         cluster_nodes._vxlan_underlay(node, "s1-eth3", 7, (4800, 4801), ("192.0.2.1", "192.0.2.2"), None, 1450)
     assert len(node.commands) == 1
+
+
+class FakeSwitch:
+    def __init__(self, name: str, server: str) -> None:
+        self.name, self.server = name, server
+
+
+def test_each_servers_switches_are_handled_at_once_and_a_failure_is_raised_after_all_ended() -> None:
+    switches = [FakeSwitch("s1", "far-1"), FakeSwitch("s2", "localhost"), FakeSwitch("s3", "far-1")]
+    both = threading.Barrier(2)  # broken (an error) unless the two servers' calls are under way together
+    seen: list[tuple[str, ...]] = []
+
+    def each(members: tuple[Any, ...]) -> None:
+        both.wait(timeout=30)
+        seen.append(tuple(m.name for m in members))
+        if members[0].server == "far-1":
+            raise RuntimeError("ovs-vsctl: unix:/var/run/openvswitch/db.sock: database connection failed")
+
+    with pytest.raises(RuntimeError, match="database connection failed"):
+        cluster_nodes._per_server(switches, each)
+
+    assert sorted(seen) == [("s1", "s3"), ("s2",)]
