@@ -13,8 +13,9 @@ import itertools
 import os
 import shlex
 import subprocess
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from itertools import groupby
 from operator import attrgetter
 from pathlib import Path
@@ -154,18 +155,22 @@ def _switch_class(ssh_node: Any, switch_cls: Any) -> Any:
 
 
 def _per_server(switches: Any, each: Callable[[tuple[Any, ...]], Any]) -> None:
-    """``each(members)`` for every server's switches, the servers at once; the first failure is raised
-    once every server's call has ended."""
+    """``each(members)`` for every server's switches, the servers at once (`_at_once`)."""
     key = attrgetter("server")
-    groups = [tuple(group) for _server, group in groupby(sorted(switches, key=key), key)]
-    if len(groups) < 2:
-        for members in groups:
-            each(members)
+    _at_once([partial(each, tuple(group)) for _server, group in groupby(sorted(switches, key=key), key)])
+
+
+def _at_once(calls: Sequence[Callable[[], Any]]) -> None:
+    """Run `calls` on threads of their own (a lone call here); the first failure is raised once every
+    call has ended."""
+    if len(calls) < 2:
+        for call in calls:
+            call()
         return
-    with ThreadPoolExecutor(len(groups)) as pool:
-        calls = [pool.submit(each, members) for members in groups]
-    for call in calls:
-        call.result()
+    with ThreadPoolExecutor(len(calls)) as pool:
+        running = [pool.submit(call) for call in calls]
+    for done in running:
+        done.result()
 
 
 def _link_class(run_id: str, link_cls: Any, far: FarSide | None) -> type:
@@ -192,18 +197,14 @@ def _link_class(run_id: str, link_cls: Any, far: FarSide | None) -> type:
             if node1.inNamespace or node2.inNamespace:
                 raise RuntimeError(f"{node1}-{node2}: only links between switches may cross servers")
             vni, p1, p2 = next(vnis), next(ports), next(ports)
-            # the two ends at once, each on its own server (each command is an SSH session on a far one)
-            with ThreadPoolExecutor(2) as pool:
-                if far is not None:
-                    ends = (far.underlay[s1], far.underlay[s2])
-                    made = [pool.submit(_vxlan_underlay, node1, intfname1, vni, (p1, p2), ends, addr1, far.inner_mtu),
-                            pool.submit(_vxlan_underlay, node2, intfname2, vni, (p2, p1), ends[::-1], addr2,
-                                        far.inner_mtu)]
-                else:
-                    made = [pool.submit(_vxlan, node1, intfname1, vni, p1, p2, addr1, run_id),
-                            pool.submit(_vxlan, node2, intfname2, vni, p2, p1, addr2, run_id)]
-            for end in made:
-                end.result()  # a failed end's error
+            if far is not None:
+                ends = (far.underlay[s1], far.underlay[s2])
+                made = [partial(_vxlan_underlay, node1, intfname1, vni, (p1, p2), ends, addr1, far.inner_mtu),
+                        partial(_vxlan_underlay, node2, intfname2, vni, (p2, p1), ends[::-1], addr2, far.inner_mtu)]
+            else:
+                made = [partial(_vxlan, node1, intfname1, vni, p1, p2, addr1, run_id),
+                        partial(_vxlan, node2, intfname2, vni, p2, p1, addr2, run_id)]
+            _at_once(made)  # each end on its own server (each command an SSH session on a far one)
             return None
 
     return ClusterLink

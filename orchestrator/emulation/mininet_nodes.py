@@ -238,7 +238,7 @@ def on_each(hosts: list[Any], argv_of: Callable[[Any], list[str]], what: str) ->
     procs = [(h, h.popen(argv_of(h), stdout=subprocess.PIPE, stderr=subprocess.PIPE)) for h in hosts]
     failed = []
     for host, proc in procs:
-        _out, err = proc.communicate(timeout=30)
+        _out, err = proc.communicate(timeout=10)
         if proc.returncode != 0:
             failed.append(f"{host.name}: {what} failed: {err.decode(errors='replace').strip()}")
     if failed:

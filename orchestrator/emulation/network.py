@@ -413,9 +413,9 @@ class Emulation:
         else:  # far hosts' shells answer over SSH: Mininet's own, one entry at a time
             self.net.staticArp()
         tune_hosts(self.net.hosts, segmentation_offload=datapath != TC)
-        mtu = None if self._far is None else str(self._far.inner_mtu)  # no frame larger than a tunnel carries
-        for h in self.net.hosts if mtu else ():
-            h.cmd("ip", "link", "set", "dev", h.intf().name, "mtu", mtu)
+        if (far := self._far) is not None:  # no frame larger than a tunnel carries
+            for h in self.net.hosts:
+                h.cmd("ip", "link", "set", "dev", h.intf().name, "mtu", str(far.inner_mtu))
 
     def _record_hosts(self) -> None:
         """Record the connectivity mode and every host's pid in the run's state (for attaching processes)."""
