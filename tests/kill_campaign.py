@@ -18,6 +18,13 @@ chain (`compare`): the task sets are the uninterrupted run's, no task reached an
 (`task_events`), and the mst/spff latency and bandwidth paired ratios lie in the uninterrupted run's
 95 % confidence intervals.
 
+Those ratios are the config's only where the fidelity verdict says so (`host_flagged`): a run the host
+distorted (a round's upload held up by the host's moment, trainings past their modelled time) has
+figures that are the host's, flagged by the testbed itself, and two runs of the same tasks then differ
+by more than the interval is wide. So the uninterrupted run is one whose verdict is faithful at every
+point (measured again, up to `REFERENCE_TRIES` times), a resumed run the verdict flags has its exact
+checks but not its ratios, and most of the resumed runs must be faithful and compared.
+
 The process is started in a session of its own and the whole session is killed, so that the
 simulation's engine processes (its children) die with it and nothing is left running.
 """
@@ -269,6 +276,22 @@ def paired_points(ref: Any, runs: Sequence[Any], *, flexible: str, fixed: str, f
             yield n, figure, pair(ref, n, figure), [pair(r, n, figure) for r in runs]
 
 
+def host_flagged(db_path: Path) -> list[str]:
+    """The points of the run in `db_path` whose fidelity verdict is not faithful, each with its reasons
+    (`orchestrator.results.fidelity`): their figures are the host's moment's, not the config's."""
+    with ResultsDB(db_path) as db:
+        summary = run_summary(db, 1)
+    return [f"{v.scheduler} at {v.n_locals} locals: {'; '.join(v.reasons)}" for v in summary.unfaithful]
+
+
+def judge(resumed: Path, reference: Path, *, figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")
+          ) -> tuple[list[str], list[str]]:
+    """`compare` the resumed run with the uninterrupted one, its ratios only where its verdict calls it
+    faithful: (the problems, the points the verdict flagged)."""
+    flagged = host_flagged(resumed)
+    return compare(resumed, reference, figures=() if flagged else figures), flagged
+
+
 def netai(*args: str) -> list[str]:
     """The command line of `netai` with `args` (this interpreter, the checkout's code)."""
     return [sys.executable, "-m", "orchestrator.cli", *args]
@@ -276,11 +299,24 @@ def netai(*args: str) -> list[str]:
 
 @dataclass
 class Chain:
-    """One fresh run killed again and again, then resumed to its end."""
+    """One fresh run killed again and again, then resumed to its end; `flagged`: the points its resumed
+    run's verdict does not call faithful (`host_flagged`; its ratios were then not compared)."""
 
     run_dir: Path | None
     kills: list[KillResult]
     problems: list[str]
+    flagged: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Campaign:
+    """What `campaign` found: the uninterrupted run's folder, the chains, the problems (none expected)
+    and notes (uninterrupted runs measured again because their verdict flagged them)."""
+
+    reference: Path
+    chains: list[Chain]
+    problems: list[str]
+    notes: list[str]
 
 
 def run_chain(config: Path, out: Path, moments: Iterator[Moment], timing: Timing, *, kills: int,
@@ -354,23 +390,43 @@ def measure(config: Path, out: Path, *, extra: Sequence[str], env: Mapping[str, 
     return reference, Timing(start_s=start_s, live_s=end - (live_at or end), task_runs=len(task_set(reference)))
 
 
+#: How many uninterrupted runs the campaign measures at most to find one whose verdict is faithful.
+REFERENCE_TRIES = 3
+
+
+def reference_run(config: Path, out: Path, *, extra: Sequence[str], env: Mapping[str, str], limit_s: float
+                  ) -> tuple[Path, Timing, list[str], list[str]]:
+    """The uninterrupted run the chains are compared with: the first of up to `REFERENCE_TRIES` whose
+    verdict is faithful at every point. Returns (its database, its `Timing`, notes on the runs measured
+    again, problems: none unless no run was faithful)."""
+    notes: list[str] = []
+    for i in range(REFERENCE_TRIES):
+        reference, timing = measure(config, out / ("uninterrupted" if i == 0 else f"uninterrupted-{i + 1}"),
+                                    extra=extra, env=env, limit_s=limit_s)
+        flagged = host_flagged(reference)
+        if not flagged:
+            return reference, timing, notes, []
+        notes.append(f"uninterrupted run {i + 1} not faithful, measured again: {'; '.join(flagged)}")
+    return reference, timing, notes, [f"no faithful uninterrupted run in {REFERENCE_TRIES}"]
+
+
 def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, extra: Sequence[str] = (),
              env: Mapping[str, str] | None = None, limit_s: float = 300.0,
              check_after: Callable[[], list[str]] = list,
-             figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> tuple[Path, list[Chain], list[str]]:
-    """A warm-up run and the uninterrupted run of `config`, then chains of up to `per_chain` seeded
-    kills until `kills` kills have landed (a chain whose run completes before its next moment ends
-    early); each chain's run is compared with the uninterrupted one (`compare`), and `check_after`
-    (e.g. what the killed runs left on the machine) is checked after it. Returns (the uninterrupted
-    run's folder, the chains, the problems: none expected)."""
+             figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> Campaign:
+    """A warm-up run and the uninterrupted run of `config` (`reference_run`), then chains of up to
+    `per_chain` seeded kills until `kills` kills have landed (a chain whose run completes before its
+    next moment ends early); each chain's run is compared with the uninterrupted one (`judge`), and
+    `check_after` (e.g. what the killed runs left on the machine) is checked after it. Most completed
+    chains' resumed runs must be faithful, so that their ratios were compared."""
     env = dict(os.environ if env is None else env)
     # a first run fills the caches every later run finds filled (the model's counts: two seconds of a
     # simulated run that takes one), so that the moments are placed on a run as long as the chains' are
     measure(config, out / "warm-up", extra=extra, env=env, limit_s=limit_s)
-    reference, timing = measure(config, out / "uninterrupted", extra=extra, env=env, limit_s=limit_s)
+    reference, timing, notes, problems = reference_run(config, out, extra=extra, env=env, limit_s=limit_s)
     rng = random.Random(seed)
     moments = (next_kill(rng, i) for i in itertools.count())
-    problems, chains = check_after(), list[Chain]()
+    problems, chains = problems + check_after(), list[Chain]()
     landed = 0
     while landed < kills and len(chains) < 4 * kills:
         c = len(chains)
@@ -381,11 +437,16 @@ def campaign(config: Path, out: Path, *, seed: int, kills: int, per_chain: int, 
             problems += [f"chain {c}, kill {k.kill}: {p}" for p in k.problems]
         problems += [f"chain {c}: {p}" for p in chain.problems + check_after()]
         if chain.run_dir is not None and not chain.problems:
-            differs = compare(chain.run_dir / "results.db", reference, figures=figures)
+            differs, chain.flagged = judge(chain.run_dir / "results.db", reference, figures=figures)
             problems += [f"chain {c}: {p}" for p in differs]
+            notes += [f"chain {c}: resumed run not faithful, its ratios not compared: {f}" for f in chain.flagged]
         chains.append(chain)
         landed += len(chain.kills)
-    return reference.parent, chains, problems
+    completed = [c for c in chains if c.run_dir is not None and not c.problems]
+    compared = [c for c in completed if not c.flagged]
+    if 2 * len(compared) <= len(completed):
+        problems.append(f"only {len(compared)} of {len(completed)} resumed runs faithful and compared")
+    return Campaign(reference.parent, chains, problems, notes)
 
 
 def table(chains: Sequence[Chain]) -> list[str]:
@@ -400,17 +461,18 @@ def table(chains: Sequence[Chain]) -> list[str]:
 def ratios(reference: Path, chains: Sequence[Chain], *, flexible: str = "mst", fixed: str = "spff",
            figures: Sequence[str] = ("mean_latency_s", "reserved_mbps")) -> list[str]:
     """One line per figure and number of locals: the uninterrupted run's flexible / fixed paired ratio
-    [95 % CI], and each completed chain's mean, as `compare` checks them."""
+    [95 % CI], and each completed chain's mean, as `judge` checks them (marked where it did not)."""
     with ResultsDB(reference / "results.db") as db:
         ref = run_summary(db, 1)
-    ours = []
+    ours, marks = [], []
     for chain in chains:
         if chain.run_dir is not None and not chain.problems:
             with ResultsDB(chain.run_dir / "results.db") as db:
                 ours.append(run_summary(db, 1))
+            marks.append(" (not faithful, not compared)" if chain.flagged else "")
     lines = []
     for n, figure, b, got in paired_points(ref, ours, flexible=flexible, fixed=fixed, figures=figures):
-        means = " ".join(f"{a.mean:.3f}" if a is not None else "-" for a in got)
+        means = " ".join(f"{a.mean:.3f}{m}" if a is not None else "-" for a, m in zip(got, marks, strict=True))
         interval = f"{b.mean:.3f} [{b.low:.3f}, {b.high:.3f}]" if b is not None else "-"
         lines.append(f"{figure} {flexible}/{fixed} at {n} locals: uninterrupted {interval}, resumed {means}")
     return lines

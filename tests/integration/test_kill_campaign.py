@@ -1,7 +1,7 @@
 """The kill campaign of issue 48 (`tests.kill_campaign`): `netai experiment` killed with SIGKILL at
 seeded moments, the results database checked after every kill, the run resumed to its end and compared
-with an uninterrupted run of the same config. On the simulation (no root; about 20 s of one core) and
-on the emulation (root, Mininet; the process backend; about 70 s)."""
+with an uninterrupted run of the same config. On the simulation (no root; about 30 s of one core) and
+on the emulation (root, Mininet; the process backend; about 80 s)."""
 
 from __future__ import annotations
 
@@ -48,15 +48,16 @@ def test_kill_campaign_on_the_simulation(tmp_path: Path, figures: list[str]) -> 
 
     # Execute: 24 seeded kills, up to 4 in a row on one run.
     runs = tmp_path / "runs"
-    reference, chains, problems = campaign(config, runs, seed=48, kills=24, per_chain=4,
-                                           extra=("--no-progress", "--no-figures"), limit_s=120,
-                                           check_after=lambda: sim_leftovers(runs))
+    found = campaign(config, runs, seed=48, kills=24, per_chain=4, extra=("--no-progress", "--no-figures"),
+                     limit_s=120, check_after=lambda: sim_leftovers(runs))
 
-    # Assert
-    figures.extend(["kill campaign (simulation):", *table(chains), *ratios(reference, chains)])
-    assert sum(len(c.kills) for c in chains) >= 20
-    assert any(0 < k.whole < 24 for c in chains for k in c.kills), "no kill landed mid-recording"
-    assert problems == []
+    # Assert: the simulation's timing is the model's, so every resumed run is faithful and compared
+    figures.extend(["kill campaign (simulation):", *table(found.chains), *ratios(found.reference, found.chains),
+                    *found.notes])
+    assert sum(len(c.kills) for c in found.chains) >= 20
+    assert any(0 < k.whole < 24 for c in found.chains for k in c.kills), "no kill landed mid-recording"
+    assert found.notes == []
+    assert found.problems == []
 
 
 @pytest.mark.root
@@ -87,20 +88,19 @@ def test_kill_campaign_on_the_emulation(tmp_path: Path, figures: list[str]) -> N
             [f"left process {p}" for p in lingering(ctl_dirs.PREFIX, servers_before)]
 
     # Execute: 20 seeded kills, up to 4 in a row on one run. Each resumed run must have run at the
-    # uninterrupted run's K (their environments'), and its mst/spff latency and reserved bandwidth must
-    # lie inside the uninterrupted run's 95 % intervals. The run is at K = 8, where this config is
-    # faithful on a small host (its verdict at K = 6 and 8 on the 2-core host: faithful, mst's latency
-    # 1.15 its lower bound; docs/long-runs.md); at K = 1 its latencies were the host's moment's (in a
-    # CI run on the triangle at 2 locals, the resumed runs' mst/spff latency was 1.06-1.31 against the
-    # uninterrupted run's [0.82, 1.04]). Three locals on a ring of six give tasks whose trees differ
-    # (measured: mst/spff latency 0.972 [0.928, 1.009], bandwidth 0.655 [0.536, 0.775]), so the interval
-    # is wider than two runs of the same tasks differ by their timers (1.7 % of the mean over five
-    # campaigns on the triangle at 2 locals, where every task gave about the same ratio and the interval
-    # was narrower than that; docs/long-runs.md).
-    reference, chains, problems = campaign(config, tmp_path / "runs", seed=48, kills=20, per_chain=4,
-                                           extra=("--no-progress", "--no-figures"), limit_s=600, check_after=left)
+    # uninterrupted run's K (their environments'), and where its verdict is faithful its mst/spff latency
+    # and reserved bandwidth must lie inside the uninterrupted run's 95 % intervals (a faithful one's). The
+    # run is at K = 8, where this config is faithful on a small host (docs/long-runs.md). Three locals on
+    # a ring of six give tasks whose trees differ, so the interval (mst/spff latency 0.97 [0.93, 1.01]) is
+    # wider than two faithful runs of the same tasks differ by their timers (0.967-0.979 over 20 runs).
+    # A run the host distorted is flagged by its verdict and its figures are the host's: one such
+    # uninterrupted run gave 1.003 [0.984, 1.039], two of its mst tasks' rounds held up by 1.3 ms, and
+    # one resumed run in CI 1.053 (docs/long-runs.md, "The kill campaign").
+    found = campaign(config, tmp_path / "runs", seed=48, kills=20, per_chain=4,
+                     extra=("--no-progress", "--no-figures"), limit_s=600, check_after=left)
 
     # Assert
-    figures.extend(["kill campaign (emulation):", *table(chains), *ratios(reference, chains)])
-    assert sum(len(c.kills) for c in chains) >= 20
-    assert problems == []
+    figures.extend(["kill campaign (emulation):", *table(found.chains), *ratios(found.reference, found.chains),
+                    *found.notes])
+    assert sum(len(c.kills) for c in found.chains) >= 20
+    assert found.problems == []
