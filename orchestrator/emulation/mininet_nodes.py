@@ -10,6 +10,7 @@ emulated host needs before a task runs on it. Mininet is imported only when a ru
 from __future__ import annotations
 
 import subprocess
+import time
 from collections.abc import Callable
 from functools import partial
 from typing import Any
@@ -232,13 +233,28 @@ def tune_hosts(hosts: list[Any], *, segmentation_offload: bool = True) -> None:
         on_each(with_intf, no_segmentation_offload, "turning segmentation offload off")
 
 
-def on_each(hosts: list[Any], argv_of: Callable[[Any], list[str]], what: str) -> None:
-    """Run ``argv_of(host)`` on every one of `hosts` at once, then wait for all; the failures, each
-    with its host's name and the command's error, are raised together once every command ended."""
+#: How long every host's command of `on_each` may take, from the moment they all started.
+ON_EACH_TIMEOUT_S = 10.0
+
+
+def on_each(hosts: list[Any], argv_of: Callable[[Any], list[str]], what: str, *,
+            timeout_s: float = ON_EACH_TIMEOUT_S) -> None:
+    """Run ``argv_of(host)`` on every one of `hosts` at once, then wait for all, each up to `timeout_s`
+    after they started (one still running then is killed and reaped); the failures, each with its
+    host's name and the command's error, are raised together once every command ended."""
     procs = [(h, h.popen(argv_of(h), stdout=subprocess.PIPE, stderr=subprocess.PIPE)) for h in hosts]
+    deadline = time.monotonic() + timeout_s
     failed = []
     for host, proc in procs:
-        _out, err = proc.communicate(timeout=10)
+        try:
+            _out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:  # past the deadline: only a command still running has failed
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+                failed.append(f"{host.name}: {what} did not end within {timeout_s:g} s")
+                continue
+            _out, err = proc.communicate()
         if proc.returncode != 0:
             failed.append(f"{host.name}: {what} failed: {err.decode(errors='replace').strip()}")
     if failed:

@@ -20,8 +20,9 @@ from orchestrator.emulation.mininet_nodes import on_each, rto_min_route, tune_ho
 class FakeHost:
     """A host whose commands run here, logging when each starts and when it is waited for."""
 
-    def __init__(self, name: str, events: list[str], *, fails: bool = False) -> None:
-        self.name, self.events, self.fails = name, events, fails
+    def __init__(self, name: str, events: list[str], *, fails: bool = False, hangs: bool = False) -> None:
+        self.name, self.events, self.fails, self.hangs = name, events, fails, hangs
+        self.procs: list[subprocess.Popen[bytes]] = []
 
     def defaultIntf(self) -> str:  # Mininet's name
         return f"{self.name}-eth0"
@@ -35,8 +36,10 @@ class FakeHost:
 
     def popen(self, argv: list[str], **kw: Any) -> Any:
         self.events.append(f"start {self.name} {argv[0]}")
-        script = "echo 'RTNETLINK answers: no such device' >&2; exit 2" if self.fails else "exit 0"
+        script = "echo 'RTNETLINK answers: no such device' >&2; exit 2" if self.fails else \
+            "exec sleep 60" if self.hangs else "exit 0"
         proc = subprocess.Popen(["sh", "-c", script], **kw)
+        self.procs.append(proc)
         real = proc.communicate
 
         def communicate(*args: Any, **kwargs: Any) -> Any:
@@ -70,6 +73,22 @@ def test_each_failure_is_named_with_its_host_after_every_command_ended() -> None
     assert str(err.value) == ("h2: setting rto_min failed: RTNETLINK answers: no such device; "
                               "h4: setting rto_min failed: RTNETLINK answers: no such device")
     assert sum(e.startswith("wait") for e in events) == 4  # none left running
+
+
+def test_a_command_that_does_not_end_is_killed_reaped_and_named_and_the_others_waited_for() -> None:
+    # Prepare: the second of three hosts' commands hangs; the others end at once, one failing
+    events: list[str] = []
+    hosts = [FakeHost("h1", events), FakeHost("h2", events, hangs=True), FakeHost("h3", events, fails=True)]
+
+    # Execute
+    with pytest.raises(RuntimeError) as err:
+        on_each(hosts, rto_min_route, "setting rto_min", timeout_s=0.5)
+
+    # Assert: both named, in the hosts' order; every command waited for and none left running
+    assert str(err.value) == ("h2: setting rto_min did not end within 0.5 s; "
+                              "h3: setting rto_min failed: RTNETLINK answers: no such device")
+    assert sum(e.startswith("wait") for e in events) >= 3
+    assert [p.returncode for h in hosts for p in h.procs] == [0, -9, 2]
 
 
 def test_tune_hosts_turns_offload_off_only_when_asked_and_sets_the_route_on_each() -> None:
