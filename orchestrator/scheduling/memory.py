@@ -37,7 +37,8 @@ SERVER_BASE_BYTES = 230 * 2**20
 #: with a 6 KB model, `benchmarks/bench_site_memory.py --hidden 16`), and what a loaded host's queues
 #: hold: in CI runs of `make test` a local of a 10.7 MB model peaked 232 MB above its server's own
 #: memory, and in another at 431 MB in all, 78 MB above `SERVER_BASE_BYTES` and its 12 copies (the
-#: 64 MB this was then fell short); on a quiet host 289-352 MB (docs/long-runs.md, "A site's memory").
+#: 64 MB this was then fell short); `benchmarks/bench_site_memory.py --hidden 1600 --tasks 3` gave such
+#: a local 134-187 MB above a loopback server's own 156 MB (docs/long-runs.md, "A site's memory").
 ROLE_BASE_BYTES = 96 * 2**20
 #: Copies of the model's weights per role (see the module docstring).
 LOCAL_COPIES = 12
