@@ -152,18 +152,73 @@ fi
 fi  # NETAI_NO_SYSTEM
 
 # 4. The venv: system Python (sees Debian's mininet module), torch pinned to the CPU wheel --------
+# Installing it takes about a minute of CPU, most of it pip byte-compiling torch. A copy of the venv
+# as first installed is kept per (setup.py, extras, Python) under NETAI_VENV_CACHE (default
+# /var/cache/netai-venv, where it can be written; "" for none): the next fresh checkout on this
+# machine copies it and points its scripts and the project's editable install at itself instead
+# (docs/testing.md, "The set-up").
 PY=/usr/bin/python3
-if [ ! -x "$VENV/bin/python" ]; then
-    log "creating the venv at $VENV"
-    "$PY" -m venv --system-site-packages "$VENV"
-fi
+EXTRAS="net,fl,experiment,test,docs"
 stamp="$VENV/.netai-installed"
 want=$(cat setup.py | sha256sum | cut -d' ' -f1)
+VENV_CACHE=${NETAI_VENV_CACHE-/var/cache/netai-venv}
+cached=""
+if [ -n "$VENV_CACHE" ]; then
+    cached="$VENV_CACHE/$( { echo "venv-cache 1 $want $EXTRAS"; "$PY" -VV; uname -m; } | sha256sum | cut -c1-16)"
+fi
+venv_here() { echo "$(cd "$(dirname "$VENV")" && pwd)/$(basename "$VENV")"; }
+venv_restore() {  # copy the cached venv to $VENV; its scripts and the project's install then point here
+    local tmp
+    tmp=$(mktemp -d "$(dirname "$VENV")/.venv-copy.XXXXXX")
+    cp -a "$cached/venv" "$tmp/venv"
+    rm -f "$tmp/venv/.netai-installed"  # written once the project's install points here
+    "$PY" - "$(cat "$cached/origin")" "$(venv_here)" "$tmp/venv" <<'PYEOF'
+import sys
+from pathlib import Path
+
+old, new = (a.encode() for a in sys.argv[1:3])
+venv = Path(sys.argv[3])
+for path in [venv / "pyvenv.cfg", *(venv / "bin").iterdir()]:
+    if path.is_symlink() or not path.is_file():
+        continue
+    data = path.read_bytes()
+    if old in data and b"\0" not in data:  # a script's shebang, the activate scripts; not a binary
+        path.write_bytes(data.replace(old, new))  # rewritten in place: its mode is kept
+PYEOF
+    mv -T "$tmp/venv" "$VENV"
+    rmdir "$tmp"
+    pip_quiet "$VENV/bin/pip" install -q --no-deps --no-build-isolation -e .
+    echo "$want" >"$stamp"
+}
+venv_save() {  # keep a copy of the venv just installed (the newest two kept); best effort
+    local tmp
+    mkdir -p "$VENV_CACHE" 2>/dev/null && [ -w "$VENV_CACHE" ] || return 0
+    tmp=$(mktemp -d "$VENV_CACHE/.new.XXXXXX") || return 0
+    if cp -a "$VENV" "$tmp/venv" && venv_here >"$tmp/origin" && touch "$tmp/complete" && [ ! -e "$cached" ] \
+            && mv -T "$tmp" "$cached"; then
+        log "kept a copy of the venv for the next checkout on this machine ($cached)"
+    fi
+    rm -rf "$tmp"
+    # shellcheck disable=SC2012 # the names are hex keys
+    ls -1dt "$VENV_CACHE"/*/ 2>/dev/null | tail -n +3 | xargs -r rm -rf
+}
+created=0
+if [ ! -x "$VENV/bin/python" ]; then
+    if [ -n "$cached" ] && [ -f "$cached/complete" ]; then
+        log "copying the venv installed before on this machine ($cached)"
+        venv_restore
+    else
+        log "creating the venv at $VENV"
+        "$PY" -m venv --system-site-packages "$VENV"
+        created=1
+    fi
+fi
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     log "installing the project into the venv (torch CPU wheel, os-ken, test and docs tools)"
     pip_quiet "$VENV/bin/pip" install -q --upgrade pip setuptools wheel
-    pip_quiet "$VENV/bin/pip" install -q -e ".[net,fl,experiment,test,docs]"
+    pip_quiet "$VENV/bin/pip" install -q -e ".[$EXTRAS]"
     echo "$want" > "$stamp"
+    if [ "$created" = 1 ] && [ -n "$cached" ]; then venv_save; fi
 else
     log "venv up to date"
 fi

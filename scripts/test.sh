@@ -4,8 +4,9 @@
 # The stock-kernel checks (tests/guest) boot a QEMU guest and take minutes of one core. When the whole
 # suite runs and the guest's build is cached, they start first, before the set-up, with the system's
 # python3 (tests/guest/driver.py `record`), and the suite adopts their run (NETAI_GUEST_RECORD): the
-# guest then overlaps the set-up, the lint, the type check and the unit tests. Any exit (an error,
-# Ctrl-C) ends them. NETAI_GUEST_EARLY=0 leaves them to the suite (which starts them at collection).
+# guest then overlaps the set-up, the lint, the type check, the unit tests and the other tests that
+# need neither root nor Docker (tests/conftest.py). Any exit (an error, Ctrl-C) ends them.
+# NETAI_GUEST_EARLY=0 leaves them to the suite (which starts them at collection).
 #
 # Environment: VENV (default .venv), PYTEST_ARGS (split into words, as make gives them).
 set -euo pipefail
@@ -32,6 +33,9 @@ if [ -z "$PYTEST_ARGS" ] && [ "${NETAI_GUEST_EARLY:-1}" != 0 ] && [ "$(id -u)" =
 fi
 
 bash scripts/provision.sh
+# mypy's cache outside the checkout, as root: a fresh checkout's type check then rechecks only the
+# files whose contents differ from those of a checkout checked before (mypy compares their hashes)
+if [ -z "${MYPY_CACHE_DIR:-}" ] && [ "$(id -u)" = 0 ]; then export MYPY_CACHE_DIR=/var/cache/netai-mypy; fi
 make --no-print-directory lint typecheck docs VENV="$VENV"  # the Makefile's own recipes
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pytest --durations=25 $PYTEST_ARGS

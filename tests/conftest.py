@@ -3,10 +3,12 @@
 In CI (CI=true) such a test is never skipped: `make test` installs and starts what it needs,
 so a missing facility makes the test fail, as it should.
 
-The unit tests run first. When the stock-kernel tests (tests/guest) are selected, their checks start
-in the background as soon as the suite is collected (the guest's build, boot and checks take
-minutes and need no network of this host's); they overlap the unit tests, and the guest's tests,
-next in order, wait for what is left. ``NETAI_GUEST_EARLY=0`` runs them in their turn instead.
+The unit tests run first, then the other tests that need neither root nor Docker (the simulation's,
+which emulate nothing and time nothing of the host's). When the stock-kernel tests (tests/guest) are
+selected, their checks start in the background as soon as the suite is collected (the guest's build,
+boot and checks take minutes and need no network of this host's); they overlap those tests, and the
+guest's tests, next in order, wait for what is left; the emulations come after them, on a host the
+guest no longer loads. ``NETAI_GUEST_EARLY=0`` runs them in their turn instead.
 
 No test touches the user's caches: at session start the profile cache (``NETAI_CACHE_DIR``,
 `orchestrator.runtime.profiles.default_cache`) and the calibration store (``NETAI_CALIBRATION``,
@@ -86,10 +88,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _phase(item: pytest.Item) -> int:
-    """Unit tests first, then the stock-kernel guest's (started early, see the module docstring),
-    then the rest."""
+    """Unit tests first, then the others that need neither root nor Docker, then the stock-kernel
+    guest's (started early, see the module docstring), then the rest."""
     path = item.path.as_posix()
-    return 0 if "/tests/unit/" in path else 1 if "/tests/guest/" in path else 2
+    if "/tests/unit/" in path:
+        return 0
+    if "/tests/guest/" in path:
+        return 2
+    return 1 if "root" not in item.keywords and "docker" not in item.keywords else 3
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
