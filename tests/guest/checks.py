@@ -6,13 +6,15 @@ check prints one line ``NETAI-GUEST-RESULT {json}`` with what it measured; the p
 (`tests/guest/test_stock_kernel.py`) asserts on them, so the same figures are judged wherever they
 were measured. A check that raises reports its error instead; the others still run.
 
-- ``rtt``: a line of four sites joined by long fibres, brought up with ``datapath="kernel"``;
-  ping between every pair of hosts (path by path): each path's lowest and median RTT, and twice its
-  summed fibre delay; then the same with every netem delay set to zero (the path's own round trip).
-- ``reservation``: a task's paths installed by the controller on a 10 Mbit/s line (a rate an
-  emulated CPU carries): its htb class with netem under it on every link of its path, its flow
-  against four saturating background iperf3 streams (started ahead of it), and a control run without
-  the task.
+- ``line``: a line of four sites joined by long fibres at 10 Mbit/s (a rate an emulated CPU
+  carries), brought up once with ``datapath="kernel"`` (a bring-up takes about 35 s under TCG) for
+  two results:
+  - ``rtt``: ping between every pair of hosts (path by path): each path's lowest and median RTT, and
+    twice its summed fibre delay; then, last, the same with every netem delay set to zero (the
+    path's own round trip);
+  - ``reservation``: a task's paths from end to end of the line installed by the controller: its
+    htb class with netem under it on every link of its path, its flow against four saturating
+    background iperf3 streams (started ahead of it), and a control run without the task.
 - ``net_test``: ``netai net test`` (the CLI) on a small ring, as a user runs it.
 - ``guest_clean``: after the runs, nothing of them in the machine (in the guest: nothing at all).
 
@@ -42,16 +44,16 @@ from topologies.plan import EmulationPlan
 
 RESULT_MARK = "NETAI-GUEST-RESULT "
 IN_GUEST = os.environ.get("NETAI_IN_GUEST") == "1"
-#: The line of the RTT check: A - B - C - D, fibre lengths in km (1.5, 3.5 and 5 ms one way).
+#: The line of both results of the ``line`` check: A - B - C - D, fibre lengths in km (1.5, 3.5 and
+#: 5 ms one way), each link LINK_MBPS.
 RTT_LINE_KM = (300.0, 700.0, 1000.0)
 #: Echoes per path, PING_INTERVAL_S apart: enough that some escape the scheduling delays of an
 #: emulated CPU on a busy host (30 were not always, with the unit tests beside the guest).
 PINGS = 50
 PING_INTERVAL_S = 0.1
-#: The line of the reservation check: A - B - C at LINK_MBPS, each fibre RESERVATION_KM long.
 LINK_MBPS = 10.0
+#: The reservation's task: from one end of the line to the other, RESERVED_MBPS of each link.
 RESERVED_MBPS = 5.0
-RESERVATION_KM = 200.0
 TASK_ID = 28
 TASK_PORT = 21028
 BACKGROUND_PORT = 5201
@@ -59,8 +61,8 @@ BACKGROUND_STREAMS = 4
 IPERF_SECONDS = 6
 #: The background starts this much ahead of the task, with and without the reservation: it has filled
 #: the link (and the background leaf's netem queue) when the task starts, as load present before a
-#: task arrives would have. Started together, the control's share swung with who won the first
-#: seconds in that 1000-packet queue: 1.9-6.2 Mbit/s over nine runs.
+#: task arrives would have. Started together (on a line of two 200 km fibres), the control's share
+#: swung with who won the first seconds in that 1000-packet queue: 1.9-6.2 Mbit/s over nine runs.
 BACKGROUND_HEAD_START_S = 2
 #: ``netai net test`` in the guest: a small ring at a rate the emulated CPU carries.
 #: How long a bring-up may wait for the controller, then for the switches: an emulated CPU on a busy
@@ -144,31 +146,55 @@ def rtt_figures(rtts: list[float]) -> dict[str, Any]:
             "median_ms": statistics.median(rtts[1:]) if len(rtts) > 1 else None}
 
 
-def check_rtt() -> dict[str, Any]:
-    """Ping every pair of hosts on a line of long fibres, then again with every netem delay at zero: what the
-    delays add to each path's RTT against twice its fibre delay (the second pass is the emulated machine's
-    own round trip on that path, its forwarding and scheduling: 0.4-0.7 ms in a guest under TCG)."""
-    plan = line_plan("guest-line-4", RTT_LINE_KM, 10.0)
-    model_delay = {(ln.a, ln.b): ln.delay_ms for ln in plan.links}
-    result: dict[str, Any] = {"check": "rtt", "lengths_km": list(RTT_LINE_KM), "paths": []}
+def check_line() -> list[dict[str, Any]]:
+    """The ``rtt`` and ``reservation`` results on one line, brought up once: the delayed pings first,
+    on the line as it came up; then the reservation, which needs netem's delays; then the pings with
+    every netem delay at zero. A part that raises reports its error as its result; the other's stand."""
+    plan = line_plan("guest-line-4", RTT_LINE_KM, LINK_MBPS)
+    rtt: dict[str, Any] = {"check": "rtt", "lengths_km": list(RTT_LINE_KM), "paths": []}
+    reservation: dict[str, Any] = {"check": "reservation", "link_mbps": LINK_MBPS, "reserved_mbps": RESERVED_MBPS,
+                                   "background_streams": BACKGROUND_STREAMS}
     emu = Emulation(plan, datapath="kernel", connect_timeout_s=CONNECT_TIMEOUT_S)
     with emu:
-        result.update(emulation_facts(emu.info))
-        result["bridge_datapath_types"] = bridge_datapath_types(emu)
-        result["kernel_datapaths"] = kernel_datapaths()
-        result["qdiscs_a_b"] = tc_show("qdisc", interface(plan, "A", "B"))
-        sites = [h.site for h in plan.hosts]
-        pairs = list(itertools.combinations(sites, 2))
-        delayed = ping_paths(emu, pairs)
-        result["netem_zeroed"], result["delays_left"] = zero_netem_delays(plan)
-        undelayed = ping_paths(emu, pairs)
-        for (a, b), rtts, base in zip(pairs, delayed, undelayed, strict=True):
-            i, j = sites.index(a), sites.index(b)
-            one_way = sum(model_delay[(sites[k], sites[k + 1])] for k in range(i, j))
-            result["paths"].append({"path": sites[i:j + 1], "expected_ms": round(2 * one_way, 3), "sent": PINGS,
-                                    **rtt_figures(rtts), "undelayed": rtt_figures(base)})
-    result.update(teardown_facts(emu))
-    return result
+        facts = emulation_facts(emu.info)
+        rtt.update(facts)
+        reservation.update(facts)
+        part(rtt, lambda: rtt.update(bridge_datapath_types=bridge_datapath_types(emu),
+                                     kernel_datapaths=kernel_datapaths(),
+                                     qdiscs_a_b=tc_show("qdisc", interface(plan, "A", "B"))))
+        pairs = list(itertools.combinations([h.site for h in plan.hosts], 2))
+        delayed = part(rtt, lambda: ping_paths(emu, pairs))
+        part(reservation, lambda: reservation_run(emu, reservation))
+        if delayed is not None:
+            part(rtt, lambda: rtt_undelayed(emu, pairs, delayed, rtt))
+    teardown = teardown_facts(emu)
+    return [{**rtt, **teardown}, {**reservation, **teardown}]
+
+
+def part(result: dict[str, Any], run: Callable[[], Any]) -> Any:
+    """`run()`, or None with its error and traceback in `result` (as `main` reports a check's)."""
+    try:
+        return run()
+    except Exception as e:  # noqa: BLE001 - reported as the result's; the line's other result still runs
+        result.update(error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc())
+        return None
+
+
+def rtt_undelayed(emu: Emulation, pairs: list[tuple[str, str]], delayed: list[list[float]],
+                  result: dict[str, Any]) -> None:
+    """Every netem delay set to zero, each pair pinged again: what the delays add to each path's RTT
+    against twice its fibre delay (the second pass is the emulated machine's own round trip on that
+    path, its forwarding and scheduling: 0.4-0.7 ms in a guest under TCG)."""
+    plan = emu.plan
+    model_delay = {(ln.a, ln.b): ln.delay_ms for ln in plan.links}
+    sites = [h.site for h in plan.hosts]
+    result["netem_zeroed"], result["delays_left"] = zero_netem_delays(plan)
+    undelayed = ping_paths(emu, pairs)
+    for (a, b), rtts, base in zip(pairs, delayed, undelayed, strict=True):
+        i, j = sites.index(a), sites.index(b)
+        one_way = sum(model_delay[(sites[k], sites[k + 1])] for k in range(i, j))
+        result["paths"].append({"path": sites[i:j + 1], "expected_ms": round(2 * one_way, 3), "sent": PINGS,
+                                **rtt_figures(rtts), "undelayed": rtt_figures(base)})
 
 
 def the_task(plan: EmulationPlan) -> TaskPaths:
@@ -189,36 +215,28 @@ def task_qdiscs(emu: Emulation, classid: str) -> dict[str, str]:
     return out
 
 
-def check_reservation() -> dict[str, Any]:
-    """A task's class (with netem under it) keeps its reserved rate against saturating background."""
-    plan = line_plan("guest-line-3", (RESERVATION_KM, RESERVATION_KM), LINK_MBPS)
+def reservation_run(emu: Emulation, result: dict[str, Any]) -> None:
+    """A task's class (with netem under it) keeps its reserved rate against saturating background; then the
+    control, the same flows without the task's paths."""
+    plan = emu.plan
     src, dst = plan.hosts[0].site, plan.hosts[-1].site
     task_flow = Flow("task", src, dst, TASK_PORT)
     background = Flow("background", src, dst, BACKGROUND_PORT, streams=BACKGROUND_STREAMS)
-    result: dict[str, Any] = {"check": "reservation", "link_mbps": LINK_MBPS, "reserved_mbps": RESERVED_MBPS,
-                              "background_streams": BACKGROUND_STREAMS}
-    emu = Emulation(plan, datapath="kernel", connect_timeout_s=CONNECT_TIMEOUT_S)
-    with emu:
-        result.update(emulation_facts(emu.info))
-        emu.client.set_background([[src, dst]])
-        summary = emu.client.install_task(the_task(plan))
-        task_class = summary["reservation"]["classid"]
-        result["enforced"] = summary["reservation"]["enforced"]
-        result["task_qdiscs"] = task_qdiscs(emu, task_class)
-        dev = interface(plan, src, plan.hosts[1].site)
-        before = class_bytes(dev)
-        shaped = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS, head_start_s=BACKGROUND_HEAD_START_S)
-        result["task_class_bytes"] = class_bytes(dev).get(task_class, 0) - before.get(task_class, 0)
-        emu.client.remove_task(TASK_ID)
-        result["classes_after_remove"] = sorted(class_bytes(dev))
-        result["task_class"] = task_class
-        control = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS,
-                               head_start_s=BACKGROUND_HEAD_START_S)
-    result.update(teardown_facts(emu))
-    result.update(task_mbps=shaped["task"], background_mbps=shaped["background"],
-                  control_task_mbps=control["task"], control_background_mbps=control["background"],
-                  iperf_seconds=IPERF_SECONDS)
-    return result
+    emu.client.set_background([[src, dst]])
+    summary = emu.client.install_task(the_task(plan))
+    task_class = summary["reservation"]["classid"]
+    result["enforced"] = summary["reservation"]["enforced"]
+    result["task_qdiscs"] = task_qdiscs(emu, task_class)
+    dev = interface(plan, src, plan.hosts[1].site)
+    before = class_bytes(dev)
+    shaped = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS, head_start_s=BACKGROUND_HEAD_START_S)
+    result["task_class_bytes"] = class_bytes(dev).get(task_class, 0) - before.get(task_class, 0)
+    emu.client.remove_task(TASK_ID)
+    result["classes_after_remove"] = sorted(class_bytes(dev))
+    result["task_class"] = task_class
+    control = run_together(emu, [background, task_flow], seconds=IPERF_SECONDS, head_start_s=BACKGROUND_HEAD_START_S)
+    result.update(task_mbps=shaped["task"], background_mbps=shaped["background"], control_task_mbps=control["task"],
+                  control_background_mbps=control["background"], iperf_seconds=IPERF_SECONDS)
 
 
 def check_net_test() -> dict[str, Any]:
@@ -267,12 +285,14 @@ def check_guest_clean() -> dict[str, Any]:
     return {"check": "guest_clean", "leftovers": machine_leftovers()}
 
 
-CHECKS: dict[str, Callable[[], dict[str, Any]]] = {
-    "rtt": check_rtt,
-    "reservation": check_reservation,
+#: The checks, by the name `main` takes; each gives one result, or a list (``line``: rtt, reservation).
+CHECKS: dict[str, Callable[[], dict[str, Any] | list[dict[str, Any]]]] = {
+    "line": check_line,
     "net_test": check_net_test,
     "guest_clean": check_guest_clean,
 }
+#: The results the checks give, by their ``check`` field.
+RESULTS = ("rtt", "reservation", "net_test", "guest_clean")
 
 
 def main(argv: list[str]) -> int:
@@ -284,10 +304,11 @@ def main(argv: list[str]) -> int:
     for name in names:
         print(f"*** check {name}", file=sys.stderr, flush=True)
         try:
-            result = CHECKS[name]()
+            got = CHECKS[name]()
         except Exception as e:  # noqa: BLE001 - reported as the check's result; the other checks still run
-            result = {"check": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
-        print(RESULT_MARK + json.dumps(result), flush=True)
+            got = {"check": name, "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()}
+        for result in got if isinstance(got, list) else [got]:
+            print(RESULT_MARK + json.dumps(result), flush=True)
     return 0
 
 
