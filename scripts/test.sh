@@ -35,7 +35,10 @@ fi
 bash scripts/provision.sh
 # mypy's cache outside the checkout, as root: a fresh checkout's type check then rechecks only the
 # files whose contents differ from those of a checkout checked before (mypy compares their hashes)
-if [ -z "${MYPY_CACHE_DIR:-}" ] && [ "$(id -u)" = 0 ]; then export MYPY_CACHE_DIR=/var/cache/netai-mypy; fi
+if [ -z "${MYPY_CACHE_DIR:-}" ] && [ "$(id -u)" = 0 ] && mkdir -p /var/cache/netai-mypy 2>/dev/null \
+        && [ -w /var/cache/netai-mypy ]; then
+    export MYPY_CACHE_DIR=/var/cache/netai-mypy
+fi
 make --no-print-directory lint typecheck docs VENV="$VENV"  # the Makefile's own recipes
 # shellcheck disable=SC2086
 "$VENV/bin/python" -m pytest --durations=25 $PYTEST_ARGS
