@@ -222,6 +222,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
 else
     log "venv up to date"
 fi
+# The project's own byte code, for the processes every run starts (scripts/compile_sources.sh)
+bash scripts/compile_sources.sh "$VENV/bin/python"
 
 # 5. The worker image and the test machines' image (when a Docker daemon runs) ------------------
 if [ -z "${NETAI_NO_SYSTEM:-}" ] && [ -z "${NETAI_SKIP_DOCKER:-}" ] && [ -z "${NETAI_SKIP_IMAGE:-}" ] && docker info >/dev/null 2>&1 \

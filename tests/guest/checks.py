@@ -16,13 +16,16 @@ were measured. A check that raises reports its error instead; the others still r
     htb class with netem under it on every link of its path, its flow against four saturating
     background iperf3 streams (started ahead of it), and a control run without the task.
 - ``net_test``: ``netai net test`` (the CLI) on a small ring, as a user runs it.
-- ``guest_clean``: after the runs, nothing of them in the machine (in the guest: nothing at all).
+- ``guest_clean``: after the runs, nothing of them in the machine (in the guest: nothing at all);
+  and, in the guest, which of the project's modules this process compiled as it imported them
+  rather than reading the byte code compiled beside them on the host (`byte_code`).
 
 Traffic stays between the emulation's hosts. This module asserts nothing itself.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import os
@@ -282,7 +285,34 @@ def kernel_datapath_ports() -> list[str]:
 def check_guest_clean() -> dict[str, Any]:
     if not IN_GUEST:
         return {"check": "guest_clean", "skipped": "not in the guest: only each run's own marks were checked"}
-    return {"check": "guest_clean", "leftovers": machine_leftovers()}
+    return {"check": "guest_clean", "leftovers": machine_leftovers(), "byte_code": byte_code()}
+
+
+#: The project's packages, whose byte code scripts/compile_sources.sh compiles on the host.
+PROJECT_PACKAGES = ("orchestrator", "workers", "controller", "topologies", "tests")
+
+
+def byte_code() -> dict[str, Any]:
+    """The project's modules this process imported, and those of them it compiled from source: no
+    byte code beside the source that matches it (`fresh_byte_code`). With a cache prefix set, Python
+    looks for byte code under it only, so ``pycache_prefix`` is reported too."""
+    loaded = sorted(name for name, module in list(sys.modules.items())
+                    if name.split(".")[0] in PROJECT_PACKAGES and getattr(module, "__file__", None))
+    compiled = [name for name in loaded if not fresh_byte_code(Path(sys.modules[name].__file__ or ""))]
+    return {"pycache_prefix": sys.pycache_prefix, "modules": len(loaded), "compiled_again": compiled}
+
+
+def fresh_byte_code(source: Path) -> bool:
+    """Whether `source` has byte code where this interpreter looks for it, of this Python, stamped
+    with the source's modification time and size (as `compileall` writes it and the import checks it)."""
+    try:
+        head = Path(importlib.util.cache_from_source(str(source))).read_bytes()[:16]
+        st = source.stat()
+    except (OSError, ValueError):
+        return False
+    word = [int.from_bytes(head[i:i + 4], "little") for i in (4, 8, 12)]
+    return head[:4] == importlib.util.MAGIC_NUMBER and word == [0, int(st.st_mtime) & 0xFFFFFFFF,
+                                                                 st.st_size & 0xFFFFFFFF]
 
 
 #: The checks, by the name `main` takes; each gives one result, or a list (``line``: rtt, reservation).

@@ -61,6 +61,9 @@ class ChecksRun:
     elapsed_s: float = 0.0
     #: The guest build's own time, s, when this run built it (None: the cache was warm, or the host).
     build_s: float | None = None
+    #: How long the suite waited for checks started early, s, once it reached their tests (None: not
+    #: started early). Zero when they had ended by then.
+    waited_s: float | None = None
 
 
 def host_has_stock_paths() -> bool:
@@ -268,8 +271,14 @@ def stop_early() -> None:
 
 
 def checks_run() -> ChecksRun:
-    """Every check's results: those started early when they were, else a run started now."""
-    return _EARLY.wait() if _EARLY is not None else run_checks()
+    """Every check's results: those started early when they were (with how long this waited for
+    them), else a run started now."""
+    if _EARLY is None:
+        return run_checks()
+    t0 = time.monotonic()
+    run = _EARLY.wait()
+    run.waited_s = round(time.monotonic() - t0, 1)
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -45,7 +45,8 @@ def run(figures: list[str]) -> ChecksRun:
     figures.append(f"stock-kernel checks ran on the {result.where}"
                    + (f" (guest accelerator: {result.accel})" if result.where == "guest" else "")
                    + f", exit status {result.status}, {result.elapsed_s:.0f} s in all"
-                   + (f" (the guest's build: {result.build_s:.0f} s)" if result.build_s is not None else ""))
+                   + (f" (the guest's build: {result.build_s:.0f} s)" if result.build_s is not None else "")
+                   + (f"; the suite waited {result.waited_s:.0f} s for them" if result.waited_s is not None else ""))
     return result
 
 
@@ -150,3 +151,14 @@ def test_teardown_leaves_nothing(run: ChecksRun) -> None:
         assert "skipped" not in clean
     if "skipped" not in clean:  # in the guest (also when these tests run inside it, on its "host")
         assert not any(clean["leftovers"].values()), clean["leftovers"]
+
+
+def test_the_guest_reads_the_byte_code_compiled_on_the_host(run: ChecksRun) -> None:
+    # The share is read-only: a module without byte code beside it is compiled by every process that
+    # imports it (scripts/guest/run.sh compiles them before the boot; docs/guest.md, "Time").
+    if run.where != "guest":
+        pytest.skip("the checks ran on this host, whose checkout is writable: the guest's byte code is not in play")
+    got = result_of(run, "guest_clean")["byte_code"]
+    assert got["pycache_prefix"] is None, got
+    assert got["modules"] >= 20, got
+    assert got["compiled_again"] == [], got
