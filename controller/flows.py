@@ -25,7 +25,7 @@ a host pair with no route is isolated.
 
 This module does no I/O and knows nothing of OpenFlow libraries: it returns `FlowEntry` values; the
 SDN app turns them into messages (`controller.app`) and `parse_ofctl_dump` reads them back from
-``ovs-ofctl dump-flows`` text for comparison.
+``ovs-ofctl dump-flows`` text for comparison. Its fewest-hops paths are `controller.hops`'.
 """
 
 from __future__ import annotations
@@ -35,8 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import networkx as nx
-
+from controller.hops import NoPath, next_hops_towards, shortest_path
 from controller.paths import PathSpec, TaskPaths
 from topologies.errors import TopologyError
 from topologies.plan import HOST_PORT, EmulationPlan
@@ -246,19 +245,11 @@ def task_entries(task: TaskPaths, plan: EmulationPlan) -> list[FlowEntry]:
     return sorted(seen.values(), key=FlowEntry.sort_key)
 
 
-def plan_graph(plan: EmulationPlan) -> nx.Graph:
-    """The plan's sites and links as a graph (insertion order = the plan's order)."""
-    g: nx.Graph = nx.Graph()
-    g.add_nodes_from(sw.site for sw in plan.switches)
-    g.add_edges_from((ln.a, ln.b) for ln in plan.links)
-    return g
-
-
 def shortest_site_path(plan: EmulationPlan, a: str, b: str) -> list[str]:
-    """A fewest-hops path from site `a` to site `b` (deterministic for a given plan)."""
+    """A fewest-hops path from site `a` to site `b`, deterministic for a given plan (`controller.hops`)."""
     try:
-        return list(nx.shortest_path(plan_graph(plan), a, b))
-    except (nx.NodeNotFound, nx.NetworkXNoPath) as e:
+        return shortest_path(plan, a, b)
+    except NoPath as e:
         raise FlowBuildError(f"no path between {a!r} and {b!r}: {e}") from e
 
 
@@ -305,14 +296,13 @@ def best_effort_entries(plan: EmulationPlan) -> list[FlowEntry]:
     `LOWER_EFFORT_DSCP`, out towards it along a fewest-hops tree rooted at its site (the host port
     on its own switch). A switch that cannot reach a host (a disconnected plan) gets no entry for it.
     """
-    g = plan_graph(plan)
     entries = []
     for host in plan.hosts:
         # One breadth-first tree per destination: each switch's next hop continues its parent's route.
-        towards = nx.shortest_path(g, target=host.site)
+        towards = next_hops_towards(plan, host.site)
         match = make_match(eth_type=ETH_TYPE_IPV4, ipv4_dst=host.ip)
-        for site, path in towards.items():
-            port = HOST_PORT if len(path) == 1 else plan.port_towards(site, path[1])
+        for site, hop in towards.items():
+            port = HOST_PORT if hop is None else plan.port_towards(site, hop)
             entries.append(FlowEntry(dpid=plan.switch(site).dpid, priority=BEST_EFFORT_PRIORITY,
                                      cookie=BEST_EFFORT_COOKIE, match=match, out_port=port,
                                      set_dscp=LOWER_EFFORT_DSCP))

@@ -19,10 +19,12 @@ controller, which must not recompute it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from topologies.errors import TopologyError
-from topologies.model import NetworkModel
+
+if TYPE_CHECKING:  # the controller reads plans without the model (nor networkx, which it imports)
+    from topologies.model import NetworkModel
 
 HOST_PORT = 1
 MAX_EMULATED_MBPS = 1000.0

@@ -23,11 +23,12 @@ from controller.flows import (
     entry_kind,
     make_match,
     parse_ofctl_dump,
-    plan_graph,
+    shortest_site_path,
     table_miss_entries,
     task_entries,
     tcp_match,
 )
+from controller.hops import next_hops_towards, site_neighbours
 from orchestrator.emulation.task_paths import task_paths
 from orchestrator.scheduling.schedule import OverlayEdge, task_ports
 from tests.unit.controller_fakes import FakeSwitches, handmade_schedule
@@ -175,7 +176,7 @@ def test_best_effort_routes_every_host_pair_on_a_fewest_hops_path(topology: str)
     fake = FakeSwitches(plan)
     fake.connect_all()
     _install(fake, [*table_miss_entries(plan), *best_effort_entries(plan)])
-    hops = dict(nx.all_pairs_shortest_path_length(plan_graph(plan)))
+    hops = dict(nx.all_pairs_shortest_path_length(nx_graph(plan)))
 
     routes = {
         (a.site, b.site): fake.send(a.site, b.ip, tcp_src=40000, tcp_dst=5201)
@@ -269,3 +270,47 @@ def test_diff_reports_missing_and_unexpected_entries() -> None:
     diff = diff_entries([a], [b])
 
     assert diff == {"missing": [a], "unexpected": [b]}
+
+
+# -- fewest-hops paths without networkx ------------------------------------------------------------
+def nx_graph(plan: EmulationPlan) -> nx.Graph:
+    """The plan's sites and links as a networkx graph: its switches' sites, then its links, in order."""
+    g: nx.Graph = nx.Graph()
+    g.add_nodes_from(sw.site for sw in plan.switches)
+    g.add_edges_from((ln.a, ln.b) for ln in plan.links)
+    return g
+
+
+@pytest.mark.parametrize("topology", ["triangle", "ring:6", "ring:9", "spine-leaf:2:4", "random:12:1",
+                                      "random:20:7", "sndlib/nobel-us", "sndlib/germany50", "topozoo/Abilene"])
+def test_the_controllers_fewest_hops_paths_are_networkxs_on_every_pair(topology: str) -> None:
+    # Prepare: the plan, and networkx's graph of it (the controller's paths before it did without it)
+    plan = EmulationPlan.from_model(load(topology))
+    g = nx_graph(plan)
+    sites = [sw.site for sw in plan.switches]
+
+    # Execute / Assert: the same path for every ordered pair (ties broken alike), the same next hop
+    # towards every site, the same neighbours in the same order
+    assert {s: list(n) for s, n in site_neighbours(plan).items()} == {s: list(g.adj[s]) for s in g}
+    for a in sites:
+        for b in sites:
+            assert shortest_site_path(plan, a, b) == nx.shortest_path(g, a, b), (a, b)
+        towards = nx.shortest_path(g, target=a)
+        assert next_hops_towards(plan, a) == {s: path[1] if len(path) > 1 else None for s, path in towards.items()}
+
+
+def test_no_path_between_sites_the_plan_does_not_join_or_does_not_have() -> None:
+    # Prepare: a plan whose link between two sites is gone
+    plan = EmulationPlan.from_model(load("triangle"))
+    a, b, c = (sw.site for sw in plan.switches)
+    cut = dataclasses.replace(plan, links=tuple(ln for ln in plan.links if {ln.a, ln.b} != {a, b}))
+    alone = dataclasses.replace(plan, links=tuple(ln for ln in plan.links if c not in (ln.a, ln.b)
+                                                  and {ln.a, ln.b} != {a, b}))
+
+    # Execute / Assert: around the cut; none to a site cut off, nor to one the plan does not have
+    assert shortest_site_path(cut, a, b) == [a, c, b]
+    with pytest.raises(FlowBuildError, match="no link joins them"):
+        shortest_site_path(alone, a, c)
+    assert next_hops_towards(alone, c) == {c: None}
+    with pytest.raises(FlowBuildError, match="no site 'nowhere'"):
+        shortest_site_path(plan, a, "nowhere")
