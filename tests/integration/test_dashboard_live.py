@@ -5,6 +5,7 @@ installed, and a link's load rising while iperf3 runs across it. A screenshot is
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import threading
@@ -82,12 +83,12 @@ def test_live_dashboard_of_a_running_task_in_chromium(tmp_path: Path, figures: l
     proc = netai("experiment", str(config), "--out", str(tmp_path / "runs"), "--no-progress", "--no-figures", "--dashboard",
                  "--dashboard-port", str(port))
     out = Output(proc)
-    browser = None
+    browsers = contextlib.ExitStack()  # the browser, quit (and its folder removed) on every exit
     iperf: list[subprocess.Popen[bytes]] = []
     try:
         url = out.wait_for("live dashboard at", 60).split("live dashboard at", 1)[1].strip()
         assert url == f"http://127.0.0.1:{port}/"
-        browser = chromium_driver()
+        browser = browsers.enter_context(chromium_driver())
         from selenium.webdriver.support.ui import WebDriverWait
 
         browser.get(url)
@@ -137,8 +138,7 @@ def test_live_dashboard_of_a_running_task_in_chromium(tmp_path: Path, figures: l
         for p in iperf:
             if p.poll() is None:
                 p.kill()
-        if browser is not None:
-            browser.quit()
+        browsers.close()
         if proc.poll() is None:
             proc.send_signal(2)
             proc.wait(timeout=120)

@@ -3,11 +3,15 @@ its Prometheus page, the link-load sampler's arithmetic, and the replay page in 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import socket
+import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +220,12 @@ def test_sampler_splits_ai_and_background_by_counter_growth() -> None:
 
 
 # -- the replay page in a real browser ---------------------------------------------------------------------
-def chromium_driver() -> Any:
+@contextlib.contextmanager
+def chromium_driver() -> Iterator[Any]:
+    """A headless chromium under chromedriver, quit on exit. Chromium keeps its singleton socket in a
+    folder it makes under ``TMPDIR`` and leaves behind: here that is a short folder of the browser's own
+    (a UNIX socket's path has at most 108 characters, more than a test's ``tmp_path`` leaves), removed
+    once the browser has quit."""
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
 
@@ -228,7 +237,15 @@ def chromium_driver() -> Any:
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,900",
                 "--disable-dev-shm-usage", "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=127.0.0.1"):
         opts.add_argument(arg)
-    return webdriver.Chrome(options=opts, service=Service(driver))
+    folder = tempfile.mkdtemp(prefix="netai-chromium-")
+    try:
+        browser = webdriver.Chrome(options=opts, service=Service(driver, env={**os.environ, "TMPDIR": folder}))
+        try:
+            yield browser
+        finally:
+            browser.quit()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def drawn_width(browser: Any, a: str, b: str) -> float:
@@ -241,9 +258,12 @@ def drawn_width(browser: Any, a: str, b: str) -> float:
 def test_replay_in_chromium_the_slider_changes_the_drawn_load(run: dict[str, Any], tmp_path: Path) -> None:
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser = chromium_driver()
     a, b = run["hop"]
-    try:
+    temp = Path(tempfile.gettempdir())
+    folders_before = set(temp.glob("netai-chromium-*"))
+    with chromium_driver() as browser:
+        (own,) = set(temp.glob("netai-chromium-*")) - folders_before
+        singletons = list(own.glob("org.chromium.Chromium.*"))  # chromium's, under the browser's own folder
         with Dashboard(run["path"], port=0, live=False) as dash:
             browser.get(dash.url)
             WebDriverWait(browser, 20).until(lambda d: d.execute_script("return netai.frames > 0"))
@@ -264,9 +284,8 @@ def test_replay_in_chromium_the_slider_changes_the_drawn_load(run: dict[str, Any
             browser.save_screenshot(str(tmp_path / "replay.png"))
             slide(1.0)
             before = drawn_width(browser, a, b)
-    finally:
-        browser.quit()
 
+    assert singletons and not own.exists()  # removed with the browser: no folder of chromium's is left
     assert set(sites) == set(run["model"].sites)
     assert during > at_end and during > before  # 45 of 100 Mbit/s drawn wider than 5
     assert at_end == pytest.approx(before)
