@@ -26,6 +26,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,7 +252,9 @@ class NetaiController(BaseApp):
             dp, cookie=cookie or 0, cookie_mask=COOKIE_MASK_ALL if cookie is not None else 0
         )
         stats = []
-        for reply in self._send_and_wait(dpid, [req], reply_to=req):
+        replies = self._send_and_wait(dpid, [req], reply_to=req)
+        read_s = time.monotonic()  # the counters' moment: as the switch's replies came in
+        for reply in replies:
             for st in reply.body:
                 stats.append(
                     FlowStat(
@@ -259,6 +262,7 @@ class NetaiController(BaseApp):
                         packets=int(st.packet_count),
                         bytes=int(st.byte_count),
                         duration_s=st.duration_sec + st.duration_nsec / 1e9,
+                        read_s=read_s,
                     )
                 )
         return stats

@@ -422,7 +422,9 @@ class ControllerCore:
     def flows(self, task_id: int | None = None, *, background: bool = False) -> list[dict[str, Any]]:
         """Entries read live from every connected switch (optionally one task's, from the switches
         that hold its entries, or only the background routes', selected by cookie on the switch),
-        with counters."""
+        with counters and ``read_s``, when they were read (`FlowStat.read_s`, else as the switch's
+        read returned, on `clock`): a rate from two reads divides by their ``read_s`` apart, not by
+        when the answers reached the asker (a slow answer would read as a fast rate next time)."""
         if task_id is not None and task_id not in self.tasks:
             raise NotFound(f"no task {task_id} is installed (installed: {sorted(self.tasks)})")
         if task_id is not None and background:
@@ -434,7 +436,9 @@ class ControllerCore:
                 dpids &= {e.dpid for e in self.tasks[task_id].entries}
         out = []
         for dpid in sorted(dpids):
-            for st in self.sender.flow_stats(dpid, cookie):
+            stats = self.sender.flow_stats(dpid, cookie)
+            returned = self.clock()
+            for st in stats:
                 d = st.entry.to_dict()
                 d.update(
                     switch=switch_name(self.plan, dpid),
@@ -444,6 +448,7 @@ class ControllerCore:
                     packets=st.packets,
                     bytes=st.bytes,
                     duration_s=st.duration_s,
+                    read_s=returned if st.read_s is None else st.read_s,
                 )
                 out.append(d)
         return out

@@ -13,6 +13,7 @@ with its Content-Length, at most `MAX_BODY_BYTES`, chunked bodies get 411)::
                                    ({"enforced", "reason", "classid", "capped", "links": [...]})
     DELETE /tasks/{id}             remove the task's entries
     GET    /flows[?task=ID]        entries read live from the switches, with packet/byte counters
+                                   and when they were read ("read_s", the controller's monotonic clock)
     GET    /flows?kind=background  only the background routes' entries (their cookie), with counters
     GET    /stats/ports            per directed link: bytes, current rate, utilisation
     GET    /background             background host pairs

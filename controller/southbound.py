@@ -15,12 +15,14 @@ from controller.flows import FlowEntry
 
 @dataclass(frozen=True)
 class FlowStat:
-    """A flow entry as the switch reports it, with its counters."""
+    """A flow entry as the switch reports it, with its counters. `read_s`: when the counters were
+    read, on the controller's monotonic clock (None: the core stamps them as the read returns)."""
 
     entry: FlowEntry
     packets: int
     bytes: int
     duration_s: float
+    read_s: float | None = None
 
 
 @dataclass(frozen=True)

@@ -196,9 +196,11 @@ class TcFlowSender:
             return cached[1].pop(dpid)  # each switch's part is handed out once
         shows = [["filter", "show", "block", str(d), *([] if pref is None else ["pref", str(pref)])]
                  for d in holders.values()]
+        before = time.monotonic()
         text = self._show(["-s", "-batch", "-"], stdin=batch_text(shows))
+        read_s = (before + time.monotonic()) / 2  # the counters' moment: within the dump, taken as its middle
         try:
-            got = parse_blocks(holders, text, cookie, pref=pref)
+            got = parse_blocks(holders, text, cookie, pref=pref, read_s=read_s)
         except TcFlowError as e:
             raise TcDatapathError(f"reading the switches' filters: {e}") from e
         mine = got.pop(dpid)

@@ -279,10 +279,11 @@ def parse_block(dpid: int, switch: str, text: str, cookie: int | None = None, *,
 
 
 def parse_blocks(dpids: dict[str, int], text: str, cookie: int | None = None, *,
-                 pref: int | None = None) -> dict[int, list[FlowStat]]:
+                 pref: int | None = None, read_s: float | None = None) -> dict[int, list[FlowStat]]:
     """`parse_block` of several switches' blocks shown one after another (``tc -s -batch`` of one
     ``filter show block N [pref P]`` each): every filter goes to the switch `dpids` (name -> datapath
-    id) whose port it redirects to. A filter redirecting to no such switch's port raises `TcFlowError`."""
+    id) whose port it redirects to, its counters stamped `read_s` (`FlowStat.read_s`). A filter
+    redirecting to no such switch's port raises `TcFlowError`."""
     out: dict[int, list[FlowStat]] = {dpid: [] for dpid in dpids.values()}
     for f in _filters(text, pref):
         if f.cookie is None or (cookie is not None and f.cookie != cookie):
@@ -294,7 +295,8 @@ def parse_blocks(dpids: dict[str, int], text: str, cookie: int | None = None, *,
                               f"switches read ({', '.join(dpids)})")
         entry = FlowEntry(dpid=dpids[switch], priority=priority_of_pref(f.pref), cookie=f.cookie,
                           match=make_match(**match_of_keys(f.keys)), out_port=port)
-        out[dpids[switch]].append(FlowStat(entry=entry, packets=f.packets, bytes=f.bytes, duration_s=f.installed_s))
+        out[dpids[switch]].append(FlowStat(entry=entry, packets=f.packets, bytes=f.bytes, duration_s=f.installed_s,
+                                               read_s=read_s))
     return {d: sorted(v, key=lambda s: s.entry.sort_key()) for d, v in out.items()}
 
 

@@ -3,13 +3,20 @@
 `LinkLoadSampler.sample` reads the controller's port statistics (what each switch port sent, all
 traffic classes) and flow statistics (bytes per entry), and returns per directed link ``a -> b``:
 the port's current rate, the rate of the task entries and of the background entries that output
-towards ``b`` (both from the change of their byte counters since the previous sample), the link's
-emulated capacity and whether it is up. An entry not seen at the previous sample counts from zero
-(it was installed in between); an entry that vanished (its task ended) is dropped. Rates are in
-emulated Mbit/s, as the controller reports them. Traffic of neither class (e.g. best-effort
-connectivity) is in ``rate_mbps`` only.
+towards ``b`` (both from the change of their byte counters since the previous sample, over the time
+between the two reads of those counters: the entries' ``read_s``), the link's emulated capacity and
+whether it is up. An entry not seen at the previous sample counts from zero over the time between
+the two samples (it was installed in between); an entry that vanished (its task ended) is dropped.
+Rates are in emulated Mbit/s, as the controller reports them. Traffic of neither class (e.g.
+best-effort connectivity) is in ``rate_mbps`` only.
 
-`orchestrator.experiment.link_recorder.LinkRecorder` samples this on a thread into a run's database.
+The counters' own read times matter: the answer to a read reaches the sampler some time after
+the switches were read, by a delay that varies on a busy host, and a rate over the answers'
+arrivals would carry that variation (docs/dashboard.md).
+
+The entries count what they matched at the sending switch, which is what was offered to the link:
+where the link's queue drops (a TCP flow filling its class), a class's rate exceeds what the link
+carried, and ``rate_mbps`` (what the port sent) is the carried total.
 """
 
 from __future__ import annotations
@@ -40,7 +47,8 @@ class LinkLoadSampler:
             self._out[(ln.a, ln.port_a)] = (ln.a, ln.b)
             self._out[(ln.b, ln.port_b)] = (ln.b, ln.a)
             self._capacity[(ln.a, ln.b)] = self._capacity[(ln.b, ln.a)] = ln.emulated_mbps
-        self._bytes: dict[str, int] = {}
+        #: Entry key -> its byte counter and when it was read (``read_s``; None: not said) at the last sample.
+        self._bytes: dict[str, tuple[int, float | None]] = {}
         self._t: float | None = None
 
     @staticmethod
@@ -58,7 +66,7 @@ class LinkLoadSampler:
         now = self.clock()
         dt = None if self._t is None else now - self._t
         split: dict[tuple[str, str], dict[str, float]] = {}
-        seen: dict[str, int] = {}
+        seen: dict[str, tuple[int, float | None]] = {}
         for f in flows:
             kind = KINDS.get(str(f.get("kind")))
             actions = f.get("actions") or []
@@ -71,12 +79,11 @@ class LinkLoadSampler:
             # one key per entry: its switch, priority, cookie, match and action
             key = json.dumps([f.get("switch"), f.get("priority"), f.get("cookie"), f.get("match"), actions],
                              sort_keys=True)
-            nbytes = int(f.get("bytes", 0))
-            seen[key] = nbytes
+            nbytes, read = int(f.get("bytes", 0)), f.get("read_s")
+            seen[key] = (nbytes, float(read) if isinstance(read, (int, float)) else None)
             if dt:
-                grown = max(0, nbytes - self._bytes.get(key, 0))
                 acc = split.setdefault(link, {"ai": 0.0, "background": 0.0})
-                acc[kind] += grown * 8 / dt / 1e6
+                acc[kind] += _rate_bps(self._bytes.get(key), seen[key], dt) / 1e6
         self._bytes, self._t = seen, now
         rows = []
         for p in ports:
@@ -92,3 +99,13 @@ class LinkLoadSampler:
                          "capacity_mbps": float(p.get("emulated_mbps", self._capacity.get((a, b), 0.0))),
                          "up": bool(p.get("up", True))})
         return rows
+
+
+def _rate_bps(before: tuple[int, float | None] | None, now: tuple[int, float | None], dt: float) -> float:
+    """An entry's rate in bit/s from its (bytes, read_s) at two samples `dt` apart on the sampler's
+    clock: over its two reads' times where both are known, else over `dt`; from zero if it is new."""
+    nbytes, read_s = now
+    if before is None:
+        return nbytes * 8 / dt
+    span = read_s - before[1] if read_s is not None and before[1] is not None and read_s > before[1] else dt
+    return max(0, nbytes - before[0]) * 8 / span

@@ -104,13 +104,14 @@ def test_put_task_installs_its_entries_and_traffic_follows(
     assert one["label"] == "handmade" and len(one["paths"]) == 4 and len(one["entries"]) == 18
 
 
-def test_flows_report_counters_by_task(api: RestApi, plan: EmulationPlan, fake: FakeSwitches) -> None:
+def test_flows_report_counters_by_task(api: RestApi, plan: EmulationPlan, fake: FakeSwitches, clock: Clock) -> None:
     schedule = handmade_schedule(plan, task_id=7)
     bport, _ = task_ports(7)
     call(api, "PUT", "/tasks/7", task_paths(schedule).to_dict())
     for _ in range(5):
         fake.send("A", plan.host("B").ip, tcp_src=40000, tcp_dst=bport, nbytes=1000)
 
+    clock.t = 123.5  # when the switches are read: the fake says nothing of it, so the core's clock
     status, body = call(api, "GET", "/flows?task=7")
 
     assert status == 200
@@ -118,6 +119,7 @@ def test_flows_report_counters_by_task(api: RestApi, plan: EmulationPlan, fake: 
     a_to_b = [f for f in body["flows"] if f["switch"] == "s1" and f["match"].get("tcp_dst") == bport
               and f["match"]["ipv4_dst"] == plan.host("B").ip]
     assert [(f["packets"], f["bytes"]) for f in a_to_b] == [(5, 5000)]
+    assert {f["read_s"] for f in body["flows"]} == {123.5}
     _, everything = call(api, "GET", "/flows")
     assert len(everything["flows"]) == 18 + 3  # + one table-miss entry per switch
 

@@ -180,6 +180,8 @@ class FakeController:
         self.plan = plan
         self.task_bytes = 0
         self.bg_bytes = 0
+        #: When the controller read the counters (its ``read_s``); None: the reply says nothing of it.
+        self.read_s: float | None = None
 
     def link_stats(self) -> list[dict[str, Any]]:
         out = []
@@ -191,6 +193,10 @@ class FakeController:
 
     def flows(self) -> list[dict[str, Any]]:
         ln = self.plan.links[0]
+        read = {} if self.read_s is None else {"read_s": self.read_s}
+        return [read | f for f in self._flows(ln)]
+
+    def _flows(self, ln: Any) -> list[dict[str, Any]]:
         return [
             {"switch": "s1", "site": ln.a, "task": 7, "cookie": 7, "priority": 200, "kind": "task",
              "match": {"tcp_dst": 1}, "actions": [{"type": "OUTPUT", "port": ln.port_a}], "bytes": self.task_bytes},
@@ -217,6 +223,39 @@ def test_sampler_splits_ai_and_background_by_counter_growth() -> None:
     assert all(r["ai_mbps"] == 0 for r in first)  # nothing to difference against yet
     assert pick["ai_mbps"] == 10.0 and pick["background_mbps"] == 2.0
     assert sum(r["ai_mbps"] for r in second) == 10.0  # only the link the entries output on
+
+
+def test_sampler_rates_divide_by_the_time_between_the_counters_reads() -> None:
+    # Prepare: a background flow holding 100 Mbit/s, read by the controller every second exactly,
+    # whose answers reach the sampler 10 ms, 150 ms, then 20 ms after each read (a busy host)
+    plan = EmulationPlan.from_model(load("triangle"), max_link_mbps=100)
+    ctl = FakeController(plan)
+    now = [0.0]
+    sampler = LinkLoadSampler(ctl, plan, clock=lambda: now[0])
+    ln = plan.links[0]
+
+    # Execute
+    rates = []
+    for i, late in enumerate((0.010, 0.150, 0.020)):
+        ctl.read_s, ctl.bg_bytes, now[0] = 50.0 + i, i * 12_500_000, 1000.0 + i + late
+        rows = sampler.sample()
+        rates.append(next(r["background_mbps"] for r in rows if (r["a"], r["b"]) == (ln.a, ln.b)))
+
+    # Assert: 100 Mbit/s each time (over the answers' arrivals, 1.14 s then 0.87 s apart, it would
+    # read 87.7 then 114.9)
+    assert rates == [0.0, 100.0, 100.0]
+
+
+def test_sampler_falls_back_to_its_own_clock_where_no_read_time_is_given() -> None:
+    plan = EmulationPlan.from_model(load("triangle"), max_link_mbps=100)
+    ctl = FakeController(plan)
+    now = [0.0]
+    sampler = LinkLoadSampler(ctl, plan, clock=lambda: now[0])
+    ctl.read_s = 7.0
+    sampler.sample()
+    ctl.read_s, ctl.bg_bytes, now[0] = None, 2_500_000, 2.0  # 20 Mbit in the sampler's 2 s
+    ln = plan.links[0]
+    assert next(r["background_mbps"] for r in sampler.sample() if (r["a"], r["b"]) == (ln.a, ln.b)) == 10.0
 
 
 # -- the replay page in a real browser ---------------------------------------------------------------------

@@ -242,8 +242,9 @@ def test_one_preference_shown_is_read_with_it() -> None:
 
 def test_several_blocks_read_at_once_go_to_the_switch_each_filter_redirects_to() -> None:
     two = SHOWN + SHOWN.replace("s1-eth", "s2-eth")  # what one tc -batch of two blocks' shows prints
-    got = parse_blocks({"s1": 1, "s2": 2}, two, 7)
+    got = parse_blocks({"s1": 1, "s2": 2}, two, 7, read_s=41.5)
     assert {st.entry for st in got[1]} == set(CAPTURED[:2])
+    assert {st.read_s for sts in got.values() for st in sts} == {41.5}  # the one read's moment
     assert {st.entry.dpid for st in got[2]} == {2} and len(got[2]) == 2
     with pytest.raises(TcFlowError, match="no port of the switches read"):
         parse_blocks({"s1": 1}, two)
