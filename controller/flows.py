@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.hops import NoPath, next_hops_towards, shortest_path
+from controller.hops import NoPath, next_hops_towards, shortest_path, site_neighbours
 from controller.paths import PathSpec, TaskPaths
 from topologies.errors import TopologyError
 from topologies.plan import HOST_PORT, EmulationPlan
@@ -297,9 +297,10 @@ def best_effort_entries(plan: EmulationPlan) -> list[FlowEntry]:
     on its own switch). A switch that cannot reach a host (a disconnected plan) gets no entry for it.
     """
     entries = []
+    neighbours = site_neighbours(plan)
     for host in plan.hosts:
         # One breadth-first tree per destination: each switch's next hop continues its parent's route.
-        towards = next_hops_towards(plan, host.site)
+        towards = next_hops_towards(plan, host.site, neighbours=neighbours)
         match = make_match(eth_type=ETH_TYPE_IPV4, ipv4_dst=host.ip)
         for site, hop in towards.items():
             port = HOST_PORT if hop is None else plan.port_towards(site, hop)

@@ -87,10 +87,12 @@ def _meet(adj: Mapping[str, Mapping[str, None]], pred: dict[str, str | None], su
     return None
 
 
-def next_hops_towards(plan: EmulationPlan, site: str) -> dict[str, str | None]:
+def next_hops_towards(plan: EmulationPlan, site: str, *,
+                      neighbours: Mapping[str, Mapping[str, None]] | None = None) -> dict[str, str | None]:
     """For every site that reaches `site`, its next hop on a fewest-hops path there (None for `site`
-    itself): the breadth-first tree rooted at `site`, each site's parent the first to reach it."""
-    adj = site_neighbours(plan)
+    itself): the breadth-first tree rooted at `site`, each site's parent the first to reach it.
+    `neighbours`: `site_neighbours` of `plan`, for a caller that asks of many sites (None: built here)."""
+    adj = site_neighbours(plan) if neighbours is None else neighbours
     parent: dict[str, str | None] = {site: None}
     level = [site]
     while level:
