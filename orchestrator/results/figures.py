@@ -263,8 +263,9 @@ def link_utilisation(db: ResultsDB, run_id: int, out_dir: Path, *, top: int = 6)
                frameon=False)
     fig.tight_layout(rect=(0, 0.06, 1, 1))
     caption = (f"Utilisation over time of the {len(links)} busiest directed links (by mean utilisation): AI "
-               f"task traffic and background traffic stacked, each over the link's emulated capacity, the port's "
-               f"total rate as a line, and the intervals the link was down shaded.")
+               f"task traffic and background traffic stacked, each over the link's emulated capacity, as the "
+               f"flow entries matched it (offered to the link: above the line where the link's queue dropped), "
+               f"the port's total rate (what the link sent) as a line, and the intervals the link was down shaded.")
     return Figure(name, caption, _save(fig, out_dir, name), drawn={"links": links, "samples": samples})
 
 
