@@ -422,9 +422,8 @@ class ControllerCore:
     def flows(self, task_id: int | None = None, *, background: bool = False) -> list[dict[str, Any]]:
         """Entries read live from every connected switch (optionally one task's, from the switches
         that hold its entries, or only the background routes', selected by cookie on the switch),
-        with counters and ``read_s``, when they were read (`FlowStat.read_s`, else as the switch's
-        read returned, on `clock`): a rate from two reads divides by their ``read_s`` apart, not by
-        when the answers reached the asker (a slow answer would read as a fast rate next time)."""
+        with counters and ``read_s``, when they were read (`FlowStat.read_s`, else as the read
+        returned, on `clock`): a rate divides by two reads' ``read_s`` apart, not by their answers'."""
         if task_id is not None and task_id not in self.tasks:
             raise NotFound(f"no task {task_id} is installed (installed: {sorted(self.tasks)})")
         if task_id is not None and background:
@@ -453,10 +452,21 @@ class ControllerCore:
                 out.append(d)
         return out
 
-    def link_stats(self) -> list[dict[str, Any]]:
-        """Per directed link: bytes sent so far, current rate and utilisation of the shaped rate."""
+    def link_stats(self, *, read_now: bool = False) -> list[dict[str, Any]]:
+        """Per directed link: bytes sent so far (``tx_bytes``, as of ``read_s`` on `clock`), the current
+        rate and utilisation of the shaped rate (over the last two polls, `record_port_stats`). With
+        `read_now`, the bytes are read from every connected switch first (one that does not answer
+        keeps its polled bytes): two such answers give a rate over their reads' time, as `flows`."""
+        fresh: dict[tuple[int, int], tuple[int, float]] = {}
+        for dpid in sorted(self.connected) if read_now else ():
+            try:
+                stats = self.sender.port_stats(dpid)
+            except Unavailable:
+                continue
+            read_s = self.clock()
+            fresh.update({(dpid, st.port_no): (st.tx_bytes, read_s) for st in stats})
         with self._lock:
-            return self.ports.link_stats()
+            return self.ports.link_stats(fresh)
 
     def topology(self) -> dict[str, Any]:
         with self._lock:

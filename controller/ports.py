@@ -12,7 +12,7 @@ OpenFlow framework.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,20 +102,25 @@ class PortBook:
                 c.rate_rx_mbps = max(0, st.rx_bytes - c.last.rx_bytes) * 8 / dt / 1e6
             c.last = sample
 
-    def link_stats(self) -> list[dict[str, Any]]:
-        """Per directed link: bytes sent so far, current rate and utilisation of the shaped rate."""
+    def link_stats(self, fresh: Mapping[tuple[int, int], tuple[int, float]] | None = None) -> list[dict[str, Any]]:
+        """Per directed link: bytes sent so far (``tx_bytes``) and when they were read (``read_s``; None:
+        never), current rate and utilisation of the shaped rate. `fresh`: (dpid, port) -> (bytes, read
+        time) just read, in place of the last poll's bytes (the rates stay the polls')."""
         rows = []
         for ln in self.plan.links:
             for src, dst, port in ((ln.a, ln.b, ln.port_a), (ln.b, ln.a, ln.port_b)):
                 dpid = self.plan.switch(src).dpid
                 c = self._counters.get((dpid, port))
                 rate = c.rate_tx_mbps if c else 0.0
+                polled = (c.last.tx_bytes, c.last.t_s) if c and c.last else (0, None)
+                tx_bytes, read_s = (fresh or {}).get((dpid, port), polled)
                 rows.append(
                     {
                         "link": [src, dst],
                         "switch": switch_name(self.plan, dpid),
                         "port": port,
-                        "tx_bytes": c.last.tx_bytes if c and c.last else 0,
+                        "tx_bytes": tx_bytes,
+                        "read_s": read_s,
                         "rate_mbps": round(rate, 3),
                         "emulated_mbps": ln.emulated_mbps,
                         "utilisation": round(rate / ln.emulated_mbps, 4) if ln.emulated_mbps else 0.0,

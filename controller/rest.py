@@ -15,7 +15,8 @@ with its Content-Length, at most `MAX_BODY_BYTES`, chunked bodies get 411)::
     GET    /flows[?task=ID]        entries read live from the switches, with packet/byte counters
                                    and when they were read ("read_s", the controller's monotonic clock)
     GET    /flows?kind=background  only the background routes' entries (their cookie), with counters
-    GET    /stats/ports            per directed link: bytes, current rate, utilisation
+    GET    /stats/ports            per directed link: bytes, current rate, utilisation (of the last poll)
+    GET    /stats/ports?read=now   the same, its bytes ("tx_bytes" at "read_s") read from the switches now
     GET    /background             background host pairs
     PUT    /background             body = {"pairs": [[site, site], ...]}: replace them
     DELETE /background             remove all background routes
@@ -141,7 +142,10 @@ class RestApi:
             return _json_response({"flows": core.flows(_task_id(task) if task else None,
                                                        background=kind == "background")})
         if path == "/stats/ports" and method == "GET":
-            return _json_response({"links": core.link_stats()})
+            read = req.GET.get("read")
+            if read not in (None, "now"):
+                raise BadRequest(f"read must be 'now' (or left out), got {str(read)[:100]!r}")
+            return _json_response({"links": core.link_stats(read_now=read == "now")})
         if path == "/background":
             if method == "GET":
                 return _json_response(core.get_background())

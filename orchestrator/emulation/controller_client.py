@@ -117,8 +117,10 @@ class ControllerClient:
         """
         return sum(int(f["bytes"]) for f in self.flows(task_id) if onto_link(f))
 
-    def link_stats(self) -> list[dict[str, Any]]:
-        return list(self.request("GET", "/stats/ports")["links"])
+    def link_stats(self, *, read_now: bool = False) -> list[dict[str, Any]]:
+        """``GET /stats/ports``: per directed link, its bytes (read from the switches now if
+        `read_now`, else as last polled) with their ``read_s``, its rate over the last poll."""
+        return list(self.request("GET", "/stats/ports?read=now" if read_now else "/stats/ports")["links"])
 
     def set_background(self, pairs: Sequence[Sequence[str]]) -> dict[str, Any]:
         result: dict[str, Any] = self.request("PUT", "/background", {"pairs": [list(p) for p in pairs]})

@@ -1,11 +1,13 @@
 """Live load of every emulated link, split into AI (task) traffic and background, recorded over time.
 
 `LinkLoadSampler.sample` reads the controller's port statistics (what each switch port sent, all
-traffic classes) and flow statistics (bytes per entry), and returns per directed link ``a -> b``:
-the port's current rate, the rate of the task entries and of the background entries that output
-towards ``b`` (both from the change of their byte counters since the previous sample, over the time
-between the two reads of those counters: the entries' ``read_s``), the link's emulated capacity and
-whether it is up. An entry not seen at the previous sample counts from zero over the time between
+traffic classes, read from the switches at the sample: ``GET /stats/ports?read=now``) and flow
+statistics (bytes per entry), and returns per directed link ``a -> b``: the port's rate (from the
+change of its byte counter since the previous sample, over the time between the two reads; the
+controller's rate over its last poll at the first sample or where a read is missing), the rate of
+the task entries and of the background entries that output towards ``b`` (both from the change of
+their byte counters since the previous sample, over the time between the two reads of those
+counters: the entries' ``read_s``), the link's emulated capacity and whether it is up. An entry not seen at the previous sample counts from zero over the time between
 the two samples (it was installed in between); an entry that vanished (its task ended) is dropped.
 Rates are in emulated Mbit/s, as the controller reports them. Traffic of neither class (e.g.
 best-effort connectivity) is in ``rate_mbps`` only.
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from topologies.plan import EmulationPlan
@@ -49,6 +51,8 @@ class LinkLoadSampler:
             self._capacity[(ln.a, ln.b)] = self._capacity[(ln.b, ln.a)] = ln.emulated_mbps
         #: Entry key -> its byte counter and when it was read (``read_s``; None: not said) at the last sample.
         self._bytes: dict[str, tuple[int, float | None]] = {}
+        #: Directed link -> its port's byte counter and when it was read, at the last sample.
+        self._sent: dict[tuple[str, str], tuple[int, float | None]] = {}
         self._t: float | None = None
 
     @staticmethod
@@ -61,7 +65,7 @@ class LinkLoadSampler:
     def sample(self) -> list[dict[str, Any]]:
         """One reading of every directed link (see the module docstring); the first reading's
         class rates are zero (nothing to difference against)."""
-        ports = self.client.link_stats()
+        ports = self.client.link_stats(read_now=True)
         flows = self.client.flows()
         now = self.clock()
         dt = None if self._t is None else now - self._t
@@ -79,25 +83,28 @@ class LinkLoadSampler:
             # one key per entry: its switch, priority, cookie, match and action
             key = json.dumps([f.get("switch"), f.get("priority"), f.get("cookie"), f.get("match"), actions],
                              sort_keys=True)
-            nbytes, read = int(f.get("bytes", 0)), f.get("read_s")
-            seen[key] = (nbytes, float(read) if isinstance(read, (int, float)) else None)
+            seen[key] = _counter(f, "bytes")
             if dt:
                 acc = split.setdefault(link, {"ai": 0.0, "background": 0.0})
                 acc[kind] += _rate_bps(self._bytes.get(key), seen[key], dt) / 1e6
         self._bytes, self._t = seen, now
         rows = []
+        sent: dict[tuple[str, str], tuple[int, float | None]] = {}
         for p in ports:
             try:
                 a, b = (str(x) for x in p["link"])
             except (KeyError, TypeError, ValueError):
                 continue
+            sent[(a, b)] = _counter(p, "tx_bytes")
+            rate = _port_rate_mbps(self._sent.get((a, b)), sent[(a, b)], float(p.get("rate_mbps", 0.0)))
             cls = split.get((a, b), {})
-            rows.append({"a": a, "b": b, "tx_bytes": int(p.get("tx_bytes", 0)),
-                         "rate_mbps": float(p.get("rate_mbps", 0.0)),
+            rows.append({"a": a, "b": b, "tx_bytes": sent[(a, b)][0],
+                         "rate_mbps": round(rate, 3),
                          "ai_mbps": round(cls.get("ai", 0.0), 3),
                          "background_mbps": round(cls.get("background", 0.0), 3),
                          "capacity_mbps": float(p.get("emulated_mbps", self._capacity.get((a, b), 0.0))),
                          "up": bool(p.get("up", True))})
+        self._sent = sent
         return rows
 
 
@@ -109,3 +116,17 @@ def _rate_bps(before: tuple[int, float | None] | None, now: tuple[int, float | N
         return nbytes * 8 / dt
     span = read_s - before[1] if read_s is not None and before[1] is not None and read_s > before[1] else dt
     return max(0, nbytes - before[0]) * 8 / span
+
+
+def _counter(row: Mapping[str, Any], key: str) -> tuple[int, float | None]:
+    """A byte counter of a controller's answer and when it was read (``read_s``; None: not said)."""
+    read = row.get("read_s")
+    return int(row.get(key, 0)), float(read) if isinstance(read, (int, float)) else None
+
+
+def _port_rate_mbps(before: tuple[int, float | None] | None, now: tuple[int, float | None], polled: float) -> float:
+    """A port's rate from its (bytes, read_s) at two samples, over the reads' times; `polled` (the
+    controller's, over its last poll) where either read time is unknown, as at the first sample."""
+    if before is None or before[1] is None or now[1] is None or now[1] <= before[1]:
+        return polled
+    return max(0, now[0] - before[0]) * 8 / (now[1] - before[1]) / 1e6

@@ -31,6 +31,8 @@ class FakeSwitches:
     connected: set[int] = field(default_factory=set)
     tables: dict[int, list[_Slot]] = field(default_factory=dict)
     calls: list[tuple[str, int]] = field(default_factory=list)
+    #: (dpid, port) -> the bytes that port has sent (what `port_stats` reports).
+    port_bytes: dict[tuple[int, int], int] = field(default_factory=dict)
 
     def connect_all(self) -> None:
         self.connected = {sw.dpid for sw in self.plan.switches}
@@ -63,7 +65,8 @@ class FakeSwitches:
 
     def port_stats(self, dpid: int) -> list[PortStat]:
         self._check(dpid)
-        return []
+        return [PortStat(port_no=port, rx_bytes=0, tx_bytes=n, rx_packets=0, tx_packets=0)
+                for (d, port), n in sorted(self.port_bytes.items()) if d == dpid]
 
     # -- simulation ------------------------------------------------------------------------------
     def entries(self, dpid: int) -> list[FlowEntry]:

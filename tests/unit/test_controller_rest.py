@@ -124,6 +124,25 @@ def test_flows_report_counters_by_task(api: RestApi, plan: EmulationPlan, fake: 
     assert len(everything["flows"]) == 18 + 3  # + one table-miss entry per switch
 
 
+def test_port_bytes_are_read_from_the_switches_when_asked_now(api: RestApi, plan: EmulationPlan,
+                                                             fake: FakeSwitches, clock: Clock) -> None:
+    # Prepare: a port that has sent 5000 bytes, not yet polled
+    ln = plan.links[0]
+    fake.port_bytes[(plan.switch(ln.a).dpid, ln.port_a)] = 5000
+    clock.t = 321.0
+
+    # Execute
+    _, polled = call(api, "GET", "/stats/ports")
+    _, now = call(api, "GET", "/stats/ports?read=now")
+    status, bad = call(api, "GET", "/stats/ports?read=later")
+
+    # Assert: the poll has nothing yet; the read now has the bytes, stamped with its time
+    row = next(r for r in now["links"] if r["link"] == [ln.a, ln.b])
+    assert (row["tx_bytes"], row["read_s"]) == (5000, 321.0)
+    assert {(r["tx_bytes"], r["read_s"]) for r in polled["links"]} == {(0, None)}
+    assert status == 400 and "read must be 'now'" in bad["error"]
+
+
 def test_replacing_and_deleting_a_task_removes_its_entries(
     api: RestApi, plan: EmulationPlan, fake: FakeSwitches
 ) -> None:

@@ -183,12 +183,13 @@ class FakeController:
         #: When the controller read the counters (its ``read_s``); None: the reply says nothing of it.
         self.read_s: float | None = None
 
-    def link_stats(self) -> list[dict[str, Any]]:
+    def link_stats(self, *, read_now: bool = False) -> list[dict[str, Any]]:
         out = []
         for ln in self.plan.links:
             for a, b in ((ln.a, ln.b), (ln.b, ln.a)):
-                out.append({"link": [a, b], "tx_bytes": 0, "rate_mbps": 1.0, "emulated_mbps": ln.emulated_mbps,
-                            "up": True})
+                sent = self.task_bytes + self.bg_bytes if (a, b) == (ln.a, ln.b) else 0
+                out.append({"link": [a, b], "tx_bytes": sent, "rate_mbps": 1.0, "emulated_mbps": ln.emulated_mbps,
+                            "up": True, "read_s": self.read_s if read_now else None})
         return out
 
     def flows(self) -> list[dict[str, Any]]:
@@ -242,8 +243,9 @@ def test_sampler_rates_divide_by_the_time_between_the_counters_reads() -> None:
         rates.append(next(r["background_mbps"] for r in rows if (r["a"], r["b"]) == (ln.a, ln.b)))
 
     # Assert: 100 Mbit/s each time (over the answers' arrivals, 1.14 s then 0.87 s apart, it would
-    # read 87.7 then 114.9)
+    # read 87.7 then 114.9), and so for what the port sent, read with them
     assert rates == [0.0, 100.0, 100.0]
+    assert next(r["rate_mbps"] for r in rows if (r["a"], r["b"]) == (ln.a, ln.b)) == 100.0
 
 
 def test_sampler_falls_back_to_its_own_clock_where_no_read_time_is_given() -> None:
