@@ -7,10 +7,11 @@ change of its byte counter since the previous sample, over the time between the 
 controller's rate over its last poll at the first sample or where a read is missing), the rate of
 the task entries and of the background entries that output towards ``b`` (both from the change of
 their byte counters since the previous sample, over the time between the two reads of those
-counters: the entries' ``read_s``), the link's emulated capacity and whether it is up. An entry not seen at the previous sample counts from zero over the time between
-the two samples (it was installed in between); an entry that vanished (its task ended) is dropped.
-Rates are in emulated Mbit/s, as the controller reports them. Traffic of neither class (e.g.
-best-effort connectivity) is in ``rate_mbps`` only.
+counters: the entries' ``read_s``), the link's emulated capacity and whether it is up. An entry not
+seen at the previous sample counts from zero over the time between the two samples (it was
+installed in between); an entry that vanished (its task ended) is dropped. Rates are in emulated
+Mbit/s, as the controller reports them. Traffic of neither class (e.g. best-effort connectivity) is
+in ``rate_mbps`` only.
 
 The counters' own read times matter: the answer to a read reaches the sampler some time after
 the switches were read, by a delay that varies on a busy host, and a rate over the answers'
@@ -108,14 +109,20 @@ class LinkLoadSampler:
         return rows
 
 
+def _read_span(before: tuple[int, float | None], now: tuple[int, float | None]) -> float | None:
+    """The time between two reads of a counter, from their (bytes, read_s); None where either read
+    time is unknown or the later is not after the earlier."""
+    if before[1] is None or now[1] is None or now[1] <= before[1]:
+        return None
+    return now[1] - before[1]
+
+
 def _rate_bps(before: tuple[int, float | None] | None, now: tuple[int, float | None], dt: float) -> float:
     """An entry's rate in bit/s from its (bytes, read_s) at two samples `dt` apart on the sampler's
     clock: over its two reads' times where both are known, else over `dt`; from zero if it is new."""
-    nbytes, read_s = now
     if before is None:
-        return nbytes * 8 / dt
-    span = read_s - before[1] if read_s is not None and before[1] is not None and read_s > before[1] else dt
-    return max(0, nbytes - before[0]) * 8 / span
+        return now[0] * 8 / dt
+    return max(0, now[0] - before[0]) * 8 / (_read_span(before, now) or dt)
 
 
 def _counter(row: Mapping[str, Any], key: str) -> tuple[int, float | None]:
@@ -127,6 +134,7 @@ def _counter(row: Mapping[str, Any], key: str) -> tuple[int, float | None]:
 def _port_rate_mbps(before: tuple[int, float | None] | None, now: tuple[int, float | None], polled: float) -> float:
     """A port's rate from its (bytes, read_s) at two samples, over the reads' times; `polled` (the
     controller's, over its last poll) where either read time is unknown, as at the first sample."""
-    if before is None or before[1] is None or now[1] is None or now[1] <= before[1]:
+    span = None if before is None else _read_span(before, now)
+    if before is None or span is None:
         return polled
-    return max(0, now[0] - before[0]) * 8 / (now[1] - before[1]) / 1e6
+    return max(0, now[0] - before[0]) * 8 / span / 1e6
