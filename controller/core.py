@@ -461,7 +461,7 @@ class ControllerCore:
         for dpid in sorted(self.connected) if read_now else ():
             try:
                 stats = self.sender.port_stats(dpid)
-            except Unavailable:
+            except ControllerError:  # gone, or no answer in time: as the poller (`controller.app`)
                 continue
             read_s = self.clock()
             fresh.update({(dpid, st.port_no): (st.tx_bytes, read_s) for st in stats})

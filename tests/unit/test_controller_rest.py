@@ -143,6 +143,35 @@ def test_port_bytes_are_read_from_the_switches_when_asked_now(api: RestApi, plan
     assert status == 400 and "read must be 'now'" in bad["error"]
 
 
+def test_a_switch_that_does_not_answer_keeps_its_polled_port_bytes(api: RestApi, plan: EmulationPlan,
+                                                                   fake: FakeSwitches, clock: Clock,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: two switches' ports have sent bytes; the first switch times out when read again
+    a, b = plan.links[0].a, plan.links[0].b
+    for site in (a, b):
+        fake.port_bytes[(plan.switch(site).dpid, plan.port_towards(site, b if site == a else a))] = 700
+    core = api.core
+    core.record_port_stats(plan.switch(a).dpid, fake.port_stats(plan.switch(a).dpid), t_s=5.0)
+    fake.port_bytes = {k: 900 for k in fake.port_bytes}
+    read = fake.port_stats
+
+    def slow(dpid: int) -> list[Any]:
+        if dpid == plan.switch(a).dpid:
+            raise ControllerError(f"switch dpid {dpid} did not answer within 5 s")
+        return read(dpid)
+
+    monkeypatch.setattr(fake, "port_stats", slow)
+    clock.t = 9.0
+
+    # Execute
+    status, now = call(api, "GET", "/stats/ports?read=now")
+
+    # Assert: the others are read now; the one that did not answer keeps its polled bytes and time
+    rows = {tuple(r["link"]): (r["tx_bytes"], r["read_s"]) for r in now["links"]}
+    assert status == 200
+    assert rows[(a, b)] == (700, 5.0) and rows[(b, a)] == (900, 9.0)
+
+
 def test_replacing_and_deleting_a_task_removes_its_entries(
     api: RestApi, plan: EmulationPlan, fake: FakeSwitches
 ) -> None:
