@@ -20,7 +20,9 @@ from controller.paths import TaskPaths
 from topologies.plan import HOST_PORT
 
 DEFAULT_REST_URL = "http://127.0.0.1:8181"
-POLL_INTERVAL_S = 0.1
+#: Between two ``GET /health`` of a wait (`ControllerClient.wait_for`): a start's wait ends within
+#: this of the answer (a refused connection, or an answer, costs well under a millisecond).
+POLL_INTERVAL_S = 0.025
 
 
 class ControllerHTTPError(RuntimeError):

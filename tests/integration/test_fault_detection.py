@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from orchestrator.emulation import network
+from orchestrator.emulation.controller_client import POLL_INTERVAL_S
 from orchestrator.emulation.network import Emulation, EmulationError
 from orchestrator.runtime import compute
 from orchestrator.runtime.backends import emulation_options, open_compute
@@ -96,14 +97,14 @@ def test_a_controller_killed_while_it_starts_is_noticed_before_the_build(
             timer.join()
         emu.stop()  # a bring-up that did not fail as it should is torn down here
 
-    # Assert: seen gone within its poll (0.1 s) plus the grace, before anything was built; nothing left
+    # Assert: seen gone within its poll (POLL_INTERVAL_S) plus the grace, before anything was built; nothing left
     assert killed_at and seen_at, "the controller was not killed during its start-up"
     noticed_s, raised_s = seen_at[0] - killed_at[0], raised_at - killed_at[0]
     figures.append(f"fault detection: a controller killed at start-up seen gone {noticed_s:.2f} s after the kill "
-                   f"(its process looked at every 0.1 s), the bring-up's error {raised_s:.2f} s after it (its "
+                   f"(its process looked at every {POLL_INTERVAL_S:g} s), the bring-up's error {raised_s:.2f} s after it (its "
                    f"teardown included), before the Mininet build")
     assert built == []
-    assert noticed_s <= 0.1 + GRACE_S, got.value
+    assert noticed_s <= POLL_INTERVAL_S + GRACE_S, got.value
     assert leftovers(emu.run_id, plan) == NOTHING
 
 
