@@ -312,7 +312,10 @@ class ComputeManager:
         return lines[-1] if lines else f"no output (see {out})"
 
     def close(self) -> None:
-        """Shut every server down (closing its connection stops its roles), then make sure it exited."""
+        """Shut every server down (closing its connection stops its roles), then make sure it exited.
+        A server never connected to (stopped while the servers started) is told nothing, so it is
+        stopped at once rather than waited for."""
+        told = set()
         for srv in self.servers.values():
             if srv.conn is not None:
                 with contextlib.suppress(OSError, ConnectionError, ProtocolError):
@@ -322,10 +325,11 @@ class ComputeManager:
                 with contextlib.suppress(OSError):
                     srv.conn.close()
                 srv.conn = None
+                told.add(srv.site)
         deadline = time.monotonic() + 10.0
         for srv in self.servers.values():
             try:
-                while srv.proc.poll() is None and time.monotonic() < deadline:
+                while srv.site in told and srv.proc.poll() is None and time.monotonic() < deadline:
                     time.sleep(0.05)  # the server stops its roles and exits; bounded
                 srv.proc.stop()
             except Exception as e:  # noqa: BLE001 -- one server's stop failing must not spare the others
@@ -435,24 +439,29 @@ class ComputeManager:
         except ValueError as e:
             raise ConfigError(f"{path} is not under the site servers' log root {self.log_root}") from e
 
-    def stop_role(self, site: str, task: int) -> None:
-        """Cancel a task's role if it still runs and drop its record; quiet if the server is gone."""
+    def stop_roles(self, sites: Iterable[str], task: int) -> None:
+        """Cancel a task's roles on `sites` that still run, every one before waiting for any (their
+        threads wind down side by side, up to 10 s in all), then drop their records; quiet for a
+        server that is gone."""
+        def role(site: str) -> dict[str, Any] | None:  # its record on its server (None: none, or gone)
+            with contextlib.suppress(ServerLost, ConfigError):
+                return dict(self._request(site, {"op": "status"}).get("roles", {}).get(str(task)) or {}) or None
+            return None
+        roles = {site: role(site) for site in sites}
+        held = [site for site, r in roles.items() if r is not None]
         with contextlib.suppress(ServerLost, ConfigError):
-            reply = self._request(site, {"op": "status"})
-            if site in self.far_sites:
-                self.mirror.sync([site])
-            role = reply.get("roles", {}).get(str(task))
-            if role is None:
-                return
-            if role.get("state") in ("starting", "running"):
+            self.mirror.sync([site for site in held if site in self.far_sites])
+        winding = [site for site in held if (roles[site] or {}).get("state") in ("starting", "running")]
+        for site in winding:
+            with contextlib.suppress(ServerLost, ConfigError):
                 self._request(site, {"op": "stop", "task": task})
-                deadline = time.monotonic() + 10.0
-                while time.monotonic() < deadline:
-                    role = self._request(site, {"op": "status"}).get("roles", {}).get(str(task), {})
-                    if role.get("state") not in ("starting", "running"):
-                        break
-                    time.sleep(0.05)  # the role's thread winds down; bounded
-            self._request(site, {"op": "forget", "task": task})
+        deadline = time.monotonic() + 10.0
+        while winding and time.monotonic() < deadline:
+            time.sleep(0.05)  # the roles' threads wind down; bounded
+            winding = [site for site in winding if (role(site) or {}).get("state") in ("starting", "running")]
+        for site in held:
+            with contextlib.suppress(ServerLost, ConfigError):
+                self._request(site, {"op": "forget", "task": task})
 
     def poll(self, sites: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
         """Site -> the server's status reply (roles, cpu_s, rss_bytes), for live servers among

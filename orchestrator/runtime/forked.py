@@ -77,6 +77,8 @@ class ForkServerClient:
         self.sock_path = sock_path
         self.log_file = log_file
         self.conn: socket.socket | None = None
+        #: Whether its connection was closed (`_drop`): the fork server is stopping; never connected again.
+        self._dropped = False
         self._lock = threading.Lock()
         self._launched = time.monotonic()
 
@@ -106,8 +108,11 @@ class ForkServerClient:
         Raises
         ------
         ForkServerError
-            It exited, or did not listen within `START_TIMEOUT_S` of its launch.
+            It exited, or did not listen within `START_TIMEOUT_S` of its launch, or its connection
+            was closed already.
         """
+        if self._dropped:
+            raise ForkServerError("the fork server's connection was closed: it stopped its servers")
         if self.conn is None:
             self._connect(self._launched + START_TIMEOUT_S)
 
@@ -144,6 +149,9 @@ class ForkServerClient:
                 reply = recv_message(self.conn)
             except (OSError, ConnectionError, ProtocolError) as e:
                 raise ForkServerError(f"the fork server stopped answering: {e}") from e
+            except BaseException:  # Ctrl-C between the request and its reply: the next request would read
+                self._drop()       # this one's reply, so the connection goes (its servers with it)
+                raise
         if reply is None:
             raise ForkServerError("the fork server closed its connection")
         if not reply.get("ok"):
@@ -156,16 +164,21 @@ class ForkServerClient:
                               "log_file": str(log_file.resolve())})
         return ForkedHandle(self, int(reply["pid"]))
 
+    def _drop(self) -> None:
+        """Close the connection, if open: the fork server stops the servers it forked and exits."""
+        if self.conn is not None:
+            with contextlib.suppress(OSError):
+                self.conn.close()
+            self.conn = None
+            self._dropped = True
+
     def close(self) -> None:
         """Close the connection (the fork server stops its servers and exits); wait for it. One that
         never got a connection (stopped while it started: it forked nothing) would wait for one, so
         it is terminated."""
         with self._lock:
-            connected = self.conn is not None
-            if self.conn is not None:
-                with contextlib.suppress(OSError):
-                    self.conn.close()
-                self.conn = None
+            connected = self.conn is not None or self._dropped
+            self._drop()
         if not connected and self.popen.poll() is None:
             self.popen.terminate()
         try:

@@ -322,8 +322,7 @@ class TaskExecution:
 
     def stop(self) -> None:
         """Cancel any role still running and drop every role's record on its server."""
-        for n in self._started:
-            self.manager.stop_role(n, self.schedule.task_id)
+        self.manager.stop_roles(list(self._started), self.schedule.task_id)
         self._started.clear()
 
     def events(self) -> dict[str, list[dict[str, Any]]]:

@@ -382,7 +382,7 @@ class Servers:
     def start_role(self, site: str, cfg: AgentConfig, path: Path, **extra: Any) -> None:
         self.started.append(site)
 
-    def stop_role(self, site: str, task: int) -> None:
+    def stop_roles(self, sites: list[str], task: int) -> None:
         pass
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.runtime import forked
 from orchestrator.runtime.backends import (
     ENV_FORKSERVER,
     LoopbackBackend,
@@ -21,7 +22,7 @@ from orchestrator.runtime.backends import (
     ProcessHandle,
     new_ctl_dir,
 )
-from orchestrator.runtime.compute import ComputeManager
+from orchestrator.runtime.compute import ComputeManager, _Server
 from orchestrator.runtime.forked import ForkedHandle, ForkServerClient, ForkServerError, early_fork_server
 from workers.control import connect_unix, recv_message, send_message
 
@@ -230,3 +231,63 @@ def test_the_process_backend_forks_from_the_fork_server_launched_early(tmp_path:
             pid = handle.pid
         assert not Path(f"/proc/{pid}").exists()
         assert forks.popen.returncode == 0, "the backend closed it: its connection ended"
+
+
+def test_ctrl_c_between_a_request_and_its_reply_drops_the_connection_and_the_servers_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Prepare: a fork server with one server forked
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    client = ForkServerClient.start([sys.executable, "-m", "workers.forkserver"], sock_path=_ctl_dir() / "f.sock",
+                                    log_file=tmp_path / "forkserver.out.txt", cwd=str(ROOT), env=env)
+    try:
+        handle = client.spawn(_server_argv(tmp_path, _ctl_dir() / "s.sock", "127.0.0.94"), netns_pid=None,
+                              log_file=tmp_path / "s.txt")
+
+        # Execute: Ctrl-C lands while the next spawn's reply is awaited (its reply is left unread)
+        def interrupted(conn: socket.socket) -> None:
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(forked, "recv_message", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            client.spawn(_server_argv(tmp_path, _ctl_dir() / "t.sock", "127.0.0.95"), netns_pid=None,
+                         log_file=tmp_path / "t.txt")
+        monkeypatch.undo()
+
+        # Assert: no later request reads that reply (a status would have read the spawn's, with no status
+        # in it); the fork server, its connection gone, stopped its servers and exited by itself
+        assert client.conn is None
+        assert handle.poll() == -signal.SIGKILL
+        with pytest.raises(ForkServerError, match="was closed"):
+            client.connect()
+        assert client.popen.wait(timeout=60) == 0
+        assert not Path(f"/proc/{handle.pid}").exists()
+    finally:
+        client.close()
+
+
+class _NeverTold:
+    """A site server launched but never connected to: it would wait for its manager for ever."""
+
+    def __init__(self) -> None:
+        self.polled = self.stopped = 0
+
+    def poll(self) -> int | None:
+        self.polled += 1
+        return None
+
+    def stop(self) -> None:
+        self.stopped += 1
+
+
+def test_closing_stops_a_server_never_connected_to_at_once(tmp_path: Path) -> None:
+    # Prepare: Ctrl-C while the servers start: one launched, not yet connected to
+    backend = LoopbackBackend([], log_root=tmp_path, first_octet=97)
+    cm = ComputeManager(backend, [])
+    never = _NeverTold()
+    cm.servers["a"] = _Server(site="a", proc=never, sock_path=tmp_path / "a.sock")
+
+    # Execute
+    cm.close()
+
+    # Assert: stopped, not first waited for (told nothing, it would not have exited by itself)
+    assert never.stopped == 1 and never.polled == 0
