@@ -81,7 +81,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     _check_root(reused)
     result = validate(cfg, out_root=Path(args.out), backend=args.backend, emulated_run=reused,
                       calibration_store=_store(args), host_k=not sets_dilation(Path(args.config)),
-                      say=lambda line: print(line, flush=True))
+                      say=lambda line: print(line, flush=True), figures=not args.no_figures)
     print(f"written: {result.out_dir / 'validation.json'}")
     if not result.reference_faithful:
         print("netai: the emulated reference is not faithful: this validation covers no simulated run "
@@ -99,7 +99,8 @@ def _validate_sweep(cfg: ExperimentConfig, args: argparse.Namespace) -> int:
         raise ConfigError(f"--emulated-run {sweep_dir}: not a sweep's folder (no sweep.json); {cfg.name} has a sweep")
     _check_root(sweep_dir)
     result = validate_sweep(cfg, out_root=Path(args.out), backend=args.backend, emulated_run=sweep_dir,
-                            calibration_store=_store(args), say=lambda line: print(line, flush=True))
+                            calibration_store=_store(args), say=lambda line: print(line, flush=True),
+                            figures=not args.no_figures)
     print(f"sweep {cfg.name}: mean round latency sim/emu over every entry's points: worst error "
           f"{result.worst_error:.2%}, geometric-mean error {result.geomean_error:.2%}")
     print(f"written: {result.out_dir / 'validation.md'}"
@@ -150,4 +151,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("config", help="experiment YAML (engine: emulation), e.g. experiments/quick.yaml")
     _common(v)
     v.add_argument("--backend", choices=BACKENDS, help="override the config's emulation backend")
+    v.add_argument("--no-figures", action="store_true",
+                   help="the emulated and simulated runs without their plots; the comparison's figure is drawn")
     v.set_defaults(func=cmd_validate)

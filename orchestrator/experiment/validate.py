@@ -133,10 +133,11 @@ def reference_config(cfg: ExperimentConfig, store: Path | None, *, host_k: bool,
 
 def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = None, emulated_run: Path | None = None,
              calibration_store: Path | None = None, host_k: bool = False, say: Say = print,
-             validations: Path | None = None) -> Validation:
+             validations: Path | None = None, figures: bool = True) -> Validation:
     """Run `cfg` both ways and compare (see the module docstring); with `host_k` (the config sets no
     K) the emulated reference runs at the host's K (`reference_config`). The validation is added to
-    the store at `validations` (default `validation_store.default_path`).
+    the store at `validations` (default `validation_store.default_path`). Without `figures` the two
+    runs' folders have their results and reports but no plots; the comparison's figure is drawn.
 
     Raises
     ------
@@ -156,7 +157,7 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
         from orchestrator.experiment.runner import run_experiment
 
         say(f"[1/3] emulated run of {cfg.name} ({cfg.emulation.backend} backend) ...")
-        outcome = run_experiment(cfg, out_root=folder, progress=False)
+        outcome = run_experiment(cfg, out_root=folder, progress=False, figures=figures)
         if outcome.status != "completed":
             raise ConfigError(f"the emulated run {outcome.run_dir} ended {outcome.status}: nothing to compare")
         emu_dir, emu_id = outcome.run_dir, outcome.run_id
@@ -178,8 +179,8 @@ def validate(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = Non
     say(f"[2/3] simulated run of {cfg.name} (the same tasks; propagation {'on' if delay else 'off'}, "
         "as the emulated links had it; each task's schedulers given the background the emulated ones were) ...")
     replay = ReplayedBackground(f"the emulated run {emu_dir.name} (run {emu_id})", views) if views else None
-    sims = [run_simulated(twin, out_root=folder, calibration_store=calibration_store, replay=replay)
-            for twin in twin_configs(cfg, env, propagation=delay)]
+    sims = [run_simulated(twin, out_root=folder, calibration_store=calibration_store, replay=replay,
+                          figures=figures) for twin in twin_configs(cfg, env, propagation=delay)]
     twins = [(sim.run_dir, _summary(sim.run_dir, sim.run_id)) for sim in sims]
     _say_replay(twins[0][1].environment, split_views(by_scheduler), say)
     say("[3/3] comparing ...")

@@ -62,8 +62,9 @@ def entry_runs(cfg: ExperimentConfig, sweep_dir: Path | None) -> list[Path | Non
 
 def validate_sweep(cfg: ExperimentConfig, *, out_root: Path, backend: str | None = None,
                    emulated_run: Path | None = None, calibration_store: Path | None = None, say: Say = print,
-                   validations: Path | None = None) -> SweepValidation:
-    """Validate every entry of `cfg`'s sweep (see the module docstring).
+                   validations: Path | None = None, figures: bool = True) -> SweepValidation:
+    """Validate every entry of `cfg`'s sweep (see the module docstring); without `figures`, the entries'
+    runs draw no plots (`validate`), the sweep's own figure is drawn.
 
     Raises
     ------
@@ -78,7 +79,7 @@ def validate_sweep(cfg: ExperimentConfig, *, out_root: Path, backend: str | None
     for i, (run, run_dir) in enumerate(zip(cfg.sweep, runs, strict=True), 1):
         say(f"sweep entry {i} of {len(cfg.sweep)}: {run.name}")
         result = validate(run, out_root=folder, backend=backend, emulated_run=run_dir,
-                          calibration_store=calibration_store, say=say, validations=validations)
+                          calibration_store=calibration_store, say=say, validations=validations, figures=figures)
         entries.append((run.name, result.record.regime.model_bytes[1], result))
     worst, geomean = latency_errors([p for _n, _b, v in entries for p in v.points])
     figure = plot_sweep(entries, folder)

@@ -26,11 +26,12 @@ TINY = {
 
 
 def _validate(raw: dict[str, Any], tmp_path: Path, out: Path, *, timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """`netai validate` of the config `raw` (written to `tmp_path`) into `out`, with no calibration."""
+    """`netai validate` of the config `raw` (written to `tmp_path`) into `out`, with no calibration; its
+    runs draw no plots of their own (their figures are tested with `netai experiment`'s)."""
     config = tmp_path / f"{raw['name']}.yaml"
     config.write_text(yaml.safe_dump(raw))
     return subprocess.run([sys.executable, "-m", "orchestrator.cli", "validate", str(config), "--out", str(out),
-                           "--calibration", str(tmp_path / "no-calibration.json")],
+                           "--calibration", str(tmp_path / "no-calibration.json"), "--no-figures"],
                           cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
 
 
@@ -62,7 +63,8 @@ def test_validate_runs_a_tiny_config_both_ways_and_carried_bytes_agree(tmp_path:
     assert doc["scheduler_background"] == "none: no background"
     assert doc["decisions_compared"] == 2 and doc["decisions_differing"] == []
     assert "decisions (scheduler, task): the same in both engines for all 2" in proc.stdout
-    assert (folders[0] / "sim_vs_emu.png").stat().st_size > 0
+    assert (folders[0] / "sim_vs_emu.png").stat().st_size > 0  # the comparison's figure, drawn with --no-figures
+    assert not [p.name for run in ("emulated_run", "simulated_run") for p in Path(doc[run]).glob("*.png")]
     assert "sim/emu" in proc.stdout and "carried bytes (sim/emu per point)" in proc.stdout
     report = (Path(doc["simulated_run"]) / "report.md").read_text()
     assert report.splitlines()[0].startswith("**Uncalibrated:**")

@@ -157,7 +157,7 @@ def test_validate_against_an_unfaithful_reference_says_it_first_records_it_and_e
     capsys.readouterr()
 
     status = cmd_validate(argparse.Namespace(config=str(config), emulated_run=str(reference), out=str(tmp_path / "v"),
-                                             backend=None, calibration=None))
+                                             backend=None, calibration=None, no_figures=False))
 
     said, err = capsys.readouterr()
     head = ("the emulated reference is NOT faithful at 1 of 2 points (mst at 2 locals): its figures there are the "
