@@ -66,7 +66,7 @@ def run_block(script: str, env: dict[str, str], *, retry_s: float) -> subprocess
                              capture_output=True, timeout=BLOCK_TIMEOUT_S)
         if res.returncode == 0 or time.monotonic() > deadline:
             return res
-        time.sleep(2)  # poll interval while a background command comes up, bounded by READY_S
+        time.sleep(0.5)  # poll interval while a background command comes up, bounded by READY_S
 
 
 def stop(background: list[subprocess.Popen[str]]) -> None:
