@@ -12,7 +12,6 @@ compare within a pair, not across runs)::
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.pairs import alternating, summary
 from orchestrator.emulation.controller_process import ControllerProcess
 from topologies.loaders import load
 from topologies.plan import EmulationPlan
@@ -47,19 +47,10 @@ def main() -> int:
     parser.add_argument("--pairs", type=int, default=8)
     args = parser.parse_args()
     plan = EmulationPlan.from_model(load(args.topology))
-    as_run, resolver, ratios = [], [], []
-    for i in range(args.pairs):
-        pair = {}
-        for mode in (("run", "resolver") if i % 2 == 0 else ("resolver", "run")):  # alternate which goes first
-            pair[mode] = start_once(plan, {} if mode == "run" else WITH_RESOLVER)
-        as_run.append(pair["run"])
-        resolver.append(pair["resolver"])
-        ratios.append(pair["run"] / pair["resolver"])
-        print(f"pair {i + 1}: as run {pair['run']:.3f} s, with the resolver {pair['resolver']:.3f} s, "
-              f"ratio {ratios[-1]:.3f}", flush=True)
-    print(f"controller for {args.topology} up to /health: as run median {statistics.median(as_run):.3f} s, with "
-          f"eventlet's resolver median {statistics.median(resolver):.3f} s; as run / with (paired) median "
-          f"{statistics.median(ratios):.3f} [{min(ratios):.3f}, {max(ratios):.3f}]")
+    times = alternating(args.pairs, lambda: start_once(plan, {}), lambda: start_once(plan, WITH_RESOLVER),
+                        lambda i, a, b: print(f"pair {i}: as run {a:.3f} s, with the resolver {b:.3f} s, "
+                                              f"ratio {a / b:.3f}", flush=True))
+    print(f"controller for {args.topology} up to /health: {summary('as run', 'with the resolver', *times, digits=3)}")
     return 0
 
 

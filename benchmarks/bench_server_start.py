@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.pairs import alternating, summary
 from orchestrator.runtime.backends import ENV_FORKSERVER, LoopbackBackend
 from orchestrator.runtime.compute import ComputeManager
 
@@ -40,18 +40,10 @@ def main() -> int:
     parser.add_argument("--sites", type=int, default=14)
     parser.add_argument("--pairs", type=int, default=3)
     args = parser.parse_args()
-    own, forked, ratios = [], [], []
-    for i in range(args.pairs):
-        pair = {}
-        for mode in ((True, False) if i % 2 == 0 else (False, True)):  # alternate which goes first
-            pair[mode] = start_once(args.sites, mode)
-        forked.append(pair[True])
-        own.append(pair[False])
-        ratios.append(pair[True] / pair[False])
-        print(f"pair {i + 1}: forked {pair[True]:.2f} s, own {pair[False]:.2f} s, ratio {ratios[-1]:.3f}", flush=True)
-    print(f"{args.sites} site servers up: forked median {statistics.median(forked):.2f} s, own median "
-          f"{statistics.median(own):.2f} s; forked / own (paired) median {statistics.median(ratios):.3f} "
-          f"[{min(ratios):.3f}, {max(ratios):.3f}]")
+    times = alternating(args.pairs, lambda: start_once(args.sites, True), lambda: start_once(args.sites, False),
+                        lambda i, a, b: print(f"pair {i}: forked {a:.2f} s, own {b:.2f} s, ratio {a / b:.3f}",
+                                              flush=True))
+    print(f"{args.sites} site servers up: {summary('forked', 'own', *times)}")
     return 0
 
 
