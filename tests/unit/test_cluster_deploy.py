@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import json
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -48,6 +51,38 @@ def test_the_version_changes_with_any_file(tmp_path: Path) -> None:
 
     assert v1.startswith("1.2.3+") and v2.startswith("1.2.3+") and v1 != v2
     assert probe()["project"] == project_version(), "the probe speaks of the code it runs"
+    (root / "orchestrator" / "__init__.py").write_text('__version__ = "4.5.6"\n')
+    assert project_version(root).startswith("4.5.6+"), "the package's own version comes first (setup.py reads it)"
+    (root / "setup.py").write_text("setup(version=VERSION)\n")
+    (root / "orchestrator" / "__init__.py").write_text("")
+    assert project_version(root).startswith("0+"), "a name, not a version: none is found"
+
+
+def test_the_probe_gives_the_installed_versions_without_importing_them() -> None:
+    script = ("import json, sys; from orchestrator.emulation.cluster_deploy import probe; p = probe(); "
+              "print(json.dumps([p['packages'], sorted(n for n in ('torch', 'sklearn') if n in sys.modules)]))")
+    packages, imported = json.loads(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                                                   check=True).stdout)
+
+    assert imported == [], "the probe imports none of the packages it reports"
+    import numpy
+    import torch
+
+    assert packages["torch"] == torch.__version__ and packages["numpy"] == numpy.__version__
+    assert all(isinstance(v, str) and v not in ("", "?") for v in packages.values()), packages
+
+
+def test_the_probe_reports_a_package_that_is_not_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.emulation import cluster_deploy
+
+    monkeypatch.setitem(cluster_deploy.PYTHON_PACKAGES, "netai_no_such_package", "none")
+    monkeypatch.setitem(cluster_deploy.DISTRIBUTIONS, "netai_no_such_package", "netai-no-such-package")
+    monkeypatch.setitem(cluster_deploy.PYTHON_PACKAGES, "json", "python3")  # found, no distribution
+    monkeypatch.setitem(cluster_deploy.DISTRIBUTIONS, "json", "netai-no-such-package")
+
+    packages = probe()["packages"]
+
+    assert packages["netai_no_such_package"] is None and packages["json"] == "?"
 
 
 def test_a_far_server_is_one_outside_loopback(tmp_path: Path) -> None:
