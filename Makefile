@@ -46,6 +46,7 @@ benchmark:
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_servers.py
 	$(PY) benchmarks/bench_server_start.py
 	$(PY) benchmarks/bench_controller_start.py
+	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_figures.py
 	$(PY) benchmarks/bench_warmup.py
 	$(PY) benchmarks/bench_site_memory.py
 	flock /tmp/netai-mininet.lock $(PY) benchmarks/bench_faults.py

@@ -14,11 +14,12 @@ and those of `orchestrator.results.figures`. Readers of the database (through
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from orchestrator.results import queries
+from orchestrator.results import forked, queries
 from orchestrator.results.db import ResultsDB
 from orchestrator.results.figures import Figure, draw_all, pyplot, save_whole
 from orchestrator.results.stats import selection_curves
@@ -132,17 +133,25 @@ def plot_online(db: ResultsDB, run_id: int, out_dir: Path) -> Path | None:
 def draw_figures(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSummary | None = None) -> list[Figure]:
     """Every figure of the run folder, drawn or not (with why): the two summary plots (`plot`, of
     `summary`, computed from the rows when not given), those of `orchestrator.results.figures`,
-    ``selection_accuracy`` when some run selected locals, and ``online_bandwidth`` before ``online_load``."""
+    ``selection_accuracy`` when some run selected locals, and ``online_bandwidth`` before ``online_load``.
+    The summary plots are drawn in a forked child while this process draws the others
+    (`orchestrator.results.forked`: here instead if the child gives no result)."""
     if summary is None:
         summary = run_summary(db, run_id)
     points = summary.points
+    summary_plots = None
     if any(p.latency_s_mean is not None for p in points):
-        drawn = plot(points, out_dir)
+        pyplot()  # imported once, before the fork: the child draws with it
+        summary_plots = forked.start(partial(plot, points, out_dir))  # beside the figures below
+    rest = draw_all(db, run_id, out_dir)
+    if summary_plots is not None:
+        drawn = {name: {sched: [tuple(xye) for xye in pts] for sched, pts in by_sched.items()}
+                 for name, by_sched in summary_plots.result().items()}  # JSON's lists back to plot's tuples
         figures = [Figure(name, caption, (out_dir / f"{name}.png", out_dir / f"{name}.svg"), drawn=drawn[name])
                    for name, caption in SUMMARY_CAPTIONS]
     else:
         figures = [Figure(name, caption, skipped="no task completed a round") for name, caption in SUMMARY_CAPTIONS]
-    figures += draw_all(db, run_id, out_dir)
+    figures += rest
     if any(r["policy"] != "all" for r in queries.round_selections(db.conn)):
         figures.append(plot_selection(db, out_dir))
     if summary.environment.get("mode") == "online":
