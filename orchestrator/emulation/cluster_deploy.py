@@ -113,7 +113,7 @@ def probe() -> dict[str, Any]:
     project's version, Python's, and each of `PYTHON_PACKAGES` as its installed distribution's
     version (`DISTRIBUTIONS`), None where the import system finds no such package, "?" where it
     finds one without a distribution. Nothing is imported: importing torch and scikit-learn took
-    about 3.5 s of a core, on each server and here, for every `prepare` and `check`."""
+    about 4 s of a core, on each server and here, for every `prepare` and `check`."""
     versions: dict[str, str | None] = {}
     for name in PYTHON_PACKAGES:
         try:

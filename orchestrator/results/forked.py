@@ -61,6 +61,14 @@ class Forked:
         LOG.warning("the forked drawing of %s gave no result: drawn here instead", getattr(self.fn, "__name__", "?"))
         return self.fn()
 
+    def close(self) -> None:
+        """The child ended (killed if it still runs) and reaped, its result dropped: for a caller that
+        will not ask for it (an exception on its way out)."""
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+        self._reap(done=False)
+
     def _reap(self, *, done: bool) -> int | None:
         """The child's exit status (`done`: it closed its end, so it is given 5 s to exit; otherwise,
         or after those, it is killed first). None if it was killed, or reaped already."""

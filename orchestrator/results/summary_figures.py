@@ -143,7 +143,12 @@ def draw_figures(db: ResultsDB, run_id: int, out_dir: Path, *, summary: RunSumma
     if any(p.latency_s_mean is not None for p in points):
         pyplot()  # imported once, before the fork: the child draws with it
         summary_plots = forked.start(partial(plot, points, out_dir))  # beside the figures below
-    rest = draw_all(db, run_id, out_dir)
+    try:
+        rest = draw_all(db, run_id, out_dir)
+    except BaseException:
+        if summary_plots is not None:
+            summary_plots.close()
+        raise
     if summary_plots is not None:
         drawn = {name: {sched: [tuple(xye) for xye in pts] for sched, pts in by_sched.items()}
                  for name, by_sched in summary_plots.result().items()}  # JSON's lists back to plot's tuples

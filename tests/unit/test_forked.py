@@ -96,3 +96,40 @@ def test_draw_figures_has_the_summary_plots_drawn_in_a_child_as_plot_draws_them(
     for name in direct:
         assert figs[name].files == (tmp_path / "run" / f"{name}.png", tmp_path / "run" / f"{name}.svg")
         assert all(f.is_file() for f in figs[name].files)
+
+
+def test_a_child_whose_result_is_not_asked_for_is_ended_and_reaped() -> None:
+    pending = forked.start(lambda: time.sleep(60))
+    child = pending.pid
+
+    pending.close()
+
+    assert child is not None and _gone(child) and pending.pid is None and pending.fd is None
+    pending.close()  # again: nothing left to do
+
+
+def test_draw_figures_interrupted_leaves_no_child(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator.results import summary_figures
+    from orchestrator.results.db import ResultsDB
+    from tests.unit.test_figures import fill
+
+    db = ResultsDB(tmp_path / "results.db")
+    run_id = fill(db)
+    children: list[int | None] = []
+    real_start = forked.start
+
+    def start(fn: object) -> forked.Forked:
+        pending = real_start(fn)  # type: ignore[arg-type]
+        children.append(pending.pid)
+        return pending
+
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(forked, "start", start)
+    monkeypatch.setattr(summary_figures, "draw_all", interrupted)
+
+    with pytest.raises(KeyboardInterrupt):
+        summary_figures.draw_figures(db, run_id, tmp_path / "run")
+
+    assert len(children) == 1 and children[0] is not None and _gone(children[0])
