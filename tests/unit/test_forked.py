@@ -22,6 +22,20 @@ def _gone(pid: int) -> bool:
     return False
 
 
+def _recording_children(monkeypatch: pytest.MonkeyPatch) -> list[int | None]:
+    """`forked.start` made to record each child's pid in the list returned."""
+    children: list[int | None] = []
+    real_start = forked.start
+
+    def start(fn: object) -> forked.Forked:
+        pending = real_start(fn)  # type: ignore[arg-type]
+        children.append(pending.pid)
+        return pending
+
+    monkeypatch.setattr(forked, "start", start)
+    return children
+
+
 def test_the_result_comes_from_a_child_and_the_child_is_reaped() -> None:
     pending = forked.start(lambda: {"pid": os.getpid(), "values": [1, 2.5, None]})
     child = pending.pid
@@ -79,15 +93,7 @@ def test_draw_figures_has_the_summary_plots_drawn_in_a_child_as_plot_draws_them(
 
     db = ResultsDB(tmp_path / "results.db")
     run_id = fill(db)
-    children: list[int | None] = []
-    real_start = forked.start
-
-    def start(fn: object) -> forked.Forked:
-        pending = real_start(fn)  # type: ignore[arg-type]
-        children.append(pending.pid)
-        return pending
-
-    monkeypatch.setattr(forked, "start", start)
+    children = _recording_children(monkeypatch)
     figs = {f.name: f for f in draw_figures(db, run_id, tmp_path / "run")}
     direct = plot(run_summary(db, run_id).points, tmp_path / "direct")
 
@@ -115,18 +121,10 @@ def test_draw_figures_interrupted_leaves_no_child(tmp_path: Path, monkeypatch: p
 
     db = ResultsDB(tmp_path / "results.db")
     run_id = fill(db)
-    children: list[int | None] = []
-    real_start = forked.start
-
-    def start(fn: object) -> forked.Forked:
-        pending = real_start(fn)  # type: ignore[arg-type]
-        children.append(pending.pid)
-        return pending
-
+    children = _recording_children(monkeypatch)
     def interrupted(*_: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(forked, "start", start)
     monkeypatch.setattr(summary_figures, "draw_all", interrupted)
 
     with pytest.raises(KeyboardInterrupt):
